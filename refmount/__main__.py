@@ -1,0 +1,3 @@
+from refmount.cli import main
+
+raise SystemExit(main())

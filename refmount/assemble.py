@@ -1,0 +1,77 @@
+"""Wire the parts together from `MountOptions`: reference set -> fetcher -> cache -> view -> fs."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from refmount.cache import BlockCache
+from refmount.errors import RefmountError
+from refmount.fetch import Fetcher, RetryPolicy, check_protocols, redact
+from refmount.fs import Filesystem
+from refmount.refs import load_refs
+from refmount.refs.source import is_remote, protocol_of
+from refmount.view import RawView
+
+log = logging.getLogger("refmount")
+
+
+def allowed_protocols(opts) -> set[str] | None:
+    """The effective allow-list: explicit, or by default everything except local files when the
+    reference set itself is remote (a downloaded set must not read /etc/shadow through us)."""
+    if opts.allow_protocols is not None:
+        return set(opts.allow_protocols)
+    return None
+
+
+def check_targets(refset, opts) -> None:
+    allowed = allowed_protocols(opts)
+    if allowed is not None:
+        check_protocols(refset.urls, allowed)
+        return
+    if is_remote(opts.refs):
+        for url in refset.urls:
+            if protocol_of(url) == "file":
+                raise RefmountError(
+                    f"the remote reference set points at local file {redact(url)!r}; this is refused by default "
+                    "(add 'file' to --allow-protocols to allow it)")
+
+
+def load_progress():
+    """A progress callback for long loads on a terminal (None elsewhere)."""
+    if not sys.stderr.isatty():
+        return None
+    from refmount.progress import LoadProgress
+
+    return LoadProgress()
+
+
+def build_filesystem(opts):
+    progress = load_progress()
+    try:
+        refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
+                           progress=progress)
+    finally:
+        if progress:
+            progress.close()
+    check_targets(refset, opts)
+    policy = RetryPolicy(read_timeout=opts.read_timeout, stall_timeout=opts.stall_timeout)
+    fetcher = Fetcher(policy=policy, remote_options=opts.remote_options, connections_per_host=opts.connections,
+                      allow_cross_host_redirects=opts.allow_cross_host_redirects)
+    urls = refset.urls
+
+    async def fetch(url_id, start, end):
+        return await fetcher.read(urls[url_id], start, end)
+
+    cache = BlockCache(fetch, block_size=opts.block_size, capacity=opts.cache_size)
+    view = RawView(refset, fetcher, cache)
+    if opts.view == "decoded":
+        from refmount.decoded import DecodedView
+
+        view = DecodedView(view, cache_size=opts.decoded_cache_size)
+
+    def stats() -> dict:
+        return {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
+                "keys": len(refset)}
+
+    return Filesystem(refset, view, stats=stats), fetcher

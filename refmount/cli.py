@@ -1,0 +1,206 @@
+"""Command line: `refmount mount|umount|stats|inspect`. User mistakes print one line, exit non-zero."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+
+from refmount import __version__
+from refmount.errors import RefmountError
+
+EXIT_USAGE = 2
+_SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """'512M', '2G', '1.5GiB', '4096' -> bytes (binary units)."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (examples: 4096, 512M, 2G)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e.msg} at character {e.pos})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object, e.g. '{\"anon\": true}'")
+    return value
+
+
+def parse_protocols(text: str) -> set[str]:
+    protocols = {p.strip().lower() for p in text.split(",") if p.strip()}
+    if not protocols:
+        raise argparse.ArgumentTypeError("give at least one protocol, e.g. 'http,https'")
+    return protocols
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports mistakes as one line naming the option, exit status 2."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"refmount: {message} (see '{self.prog} --help')\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def add_mount_options(p: argparse.ArgumentParser) -> None:
+    """Every option of `refmount mount` (also used by the fstab helper and the systemd config)."""
+    from refmount.refs import DEFAULT_MAX_KEYS
+
+    p.add_argument("refs", metavar="REFS",
+                   help="reference set: a JSON file (optionally .gz/.bz2/.xz/.zst), a Parquet reference "
+                        "directory, or an http(s)://, s3://, ... url of either")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
+    g = p.add_argument_group("view")
+    g.add_argument("--view", choices=("decoded", "raw"), default="decoded",
+                   help="decoded (default): chunks decompressed and metadata rewritten so that any netCDF-C "
+                        "(even without filter plugins) reads correct values; raw: every key's bytes exactly "
+                        "as referenced")
+    g = p.add_argument_group("process")
+    g.add_argument("-f", "--foreground", action="store_true",
+                   help="stay attached to the terminal (for systemd and debugging) instead of daemonising")
+    g.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                   help="log verbosity (default: info)")
+    g.add_argument("--log-file", metavar="PATH",
+                   help="append logs here; default: stderr in the foreground, syslog/journal in the background")
+    g.add_argument("--dry-run", action="store_true",
+                   help="load and validate the reference set, print a summary, and exit without mounting")
+    g = p.add_argument_group("caching")
+    g.add_argument("--cache-size", type=parse_size, default="512M", metavar="SIZE",
+                   help="memory for cached remote blocks (default: 512M)")
+    g.add_argument("--block-size", type=parse_size, default="1M", metavar="SIZE",
+                   help="size of a cached block and of the smallest remote request (default: 1M)")
+    g.add_argument("--decoded-cache-size", type=parse_size, default="256M", metavar="SIZE",
+                   help="memory for decoded chunks in --view decoded (default: 256M)")
+    g.add_argument("--cache-dir", metavar="DIR",
+                   help="keep fetched blocks on disk here too, across remounts (default: memory only)")
+    g.add_argument("--disk-cache-size", type=parse_size, default="10G", metavar="SIZE",
+                   help="bound of --cache-dir, least recently used blocks evicted first (default: 10G)")
+    g.add_argument("--no-prefetch", dest="prefetch", action="store_false",
+                   help="do not read ahead of sequential readers")
+    g = p.add_argument_group("network")
+    g.add_argument("--remote-options", type=parse_json_object, default={}, metavar="JSON",
+                   help="options for the target filesystems, as fsspec's remote_options, e.g. "
+                        "'{\"anon\": true}' or '{\"endpoint_url\": \"http://127.0.0.1:9000\"}'; "
+                        "'headers' also applies to http(s)")
+    g.add_argument("--read-timeout", type=positive_float, default=30.0, metavar="SECONDS",
+                   help="total time one read may take, retries included, before it fails with EIO (default: 30)")
+    g.add_argument("--stall-timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                   help="abandon and retry a connection that sends nothing for this long (default: 10)")
+    g.add_argument("--connections", type=positive_int, default=8, metavar="N",
+                   help="parallel connections per host (default: 8)")
+    g = p.add_argument_group("security")
+    g.add_argument("--allow-other", action="store_true",
+                   help="let other users read the mount (needs user_allow_other in /etc/fuse.conf unless root); "
+                        "permissions are still enforced (files 0444)")
+    g.add_argument("--allow-protocols", type=parse_protocols, metavar="LIST",
+                   help="comma-separated target protocols allowed, e.g. 'https,s3' (default: all, except that "
+                        "a remote reference set may not point at local files)")
+    g.add_argument("--allow-cross-host-redirects", action="store_true",
+                   help="follow HTTP redirects to other hosts (default: refused)")
+    g.add_argument("--max-keys", type=positive_int, default=DEFAULT_MAX_KEYS, metavar="N",
+                   help=f"refuse reference sets (or gen sections) with more keys than this (default: {DEFAULT_MAX_KEYS:,})")
+    g = p.add_argument_group("kernel tuning (root only)")
+    g.add_argument("--no-tune-kernel", dest="tune_kernel", action="store_false",
+                   help="leave the kernel readahead and FUSE max_background as they are")
+    g.add_argument("--read-ahead", type=parse_size, default="1M", metavar="SIZE",
+                   help="kernel readahead for the mount when tuning (default: 1M)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="refmount", description="Mount kerchunk/fsspec reference sets as a read-only filesystem.")
+    parser.add_argument("--version", action="version", version=f"refmount {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    p = sub.add_parser("mount", help="mount a reference set (returns once the mount is ready)",
+                       description="Mount reference set REFS on MOUNTPOINT; returns once the mount answers.")
+    add_mount_options(p)
+    p = sub.add_parser("umount", help="unmount a refmount mount", description="Unmount MOUNTPOINT (works even if "
+                       "the daemon died) and wait for the daemon to exit.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("-z", "--lazy", action="store_true", help="detach now even if busy, clean up when no longer used")
+    p = sub.add_parser("stats", help="print live counters of a running mount",
+                       description="Print live counters of the daemon serving MOUNTPOINT.")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("inspect", help="report each array's codecs and which netCDF-C versions can read it",
+                       description="Report, for each array of REFS: dtype, shape, chunks, codecs, present and "
+                                   "missing chunks, and whether netCDF-C 4.9.0 and >= 4.10 can read it per view.")
+    p.add_argument("refs", metavar="REFS")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--remote-options", type=parse_json_object, default={}, metavar="JSON",
+                   help="as for mount")
+    return parser
+
+
+def options_from_args(args):
+    from refmount.daemon import MountOptions
+
+    return MountOptions(
+        refs=args.refs, mountpoint=args.mountpoint, view=args.view, foreground=args.foreground,
+        cache_size=args.cache_size, block_size=args.block_size, remote_options=args.remote_options,
+        read_timeout=args.read_timeout, stall_timeout=args.stall_timeout, connections=args.connections,
+        allow_other=args.allow_other, allow_protocols=args.allow_protocols,
+        allow_cross_host_redirects=args.allow_cross_host_redirects, max_keys=args.max_keys,
+        log_level=args.log_level, log_file=args.log_file, tune_kernel=args.tune_kernel,
+        read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
+        cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size, prefetch=args.prefetch,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "mount":
+            from refmount import daemon
+
+            opts = options_from_args(args)
+            if args.dry_run:
+                from refmount.summary import print_summary
+
+                return print_summary(opts)
+            return daemon.mount(opts)
+        if args.command == "umount":
+            from refmount.daemon import umount
+
+            return umount(args.mountpoint, lazy=args.lazy)
+        if args.command == "stats":
+            from refmount.summary import print_stats
+
+            return print_stats(args.mountpoint, as_json=args.json)
+        if args.command == "inspect":
+            from refmount.inspect import run_inspect
+
+            return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json)
+    except RefmountError as e:
+        sys.stderr.write(f"refmount: {e}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("refmount: interrupted\n")
+        return 130
+    return 0

@@ -1,0 +1,74 @@
+"""Every other protocol (s3://, gs://, az://, ...) through fsspec, with `--remote-options`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from refmount.errors import FetchError, RefmountError
+from refmount.fetch.retry import RetryPolicy
+from refmount.fetch.stats import FetchStats, redact
+
+
+class FsspecBackend:
+    """Async fsspec filesystems run on fsspec's asyncio loop; the methods here are coroutines for it."""
+
+    def __init__(self, protocol: str, options: dict, policy: RetryPolicy, stats: FetchStats) -> None:
+        import fsspec
+
+        self.protocol = protocol
+        self.policy = policy
+        self.stats = stats
+        try:
+            self.fs = fsspec.filesystem(protocol, **options)
+        except (ImportError, ValueError) as e:
+            raise RefmountError(f"protocol {protocol!r} is not available: {e}") from None
+        self.is_async = getattr(self.fs, "async_impl", False)
+        self._sizes: dict[str, int] = {}
+
+    async def _call(self, url: str, method: str, *args, **kwargs):
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with asyncio.timeout(max(started + self.policy.read_timeout - loop.time(), 0.001)):
+                    if self.is_async:
+                        return await getattr(self.fs, "_" + method)(*args, **kwargs)
+                    return await asyncio.to_thread(getattr(self.fs, method), *args, **kwargs)
+            except (FileNotFoundError, PermissionError) as e:
+                self.stats.errors += 1
+                raise FetchError(f"{redact(url)}: {type(e).__name__}: {e}") from None
+            except Exception as e:  # each backend raises its own error types
+                reason = f"{type(e).__name__}: {e}"
+            delay = self.policy.backoff(attempt)
+            if loop.time() + delay >= started + self.policy.read_timeout or attempt >= self.policy.max_attempts:
+                self.stats.errors += 1
+                raise FetchError(f"{redact(url)}: gave up after {attempt} attempts; last error: {reason}")
+            self.stats.retries += 1
+            await asyncio.sleep(delay)
+
+    async def read(self, url: str, start: int, end: int) -> bytes:
+        t0 = time.monotonic()
+        size = await self.size(url)
+        end = min(end, size)
+        if end <= start:
+            return b""
+        data = await self._call(url, "cat_file", url, start=start, end=end)
+        self.stats.requests += 1
+        if len(data) != end - start:
+            self.stats.errors += 1
+            raise FetchError(f"{redact(url)}: asked for {end - start} bytes, got {len(data)}")
+        self.stats.record(len(data), time.monotonic() - t0)
+        return data
+
+    async def size(self, url: str) -> int:
+        if url not in self._sizes:
+            info = await self._call(url, "info", url)
+            self.stats.requests += 1
+            self._sizes[url] = int(info["size"])
+        return self._sizes[url]
+
+    async def close(self) -> None:
+        pass

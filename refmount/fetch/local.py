@@ -1,0 +1,80 @@
+"""Local files (plain paths and file:// urls), read with pread in a worker thread."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import OrderedDict
+
+from refmount.errors import FetchError, RemoteChanged
+from refmount.fetch.stats import FetchStats
+
+_MAX_OPEN = 256
+
+
+class LocalBackend:
+    """Synchronous: every method runs in a worker thread (trio.to_thread), never on the trio thread."""
+
+    def __init__(self, stats: FetchStats) -> None:
+        self.stats = stats
+        self._fds: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # path -> fd, size, mtime_ns
+        self._first_seen: dict[str, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def path_of(url: str) -> str:
+        return url[len("file://"):] if url.startswith("file://") else url
+
+    def _open(self, url: str) -> tuple[int, int]:
+        path = self.path_of(url)
+        with self._lock:
+            entry = self._fds.get(path)
+            if entry is not None:
+                self._fds.move_to_end(path)
+                return entry[0], entry[1]
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise FetchError(f"{url}: {e.strerror}") from None
+        st = os.fstat(fd)
+        validator = (st.st_size, st.st_mtime_ns)
+        with self._lock:
+            first = self._first_seen.setdefault(path, validator)
+            if first != validator:
+                os.close(fd)
+                raise RemoteChanged(f"{url}: the file changed while mounted (size/mtime differ)")
+            self._fds[path] = (fd, st.st_size, st.st_mtime_ns)
+            while len(self._fds) > _MAX_OPEN:
+                _, (old_fd, _, _) = self._fds.popitem(last=False)
+                os.close(old_fd)
+        return fd, st.st_size
+
+    def read(self, url: str, start: int, end: int) -> bytes:
+        fd, size = self._open(url)
+        t0 = time.monotonic()
+        end = min(end, size)
+        parts = []
+        pos = start
+        while pos < end:
+            try:
+                chunk = os.pread(fd, end - pos, pos)
+            except OSError as e:
+                raise FetchError(f"{url}: {e.strerror}") from None
+            if not chunk:
+                raise RemoteChanged(f"{url}: the file became shorter while mounted")
+            parts.append(chunk)
+            pos += len(chunk)
+        data = b"".join(parts)
+        self.stats.requests += 1
+        self.stats.record(len(data), time.monotonic() - t0)
+        return data
+
+    def size(self, url: str) -> int:
+        return self._open(url)[1]
+
+    def close(self) -> None:
+        with self._lock:
+            for fd, _, _ in self._fds.values():
+                os.close(fd)
+            self._fds.clear()

@@ -1,0 +1,168 @@
+"""The only module that imports pyfuse3: a thin adapter from FUSE requests to `Filesystem`.
+
+Every handler goes through `_reply`, the one place where errors become errno values: `FsError`
+carries its own errno; a failed fetch or decode is EIO with one log line naming the key; anything
+unexpected is EIO plus a traceback in the log. Only FUSEError may escape a pyfuse3 handler.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+
+import pyfuse3
+import trio
+
+from refmount.errors import RefmountError
+from refmount.fs import Attributes, Filesystem, FsError
+
+log = logging.getLogger("refmount")
+
+
+def _reply(handler):
+    @functools.wraps(handler)
+    async def wrapper(self, *args):
+        try:
+            return await handler(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except FsError as e:
+            raise pyfuse3.FUSEError(e.errno) from None
+        except RefmountError as e:  # fetch and decode failures: the reader gets EIO, the log says why
+            self.failed_reads += 1
+            log.error("read of %s failed: %s", self.fs.key_of(args[0]) if args else "?", e)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+        except (trio.Cancelled, KeyboardInterrupt):
+            raise
+        except Exception:
+            log.exception("internal error in %s%r", handler.__name__, args[:2])
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+def _read_only(*_):
+    raise pyfuse3.FUSEError(errno.EROFS)
+
+
+class FuseOperations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, fs: Filesystem) -> None:
+        super().__init__()
+        self.fs = fs
+        self.failed_reads = 0
+
+    def _entry(self, a: Attributes) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = a.ino
+        e.generation = 0
+        e.entry_timeout = a.timeout
+        e.attr_timeout = a.timeout
+        e.st_mode = a.mode
+        e.st_nlink = a.nlink
+        e.st_uid = self.fs.uid
+        e.st_gid = self.fs.gid
+        e.st_size = a.size
+        e.st_blksize = 1 << 17
+        e.st_blocks = (a.size + 511) // 512
+        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = self.fs.mtime_ns
+        return e
+
+    @_reply
+    async def lookup(self, parent_inode, name, ctx=None):
+        return self._entry(await self.fs.lookup(parent_inode, name))
+
+    @_reply
+    async def getattr(self, inode, ctx=None):
+        return self._entry(await self.fs.getattr(inode))
+
+    @_reply
+    async def opendir(self, inode, ctx):
+        return self.fs.opendir(inode)
+
+    @_reply
+    async def readdir(self, fh, start_id, token):
+        for name, attributes, next_id in self.fs.readdir(fh, start_id):
+            if not pyfuse3.readdir_reply(token, name, self._entry(attributes), next_id):
+                break
+
+    @_reply
+    async def open(self, inode, flags, ctx):
+        return pyfuse3.FileInfo(fh=self.fs.open(inode, flags), keep_cache=True, direct_io=False)
+
+    @_reply
+    async def read(self, fh, off, size):
+        return await self.fs.read(fh, off, size)
+
+    @_reply
+    async def access(self, inode, mode, ctx):
+        if mode & os.W_OK:
+            raise FsError(errno.EROFS)
+        await self.fs.getattr(inode)
+        return True
+
+    @_reply
+    async def getxattr(self, inode, name, ctx):
+        return self.fs.getxattr(inode, name)
+
+    @_reply
+    async def listxattr(self, inode, ctx):
+        return self.fs.listxattr(inode)
+
+    @_reply
+    async def statfs(self, ctx):
+        data = pyfuse3.StatvfsData()
+        for name, value in self.fs.statfs().items():
+            setattr(data, name, value)
+        return data
+
+    async def release(self, fh):
+        pass
+
+    async def releasedir(self, fh):
+        pass
+
+    async def forget(self, inode_list):
+        pass  # inodes are derived from the reference set and live as long as the mount
+
+    # Every write path: the filesystem is read-only.
+    async def setattr(self, *args):
+        _read_only()
+
+    async def mknod(self, *args):
+        _read_only()
+
+    async def mkdir(self, *args):
+        _read_only()
+
+    async def unlink(self, *args):
+        _read_only()
+
+    async def rmdir(self, *args):
+        _read_only()
+
+    async def symlink(self, *args):
+        _read_only()
+
+    async def rename(self, *args):
+        _read_only()
+
+    async def link(self, *args):
+        _read_only()
+
+    async def create(self, *args):
+        _read_only()
+
+    async def write(self, *args):
+        _read_only()
+
+    async def setxattr(self, *args):
+        _read_only()
+
+    async def removexattr(self, *args):
+        _read_only()

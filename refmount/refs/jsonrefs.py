@@ -1,0 +1,191 @@
+"""Load a JSON reference set (Version 0 or 1) into a `RefSetBuilder`, piece by piece."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from itertools import compress
+from operator import itemgetter
+
+import numpy as np
+import orjson
+
+from refmount.errors import RefsError, quote
+from refmount.refs.jsonstream import PIECE_BYTES, iter_pieces
+from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSetBuilder
+from refmount.refs.templates import TemplateSet, expand_gen
+
+V1_SECTIONS = ("version", "templates", "gen", "refs")
+
+
+class _Restart(Exception):
+    """The version became known too late for the streaming pass; parse again knowing it."""
+
+    def __init__(self, version: int):
+        self.version = version
+
+
+def inline_bytes(key: str, value) -> bytes:
+    """A string or JSON-object value as the bytes of the file it stands for."""
+    if isinstance(value, str):
+        if value.startswith("base64:"):
+            try:
+                return base64.b64decode("".join(value[7:].split()), validate=True)
+            except (binascii.Error, ValueError):
+                raise RefsError(f"key {quote(key)}: invalid base64 data") from None
+        return value.encode("utf-8", "surrogatepass")
+    return orjson.dumps(value)
+
+
+def _bad_int(value) -> bool:
+    return type(value) is not int or not 0 <= value < MAX_LENGTH
+
+
+def _classify(key: str, value):
+    """(url or None, offset, length, inline bytes or None) for one reference value."""
+    if isinstance(value, (str, dict)):
+        return None, 0, 0, inline_bytes(key, value)
+    if isinstance(value, list):
+        if len(value) == 1 and isinstance(value[0], str) and value[0]:
+            return value[0], 0, WHOLE_FILE, None
+        if len(value) == 3:
+            url, offset, length = value
+            if not isinstance(url, str) or not url:
+                raise RefsError(f"key {quote(key)}: reference has no url (a [url, offset, length] needs one)")
+            for name, number in (("offset", offset), ("length", length)):
+                if _bad_int(number):
+                    raise RefsError(
+                        f"key {quote(key)}: {name} must be an integer from 0 to 2**53, got {quote(number, 40)}")
+            return url, offset, length, None
+        raise RefsError(f"key {quote(key)}: a reference list must be [url] or [url, offset, length]")
+    raise RefsError(f"key {quote(key)}: value must be a string, an object or a list, not {type(value).__name__}")
+
+
+def add_mapping(builder: RefSetBuilder, mapping: dict) -> None:
+    """Add one piece of a refs object. [url, offset, length] values take a vectorised path; the
+    rest (inline data, whole files, anything odd) a per-value one."""
+    keys = list(mapping)
+    values = list(mapping.values())
+    if set(map(type, values)) == {list} and set(map(len, values)) == {3}:
+        if _add_ranges_fast(builder, keys, values):
+            return
+    else:
+        ranges = [type(v) is list and len(v) == 3 for v in values]
+        if sum(ranges) > 64:
+            range_keys = list(compress(keys, ranges))
+            if _add_ranges_fast(builder, range_keys, list(compress(values, ranges))):
+                others = [not r for r in ranges]
+                keys, values = list(compress(keys, others)), list(compress(values, others))
+    url_ids, offsets, lengths, inline = [], [], [], {}
+    for pos, (key, value) in enumerate(zip(keys, values)):
+        url, offset, length, data = _classify(key, value)
+        if data is not None:
+            inline[pos] = data
+            url_ids.append(INLINE)
+            offsets.append(0)
+            lengths.append(len(data))
+        else:
+            url_ids.append(builder.url_id(url))
+            offsets.append(offset)
+            lengths.append(length)
+    builder.add_batch(keys, url_ids, offsets, lengths, inline)
+
+
+def _add_ranges_fast(builder: RefSetBuilder, keys: list[str], values: list) -> bool:
+    """Add [url, offset, length] values at C speed; False (nothing added) if any needs a closer look."""
+    urls, offsets, lengths = (list(map(itemgetter(i), values)) for i in range(3))
+    if set(map(type, urls)) != {str} or set(map(type, offsets)) != {int} or set(map(type, lengths)) != {int}:
+        return False
+    try:
+        offsets = np.fromiter(offsets, dtype=np.int64, count=len(offsets))
+        lengths = np.fromiter(lengths, dtype=np.int64, count=len(lengths))
+    except OverflowError:
+        return False
+    if offsets.min() < 0 or lengths.min() < 0 or offsets.max() >= MAX_LENGTH or lengths.max() >= MAX_LENGTH:
+        return False
+    if "" in urls:
+        return False
+    builder.add_batch(keys, builder.url_ids(urls), offsets, lengths)
+    return True
+
+
+def _version_of(value) -> int:
+    if type(value) is int and value == 1:
+        return 1
+    raise RefsError(f"unsupported reference set 'version' {quote(value, 40)}: expected 1 (or no 'version' for v0)")
+
+
+def load_json(open_stream, builder: RefSetBuilder, *, piece_bytes: int = PIECE_BYTES, progress=None) -> int:
+    """Fill `builder` from the JSON text that `open_stream()` yields; returns the spec version."""
+    try:
+        return _load(open_stream, builder, None, piece_bytes, progress)
+    except _Restart as restart:
+        builder.__init__(builder.max_keys)
+        return _load(open_stream, builder, restart.version, piece_bytes, progress)
+
+
+def _load(open_stream, builder, version, piece_bytes, progress) -> int:
+    sections: dict = {}
+    skipped_refs = False
+    tentative_v0 = 0  # top-level members added as v0 refs before the version was known
+    deferred_error = None
+    with open_stream() as stream:
+        pieces = iter_pieces(stream, piece_bytes, progress, descend=version != 0)
+        for section, piece in pieces:
+            if section == "refs":
+                if version is not None:
+                    add_mapping(builder, piece)
+                else:
+                    skipped_refs = True
+                # else: whether "refs" holds references (v1) or is an ordinary key (v0) is only
+                # known once "version" shows up later; skip it now and parse again then.
+                continue
+            if version is None and "version" in piece:
+                version = _version_of(piece["version"])
+                if (tentative_v0 or deferred_error) and not skipped_refs:
+                    raise _Restart(version)
+            if version == 1:
+                sections.update((k, v) for k, v in piece.items() if k in V1_SECTIONS)
+                continue
+            if version is None:  # v0 so far; v1's section names wait until the version is known
+                held = {k: piece.pop(k) for k in V1_SECTIONS if k in piece}
+                sections.update(held)
+                tentative_v0 += len(piece)
+                try:
+                    add_mapping(builder, piece)
+                except RefsError as e:  # only an error if this does turn out to be v0
+                    deferred_error = deferred_error or e
+                continue
+            add_mapping(builder, piece)
+    if skipped_refs:
+        raise _Restart(version or 0)
+    if version is None:
+        version = 0
+        if deferred_error:
+            raise deferred_error
+        held = {k: v for k, v in sections.items() if k != "version"}
+        if held:
+            add_mapping(builder, held)
+    if version == 1:
+        refs = sections.get("refs")
+        if refs is not None:
+            if not isinstance(refs, dict):
+                raise RefsError("'refs' must be a JSON object")
+            add_mapping(builder, refs)
+        templates = TemplateSet(sections.get("templates"))
+        _render_urls(builder, templates)
+        if sections.get("gen") is not None:
+            expand_gen(sections["gen"], templates, builder)
+    return version
+
+
+def _render_urls(builder: RefSetBuilder, templates: TemplateSet) -> None:
+    """Render templated urls of v1 refs: once per distinct url, not once per key."""
+    from refmount.refs.templates import Template
+
+    if not any("{{" in url for url in builder.urls):
+        return
+    rendered = [
+        Template(url, f"url {quote(url)}", templates).render() if "{{" in url else url for url in builder.urls
+    ]
+    builder.remap_urls(rendered)

@@ -1,0 +1,205 @@
+"""Parse a huge JSON object in pieces, so a 1 GB reference file never becomes 1 GB of Python objects.
+
+orjson parses a whole document only. We cut the text of an object into pieces of a few MB at a
+candidate boundary (a comma followed by a quote) and let orjson parse ``{`` + piece + ``}``. A cut
+in the wrong place (inside a string or a nested value) cannot parse, because each piece starts at a
+true entry boundary and orjson's state at the cut is then the real one; on failure we cut further
+on. When the object ends inside a piece, orjson reports "unexpected content after document" at
+the position just past it, which tells us exactly where the object closed.
+
+`iter_pieces` walks the top-level object and descends into a top-level ``"refs"`` object, yielding
+``(section, dict)`` with section ``"top"`` or ``"refs"``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import orjson
+
+from refmount.errors import RefsError
+
+PIECE_BYTES = 4 << 20
+READ_BYTES = 8 << 20
+_WS = re.compile(rb"[ \t\r\n]*")
+_CANDIDATE = re.compile(rb',[ \t\r\n]*"')
+_REFS_KEY = re.compile(rb'"refs"[ \t\r\n]*:[ \t\r\n]*\{')
+
+
+class _Window:
+    """A sliding window over a byte stream, addressed by absolute positions."""
+
+    def __init__(self, stream, read_bytes: int = READ_BYTES) -> None:
+        self._stream = stream
+        self._read_bytes = read_bytes
+        self.data = b""
+        self.base = 0
+        self.eof = False
+        self.consumed = 0  # bytes read from the stream so far, for progress reports
+
+    @property
+    def end(self) -> int:
+        return self.base + len(self.data)
+
+    def _read_more(self) -> bool:
+        if self.eof:
+            return False
+        chunk = self._stream.read(self._read_bytes)
+        if not chunk:
+            self.eof = True
+            return False
+        self.consumed += len(chunk)
+        self.data += chunk
+        return True
+
+    def need(self, pos: int) -> bool:
+        """Make sure bytes up to `pos` (exclusive) are loaded; False if the stream ends first."""
+        while self.end < pos:
+            if not self._read_more():
+                return False
+        return True
+
+    def forget_before(self, pos: int) -> None:
+        cut = pos - self.base
+        if cut > len(self.data) // 2 and cut > self._read_bytes:
+            self.data = self.data[cut:]
+            self.base = pos
+
+    def get(self, a: int, b: int) -> bytes:
+        return self.data[a - self.base : b - self.base]
+
+    def char(self, pos: int) -> bytes:
+        self.need(pos + 1)
+        return self.data[pos - self.base : pos - self.base + 1]
+
+    def skip_ws(self, pos: int) -> int:
+        while True:
+            m = _WS.match(self.data, pos - self.base)
+            if m.end() < len(self.data) or not self._read_more():
+                return self.base + m.end()
+
+    def search(self, pattern: re.Pattern, pos: int) -> int | None:
+        """Absolute start of the first match at or after `pos`, loading data as needed."""
+        while True:
+            self.need(pos)
+            m = pattern.search(self.data, max(pos - self.base, 0))
+            # a match ending at the buffer's end might be cut short: only trust it with more data
+            if m and (m.end() < len(self.data) or self.eof):
+                return self.base + m.start()
+            if not self._read_more():
+                return None
+
+
+def _malformed(window: _Window, pos: int, detail: str = "") -> RefsError:
+    where = f" near byte {pos}"
+    if window.eof and pos >= window.end - 1:
+        return RefsError(f"reference file is not valid JSON: it ends early (truncated?){where}")
+    return RefsError(f"reference file is not valid JSON{where}{': ' + detail if detail else ''}")
+
+
+def _parse_members(window: _Window, a: int, b: int):
+    return orjson.loads(b"{" + window.get(a, b) + b"}")
+
+
+def iter_object(window: _Window, pos: int, piece_bytes: int, on_piece=None):
+    """Yield dicts covering the members of the object whose ``{`` is just before `pos`.
+
+    Returns (as the generator's value) the position just after the object's closing ``}``.
+    `on_piece(start, stop)` may intercept a member range before it is parsed (used for descending).
+    """
+    s = window.skip_ws(pos)
+    if window.char(s) == b"}":
+        return s + 1
+    step = piece_bytes
+    while True:
+        cut = window.search(_CANDIDATE, s + step)
+        stop = cut if cut is not None else window.end
+        window.need(stop)
+        if on_piece is not None:
+            intercepted = yield from on_piece(s, stop)
+            if intercepted is not None:  # the hook consumed members up to a new start
+                s, step = intercepted, piece_bytes
+                if window.char(s) == b"}":
+                    return s + 1
+                continue
+        try:
+            piece = _parse_members(window, s, stop)
+        except orjson.JSONDecodeError as e:
+            if str(e).startswith("unexpected content after document"):
+                # The object closed inside this piece: e.pos is just past it (after whitespace).
+                text = b"{" + window.get(s, stop)
+                # text[0] is our added "{", so text index j is absolute position s + j - 1
+                close = s + len(text[: e.pos].rstrip(b" \t\r\n")) - 2  # absolute position of "}"
+                try:
+                    yield orjson.loads(b"{" + window.get(s, close) + b"}")
+                except orjson.JSONDecodeError as e2:
+                    raise _malformed(window, s + e2.pos, str(e2)) from None
+                window.forget_before(close)
+                return close + 1
+            if cut is None:  # no further place to cut: the text itself is broken
+                raise _malformed(window, s + max(e.pos - 1, 0), str(e).split(":")[0]) from None
+            step = (stop - s) * 2  # cut fell inside a value: try a cut twice as far on
+            continue
+        yield piece
+        s = window.skip_ws(stop + 1)
+        step = piece_bytes
+        window.forget_before(s)
+
+
+def iter_pieces(stream, piece_bytes: int = PIECE_BYTES, progress=None, descend: bool = True):
+    """Yield ("top", dict) for top-level members and ("refs", dict) for members of a top-level
+    "refs" object, without holding the whole text or its Python form in memory."""
+    window = _Window(stream, read_bytes=max(READ_BYTES, piece_bytes))
+    start = window.skip_ws(0)
+    first = window.char(start)
+    if first != b"{":
+        if not first:
+            raise RefsError("reference file is empty")
+        raise RefsError("reference file is not a JSON object (it should start with '{')")
+
+    def descend_capture(s: int, stop: int):
+        """If a top-level "refs": { starts in [s, stop), stream its members as ("refs", dict) and
+        return where the top level goes on; else None."""
+        m = _REFS_KEY.search(window.data, s - window.base, stop - window.base)
+        if m is None:
+            return None
+        key_at = window.base + m.start()
+        if key_at != s:
+            before = window.get(s, key_at).rstrip(b" \t\r\n")
+            if not before.endswith(b","):
+                return None
+            try:  # parses only if the comma is a true top-level boundary
+                prefix = orjson.loads(b"{" + before[:-1] + b"}")
+            except orjson.JSONDecodeError:
+                return None
+            yield ("top", prefix)
+        end = yield from _tagged(iter_object(window, window.base + m.end(), piece_bytes), "refs", window, progress)
+        nxt = window.skip_ws(end)
+        c = window.char(nxt)
+        if c == b",":
+            return window.skip_ws(nxt + 1)
+        if c == b"}":
+            return nxt
+        raise _malformed(window, nxt, "expected ',' or '}' after \"refs\"")
+
+    end = yield from _tagged(iter_object(window, start + 1, piece_bytes, descend_capture if descend else None), "top", window, progress)
+    rest = window.skip_ws(end)
+    if window.char(rest):
+        raise _malformed(window, rest, "unexpected content after the top-level object")
+
+
+def _tagged(gen, tag, window, progress):
+    """Re-yield a piece generator's dicts as (tag, dict), passing through already-tagged tuples,
+    and return the generator's return value."""
+    try:
+        item = next(gen)
+        while True:
+            if isinstance(item, tuple):
+                yield item
+            else:
+                yield (tag, item)
+                if progress:
+                    progress(window.consumed)
+            item = next(gen)
+    except StopIteration as stop:
+        return stop.value

@@ -1,0 +1,347 @@
+"""The compact, immutable in-memory form of a reference set.
+
+Every key gets an index ``i``. Per-key facts live in parallel numpy arrays rather than Python objects,
+so a million references cost tens of MB instead of hundreds:
+
+- ``url_id[i]``: index into ``urls`` (interned), or ``INLINE`` when the bytes are in ``inline[i]``;
+- ``offset[i]``, ``length[i]``: the byte range; ``length[i] == WHOLE_FILE`` for a ``[url]`` reference;
+- keys are stored UTF-8 in one blob; lookups go through a sorted array of their hashes (O(log n));
+- ``dir_of[i]``: the id of the key's parent directory (0 is the root).
+
+Loaders (json, parquet, gen) feed a `RefSetBuilder` in batches; nothing re-parses strings at read time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from itertools import repeat
+from operator import itemgetter
+
+import numpy as np
+
+from refmount.errors import RefsError, quote
+
+INLINE = -1
+WHOLE_FILE = -1
+MAX_LENGTH = 2**53  # offsets and lengths beyond this cannot come from honest JSON (float precision)
+MAX_NAME_BYTES = 255
+_first = itemgetter(0)
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """One reference, materialised on demand for a single key."""
+
+    key: str
+    url: str | None  # None for inline data
+    offset: int
+    length: int  # WHOLE_FILE when the reference is the entire remote file
+    data: bytes | None = None  # inline bytes
+
+    @property
+    def is_inline(self) -> bool:
+        return self.url is None
+
+    @property
+    def is_whole_file(self) -> bool:
+        return self.url is not None and self.length == WHOLE_FILE
+
+
+_DOT_SEGMENT = re.compile(r"(?:^|[/\x00])\.\.?(?=[/\x00]|$)")
+
+
+def key_problem(key: str) -> str | None:
+    """Why `key` cannot be a path, or None. The slow, per-key form of `_check_keys`."""
+    if key == "":
+        return "is empty"
+    if "\x00" in key:
+        return "contains a NUL byte"
+    if key.startswith("/"):
+        return "starts with '/'"
+    for segment in key.split("/"):
+        if segment == "":
+            return "has an empty path segment"
+        if segment in (".", ".."):
+            return f"has a {segment!r} path segment"
+        if len(segment.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+            return f"has a path segment longer than {MAX_NAME_BYTES} bytes"
+    return None
+
+
+def _has_bad_key(joined: str, encoded: bytes, count: int) -> bool:
+    """Cheap whole-batch screen using substring searches (C speed); may only err towards True."""
+    if joined.count("\x00") != count - 1 or not joined:
+        return True
+    if joined[0] == "/" or joined[-1] == "/" or joined[-1] == "\x00":
+        return True
+    for bad in ("//", "\x00/", "/\x00", "\x00\x00"):
+        if bad in joined:
+            return True
+    if ("./" in joined or ".\x00" in joined or joined[-1] == ".") and _DOT_SEGMENT.search(joined):
+        return True
+    if len(encoded) > MAX_NAME_BYTES:
+        raw = np.frombuffer(encoded, dtype=np.uint8)
+        cuts = np.flatnonzero((raw == 0x2F) | (raw == 0))
+        edges = np.concatenate(([-1], cuts, [len(raw)]))
+        if np.diff(edges).max() - 1 > MAX_NAME_BYTES:
+            return True
+    return False
+
+
+def _check_keys(keys: list[str], joined: str, encoded: bytes) -> None:
+    """Validate a batch of keys; per-key work happens only to name a culprit."""
+    if _has_bad_key(joined, encoded, len(keys)):
+        for key in keys:
+            problem = key_problem(key)
+            if problem:
+                raise RefsError(f"key {quote(key)} cannot be a path: it {problem}")
+
+
+class DirRegistry:
+    """Directory paths that keys imply. Id 0 is the root (path '')."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = [""]
+        self.parent: list[int] = [0]
+        self.ids: dict[str, int] = {"": 0}
+        self.children: list[dict[str, int]] = [{}]
+
+    def id_for(self, path: str) -> int:
+        found = self.ids.get(path)
+        if found is not None:
+            return found
+        parent_path, _, name = path.rpartition("/")
+        parent = self.id_for(parent_path)
+        new = len(self.paths)
+        self.paths.append(path)
+        self.parent.append(parent)
+        self.children.append({})
+        self.children[parent][name] = new
+        self.ids[path] = new
+        return new
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+class RefSetBuilder:
+    """Accumulates references in batches and freezes them into a `RefSet`."""
+
+    def __init__(self, max_keys: int | None = None) -> None:
+        self.max_keys = max_keys
+        self.urls: list[str] = []
+        self._url_ids: dict[str, int] = {}
+        self.dirs = DirRegistry()
+        self._batches: list[tuple] = []
+        self._inline: dict[int, bytes] = {}
+        self.count = 0
+
+    def url_id(self, url: str) -> int:
+        found = self._url_ids.get(url)
+        if found is None:
+            found = self._url_ids[url] = len(self.urls)
+            self.urls.append(url)
+        return found
+
+    def url_ids(self, urls) -> list[int]:
+        """Intern many urls at C speed: only the distinct new ones take a Python step."""
+        for url in dict.fromkeys(urls):
+            if url not in self._url_ids:
+                self.url_id(url)
+        return list(map(self._url_ids.__getitem__, urls))
+
+    def reserve(self, n: int, what: str) -> None:
+        """Refuse before doing the work when the key budget would be exceeded."""
+        if self.max_keys is not None and self.count + n > self.max_keys:
+            raise RefsError(
+                f"{what} would make {self.count + n:,} keys, more than --max-keys {self.max_keys:,}"
+            )
+
+    def add_batch(self, keys: list[str], url_ids, offsets, lengths, inline: dict[int, bytes] | None = None):
+        """Add len(keys) references. `inline` maps positions within this batch to their bytes
+        (their url id must be INLINE). Offsets and lengths must already be validated integers."""
+        n = len(keys)
+        if n == 0:
+            return
+        self.reserve(n, "the reference set")
+        joined = "\x00".join(keys)
+        encoded = joined.encode("utf-8", "surrogatepass")
+        _check_keys(keys, joined, encoded)
+        if len(encoded) == len(joined):  # all ASCII: byte lengths are character lengths
+            key_len = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+        else:
+            key_len = np.fromiter((len(k.encode("utf-8", "surrogatepass")) for k in keys), np.int64, n)
+        blob = encoded.replace(b"\x00", b"")
+        hashes = np.fromiter(map(hash, keys), dtype=np.int64, count=n)
+        parents = list(map(_first, map(str.rpartition, keys, repeat("/"))))
+        for parent in dict.fromkeys(parents):
+            self.dirs.id_for(parent)
+        dir_ids = np.fromiter(map(self.dirs.ids.__getitem__, parents), dtype=np.int32, count=n)
+        if inline:
+            for pos, data in inline.items():
+                self._inline[self.count + pos] = data
+        self._batches.append(
+            (
+                blob,
+                key_len,
+                hashes,
+                dir_ids,
+                np.asarray(url_ids, dtype=np.int32),
+                np.asarray(offsets, dtype=np.int64),
+                np.asarray(lengths, dtype=np.int64),
+            )
+        )
+        self.count += n
+
+    def remap_urls(self, urls: list[str]) -> None:
+        """Replace the url table (e.g. after rendering templates); equal results are merged."""
+        new_ids: dict[str, int] = {}
+        mapping = np.fromiter((new_ids.setdefault(u, len(new_ids)) for u in urls), np.int32, len(urls))
+        self.urls = list(new_ids)
+        self._url_ids = new_ids
+        for batch in self._batches:
+            ids = batch[4]
+            remote = ids >= 0
+            ids[remote] = mapping[ids[remote]]
+
+    def build(self) -> RefSet:
+        def cat(column: int, dtype) -> np.ndarray:
+            parts = [b[column] for b in self._batches]
+            return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+        blob = b"".join(b[0] for b in self._batches)
+        key_len = cat(1, np.int64)
+        key_start = np.zeros(len(key_len) + 1, dtype=np.int64)
+        np.cumsum(key_len, out=key_start[1:])
+        del key_len
+        refset = RefSet(
+            blob=blob,
+            key_start=key_start,
+            hashes=cat(2, np.int64),
+            dir_of=cat(3, np.int32),
+            url_id=cat(4, np.int32),
+            offset=cat(5, np.int64),
+            length=cat(6, np.int64),
+            urls=self.urls,
+            inline=self._inline,
+            dirs=self.dirs,
+        )
+        self._batches = []
+        return refset
+
+
+class RefSet:
+    """Immutable reference table plus the directory structure its keys imply."""
+
+    def __init__(self, *, blob, key_start, hashes, dir_of, url_id, offset, length, urls, inline, dirs):
+        self._blob = blob
+        self._key_start = key_start
+        self.url_id = url_id
+        self.offset = offset
+        self.length = length
+        self.urls: list[str] = urls
+        self.inline: dict[int, bytes] = inline
+        self.dirs: DirRegistry = dirs
+        order = np.argsort(hashes, kind="stable")
+        sorted_hashes = hashes[order]
+        dir_of = self._drop_duplicates(order, sorted_hashes, dir_of)
+        self.dir_of = dir_of
+        self._hash_order = order.astype(np.int32) if len(order) < 2**31 else order
+        self._sorted_hashes = sorted_hashes
+        del hashes
+        # Listing: keys grouped by directory, in load order within a directory (stable offsets).
+        self._by_dir = np.argsort(dir_of, kind="stable").astype(self._hash_order.dtype)
+        self._dir_bounds = np.searchsorted(dir_of[self._by_dir], np.arange(len(dirs) + 1), side="left")
+        self._check_dir_file_clashes()
+
+    def _drop_duplicates(self, order, sorted_hashes, dir_of):
+        """A key given twice keeps its last value (as a JSON object or fsspec would)."""
+        same = np.flatnonzero(sorted_hashes[1:] == sorted_hashes[:-1])
+        if len(same) == 0:
+            return dir_of
+        dead = []
+        for j in same:
+            a, b = int(order[j]), int(order[j + 1])
+            if self.key_bytes(a) == self.key_bytes(b):
+                dead.append(min(a, b))
+        if dead:
+            dir_of = dir_of.copy()
+            dir_of[dead] = -1
+            for i in dead:
+                self.inline.pop(i, None)
+        return dir_of
+
+    def _check_dir_file_clashes(self) -> None:
+        for path in self.dirs.paths[1:]:
+            if self.find(path) >= 0:
+                raise RefsError(f"key {quote(path)} is both a file and a directory prefix")
+
+    # -- keys -----------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Number of live keys (duplicates dropped)."""
+        return int(self._dir_bounds[-1] - self._dir_bounds[0])
+
+    @property
+    def capacity(self) -> int:
+        """Size of the index space (live keys plus dropped duplicates)."""
+        return len(self.url_id)
+
+    def key_bytes(self, i: int) -> bytes:
+        return self._blob[self._key_start[i] : self._key_start[i + 1]]
+
+    def key(self, i: int) -> str:
+        return self.key_bytes(i).decode("utf-8", "surrogatepass")
+
+    def find(self, key: str) -> int:
+        """Index of `key`, or -1."""
+        h = hash(key)
+        lo = int(np.searchsorted(self._sorted_hashes, h, side="left"))
+        n = len(self._sorted_hashes)
+        encoded = None
+        while lo < n and self._sorted_hashes[lo] == h:
+            i = int(self._hash_order[lo])
+            if self.dir_of[i] >= 0:
+                if encoded is None:
+                    encoded = key.encode("utf-8", "surrogatepass")
+                if self.key_bytes(i) == encoded:
+                    return i
+            lo += 1
+        return -1
+
+    def keys(self):
+        for i in range(self.capacity):
+            if self.dir_of[i] >= 0:
+                yield self.key(i)
+
+    def ref(self, i: int) -> Ref:
+        uid = int(self.url_id[i])
+        if uid == INLINE:
+            return Ref(self.key(i), None, 0, len(self.inline[i]), self.inline[i])
+        return Ref(self.key(i), self.urls[uid], int(self.offset[i]), int(self.length[i]))
+
+    # -- directories ------------------------------------------------------------------------------
+
+    def files_in(self, dir_id: int, start: int = 0):
+        """Key indexes directly inside directory `dir_id`, from position `start`, in a stable order."""
+        lo, hi = int(self._dir_bounds[dir_id]), int(self._dir_bounds[dir_id + 1])
+        return self._by_dir[lo + start : hi]
+
+    def file_count(self, dir_id: int) -> int:
+        return int(self._dir_bounds[dir_id + 1] - self._dir_bounds[dir_id])
+
+    def to_dict(self) -> dict:
+        """The v0 form (for tests, --dry-run summaries and small sets only)."""
+        out = {}
+        for i in range(self.capacity):
+            if self.dir_of[i] < 0:
+                continue
+            r = self.ref(i)
+            if r.is_inline:
+                out[r.key] = r.data
+            elif r.is_whole_file:
+                out[r.key] = [r.url]
+            else:
+                out[r.key] = [r.url, r.offset, r.length]
+        return out

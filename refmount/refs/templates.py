@@ -1,0 +1,368 @@
+"""Version-1 templates and `gen`, rendered safely and without a jinja call per key.
+
+Every jinja string goes through `Template`:
+- when it holds only ``{{ name }}`` and integer arithmetic (names, int literals, + - * // % and
+  parentheses), it is evaluated in Python, or over a whole numpy grid for `gen`;
+- anything else is compiled once in jinja2's SandboxedEnvironment (GHSA-27vj-qcqg-25rc) and rendered
+  per value. Undefined names are errors rather than silently empty strings.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+import numpy as np
+from jinja2 import StrictUndefined, TemplateError
+from jinja2.sandbox import SandboxedEnvironment
+
+from refmount.errors import RefsError, quote
+from refmount.refs.model import MAX_LENGTH
+
+_BLOCK = re.compile(r"\{\{(.*?)\}\}", re.S)
+_ARITH_OPS = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.FloorDiv: np.floor_divide,
+              ast.Mod: np.mod}
+_MAX_DEPTH = 20  # nested calls of callable templates; deeper means a template calls itself
+
+
+class _Env(SandboxedEnvironment):
+    def __init__(self):
+        super().__init__(undefined=StrictUndefined, autoescape=False)
+
+
+_ENV = _Env()
+
+
+def _parse_expr(text: str) -> ast.AST | None:
+    """The expression of a ``{{ }}`` block if it is plain arithmetic over names, else None."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval").body
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp):
+            if type(node.op) not in _ARITH_OPS:
+                return None
+        elif isinstance(node, ast.UnaryOp):
+            if not isinstance(node.op, (ast.USub, ast.UAdd)):
+                return None
+        elif isinstance(node, ast.Constant):
+            if type(node.value) is not int:
+                return None
+        elif not isinstance(node, (ast.Name, ast.Load) + tuple(_ARITH_OPS) + (ast.USub, ast.UAdd)):
+            return None
+    return tree
+
+
+def _names(tree: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+class Template:
+    """One jinja string, parsed once. `parts` alternates literal text and expression trees."""
+
+    def __init__(self, text: str, where: str, templates: TemplateSet):
+        self.text = text
+        self.where = where
+        self.templates = templates
+        self.parts: list[str | ast.AST] | None = self._parse_simple(text)
+        self._jinja = None
+
+    @staticmethod
+    def _parse_simple(text: str):
+        if "{%" in text or "{#" in text:
+            return None
+        if text.endswith("\n"):  # jinja drops one trailing newline by default
+            text = text[:-1]
+        parts: list[str | ast.AST] = []
+        pos = 0
+        for m in _BLOCK.finditer(text):
+            parts.append(text[pos : m.start()])
+            tree = _parse_expr(m.group(1))
+            if tree is None:
+                return None
+            parts.append(tree)
+            pos = m.end()
+        parts.append(text[pos:])
+        if any("{{" in p or "}}" in p for p in parts if isinstance(p, str)):
+            return None
+        return parts
+
+    @property
+    def is_literal(self) -> bool:
+        return self.parts is not None and len(self.parts) == 1
+
+    def _compiled(self):
+        if self._jinja is None:
+            try:
+                self._jinja = _ENV.from_string(self.text)
+            except TemplateError as e:
+                raise RefsError(f"{self.where}: template {quote(self.text)} does not compile: {e}") from None
+        return self._jinja
+
+    def render(self, **values) -> str:
+        """Render for one set of variable values."""
+        if self.parts is not None:
+            simple = self._render_simple(values)
+            if simple is not None:
+                return simple
+        context = self.templates.context()
+        context.update(values)
+        try:
+            return self._compiled().render(**context)
+        except RecursionError:
+            raise RefsError(f"{self.where}: template {quote(self.text)} is recursive") from None
+        except RefsError:
+            raise
+        except Exception as e:  # the sandbox's SecurityError, undefined names, errors inside expressions
+            raise RefsError(f"{self.where}: template {quote(self.text)} failed: {type(e).__name__}: {e}") from None
+
+    def _render_simple(self, values) -> str | None:
+        out = []
+        for part in self.parts:
+            if isinstance(part, str):
+                out.append(part)
+                continue
+            if isinstance(part, ast.Name):
+                value = values.get(part.id, self.templates.plain.get(part.id))
+                if value is None:
+                    return None  # let jinja report it (or call a callable template)
+                out.append(str(value))
+                continue
+            names = _names(part)
+            if not all(type(values.get(n)) is int for n in names):
+                return None
+            try:
+                out.append(str(_eval_int(part, values)))
+            except ZeroDivisionError:
+                return None
+        return "".join(out)
+
+    # -- whole-grid evaluation for gen ----------------------------------------------------------
+
+    def render_grid(self, grid: dict[str, np.ndarray], n: int) -> list[str]:
+        """Render for every point of a gen grid (`grid` maps each dimension to its n values)."""
+        arrays = self._grid_parts(grid, n)
+        if arrays is None:
+            names = list(grid)
+            columns = [grid[k].tolist() for k in names]
+            return [self.render(**dict(zip(names, point))) for point in zip(*columns)] if names else \
+                [self.render()] * n
+        fmt = "".join(p.replace("{", "{{").replace("}", "}}") if isinstance(p, str) else "{}" for p in arrays)
+        columns = [a.tolist() for a in arrays if not isinstance(a, str)]
+        if not columns:
+            return [fmt.format()] * n
+        return list(map(fmt.format, *columns))
+
+    def int_grid(self, grid: dict[str, np.ndarray], n: int) -> np.ndarray:
+        """Evaluate to non-negative integers for every grid point (offset and length of gen)."""
+        if self.parts is not None and len(self.parts) == 3 and self.parts[0] == "" and self.parts[2] == "":
+            arrays = self._grid_parts(grid, n)
+            if arrays is not None:
+                values = np.broadcast_to(arrays[1], (n,)).astype(np.int64)
+                return self._checked(values)
+        if self.is_literal:
+            return self._checked(np.full(n, self._to_int(self.parts[0]), dtype=np.int64))
+        return self._checked(np.fromiter((self._to_int(s) for s in self.render_grid(grid, n)), np.int64, n))
+
+    def _to_int(self, text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise RefsError(f"{self.where}: {quote(text)} is not an integer") from None
+        if not 0 <= value < MAX_LENGTH:
+            raise RefsError(f"{self.where}: {value} is out of range (0 to 2**53)")
+        return value
+
+    def _checked(self, values: np.ndarray) -> np.ndarray:
+        if len(values) and (values.min() < 0 or values.max() >= MAX_LENGTH):
+            bad = int(values[(values < 0) | (values >= MAX_LENGTH)][0])
+            raise RefsError(f"{self.where}: {bad} is out of range (0 to 2**53)")
+        return values
+
+    def _grid_parts(self, grid, n):
+        """Literal strings and int64 arrays standing for each part, or None if not vectorisable."""
+        if self.parts is None:
+            return None
+        out = []
+        for part in self.parts:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, ast.Name) and part.id not in grid:
+                value = self.templates.plain.get(part.id)
+                if value is None:
+                    return None
+                out.append(str(value))
+            else:
+                names = _names(part)
+                if not all(k in grid and grid[k].dtype.kind == "i" for k in names):
+                    return None
+                values = _eval_grid(part, grid, n)
+                if values is None:
+                    return None
+                out.append(values)
+        return out
+
+
+def _eval_int(node, values):
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        return values[node.id]
+    if isinstance(node, ast.UnaryOp):
+        v = _eval_int(node.operand, values)
+        return -v if isinstance(node.op, ast.USub) else v
+    a, b = _eval_int(node.left, values), _eval_int(node.right, values)
+    op = type(node.op)
+    if op is ast.Add:
+        return a + b
+    if op is ast.Sub:
+        return a - b
+    if op is ast.Mult:
+        return a * b
+    if op is ast.FloorDiv:
+        return a // b
+    return a % b
+
+
+def _eval_grid(node, grid, n) -> np.ndarray | None:
+    """Integer arithmetic over the grid; None when it could overflow int64 or divide by zero
+    (the slow path then gives Python's exact answer or a proper error)."""
+    if isinstance(node, ast.Constant):
+        return np.int64(node.value) if abs(node.value) < 2**62 else None
+    if isinstance(node, ast.Name):
+        return grid[node.id]
+    if isinstance(node, ast.UnaryOp):
+        v = _eval_grid(node.operand, grid, n)
+        return None if v is None else (-v if isinstance(node.op, ast.USub) else v)
+    a = _eval_grid(node.left, grid, n)
+    b = _eval_grid(node.right, grid, n)
+    if a is None or b is None:
+        return None
+    op = type(node.op)
+    if op in (ast.FloorDiv, ast.Mod) and np.any(np.asarray(b) == 0):
+        return None
+    # float64 shadow: a magnitude check that cannot itself overflow
+    approx = _ARITH_OPS[op](np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
+    if np.any(np.abs(approx) >= 2**62):
+        return None
+    return _ARITH_OPS[op](a, b)
+
+
+class TemplateSet:
+    """The v1 ``templates`` section: plain strings and callable templates (those containing ``{{``)."""
+
+    def __init__(self, raw: dict | None):
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise RefsError("'templates' must be a JSON object of name: string")
+        self.plain: dict[str, str] = {}
+        self._callable: dict[str, Template] = {}
+        self._depth = 0
+        for name, text in raw.items():
+            if not isinstance(text, str):
+                raise RefsError(f"template {quote(name)} must be a string, got {type(text).__name__}")
+            if "{{" in text:
+                self._callable[name] = Template(text, f"template {quote(name)}", self)
+            else:
+                self.plain[name] = text
+
+    def context(self) -> dict:
+        ctx: dict = dict(self.plain)
+        for name, template in self._callable.items():
+            ctx[name] = self._caller(template)
+        return ctx
+
+    def _caller(self, template: Template):
+        def call(**kwargs):
+            self._depth += 1
+            try:
+                if self._depth > _MAX_DEPTH:
+                    raise RecursionError
+                return template.render(**kwargs)
+            finally:
+                self._depth -= 1
+
+        return call
+
+
+def dimension_values(name: str, spec, where: str) -> np.ndarray:
+    """One gen dimension: {"start","stop","step"} (a Python range) or an explicit list."""
+    if isinstance(spec, list):
+        if spec and all(type(v) is int for v in spec):
+            return np.array(spec, dtype=np.int64)
+        if all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in spec):
+            return np.array(spec, dtype=object)
+        raise RefsError(f"{where}: dimension {quote(name)} list must hold integers or strings")
+    if isinstance(spec, dict):
+        bad = [k for k in spec if k not in ("start", "stop", "step")]
+        if bad or "stop" not in spec:
+            raise RefsError(f"{where}: dimension {quote(name)} needs 'stop' (and optional 'start', 'step')")
+        start, stop, step = spec.get("start", 0), spec["stop"], spec.get("step", 1)
+        if not all(type(v) is int for v in (start, stop, step)) or step == 0:
+            raise RefsError(f"{where}: dimension {quote(name)} start/stop/step must be integers, step not 0")
+        return np.arange(start, stop, step, dtype=np.int64)
+    raise RefsError(f"{where}: dimension {quote(name)} must be a range object or a list")
+
+
+def expand_gen(gens, templates: TemplateSet, builder) -> None:
+    """Add every key of the ``gen`` section to `builder`, in fsspec's order."""
+    if not isinstance(gens, list):
+        raise RefsError("'gen' must be a JSON list")
+    for index, gen in enumerate(gens):
+        where = f"gen[{index}]"
+        if not isinstance(gen, dict):
+            raise RefsError(f"{where} must be a JSON object")
+        for field in ("key", "url", "dimensions"):
+            if field not in gen:
+                raise RefsError(f"{where} is missing {quote(field)}")
+        if ("offset" in gen) != ("length" in gen):
+            raise RefsError(f"{where}: 'offset' and 'length' must be given together")
+        dims = gen["dimensions"]
+        if not isinstance(dims, dict) or not dims:
+            raise RefsError(f"{where}: 'dimensions' must be a non-empty JSON object")
+        for field in ("key", "url", "offset", "length"):
+            if field in gen and (type(gen[field]) not in (str, int)):
+                raise RefsError(f"{where}: {quote(field)} must be a string")
+        # Size first, so an oversized product is refused before any work.
+        sizes = {}
+        for name, spec in dims.items():
+            if isinstance(spec, dict) and all(type(spec.get(k, 1)) is int for k in ("start", "stop", "step")) \
+                    and spec.get("step", 1) != 0 and "stop" in spec:
+                sizes[name] = len(range(spec.get("start", 0), spec["stop"], spec.get("step", 1)))
+            elif isinstance(spec, list):
+                sizes[name] = len(spec)
+            else:
+                dimension_values(name, spec, where)  # raises the precise error
+        n = 1
+        for size in sizes.values():
+            n *= size
+        builder.reserve(n, where)
+        if n == 0:
+            continue
+        values = {name: dimension_values(name, spec, where) for name, spec in dims.items()}
+        grid = _product_grid(values, n)
+
+        def template(field):
+            return Template(str(gen[field]), f"{where}.{field}", templates)
+
+        keys = template("key").render_grid(grid, n)
+        urls = template("url").render_grid(grid, n)
+        if "offset" in gen:
+            offsets = template("offset").int_grid(grid, n)
+            lengths = template("length").int_grid(grid, n)
+        else:
+            offsets = np.zeros(n, dtype=np.int64)
+            lengths = np.full(n, -1, dtype=np.int64)
+        builder.add_batch(keys, builder.url_ids(urls), offsets, lengths)
+
+
+def _product_grid(values: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
+    """Flatten the cartesian product, last dimension varying fastest (itertools.product order)."""
+    grid = {}
+    inner = n
+    for name, vals in values.items():
+        inner //= len(vals)
+        grid[name] = np.tile(np.repeat(vals, inner), n // (len(vals) * inner))
+    return grid

@@ -1,0 +1,84 @@
+"""Views decide what each key's file contains.
+
+`RawView` serves the referenced bytes verbatim: inline data from memory, byte ranges and whole
+files through the block cache. The decoded view (refmount.decoded) builds on it. A view answers:
+which keys/directories are hidden, each file's size, its bytes, and its extended attributes.
+"""
+
+from __future__ import annotations
+
+from refmount.cache import BlockCache
+from refmount.errors import FetchError
+from refmount.fetch import Fetcher, redact
+from refmount.refs import INLINE, WHOLE_FILE, RefSet
+
+
+class RawView:
+    name = "raw"
+
+    def __init__(self, refset: RefSet, fetcher: Fetcher, cache: BlockCache) -> None:
+        self.refset = refset
+        self.fetcher = fetcher
+        self.cache = cache
+        self._whole_sizes: dict[int, int] = {}  # url id -> size of the whole remote object
+
+    # -- visibility -------------------------------------------------------------------------------
+
+    def hidden(self, i: int) -> bool:
+        return False
+
+    def hidden_dir(self, d: int) -> bool:
+        return False
+
+    # -- sizes ------------------------------------------------------------------------------------
+
+    def known_size(self, i: int) -> int | None:
+        """The size without I/O, or None (a whole-file reference not yet looked up)."""
+        length = int(self.refset.length[i])
+        if length != WHOLE_FILE:
+            return length
+        return self._whole_sizes.get(int(self.refset.url_id[i]))
+
+    async def size(self, i: int) -> int:
+        known = self.known_size(i)
+        if known is not None:
+            return known
+        uid = int(self.refset.url_id[i])
+        size = await self.fetcher.size(self.refset.urls[uid])
+        self._whole_sizes[uid] = size
+        return size
+
+    # -- bytes ------------------------------------------------------------------------------------
+
+    async def read(self, i: int, offset: int, size: int) -> bytes:
+        """Exactly the file's bytes [offset, offset+size) clipped to its size, or FetchError."""
+        uid = int(self.refset.url_id[i])
+        if uid == INLINE:
+            return self.refset.inline[i][offset : offset + size]
+        length = await self.size(i)
+        end = min(offset + size, length)
+        if end <= offset:
+            return b""
+        base = int(self.refset.offset[i]) if self.refset.length[i] != WHOLE_FILE else 0
+        data = await self.cache.read(uid, base + offset, base + end)
+        if len(data) != end - offset:
+            raise FetchError(f"{redact(self.refset.urls[uid])}: the object ends before byte {base + end} "
+                             f"that key {self.refset.key(i)!r} refers to")
+        return data
+
+    async def read_all(self, i: int) -> bytes:
+        return await self.read(i, 0, await self.size(i))
+
+    # -- extended attributes ----------------------------------------------------------------------
+
+    def xattrs(self, i: int) -> dict[str, str]:
+        uid = int(self.refset.url_id[i])
+        if uid == INLINE:
+            return {"user.refmount.source": "inline"}
+        whole = self.refset.length[i] == WHOLE_FILE
+        known = self.known_size(i)
+        return {
+            "user.refmount.url": redact(self.refset.urls[uid]),
+            "user.refmount.offset": str(0 if whole else int(self.refset.offset[i])),
+            "user.refmount.length": str(known) if known is not None else "whole file",
+        }
