@@ -37,6 +37,18 @@ def check_targets(refset, opts) -> None:
                     "(add 'file' to --allow-protocols to allow it)")
 
 
+def warn_raw_view(refset) -> None:
+    """The raw view shows compressed chunks as they are: say so, since netCDF-C without filter
+    plugins (Debian's ncdump) would print garbage for them without any error."""
+    from refmount.arrays import scan_arrays
+
+    compressed = [a.name for a in scan_arrays(refset) if a.codecs]
+    if compressed:
+        shown = ", ".join(compressed[:8]) + (f" and {len(compressed) - 8} more" if len(compressed) > 8 else "")
+        log.warning("raw view: arrays %s are compressed or filtered; netCDF-C without filter plugins (e.g. "
+                    "Debian's ncdump) reads garbage from them - mount with --view decoded for ncdump", shown)
+
+
 def load_progress():
     """A progress callback for long loads on a terminal (None elsewhere)."""
     if not sys.stderr.isatty():
@@ -69,9 +81,14 @@ def build_filesystem(opts):
         from refmount.decoded import DecodedView
 
         view = DecodedView(view, cache_size=opts.decoded_cache_size)
+    else:
+        warn_raw_view(refset)
 
     def stats() -> dict:
-        return {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
-                "keys": len(refset)}
+        out = {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
+               "keys": len(refset)}
+        if hasattr(view, "statistics"):
+            out["decoded"] = view.statistics()
+        return out
 
     return Filesystem(refset, view, stats=stats), fetcher

@@ -124,8 +124,13 @@ def setup_logging(level: str, log_file: str | None) -> None:
     root.propagate = False
 
 
-def _detach_logging(log_file: str | None) -> None:
-    """After readiness a background daemon has no terminal: log to syslog (the journal) instead."""
+def _detach(log_file: str | None) -> None:
+    """After readiness a background daemon lets go of the terminal (or the pipe of whoever started
+    it, which would otherwise never see EOF) and logs to syslog (the journal) instead."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    os.close(devnull)
     if log_file:
         return
     root = logging.getLogger("refmount")
@@ -277,7 +282,7 @@ async def _announce_ready(opts: MountOptions, ready: int | None) -> None:
     if ready is not None:
         _report(ready, "OK")
         os.close(ready)
-        _detach_logging(opts.log_file)
+        _detach(opts.log_file)
 
 
 async def _stop_on_signals(nursery) -> None:

@@ -1,0 +1,287 @@
+"""What each Zarr array of a reference set is, and how netCDF-C copes with it.
+
+`scan_arrays` reads every inline ``.zarray``/``.zattrs`` once and returns an `ArrayInfo` per
+array with the plan for the decoded view: the rewritten metadata, how chunks are transformed
+(decode, byte-swap, crop, Fortran to C order) or why the array is hidden. `refmount inspect` and
+`DecodedView` both use it, so the report and the mount always agree.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from refmount.refs import INLINE, RefSet
+
+log = logging.getLogger("refmount")
+
+# Codec ids the netCDF4 wheel (netCDF-C 4.10.1) decodes with its bundled plugins (NOTES §2).
+NC410_CODECS = {"zlib", "gzip", "shuffle", "blosc", "zstd", "bz2"}
+
+
+@dataclass
+class ArrayInfo:
+    path: str  # directory path of the array ('' for a root array)
+    dir_id: int
+    zarray: dict
+    zattrs: dict
+    dtype: np.dtype | None = None
+    codecs: list[dict] = field(default_factory=list)  # filters then compressor, as configured
+    # plan for the decoded view
+    hidden_reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+    out_zarray: dict | None = None
+    out_dtype: np.dtype | None = None
+    swap: bool = False
+    fortran: bool = False
+    crop: tuple | None = None  # slices applied to a decoded chunk (chunks larger than the shape)
+    chunk_shape: tuple = ()
+    out_chunk_shape: tuple = ()
+    separator: str = "."
+    renamed_dims: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.path or "/"
+
+    @property
+    def needs_decoding(self) -> bool:
+        return bool(self.codecs)
+
+    @property
+    def transforms_chunks(self) -> bool:
+        return bool(self.codecs) or self.swap or self.fortran or self.crop is not None
+
+    @property
+    def out_chunk_bytes(self) -> int:
+        return math.prod(self.out_chunk_shape) * self.out_dtype.itemsize
+
+    def chunk_index(self, name: str) -> tuple[int, ...] | None:
+        """Grid index of a chunk key relative to the array directory ("1.0.3" or "1/0/3")."""
+        parts = name.split(self.separator)
+        if len(parts) != max(len(self.chunk_shape), 1) or not all(p.isdigit() for p in parts):
+            return None
+        return tuple(int(p) for p in parts)
+
+
+def load_json_value(data: bytes):
+    """Parse metadata JSON the way zarr does (NaN/Infinity allowed)."""
+    return json.loads(data.decode("utf-8"))
+
+
+def dump_json(value) -> bytes:
+    """Metadata as netCDF-C reads it best: UTF-8 text without \\u escapes (NOTES §1)."""
+    return json.dumps(value, ensure_ascii=False, indent=4, sort_keys=True).encode("utf-8")
+
+
+def _inline(refset: RefSet, key: str):
+    i = refset.find(key)
+    if i < 0:
+        return None, None
+    if refset.url_id[i] != INLINE:
+        return i, None
+    return i, refset.inline[i]
+
+
+def scan_arrays(refset: RefSet) -> list[ArrayInfo]:
+    arrays = []
+    for d, path in enumerate(refset.dirs.paths):
+        prefix = f"{path}/" if path else ""
+        i, raw = _inline(refset, prefix + ".zarray")
+        if i is None:
+            continue
+        info = ArrayInfo(path=path, dir_id=d, zarray={}, zattrs={})
+        if raw is None:
+            info.hidden_reason = "its .zarray is stored remotely, so it cannot be rewritten at mount time"
+            arrays.append(info)
+            continue
+        try:
+            info.zarray = load_json_value(raw)
+            _, attrs_raw = _inline(refset, prefix + ".zattrs")
+            info.zattrs = load_json_value(attrs_raw) if attrs_raw else {}
+            _plan(info)
+        except (ValueError, TypeError, KeyError) as e:
+            info.hidden_reason = f"its metadata is malformed ({type(e).__name__}: {e})"
+        arrays.append(info)
+    _rename_clashing_dimensions(arrays)
+    return arrays
+
+
+def _codec(config: dict):
+    import numcodecs
+
+    try:  # kerchunk registers its own codecs (grib, fill_hdf_strings, ...) when it is installed
+        import kerchunk.codecs  # noqa: F401
+    except Exception:
+        pass
+    return numcodecs.get_codec(dict(config))
+
+
+def _plan(info: ArrayInfo) -> None:
+    z = info.zarray
+    if z.get("zarr_format", 2) != 2:
+        raise ValueError(f"zarr_format {z.get('zarr_format')} is not 2")
+    dtype = np.dtype(z["dtype"]) if not isinstance(z["dtype"], list) else None
+    info.dtype = dtype
+    filters = z.get("filters") or []
+    compressor = z.get("compressor")
+    info.codecs = list(filters) + ([compressor] if compressor else [])
+    shape = list(z["shape"])
+    chunks = list(z["chunks"])
+    info.chunk_shape = tuple(chunks)
+    info.separator = z.get("dimension_separator") or "."
+    if dtype is None:
+        info.hidden_reason = "structured (compound) dtype: netCDF-C cannot read it from Zarr"
+        return
+    if dtype.kind == "O":
+        info.hidden_reason = "object dtype (variable-length strings): netCDF-C fails to open such arrays"
+        return
+    if dtype.kind == "U":
+        info.hidden_reason = f"dtype {z['dtype']} (UTF-32 strings): netCDF-C fails to open such arrays"
+        return
+    if dtype.kind == "V":
+        info.hidden_reason = f"dtype {z['dtype']} (raw bytes) is not a netCDF type"
+        return
+    for config in info.codecs:
+        try:
+            _codec(config)
+        except Exception as e:
+            info.hidden_reason = f"codec {config.get('id')!r} is not available here ({type(e).__name__})"
+            return
+    out = dict(z)
+    out["compressor"] = None
+    out["filters"] = None
+    out_dtype = dtype
+    if dtype.kind == "b":
+        out_dtype = np.dtype("u1")
+        info.notes.append("bool stored as |u1 (0/1)")
+        if isinstance(z.get("fill_value"), bool):
+            out["fill_value"] = int(z["fill_value"])
+    if dtype.byteorder == ">":
+        out_dtype = out_dtype.newbyteorder("<")
+        info.swap = True
+        info.notes.append(f"big-endian {dtype.str} served as little-endian {out_dtype.str}")
+    if dtype.kind == "S":
+        _plan_bytes_as_u1(info, out, dtype)
+        out_dtype = np.dtype("u1")
+    out["dtype"] = out_dtype.str
+    if z.get("order", "C") == "F" and len(chunks) > 1:
+        info.fortran = True
+        info.notes.append("Fortran-order chunks served in C order")
+    out["order"] = "C"
+    if not shape:
+        out["shape"], out["chunks"] = [1], [1]
+        info.notes.append("scalar served as shape [1]")
+        dims = info.zattrs.get("_ARRAY_DIMENSIONS")
+        if not dims:
+            info.zattrs = {**info.zattrs, "_ARRAY_DIMENSIONS": [f"{info.path.rsplit('/', 1)[-1] or 'scalar'}_scalar"]}
+    else:
+        crop = []
+        new_chunks = []
+        for size, chunk in zip(shape, chunks):
+            if chunk > size > 0 and math.ceil(size / chunk) == 1:
+                new_chunks.append(size)
+                crop.append(slice(0, size))
+            else:
+                new_chunks.append(chunk)
+                crop.append(slice(None))
+        if new_chunks != chunks:
+            info.crop = tuple(crop)
+            info.notes.append(f"chunks {chunks} cropped to the shape {new_chunks}")
+        out["chunks"] = new_chunks
+    if dtype.kind == "S" and dtype.itemsize > 1:  # each string becomes a row of bytes
+        out["shape"] = list(out["shape"]) + [dtype.itemsize]
+        out["chunks"] = list(out["chunks"]) + [dtype.itemsize]
+    info.out_dtype = out_dtype
+    info.out_chunk_shape = tuple(out["chunks"])
+    info.out_zarray = out
+    if info.codecs:
+        info.notes.insert(0, "chunks decoded (" + "+".join(str(c.get("id")) for c in info.codecs) + ")")
+
+
+def _plan_bytes_as_u1(info: ArrayInfo, out: dict, dtype: np.dtype) -> None:
+    """Fixed-length byte strings (|S1 chars above all) crash netCDF-C 4.9.0 even in `ncdump -h`.
+    The same bytes as unsigned bytes read everywhere; |Sn gains a trailing dimension of length n."""
+    fill = info.zarray.get("fill_value")
+    out["fill_value"] = None
+    if isinstance(fill, str):
+        try:
+            raw = base64.b64decode(fill)
+        except ValueError:
+            raw = b""
+        if len(raw) >= 1 and raw == raw[:1] * len(raw):
+            out["fill_value"] = raw[0]
+    if dtype.itemsize > 1:
+        dims = info.zattrs.get("_ARRAY_DIMENSIONS")
+        if isinstance(dims, list):
+            info.zattrs = {**info.zattrs, "_ARRAY_DIMENSIONS": dims + [f"strlen{dtype.itemsize}"]}
+    info.notes.append(f"byte strings {dtype.str} served as |u1" +
+                      (f" with a trailing dimension strlen{dtype.itemsize}" if dtype.itemsize > 1 else ""))
+
+
+def _rename_clashing_dimensions(arrays: list[ArrayInfo]) -> None:
+    """A dimension name used with two lengths makes netCDF-C 4.9.0 return wrong data: the first
+    length keeps the name, other lengths get '<name>_<length>'."""
+    lengths: dict[str, int] = {}
+    for info in arrays:
+        if info.hidden_reason or info.out_zarray is None:
+            continue
+        dims = info.zattrs.get("_ARRAY_DIMENSIONS")
+        shape = info.out_zarray["shape"]
+        if not isinstance(dims, list) or len(dims) != len(shape):
+            continue
+        new_dims = []
+        for name, size in zip(dims, shape):
+            first = lengths.setdefault(name, size)
+            if first != size:
+                renamed = f"{name}_{size}"
+                info.renamed_dims[name] = renamed
+                new_dims.append(renamed)
+            else:
+                new_dims.append(name)
+        if info.renamed_dims:
+            info.zattrs = {**info.zattrs, "_ARRAY_DIMENSIONS": new_dims}
+            info.notes.append("dimensions renamed (clashing lengths): " +
+                              ", ".join(f"{a}->{b}" for a, b in info.renamed_dims.items()))
+
+
+# -- compatibility verdicts for `refmount inspect` ---------------------------------------------------
+
+def raw_verdicts(info: ArrayInfo) -> tuple[str, str]:
+    """(netCDF-C 4.9.0, netCDF-C >= 4.10) verdicts for the raw view."""
+    z = info.zarray
+    if not z:
+        return "unknown", "unknown"
+    dtype = info.dtype
+    problems_49, problems_410 = [], []
+    if info.codecs:
+        problems_49.append("garbage: compressed/filtered and 4.9.0 has no filters")
+        unsupported = [c.get("id") for c in info.codecs if c.get("id") not in NC410_CODECS]
+        if unsupported:
+            problems_410.append(f"no plugin for {', '.join(map(str, unsupported))}")
+    if dtype is None or dtype.kind in "OUV":
+        problems_49.append("unsupported dtype")
+        problems_410.append("unsupported dtype fails the whole open")
+    else:
+        if dtype.byteorder == ">":
+            problems_49.append("wrong values: big-endian not swapped")
+        if dtype.kind == "b":
+            problems_410.append("bool fails the whole open")
+        if dtype.kind == "S" and dtype.itemsize == 1:
+            problems_49.append("|S1 crashes ncdump")
+    if not z.get("shape"):
+        problems_49.append("scalar crashes ncdump")
+        problems_410.append("scalar silently dropped")
+    if any(c > s > 0 for s, c in zip(z.get("shape", []), z.get("chunks", []))):
+        problems_49.append("chunks larger than the shape rejected")
+    return ("no: " + "; ".join(problems_49)) if problems_49 else "yes", \
+        ("no: " + "; ".join(problems_410)) if problems_410 else "yes"
+
+
+def decoded_verdict(info: ArrayInfo) -> str:
+    return f"hidden: {info.hidden_reason}" if info.hidden_reason else "yes"

@@ -1,0 +1,242 @@
+"""The decoded view: what netCDF-C without filter plugins (and every other client) reads correctly.
+
+Built on `RawView`. For every array (see refmount.arrays for the plan):
+- ``.zarray`` is rewritten (compressor and filters null, little-endian dtype, bool as u1, scalars
+  as shape [1], chunks cropped to the shape), all metadata JSON is re-emitted as UTF-8;
+- chunk files are decoded with numcodecs in a worker thread and kept in a bounded LRU, so the
+  many small reads FUSE makes of one chunk decode it once; their size is prod(chunks) x itemsize,
+  known without fetching;
+- arrays that cannot be represented are hidden, with one log line each; a chunk that fails to
+  decode, or decodes to the wrong length, is an EIO naming the key, never short or padded data.
+Missing chunks stay absent, so clients fill them with fill_value.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+import numpy as np
+import trio
+from numcodecs.compat import ensure_contiguous_ndarray
+
+from refmount.arrays import ArrayInfo, _codec, dump_json, load_json_value, scan_arrays
+from refmount.errors import RefmountError
+from refmount.refs import INLINE
+
+log = logging.getLogger("refmount")
+
+
+class DecodeError(RefmountError):
+    """A chunk could not be decoded into exactly its expected bytes."""
+
+
+class DecodedView:
+    name = "decoded"
+
+    def __init__(self, raw, cache_size: int = 256 << 20) -> None:
+        self.raw = raw
+        self.refset = raw.refset
+        self.arrays = scan_arrays(self.refset)
+        self._by_dir: dict[int, ArrayInfo] = {a.dir_id: a for a in self.arrays}
+        self._hidden_dirs: set[int] = set()
+        self._hidden_prefixes: list[str] = []
+        self._metadata: dict[int, bytes] = {}  # key index -> rewritten metadata bytes
+        self._chunks: dict[int, ArrayInfo] = {}  # array dir id -> info, for arrays whose chunks change
+        self._decoded: OrderedDict[int, bytes] = OrderedDict()
+        self._decoded_bytes = 0
+        self._capacity = cache_size
+        self._inflight: dict[int, trio.Event] = {}
+        self.decodes = 0
+        self._codecs: dict[int, list] = {}
+        self._plan()
+
+    # -- set-up -----------------------------------------------------------------------------------
+
+    def _plan(self) -> None:
+        dirs = self.refset.dirs
+        for info in self.arrays:
+            if info.hidden_reason:
+                log.warning("decoded view: hiding array %s: %s", info.name, info.hidden_reason)
+                self._hide_tree(info.dir_id)
+                continue
+            if info.notes:
+                log.info("decoded view: array %s: %s", info.name, "; ".join(info.notes))
+            prefix = f"{info.path}/" if info.path else ""
+            self._set_metadata(prefix + ".zarray", info.out_zarray)
+            if info.zattrs or self.refset.find(prefix + ".zattrs") >= 0:
+                self._set_metadata(prefix + ".zattrs", info.zattrs)
+            if info.transforms_chunks:
+                self._chunks[info.dir_id] = info
+                self._codecs[info.dir_id] = [_codec(c) for c in info.codecs]
+                # chunks of a "/"-separated array live in subdirectories of the array directory
+                for d, path in enumerate(dirs.paths):
+                    if path.startswith(prefix) and d != info.dir_id and prefix:
+                        self._by_dir.setdefault(d, info)
+        # every other JSON metadata key: re-emitted as UTF-8 without \u escapes
+        for d, path in enumerate(dirs.paths):
+            prefix = f"{path}/" if path else ""
+            for name in (".zgroup", ".zattrs", ".zmetadata"):
+                i = self.refset.find(prefix + name)
+                if i >= 0 and i not in self._metadata and self.refset.url_id[i] == INLINE:
+                    self._rewrite_plain(i, name)
+
+    def _hide_tree(self, dir_id: int) -> None:
+        path = self.refset.dirs.paths[dir_id]
+        if not path:  # a broken root array: hide only its own keys
+            for name in (".zarray",):
+                i = self.refset.find(name)
+                if i >= 0:
+                    self._metadata[i] = b""
+            return
+        self._hidden_dirs.add(dir_id)
+        self._hidden_prefixes.append(path + "/")
+
+    def _set_metadata(self, key: str, value) -> None:
+        i = self.refset.find(key)
+        if i >= 0:
+            self._metadata[i] = dump_json(value)
+
+    def _rewrite_plain(self, i: int, name: str) -> None:
+        try:
+            value = load_json_value(self.refset.inline[i])
+        except ValueError:
+            return  # not JSON: serve it as it is
+        if name == ".zmetadata" and isinstance(value.get("metadata"), dict):
+            value = {**value, "metadata": self._consolidated(value["metadata"])}
+        self._metadata[i] = dump_json(value)
+
+    def _consolidated(self, metadata: dict) -> dict:
+        """Apply the same rewrites inside consolidated metadata, dropping hidden arrays."""
+        out = {}
+        for key, value in metadata.items():
+            path, _, name = key.rpartition("/")
+            d = self.refset.dirs.ids.get(path)
+            if d is not None and d in self._hidden_dirs:
+                continue
+            info = self._by_dir.get(d) if d is not None else None
+            if info is not None and info.path == path and name == ".zarray":
+                value = info.out_zarray
+            elif info is not None and info.path == path and name == ".zattrs":
+                value = info.zattrs
+            out[key] = value
+        return out
+
+    # -- visibility -------------------------------------------------------------------------------
+
+    def hidden_dir(self, d: int) -> bool:
+        if not self._hidden_dirs:
+            return False
+        path = self.refset.dirs.paths[d] + "/"
+        return any(path.startswith(prefix) for prefix in self._hidden_prefixes)
+
+    def hidden(self, i: int) -> bool:
+        if self._metadata.get(i) == b"":
+            return True
+        return bool(self._hidden_dirs) and self.hidden_dir(int(self.refset.dir_of[i]))
+
+    # -- sizes and bytes --------------------------------------------------------------------------
+
+    def _chunk_info(self, i: int) -> ArrayInfo | None:
+        """The array whose chunks this key holds, if those chunks are transformed."""
+        info = self._by_dir.get(int(self.refset.dir_of[i]))
+        if info is None or info.dir_id not in self._chunks:
+            return None
+        name = self.refset.key(i)[len(info.path) + 1 if info.path else 0:]
+        return info if info.chunk_index(name) is not None else None
+
+    def known_size(self, i: int) -> int | None:
+        meta = self._metadata.get(i)
+        if meta is not None:
+            return len(meta)
+        info = self._chunk_info(i)
+        if info is not None:
+            return info.out_chunk_bytes
+        return self.raw.known_size(i)
+
+    async def size(self, i: int) -> int:
+        known = self.known_size(i)
+        return known if known is not None else await self.raw.size(i)
+
+    async def read(self, i: int, offset: int, size: int) -> bytes:
+        meta = self._metadata.get(i)
+        if meta is not None:
+            return meta[offset : offset + size]
+        info = self._chunk_info(i)
+        if info is None:
+            return await self.raw.read(i, offset, size)
+        return (await self._decoded_chunk(i, info))[offset : offset + size]
+
+    async def read_all(self, i: int) -> bytes:
+        return await self.read(i, 0, await self.size(i))
+
+    async def _decoded_chunk(self, i: int, info: ArrayInfo) -> bytes:
+        while True:
+            data = self._decoded.get(i)
+            if data is not None:
+                self._decoded.move_to_end(i)
+                return data
+            pending = self._inflight.get(i)
+            if pending is None:
+                break
+            await pending.wait()  # another reader is decoding it; then look again
+        done = self._inflight[i] = trio.Event()
+        try:
+            raw = await self.raw.read_all(i)
+            data = await trio.to_thread.run_sync(self._decode, i, info, raw)
+            self.decodes += 1
+            self._remember(i, data)
+            return data
+        finally:
+            del self._inflight[i]
+            done.set()
+
+    def _decode(self, i: int, info: ArrayInfo, raw: bytes) -> bytes:
+        """Runs in a worker thread: codecs in reverse, then swap/reorder/crop. Exact size or error."""
+        key = self.refset.key(i)
+        data = raw
+        try:
+            for codec in reversed(self._codecs[info.dir_id]):
+                data = codec.decode(data)
+            buffer = ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1)
+        except Exception as e:
+            raise DecodeError(f"chunk {key!r} could not be decoded: {type(e).__name__}: {e}") from None
+        expected = int(np.prod(info.chunk_shape or (1,))) * info.dtype.itemsize
+        if buffer.nbytes != expected:
+            raise DecodeError(f"chunk {key!r} decoded to {buffer.nbytes} bytes, expected {expected}")
+        if not (info.swap or info.fortran or info.crop is not None):
+            return buffer.tobytes()
+        array = buffer.view(info.dtype).reshape(info.chunk_shape or (1,), order="F" if info.fortran else "C")
+        # (byte strings keep their bytes: only numeric types are swapped below, with astype)
+        if info.crop is not None:
+            array = array[info.crop]
+        if info.swap:
+            array = array.astype(info.out_dtype)
+        out = np.ascontiguousarray(array).tobytes()
+        if len(out) != info.out_chunk_bytes:
+            raise DecodeError(f"chunk {key!r} transformed to {len(out)} bytes, expected {info.out_chunk_bytes}")
+        return out
+
+    def _remember(self, i: int, data: bytes) -> None:
+        if len(data) > self._capacity:
+            return
+        self._decoded[i] = data
+        self._decoded_bytes += len(data)
+        while self._decoded_bytes > self._capacity:
+            _, old = self._decoded.popitem(last=False)
+            self._decoded_bytes -= len(old)
+
+    # -- extended attributes ----------------------------------------------------------------------
+
+    def xattrs(self, i: int) -> dict[str, str]:
+        attrs = self.raw.xattrs(i)
+        info = self._chunk_info(i)
+        if info is not None and info.codecs:
+            attrs["user.refmount.codecs"] = " -> ".join(str(c.get("id")) for c in reversed(info.codecs))
+        if i in self._metadata:
+            attrs["user.refmount.rewritten"] = "metadata rewritten for the decoded view"
+        return attrs
+
+    def statistics(self) -> dict:
+        return {"decodes": self.decodes, "decoded_cached": len(self._decoded),
+                "decoded_bytes": self._decoded_bytes}

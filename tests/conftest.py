@@ -1,0 +1,145 @@
+"""Shared fixtures: real FUSE mounts (always cleaned up, by PID), loopback HTTP servers, datasets."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.rangeserver import RangeServer
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+REFMOUNT = [sys.executable, "-m", "refmount"]
+
+
+def fuse_problem() -> str | None:
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse is missing"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (Debian package fuse3)"
+    try:
+        import pyfuse3  # noqa: F401
+    except ImportError as e:
+        return f"pyfuse3 does not import: {e}"
+    return None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fuse_available():
+    """Mount tests are the point of this suite: a machine without FUSE fails them, never skips."""
+    problem = fuse_problem()
+    if problem:
+        pytest.fail(f"FUSE is required for refmount's tests: {problem}", pytrace=False)
+
+
+def is_mounted(path) -> bool:
+    target = os.path.abspath(path)
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == target for line in f)
+
+
+def force_unmount(path) -> None:
+    if is_mounted(path):
+        subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True)
+
+
+class Mount:
+    """A refmount daemon in --foreground, started and stopped by this test (by PID)."""
+
+    def __init__(self, refs, mountpoint: Path, args=(), log_path: Path | None = None, env=None):
+        self.refs = str(refs)
+        self.path = Path(mountpoint)
+        self.args = list(args)
+        self.log_path = log_path or self.path.with_name(self.path.name + ".log")
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60.0) -> "Mount":
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        cmd = [*REFMOUNT, "mount", "--foreground", *self.args, self.refs, str(self.path)]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"refmount exited with {self.proc.returncode}: {self.log()}")
+            try:
+                if is_mounted(self.path) and os.stat(self.path).st_ino == 1:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError(f"mount did not become ready: {self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        force_unmount(self.path)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+    def stats(self) -> dict:
+        return json.loads(os.getxattr(self.path, "user.refmount.stats"))
+
+    def __truediv__(self, key: str) -> Path:
+        return self.path / key
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """mount(refs, *args) -> Mount; refs may be a dict (written as JSON) or a path/url."""
+    mounts: list[Mount] = []
+    counter = iter(range(1000))
+
+    def make(refs, *args, env=None) -> Mount:
+        n = next(counter)
+        if isinstance(refs, dict):
+            path = tmp_path / f"refs{n}.json"
+            path.write_text(json.dumps(refs))
+            refs = path
+        m = Mount(refs, tmp_path / f"mnt{n}", args, env=env)
+        mounts.append(m)
+        return m.start()
+
+    yield make
+    for m in mounts:
+        m.stop()
+
+
+def run_refmount(*args, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([*REFMOUNT, *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
+
+
+@pytest.fixture(scope="session")
+def datasets(tmp_path_factory):
+    """The real netCDF-4/HDF5 files of tests.support.datasets, built once."""
+    from tests.support.datasets import build_all
+
+    return build_all(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="session")
+def http_data(datasets):
+    """A loopback Range-honouring HTTP server over the dataset directory."""
+    root = next(iter(datasets.values())).parent
+    with RangeServer(root) as server:
+        yield server
