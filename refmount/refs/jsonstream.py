@@ -90,15 +90,16 @@ class _Window:
                 return None
 
 
+def _byte_pos(text: bytes, char_pos: int) -> int:
+    """orjson reports positions in characters; turn one into a byte offset into `text`."""
+    return len(text.decode("utf-8", "surrogateescape")[:char_pos].encode("utf-8", "surrogateescape"))
+
+
 def _malformed(window: _Window, pos: int, detail: str = "") -> RefsError:
     where = f" near byte {pos}"
     if window.eof and pos >= window.end - 1:
         return RefsError(f"reference file is not valid JSON: it ends early (truncated?){where}")
     return RefsError(f"reference file is not valid JSON{where}{': ' + detail if detail else ''}")
-
-
-def _parse_members(window: _Window, a: int, b: int):
-    return orjson.loads(b"{" + window.get(a, b) + b"}")
 
 
 def iter_object(window: _Window, pos: int, piece_bytes: int, on_piece=None):
@@ -122,24 +123,32 @@ def iter_object(window: _Window, pos: int, piece_bytes: int, on_piece=None):
                 if window.char(s) == b"}":
                     return s + 1
                 continue
+        if not window.char(s):
+            raise _malformed(window, s)
+        # With no cut left, the object's own "}" must be in the data (else the text is truncated).
+        text = b"{" + window.get(s, stop) + (b"}" if cut is not None else b"")
         try:
-            piece = _parse_members(window, s, stop)
+            piece = orjson.loads(text)
         except orjson.JSONDecodeError as e:
             if str(e).startswith("unexpected content after document"):
                 # The object closed inside this piece: e.pos is just past it (after whitespace).
                 text = b"{" + window.get(s, stop)
                 # text[0] is our added "{", so text index j is absolute position s + j - 1
-                close = s + len(text[: e.pos].rstrip(b" \t\r\n")) - 2  # absolute position of "}"
+                end = _byte_pos(text, e.pos)
+                close = s + len(text[:end].rstrip(b" \t\r\n")) - 2  # absolute position of "}"
                 try:
                     yield orjson.loads(b"{" + window.get(s, close) + b"}")
                 except orjson.JSONDecodeError as e2:
-                    raise _malformed(window, s + e2.pos, str(e2)) from None
+                    raise _malformed(window, s + e2.pos, str(e2)) from None  # pragma: no cover
                 window.forget_before(close)
                 return close + 1
             if cut is None:  # no further place to cut: the text itself is broken
                 raise _malformed(window, s + max(e.pos - 1, 0), str(e).split(":")[0]) from None
             step = (stop - s) * 2  # cut fell inside a value: try a cut twice as far on
             continue
+        if cut is None:  # the object closed exactly at the end of the data
+            yield piece
+            return stop
         yield piece
         s = window.skip_ws(stop + 1)
         step = piece_bytes

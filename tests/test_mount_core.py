@@ -1,0 +1,182 @@
+"""The core mount: kerchunk sets of real files, read through real FUSE, byte-compared to oracles."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+
+import pytest
+
+from tests.conftest import force_unmount, is_mounted, run_refmount
+from tests.support.datasets import (gen_refs_for_contiguous, kerchunk_refs, oracle_bytes, retarget, to_v0,
+                                    write_refs)
+
+
+def listed_keys(root) -> set[str]:
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        for name in filenames:
+            out.add(name if rel == "." else f"{rel}/{name}")
+    return out
+
+
+def assert_mount_matches(mnt, refs, url_to_path=None):
+    """ls -R lists exactly the keys; every st_size equals the bytes a read returns and the oracle."""
+    v0 = to_v0(refs)
+    assert listed_keys(mnt.path) == set(v0)
+    for key in v0:
+        path = mnt / key
+        data = path.read_bytes()
+        expected = oracle_bytes(v0, key, **({"url_to_path": url_to_path} if url_to_path else {}))
+        if key.endswith((".zarray", ".zattrs", ".zgroup")) and not isinstance(v0[key], str):
+            import json
+
+            assert json.loads(data) == json.loads(expected), key
+        else:
+            assert data == expected, key
+        assert os.stat(path).st_size == len(data), key
+
+
+@pytest.mark.parametrize("kind", ["zlib", "groups", "missing", "bigendian", "air"])
+def test_local_targets_byte_identical(mount, datasets, kind):
+    refs = kerchunk_refs(datasets[kind])
+    assert_mount_matches(mount(refs, "--view", "raw"), refs)
+
+
+@pytest.mark.parametrize("kind", ["shuffle_zlib", "unlimited", "air"])
+def test_http_targets_byte_identical(mount, datasets, http_data, kind):
+    refs = kerchunk_refs(datasets[kind], url=http_data.url_for(datasets[kind].name))
+    assert_mount_matches(mount(refs, "--view", "raw"), refs, url_to_path=http_data.path_for)
+
+
+def test_v0_and_file_urls_and_inline(mount, datasets):
+    refs = to_v0(kerchunk_refs(datasets["zstd"], inline_threshold=300))
+    refs = retarget(refs, "file://" + str(datasets["zstd"]))
+    assert_mount_matches(mount(refs, "--view", "raw"), refs)
+
+
+def test_v1_templates_and_gen_over_http(mount, datasets, http_data):
+    refs = gen_refs_for_contiguous(datasets["contiguous"], url=http_data.url_for(datasets["contiguous"].name))
+    assert "gen" in refs and "templates" in refs
+    assert_mount_matches(mount(refs, "--view", "raw"), refs, url_to_path=http_data.path_for)
+
+
+def test_gzip_reference_file_served_over_http(mount, datasets, http_data):
+    refs = kerchunk_refs(datasets["groups"], url=http_data.url_for(datasets["groups"].name))
+    root = datasets["groups"].parent
+    write_refs(refs, root / "groups-refs.json.gz")
+    mnt = mount(http_data.url_for("groups-refs.json.gz"), "--view", "raw")
+    assert_mount_matches(mnt, refs, url_to_path=http_data.path_for)
+
+
+def test_whole_file_reference_size_from_head(mount, datasets, http_data):
+    name = datasets["air"].name
+    refs = {"whole": [http_data.url_for(name)], "local": [str(datasets["zlib"])], "part": [http_data.url_for(name), 10, 0]}
+    mnt = mount(refs, "--view", "raw")
+    assert os.stat(mnt / "whole").st_size == datasets["air"].stat().st_size
+    assert (mnt / "whole").read_bytes() == datasets["air"].read_bytes()
+    assert (mnt / "local").read_bytes() == datasets["zlib"].read_bytes()
+    assert (mnt / "part").read_bytes() == b"" and os.stat(mnt / "part").st_size == 0
+    assert os.getxattr(mnt / "whole", "user.refmount.url").decode() == http_data.url_for(name)
+
+
+def test_read_only_everywhere(mount, datasets):
+    mnt = mount(kerchunk_refs(datasets["zlib"]), "--view", "raw")
+    key = next(p for p in mnt.path.rglob("*") if p.is_file())
+    for attempt in (lambda: open(key, "r+b"), lambda: open(mnt / "new", "wb"), lambda: os.mkdir(mnt / "d"),
+                    lambda: os.rename(key, mnt / "renamed"), lambda: os.unlink(key), lambda: os.chmod(key, 0o644),
+                    lambda: os.setxattr(key, "user.x", b"1")):
+        with pytest.raises(OSError) as e:
+            attempt()
+        assert e.value.errno == errno.EROFS
+    st = os.stat(key)
+    assert st.st_mode & 0o777 == 0o444 and os.stat(mnt.path).st_mode & 0o777 == 0o555
+
+
+def test_inodes_are_stable(mount, datasets):
+    mnt = mount(kerchunk_refs(datasets["groups"]), "--view", "raw")
+    before = {p: p.stat().st_ino for p in mnt.path.rglob("*")}
+    os.system("echo 2 > /proc/sys/vm/drop_caches 2>/dev/null")
+    assert {p: p.stat().st_ino for p in mnt.path.rglob("*")} == before
+    assert len(set(before.values())) == len(before)
+
+
+def test_background_mount_and_umount(tmp_path, datasets):
+    refs_path = tmp_path / "refs.json"
+    write_refs(kerchunk_refs(datasets["zlib"]), refs_path)
+    mnt = tmp_path / "bg"
+    mnt.mkdir()
+    try:
+        result = run_refmount("mount", "--view", "raw", refs_path, mnt)
+        assert result.returncode == 0, result.stderr
+        assert is_mounted(mnt) and (mnt / ".zgroup").read_bytes()
+        pid = int(os.getxattr(mnt, "user.refmount.pid"))
+        result = run_refmount("umount", mnt)
+        assert result.returncode == 0, result.stderr
+        assert not is_mounted(mnt)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    finally:
+        force_unmount(mnt)
+
+
+def test_sigterm_unmounts_cleanly(mount, datasets):
+    mnt = mount(kerchunk_refs(datasets["zlib"]), "--view", "raw")
+    mnt.proc.send_signal(signal.SIGTERM)
+    assert mnt.proc.wait(timeout=15) == 0
+    assert not is_mounted(mnt.path)
+
+
+@pytest.mark.parametrize("case", ["bad-json", "bad-key", "missing-file", "no-mountpoint", "bad-option", "not-a-dir"])
+def test_failed_mounts_are_one_line_and_leave_nothing(tmp_path, case):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    refs = tmp_path / "refs.json"
+    refs.write_text('{"ok": "x"}')
+    args = [refs, mnt]
+    if case == "bad-json":
+        refs.write_text('{"version": 1, "refs": {"a": ["http://h/x", 0, ')
+    elif case == "bad-key":
+        refs.write_text('{"a/../b": "x"}')
+    elif case == "missing-file":
+        args = [tmp_path / "nope.json", mnt]
+    elif case == "no-mountpoint":
+        args = [refs, tmp_path / "nowhere"]
+    elif case == "bad-option":
+        args = ["--cache-size", "lots", refs, mnt]
+    elif case == "not-a-dir":
+        args = [refs, refs]
+    result = run_refmount("mount", *args, timeout=60)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[0].startswith("refmount: ")
+    assert not is_mounted(mnt)
+    culprit = {"bad-json": "truncated", "bad-key": "a/../b", "missing-file": "nope.json", "no-mountpoint": "nowhere",
+               "bad-option": "--cache-size", "not-a-dir": "not a directory"}[case]
+    assert culprit in lines[0]
+
+
+def test_help_documents_every_option():
+    result = run_refmount("mount", "--help")
+    for option in ("--view", "--foreground", "--cache-size", "--remote-options", "--read-timeout", "--allow-other",
+                   "--allow-protocols", "--max-keys", "--log-level", "--dry-run", "--cache-dir"):
+        assert option in result.stdout
+    assert run_refmount("--version").stdout.startswith("refmount ")
+
+
+def test_concurrent_readers_share_fetches(mount, datasets, http_data):
+    """Many readers of the same chunks through real FUSE: bytes right, fetched once (single-flight)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    refs = kerchunk_refs(datasets["air"], url=http_data.url_for(datasets["air"].name))
+    mnt = mount(refs, "--view", "raw")
+    key = mnt / "air" / "0.0.0"
+    expected = oracle_bytes(refs, "air/0.0.0", url_to_path=http_data.path_for)
+    http_data.reset_stats()
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda _: key.read_bytes(), range(32)))
+    assert all(r == expected for r in results)
+    assert http_data.stats["requests"] <= 2

@@ -1,0 +1,207 @@
+"""Reference-set loading without a mount: spec semantics, streaming, templates, gen, errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from refmount.errors import RefsError
+from refmount.refs import load_refs, refs_from_dict
+from refmount.refs.model import MAX_LENGTH
+from tests.support.datasets import SPEC_V0_EXPANSION, SPEC_V1_EXAMPLE, write_all_formats
+
+
+def as_v0(refset) -> dict:
+    """RefSet -> plain v0 dict with inline bytes decoded like the spec's examples."""
+    out = {}
+    for key, value in refset.to_dict().items():
+        out[key] = value.decode() if isinstance(value, bytes) else value
+    return out
+
+
+@pytest.mark.parametrize("piece_bytes", [None, 1, 7, 64])
+def test_spec_v1_example_expands_to_its_v0_equivalent(piece_bytes):
+    assert as_v0(refs_from_dict(SPEC_V1_EXAMPLE, piece_bytes=piece_bytes)) == SPEC_V0_EXPANSION
+
+
+def test_inline_values_are_exact_bytes():
+    refs = refs_from_dict({
+        "text": "température",
+        "bin": "base64:" + "AAEC/w==",
+        "obj": {"zarr_format": 2, "units": "°C"},
+        "empty": ["file:///dev/null", 5, 0],
+    })
+    d = refs.to_dict()
+    assert d["text"] == "température".encode()
+    assert d["bin"] == b"\x00\x01\x02\xff"
+    assert json.loads(d["obj"]) == {"zarr_format": 2, "units": "°C"}
+    assert d["empty"] == ["file:///dev/null", 5, 0]
+
+
+def test_whole_file_and_ranges_and_dirs():
+    refs = refs_from_dict({"a/b/c": ["http://x/f"], "a/d": ["http://x/g", 10, 20], "e": "x"})
+    assert refs.to_dict()["a/b/c"] == ["http://x/f"]
+    assert sorted(refs.dirs.paths) == ["", "a", "a/b"]
+    assert refs.find("a/d") >= 0 and refs.find("a/zz") == -1 and refs.find("a") == -1
+    assert len(refs.urls) == 2
+
+
+def test_urls_are_interned():
+    refs = refs_from_dict({f"v/{i}": ["http://h/file.nc", i * 10, 10] for i in range(1000)})
+    assert refs.urls == ["http://h/file.nc"]
+    assert refs.url_id.dtype.itemsize == 4 and refs.offset.dtype.itemsize == 8
+
+
+def test_gen_product_order_lists_and_ranges():
+    spec = {"version": 1, "gen": [{
+        "key": "k{{a}}.{{b}}", "url": "http://h/{{a}}", "offset": "{{a * 100 + b}}", "length": "{{b + 1}}",
+        "dimensions": {"a": {"start": 1, "stop": 7, "step": 3}, "b": [5, 0, 2]}}]}
+    got = refs_from_dict(spec).to_dict()
+    expected = {f"k{a}.{b}": [f"http://h/{a}", a * 100 + b, b + 1]
+                for a, b in itertools.product(range(1, 7, 3), [5, 0, 2])}
+    assert list(got.items()) == list(expected.items())
+
+
+def test_gen_without_offset_is_whole_files_and_jinja_fallback():
+    spec = {"version": 1, "templates": {"up": "{{x|upper}}"}, "gen": [{
+        "key": "{{ 'k%02d' % i }}", "url": "http://h/{{up(x='f')}}{{i}}", "dimensions": {"i": {"stop": 3}}}]}
+    assert refs_from_dict(spec).to_dict() == {"k00": ["http://h/F0"], "k01": ["http://h/F1"], "k02": ["http://h/F2"]}
+
+
+def test_gen_arithmetic_fast_path_matches_jinja():
+    from jinja2.sandbox import SandboxedEnvironment
+
+    expr = "(i + 3) * 7 // 2 - j % 5 + -i"
+    spec = {"version": 1, "gen": [{"key": "k{{i}}_{{j}}", "url": "u", "offset": "{{%s}}" % expr.replace("-i", "0"),
+                                   "length": "1", "dimensions": {"i": {"stop": 20}, "j": [0, 3, 99]}}]}
+    got = refs_from_dict(spec).to_dict()
+    template = SandboxedEnvironment().from_string("{{%s}}" % expr.replace("-i", "0"))
+    for i, j in itertools.product(range(20), [0, 3, 99]):
+        assert got[f"k{i}_{j}"][1] == int(template.render(i=i, j=j))
+
+
+@pytest.mark.parametrize("gen,message", [
+    ({"key": "k{{i}}", "url": "u", "offset": "1", "dimensions": {"i": {"stop": 2}}}, "together"),
+    ({"key": "k{{i}}", "url": "u", "dimensions": {"i": {"stop": 10**9}, "j": {"stop": 10**9}}}, "--max-keys"),
+    ({"key": "k{{i}}", "url": "u", "dimensions": {"i": {"start": 2}}}, "stop"),
+    ({"key": "k{{i}}", "url": "u", "offset": "{{i - 5}}", "length": "1", "dimensions": {"i": [1, 2]}}, "out of range"),
+    ({"key": "k{{i}}", "url": "u", "offset": "x{{i}}", "length": "1", "dimensions": {"i": [1]}}, "not an integer"),
+    ({"url": "u", "dimensions": {"i": [1]}}, "missing 'key'"),
+])
+def test_gen_errors(gen, message):
+    with pytest.raises(RefsError, match=message) as e:
+        refs_from_dict({"version": 1, "gen": [gen]}, max_keys=10**6)
+    assert "gen[0]" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_templates_are_sandboxed():
+    for evil in ["{{ ''.__class__.__mro__ }}", "{{ cycler.__init__.__globals__ }}", "{{ f.__globals__ }}"]:
+        with pytest.raises(RefsError) as e:
+            refs_from_dict({"version": 1, "templates": {"f": "{{x}}"}, "refs": {"k": [f"http://h/{evil}", 0, 1]}})
+        assert "\n" not in str(e.value)
+
+
+def test_recursive_and_failing_templates_are_one_line_errors():
+    with pytest.raises(RefsError, match="recursive|failed"):
+        refs_from_dict({"version": 1, "templates": {"f": "{{f(c=1)}}"}, "refs": {"k": ["http://{{f(c=2)}}", 0, 1]}})
+    with pytest.raises(RefsError, match="failed"):
+        refs_from_dict({"version": 1, "templates": {"f": "{{ 1 // c }}"}, "refs": {"k": ["http://{{f(c=0)}}", 0, 1]}})
+    with pytest.raises(RefsError, match="undefined"):
+        refs_from_dict({"version": 1, "refs": {"k": ["http://{{nope}}/x", 0, 1]}})
+
+
+@pytest.mark.parametrize("refs,needle", [
+    ({"a//b": "x"}, "'a//b'"),
+    ({"/a": "x"}, "'/a'"),
+    ({"a/../b": "x"}, "'a/../b'"),
+    ({"a/./b": "x"}, "'a/./b'"),
+    ({"a/": "x"}, "'a/'"),
+    ({"": "x"}, "''"),
+    ({"a\x00b": "x"}, "NUL"),
+    ({"x" * 256: "x"}, "255"),
+    ({"a": "x", "a/b": "y"}, "both a file and a directory"),
+    ({"k": ["u", -1, 5]}, "offset"),
+    ({"k": ["u", 0, MAX_LENGTH]}, "length"),
+    ({"k": ["u", 1.5, 5]}, "offset"),
+    ({"k": ["u", 0]}, "[url]"),
+    ({"k": [None, 0, 5]}, "no url"),
+    ({"k": 5}, "value must be"),
+    ({"k": "base64:@@@"}, "base64"),
+    ({"version": 2, "refs": {}}, "version"),
+    ({"version": "1", "refs": {}}, "version"),
+])
+def test_malformed_sets_name_the_culprit(refs, needle):
+    with pytest.raises(RefsError) as e:
+        refs_from_dict(refs)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text", [b"", b"[1, 2]", b'{"a": "x"', b'{"a": ["u", 1, 2], "b": [', b'{"a": "x"} trailing'])
+def test_broken_json_is_one_line(tmp_path, text):
+    path = tmp_path / "bad.json"
+    path.write_bytes(text)
+    with pytest.raises(RefsError) as e:
+        load_refs(str(path))
+    assert "\n" not in str(e.value)
+
+
+def test_duplicate_keys_keep_the_last_value():
+    refs = refs_from_dict({"version": 1, "refs": {"k": ["u", 0, 1]},
+                           "gen": [{"key": "k", "url": "v", "dimensions": {"i": [0]}}]})
+    assert refs.to_dict() == {"k": ["v"]} and len(refs) == 1
+
+
+def test_v0_key_named_refs_and_late_version():
+    assert refs_from_dict({"refs": {"a": 1}, "b": "x"}, piece_bytes=3).to_dict() == \
+        {"refs": b'{"a":1}', "b": b"x"}
+    assert refs_from_dict({"refs": {"a": "x"}, "version": 1}, piece_bytes=3).to_dict() == {"a": b"x"}
+
+
+def test_compressed_reference_files(tmp_path):
+    refs = {"version": 1, "refs": {"a/b": "hello", "c": ["http://h/x", 1, 2]}}
+    for kind, path in write_all_formats(refs, tmp_path).items():
+        assert load_refs(str(path)).to_dict() == {"a/b": b"hello", "c": ["http://h/x", 1, 2]}, kind
+
+
+def test_reference_file_over_http(http_data, datasets, tmp_path):
+    from tests.support.datasets import write_refs
+
+    root = next(iter(datasets.values())).parent
+    write_refs({"k": "v", "r": ["http://h/x", 0, 3]}, root / "served-refs.json.gz")
+    assert load_refs(http_data.url_for("served-refs.json.gz")).to_dict() == {"k": b"v", "r": ["http://h/x", 0, 3]}
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**63 - 1) | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                           max_leaves=6)
+ref_values = st.one_of(
+    st.text(max_size=12),
+    st.dictionaries(st.text(max_size=4), json_values, max_size=3),
+    st.tuples(st.sampled_from(["http://h/a", "s3://b/k", "/p/f", "u,\"x\"]"]),
+              st.integers(0, 2**40), st.integers(0, 2**30)).map(list),
+    st.sampled_from(["http://h/a", "/p/f"]).map(lambda u: [u]),
+)
+keys = st.text(st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)), min_size=1, max_size=6) \
+    .filter(lambda s: s not in (".", ".."))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(refs=st.dictionaries(keys, ref_values, max_size=25), piece=st.integers(1, 200), v1=st.booleans())
+def test_streaming_parser_matches_a_whole_document_parse(refs, piece, v1):
+    doc = {"version": 1, "refs": refs} if v1 else refs
+    whole = refs_from_dict(doc, piece_bytes=10**9).to_dict()
+    assert refs_from_dict(doc, piece_bytes=piece).to_dict() == whole
+    expected = {}
+    for k, v in refs.items():
+        if isinstance(v, str):
+            expected[k] = v.encode("utf-8", "surrogatepass")
+        elif isinstance(v, dict):
+            expected[k] = orjson.dumps(v)
+        else:
+            expected[k] = v
+    assert whole == expected
