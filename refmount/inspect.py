@@ -1,0 +1,67 @@
+"""`refmount inspect REFS`: per array, what it is and which netCDF-C can read it in each view."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from refmount.arrays import decoded_verdict, raw_verdicts, scan_arrays
+from refmount.refs import load_refs
+
+
+def _chunk_counts(refset, info) -> tuple[int, int]:
+    """(present, missing) chunk keys of an array."""
+    shape, chunks = info.zarray.get("shape", []), info.zarray.get("chunks", [])
+    expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunks) if c) if shape else 1
+    present = 0
+    prefix = f"{info.path}/" if info.path else ""
+    for d, path in enumerate(refset.dirs.paths):
+        if d != info.dir_id and not (prefix and path.startswith(prefix)):
+            continue
+        base = len(prefix.encode())
+        for i in refset.files_in(d).tolist():
+            name = refset.key_bytes(i)[base:].decode("utf-8", "replace")
+            if info.chunk_index(name) is not None:
+                present += 1
+    return present, max(expected - present, 0)
+
+
+def inspect_refs(refset) -> list[dict]:
+    rows = []
+    for info in scan_arrays(refset):
+        present, missing = _chunk_counts(refset, info)
+        raw49, raw410 = raw_verdicts(info)
+        decoded = decoded_verdict(info)
+        rows.append({
+            "array": info.name,
+            "dtype": info.zarray.get("dtype"),
+            "shape": info.zarray.get("shape"),
+            "chunks": info.zarray.get("chunks"),
+            "codecs": [c.get("id") for c in info.codecs],
+            "chunks_present": present,
+            "chunks_missing": missing,
+            "raw": {"netcdf-c 4.9.0": raw49, "netcdf-c >= 4.10": raw410},
+            "decoded": {"netcdf-c 4.9.0": decoded, "netcdf-c >= 4.10": decoded},
+            "decoded_changes": info.notes,
+        })
+    return rows
+
+
+def run_inspect(location: str, *, remote_options: dict | None = None, as_json: bool = False) -> int:
+    rows = inspect_refs(load_refs(location, remote_options=remote_options))
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print(f"{location}: no Zarr arrays (no .zarray keys)")
+        return 0
+    for row in rows:
+        codecs = "+".join(map(str, row["codecs"])) or "none"
+        print(f"{row['array']}: {row['dtype']} shape {row['shape']} chunks {row['chunks']} codecs {codecs}; "
+              f"{row['chunks_present']} chunks present, {row['chunks_missing']} missing")
+        for view in ("raw", "decoded"):
+            for version, verdict in row[view].items():
+                print(f"    {view:<8}{version:<18}{verdict}")
+        if row["decoded_changes"]:
+            print(f"    decoded view changes: {'; '.join(row['decoded_changes'])}")
+    return 0
