@@ -115,7 +115,11 @@ def scan_arrays(refset: RefSet) -> list[ArrayInfo]:
 def _codec(config: dict):
     import numcodecs
 
-    try:  # kerchunk registers its own codecs (grib, fill_hdf_strings, ...) when it is installed
+    try:
+        return numcodecs.get_codec(dict(config))
+    except (ValueError, KeyError):
+        pass
+    try:  # kerchunk registers its own codecs (grib, fill_hdf_strings, ...); importing it costs ~0.1 s
         import kerchunk.codecs  # noqa: F401
     except Exception:
         pass
@@ -143,6 +147,10 @@ def _plan(info: ArrayInfo) -> None:
         return
     if dtype.kind == "U":
         info.hidden_reason = f"dtype {z['dtype']} (UTF-32 strings): netCDF-C fails to open such arrays"
+        return
+    if dtype.kind == "S" and dtype.itemsize > 1:
+        info.hidden_reason = (f"fixed-length strings {z['dtype']} crash netCDF-C 4.9.0 "
+                              "(zarr and xarray read them in --view raw)")
         return
     if dtype.kind == "V":
         info.hidden_reason = f"dtype {z['dtype']} (raw bytes) is not a netCDF type"
@@ -194,9 +202,6 @@ def _plan(info: ArrayInfo) -> None:
             info.crop = tuple(crop)
             info.notes.append(f"chunks {chunks} cropped to the shape {new_chunks}")
         out["chunks"] = new_chunks
-    if dtype.kind == "S" and dtype.itemsize > 1:  # each string becomes a row of bytes
-        out["shape"] = list(out["shape"]) + [dtype.itemsize]
-        out["chunks"] = list(out["chunks"]) + [dtype.itemsize]
     info.out_dtype = out_dtype
     info.out_chunk_shape = tuple(out["chunks"])
     info.out_zarray = out
@@ -205,8 +210,8 @@ def _plan(info: ArrayInfo) -> None:
 
 
 def _plan_bytes_as_u1(info: ArrayInfo, out: dict, dtype: np.dtype) -> None:
-    """Fixed-length byte strings (|S1 chars above all) crash netCDF-C 4.9.0 even in `ncdump -h`.
-    The same bytes as unsigned bytes read everywhere; |Sn gains a trailing dimension of length n."""
+    """|S1 (netCDF char) crashes netCDF-C 4.9.0 even in `ncdump -h`; the same bytes as unsigned
+    bytes read everywhere."""
     fill = info.zarray.get("fill_value")
     out["fill_value"] = None
     if isinstance(fill, str):
@@ -216,12 +221,7 @@ def _plan_bytes_as_u1(info: ArrayInfo, out: dict, dtype: np.dtype) -> None:
             raw = b""
         if len(raw) >= 1 and raw == raw[:1] * len(raw):
             out["fill_value"] = raw[0]
-    if dtype.itemsize > 1:
-        dims = info.zattrs.get("_ARRAY_DIMENSIONS")
-        if isinstance(dims, list):
-            info.zattrs = {**info.zattrs, "_ARRAY_DIMENSIONS": dims + [f"strlen{dtype.itemsize}"]}
-    info.notes.append(f"byte strings {dtype.str} served as |u1" +
-                      (f" with a trailing dimension strlen{dtype.itemsize}" if dtype.itemsize > 1 else ""))
+    info.notes.append(f"characters {dtype.str} served as |u1")
 
 
 def _rename_clashing_dimensions(arrays: list[ArrayInfo]) -> None:
@@ -233,21 +233,25 @@ def _rename_clashing_dimensions(arrays: list[ArrayInfo]) -> None:
             continue
         dims = info.zattrs.get("_ARRAY_DIMENSIONS")
         shape = info.out_zarray["shape"]
-        if not isinstance(dims, list) or len(dims) != len(shape):
+        if not isinstance(dims, list) or len(dims) != len(shape) or not all(isinstance(d, str) for d in dims):
             continue
         new_dims = []
-        for name, size in zip(dims, shape):
+        for original, size in zip(dims, shape):
+            # kerchunk writes subgroup dimensions as "group/dim", which makes netCDF-C 4.10 fail the
+            # whole open ("No group found"): keep the last component (clashes are renamed below)
+            name = original.rsplit("/", 1)[-1]
+            if name != original:
+                info.renamed_dims[original] = name
             first = lengths.setdefault(name, size)
             if first != size:
                 renamed = f"{name}_{size}"
-                info.renamed_dims[name] = renamed
+                info.renamed_dims[original] = renamed
                 new_dims.append(renamed)
             else:
                 new_dims.append(name)
         if info.renamed_dims:
             info.zattrs = {**info.zattrs, "_ARRAY_DIMENSIONS": new_dims}
-            info.notes.append("dimensions renamed (clashing lengths): " +
-                              ", ".join(f"{a}->{b}" for a, b in info.renamed_dims.items()))
+            info.notes.append("dimensions renamed: " + ", ".join(f"{a}->{b}" for a, b in info.renamed_dims.items()))
 
 
 # -- compatibility verdicts for `refmount inspect` ---------------------------------------------------

@@ -73,8 +73,8 @@ def mount_entry(mountpoint: str) -> dict | None:
 
 
 def _is_dead_fuse_mount(mountpoint: str) -> bool:
-    try:
-        os.stat(mountpoint)
+    try:  # statfs always reaches the daemon (stat may be answered from the kernel's attribute cache)
+        os.statvfs(mountpoint)
     except OSError as e:
         return e.errno == errno.ENOTCONN
     return False

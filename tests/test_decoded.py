@@ -66,13 +66,6 @@ GDAL_CASES = tuple(c for c in CASES if c.split("@")[0] not in NO_RASTER)
 # (kind, client) -> (exception type, regex its message matches): clients that cannot read that
 # kind at all, even from a plain Zarr copy. Why, for each:
 EXPECTED_FAILURES = {
-    # kerchunk names a dimension defined in a subgroup by its HDF5 path: the .zattrs of
-    # forecast/t3 say _ARRAY_DIMENSIONS ["forecast/member", "lat", "lon"]. netCDF-C 4.10.1
-    # resolves a name containing "/" as a group path and fails the *whole open* with
-    # "NetCDF: No group found" (-125); the same on `cp -r` of the mount. (4.9.0 opens it and
-    # prints `int member(/member)`; xarray and GDAL do not care.) The decoded view passes the
-    # name through unchanged; renaming it to "member" makes 4.10.1 read every variable.
-    ("groups", "netcdf4"): (OSError, r"NetCDF: No group found"),
     # The synthetic set uses dimension "d" with lengths 4 and 6 (legal in Zarr v2, which has no
     # shared dimensions). xarray refuses such a group; the same on `cp -r`. The decoded view
     # renames the second one to "d_6", so only the raw view is affected.
@@ -80,8 +73,18 @@ EXPECTED_FAILURES = {
 }
 
 
+# Variables the decoded view hides on purpose (logged at mount): fixed-length strings |Sn, n > 1,
+# which crash netCDF-C 4.9.0 and have no faithful netCDF-readable form. Their absence is checked.
+HIDDEN_IN_DECODED = {SYNTHETIC: {"s5"}}
+
+
 def kind_of(case: str) -> str:
     return case.split("@")[0]
+
+
+def decoded_expected(case: str, oracle) -> dict:
+    hidden = HIDDEN_IN_DECODED.get(kind_of(case), set())
+    return {path: ov for path, ov in oracle[kind_of(case)].items() if path not in hidden}
 
 
 # ----------------------------------------------------------------------------- module fixtures
@@ -242,7 +245,7 @@ def compare_all(got: dict, oracle: dict, view: str, what: str) -> None:
 def test_decoded_ncdump(case, mounts, oracle, datasets, http_data):
     """Debian's ncdump 4.9.0, `-v` with every variable (group variables as `group/var`)."""
     mnt = mounts[case, "decoded"].path
-    expected = oracle[kind_of(case)]
+    expected = decoded_expected(case, oracle)
     dumped = C.parse_ncdump(C.ncdump(C.nczarr_url(mnt), variables=list(expected)))
     if case.endswith("@http"):  # the bytes really came through the loopback server
         name = "/" + datasets[kind_of(case)].name
@@ -272,7 +275,7 @@ def test_decoded_netcdf4(case, mounts, oracle, tmp_path):
             v.set_auto_maskandscale(False)
             v.set_auto_chartostring(False)
             got[path] = np.array(v[...])
-    compare_all(got, oracle[kind_of(case)], "decoded", f"netcdf4 {case}")
+    compare_all(got, decoded_expected(case, oracle), "decoded", f"netcdf4 {case}")
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -280,7 +283,7 @@ def test_decoded_xarray(case, mounts, oracle, groups):
     """xarray.open_zarr(MNT, group=...) over every group."""
     mnt = mounts[case, "decoded"].path
     got = read_xarray(mnt, groups[kind_of(case)])
-    compare_all(got, oracle[kind_of(case)], "decoded", f"xarray {case}")
+    compare_all(got, decoded_expected(case, oracle), "decoded", f"xarray {case}")
 
 
 @pytest.mark.parametrize("case", GDAL_CASES)

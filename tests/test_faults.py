@@ -1,0 +1,169 @@
+"""Robustness: a server that fails, stalls, lies and changes; the mount never returns a wrong byte."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import is_mounted, run_refmount
+
+CHUNK = 4096
+
+
+@pytest.fixture
+def blob(tmp_path_factory, http_data):
+    """A 40 MB file of random bytes beside the datasets, served by the loopback server."""
+    root = http_data.path_for(http_data.url_for("x")).parent
+    path = root / "faults.bin"
+    if not path.exists():
+        path.write_bytes(random.Random(7).randbytes(10_000 * CHUNK))
+    return path
+
+
+def chunk_refs(url: str, n: int) -> dict:
+    return {f"c/{i}": [url, i * CHUNK, CHUNK] for i in range(n)}
+
+
+def read_all(mnt, n: int, workers: int = 64) -> dict[int, bytes | OSError]:
+    def one(i):
+        try:
+            return i, (mnt / "c" / str(i)).read_bytes()
+        except OSError as e:
+            return i, e
+
+    with ThreadPoolExecutor(workers) as pool:
+        return dict(pool.map(one, range(n)))
+
+
+def test_25_percent_faults_every_byte_right(mount, http_data, blob):
+    """64 readers, 10,000 chunks, a quarter of all requests faulted (5xx, 429, resets, stalls,
+    truncated bodies, wrong Content-Range, 200 full bodies): every read succeeds with the right bytes."""
+    n = 10_000
+    url = http_data.url_for(blob.name)
+    mnt = mount(chunk_refs(url, n), "--view", "raw", "--block-size", "4K", "--no-prefetch",
+                "--stall-timeout", "0.5", "--read-timeout", "60", "--connections", "16")
+    http_data.set_faults(rate=0.25, stall_seconds=3, retry_after=0.05, seed=11)
+    try:
+        results = read_all(mnt, n)
+    finally:
+        http_data.clear_faults()
+    data = blob.read_bytes()
+    failures = {i: r for i, r in results.items() if isinstance(r, OSError)}
+    assert not failures, list(failures.items())[:3]
+    wrong = [i for i, r in results.items() if r != data[i * CHUNK:(i + 1) * CHUNK]]
+    assert not wrong
+    stats = mnt.stats()["fetch"]
+    assert stats["retries"] > 1000 and stats["errors"] == 0
+
+
+def test_permanent_failure_is_eio_within_read_timeout_and_daemon_keeps_serving(mount, http_data, blob):
+    url = http_data.url_for(blob.name)
+    refs = {**chunk_refs(url, 4), "bad/503": [http_data.url_for("always-503.bin"), 0, 10],
+            "bad/404": [http_data.url_for("missing.bin"), 0, 10]}
+    http_data.fail_paths = {"always-503.bin": 503}
+    try:
+        mnt = mount(refs, "--view", "raw", "--read-timeout", "2")
+        started = time.monotonic()
+        with pytest.raises(OSError) as e:
+            (mnt / "bad" / "503").read_bytes()
+        assert e.value.errno == errno.EIO
+        assert time.monotonic() - started < 6
+        started = time.monotonic()
+        with pytest.raises(OSError) as e:
+            (mnt / "bad" / "404").read_bytes()
+        assert e.value.errno == errno.EIO and time.monotonic() - started < 1  # 404 is not retried
+        assert (mnt / "c" / "1").read_bytes() == blob.read_bytes()[CHUNK:2 * CHUNK]
+        log = mnt.log()
+        assert "bad/503" in log and "HTTP 503" in log and "attempts" in log
+        assert "bad/404" in log and "HTTP 404" in log
+    finally:
+        http_data.fail_paths = {}
+
+
+def test_server_ignoring_range_is_sliced_correctly(mount, http_data, blob):
+    url = http_data.url_for(blob.name)
+    mnt = mount(chunk_refs(url, 64), "--view", "raw", "--block-size", "4K", "--no-prefetch")
+    http_data.ignore_range = True
+    try:
+        data = blob.read_bytes()
+        for i in (0, 5, 63):
+            assert (mnt / "c" / str(i)).read_bytes() == data[i * CHUNK:(i + 1) * CHUNK]
+    finally:
+        http_data.ignore_range = False
+
+
+def test_changed_remote_object_is_eio_not_mixed_bytes(mount, http_data, tmp_path):
+    root = http_data.path_for(http_data.url_for("x")).parent
+    path = root / "changing.bin"
+    path.write_bytes(b"A" * 3 * CHUNK)
+    url = http_data.url_for(path.name)
+    mnt = mount(chunk_refs(url, 3), "--view", "raw", "--block-size", "4K", "--no-prefetch")
+    assert (mnt / "c" / "0").read_bytes() == b"A" * CHUNK
+    time.sleep(0.01)
+    path.write_bytes(b"B" * 4 * CHUNK)  # new size and ETag
+    with pytest.raises(OSError) as e:
+        (mnt / "c" / "1").read_bytes()
+    assert e.value.errno == errno.EIO
+    assert "changed" in mnt.log()
+
+
+def test_remote_refs_cannot_read_local_files_by_default(tmp_path, http_data):
+    root = http_data.path_for(http_data.url_for("x")).parent
+    (root / "evil.json").write_text('{"shadow": ["/etc/shadow", 0, 100], "p": ["file:///etc/passwd"]}')
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    result = run_refmount("mount", http_data.url_for("evil.json"), mnt)
+    assert result.returncode != 0 and "/etc/" in result.stderr and "--allow-protocols" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not is_mounted(mnt)
+
+
+def test_allow_protocols_refuses_others(tmp_path):
+    refs = tmp_path / "r.json"
+    refs.write_text('{"a": ["s3://bucket/key", 0, 1]}')
+    result = run_refmount("mount", "--allow-protocols", "https", refs, tmp_path)
+    assert result.returncode != 0 and "'s3'" in result.stderr and "s3://bucket/key" in result.stderr
+
+
+def test_credentials_never_logged(mount, http_data, blob):
+    url = http_data.url_for("missing-secret.bin").replace("http://", "http://user:hunter2@") + "?token=s3cr3t"
+    mnt = mount({"k": [url, 0, 5]}, "--view", "raw", "--read-timeout", "1")
+    with pytest.raises(OSError):
+        (mnt / "k").read_bytes()
+    assert "hunter2" not in mnt.log() and "s3cr3t" not in mnt.log() and "***" in mnt.log()
+    assert b"hunter2" not in os.getxattr(mnt / "k", "user.refmount.url")
+
+
+def test_sigkill_then_mount_again_recovers(tmp_path, datasets):
+    from tests.support.datasets import kerchunk_refs, write_refs
+
+    refs = tmp_path / "refs.json"
+    write_refs(kerchunk_refs(datasets["zlib"]), refs)
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    try:
+        assert run_refmount("mount", refs, mnt).returncode == 0
+        pid = int(os.getxattr(mnt, "user.refmount.pid"))
+        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.3)
+        with pytest.raises(OSError) as e:
+            os.statvfs(mnt)
+        assert e.value.errno == errno.ENOTCONN
+        result = run_refmount("mount", refs, mnt)
+        assert result.returncode == 0, result.stderr
+        assert (mnt / ".zgroup").exists()
+        assert run_refmount("umount", mnt).returncode == 0
+        assert not is_mounted(mnt)
+        # and umount of a dead daemon works too
+        assert run_refmount("mount", refs, mnt).returncode == 0
+        os.kill(int(os.getxattr(mnt, "user.refmount.pid")), signal.SIGKILL)
+        time.sleep(0.3)
+        assert run_refmount("umount", mnt).returncode == 0 and not is_mounted(mnt)
+    finally:
+        if is_mounted(mnt):
+            os.system(f"fusermount3 -u -z {mnt}")
