@@ -140,10 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("mount", help="mount a reference set (returns once the mount is ready)",
                        description="Mount reference set REFS on MOUNTPOINT; returns once the mount answers.")
     add_mount_options(p)
+    p.add_argument("--config", metavar="FILE", help="read REFS, MOUNTPOINT and options from a TOML file "
+                   "(keys named like these options, e.g. cache-size = \"2G\"); used by refmount@.service")
     p = sub.add_parser("umount", help="unmount a refmount mount", description="Unmount MOUNTPOINT (works even if "
                        "the daemon died) and wait for the daemon to exit.")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
     p.add_argument("-z", "--lazy", action="store_true", help="detach now even if busy, clean up when no longer used")
+    p.add_argument("--config", metavar="FILE", help="take MOUNTPOINT from this TOML config file")
     p = sub.add_parser("stats", help="print live counters of a running mount",
                        description="Print live counters of the daemon serving MOUNTPOINT.")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
@@ -173,7 +176,61 @@ def options_from_args(args):
     )
 
 
+def config_to_argv(path: str, command: str) -> tuple[list[str], list[str]]:
+    """Options and positionals from a TOML config file (systemd units): the same names as the CLI
+    options, with dashes or underscores; `refs` and `mountpoint` are the positionals."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            config = tomllib.load(f)
+    except OSError as e:
+        raise RefmountError(f"config file {path!r}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise RefmountError(f"config file {path!r} is not valid TOML: {e}") from None
+    options: list[str] = []
+    for key, value in config.items():
+        name = key.replace("_", "-")
+        if name in ("refs", "mountpoint"):
+            continue
+        if isinstance(value, bool):
+            if name in ("prefetch", "tune-kernel"):  # on by default: only "false" means something
+                options += [] if value else [f"--no-{name}"]
+            elif value:
+                options.append(f"--{name}")
+        elif isinstance(value, dict):
+            options += [f"--{name}", json.dumps(value)]
+        elif isinstance(value, list):
+            options += [f"--{name}", ",".join(map(str, value))]
+        else:
+            options += [f"--{name}", str(value)]
+    missing = [k for k in (("refs", "mountpoint") if command == "mount" else ("mountpoint",)) if k not in config]
+    if missing:
+        raise RefmountError(f"config file {path!r} lacks {', '.join(missing)}")
+    positionals = [str(config["refs"]), str(config["mountpoint"])] if command == "mount" else [str(config["mountpoint"])]
+    if command == "umount":
+        options = []
+    return options, positionals
+
+
+def _expand_config(argv: list[str]) -> list[str]:
+    if "--config" not in argv or not argv or argv[0] not in ("mount", "umount"):
+        return argv
+    i = argv.index("--config")
+    if i + 1 >= len(argv):
+        return argv  # argparse reports the missing value
+    options, positionals = config_to_argv(argv[i + 1], argv[0])
+    rest = argv[1:i] + argv[i + 2:]
+    return [argv[0], *options, *rest, *positionals]
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = _expand_config(argv)
+    except RefmountError as e:
+        sys.stderr.write(f"refmount: {e}\n")
+        return 1
     args = build_parser().parse_args(argv)
     try:
         if args.command == "mount":
