@@ -75,8 +75,8 @@ def build_filesystem(opts):
     async def fetch(url_id, start, end):
         return await fetcher.read(urls[url_id], start, end)
 
-    cache = BlockCache(fetch, block_size=opts.block_size, capacity=opts.cache_size)
-    view = RawView(refset, fetcher, cache)
+    cache = BlockCache(fetch, block_size=opts.block_size, capacity=opts.cache_size, max_request=8 << 20)
+    view = RawView(refset, fetcher, cache, prefetch=opts.prefetch)
     if opts.view == "decoded":
         from refmount.decoded import DecodedView
 

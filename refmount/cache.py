@@ -16,8 +16,6 @@ from collections import OrderedDict
 
 import trio
 
-from refmount.errors import FetchError
-
 
 class _Flight:
     """One in-progress fetch of a run of blocks; waiters sleep on `done`."""
@@ -79,10 +77,11 @@ class BlockCache:
         return block
 
     async def prefetch(self, source, first: int, last: int) -> None:
-        """Fetch blocks [first, last] unless cached or in flight (errors are the reader's business)."""
+        """Fetch blocks [first, last] unless cached or in flight. Runs as a background task, so it
+        must never raise: a failure here is retried (and reported) by the reader that needs it."""
         try:
             await self._gather(source, first, last, count=False)
-        except (FetchError, OSError):
+        except Exception:  # noqa: BLE001
             pass
 
     async def _gather(self, source, first: int, last: int, count: bool = True) -> dict[int, bytes]:

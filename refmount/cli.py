@@ -97,10 +97,6 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="size of a cached block and of the smallest remote request (default: 1M)")
     g.add_argument("--decoded-cache-size", type=parse_size, default="256M", metavar="SIZE",
                    help="memory for decoded chunks in --view decoded (default: 256M)")
-    g.add_argument("--cache-dir", metavar="DIR",
-                   help="keep fetched blocks on disk here too, across remounts (default: memory only)")
-    g.add_argument("--disk-cache-size", type=parse_size, default="10G", metavar="SIZE",
-                   help="bound of --cache-dir, least recently used blocks evicted first (default: 10G)")
     g.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="do not read ahead of sequential readers")
     g = p.add_argument_group("network")
@@ -172,7 +168,7 @@ def options_from_args(args):
         allow_cross_host_redirects=args.allow_cross_host_redirects, max_keys=args.max_keys,
         log_level=args.log_level, log_file=args.log_file, tune_kernel=args.tune_kernel,
         read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
-        cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size, prefetch=args.prefetch,
+        prefetch=args.prefetch,
     )
 
 

@@ -46,8 +46,6 @@ class MountOptions:
     read_ahead_kb: int = 1024
     max_background: int = 64
     decoded_cache_size: int = 256 << 20
-    cache_dir: str | None = None
-    disk_cache_size: int = 10 << 30
     prefetch: bool = True
 
 

@@ -7,19 +7,60 @@ which keys/directories are hidden, each file's size, its bytes, and its extended
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
+import trio
+
 from refmount.cache import BlockCache
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, redact
 from refmount.refs import INLINE, WHOLE_FILE, RefSet
 
 
+class SequentialPrefetch:
+    """Adaptive read-ahead in the style of mountpoint-s3: per file, a window that starts at two
+    blocks, doubles while reads stay sequential (up to `max_window`) and resets on a seek. The
+    blocks ahead are fetched by background tasks through the same single-flight cache."""
+
+    def __init__(self, cache: BlockCache, max_window: int = 64 << 20, tracked: int = 1024) -> None:
+        self.cache = cache
+        self.max_window = max_window
+        self.tracked = tracked
+        self._files: OrderedDict[int, list] = OrderedDict()  # key index -> [next offset, window, ahead]
+
+    def after_read(self, i: int, uid: int, base: int, offset: int, end: int, length: int) -> None:
+        bs = self.cache.block_size
+        state = self._files.get(i)
+        if state is not None and offset == state[0]:
+            state[1] = min(state[1] * 2, self.max_window)
+        elif offset == 0:
+            state = [0, 2 * bs, -1]
+        else:
+            self._files.pop(i, None)
+            return
+        state[0] = end
+        self._files[i] = state
+        self._files.move_to_end(i)
+        if len(self._files) > self.tracked:
+            self._files.popitem(last=False)
+        stop = min(base + length, base + end + state[1])
+        if stop <= base + end:
+            return
+        first = max((base + end) // bs, state[2] + 1)
+        last = (stop - 1) // bs
+        if first <= last:
+            state[2] = last
+            trio.lowlevel.spawn_system_task(self.cache.prefetch, uid, first, last)
+
+
 class RawView:
     name = "raw"
 
-    def __init__(self, refset: RefSet, fetcher: Fetcher, cache: BlockCache) -> None:
+    def __init__(self, refset: RefSet, fetcher: Fetcher, cache: BlockCache, prefetch: bool = True) -> None:
         self.refset = refset
         self.fetcher = fetcher
         self.cache = cache
+        self.prefetch = SequentialPrefetch(cache) if prefetch else None
         self._whole_sizes: dict[int, int] = {}  # url id -> size of the whole remote object
 
     # -- visibility -------------------------------------------------------------------------------
@@ -61,6 +102,8 @@ class RawView:
             return b""
         base = int(self.refset.offset[i]) if self.refset.length[i] != WHOLE_FILE else 0
         data = await self.cache.read(uid, base + offset, base + end)
+        if self.prefetch is not None:
+            self.prefetch.after_read(i, uid, base, offset, end, length)
         if len(data) != end - offset:
             raise FetchError(f"{redact(self.refset.urls[uid])}: the object ends before byte {base + end} "
                              f"that key {self.refset.key(i)!r} refers to")

@@ -162,7 +162,7 @@ def test_failed_mounts_are_one_line_and_leave_nothing(tmp_path, case):
 def test_help_documents_every_option():
     result = run_refmount("mount", "--help")
     for option in ("--view", "--foreground", "--cache-size", "--remote-options", "--read-timeout", "--allow-other",
-                   "--allow-protocols", "--max-keys", "--log-level", "--dry-run", "--cache-dir"):
+                   "--allow-protocols", "--max-keys", "--log-level", "--dry-run", "--no-prefetch"):
         assert option in result.stdout
     assert run_refmount("--version").stdout.startswith("refmount ")
 
