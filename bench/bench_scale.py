@@ -395,8 +395,15 @@ class Runner:
             self.cache[key] = Result(median, runs)
         return self.cache[key]
 
-    def raw(self) -> dict:
-        return {k: asdict(v) for k, v in self.cache.items()}
+    def raw(self) -> list[dict]:
+        def brief(value):
+            return f"<{len(value)} keys>" if isinstance(value, list) else value
+
+        out = []
+        for key, result in self.cache.items():
+            name, kwargs = json.loads(key)
+            out.append({"probe": name, "args": {k: brief(v) for k, v in kwargs.items()}, **asdict(result)})
+        return out
 
 
 OPS = {"<=": (lambda v, lim: v <= lim, "≤"), ">=": (lambda v, lim: v >= lim, "≥"), "==": (lambda v, lim: v == lim, "=")}

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from refmount.refs import INLINE, RefSet
+from refmount.refs import RefSet
 
 log = logging.getLogger("refmount")
 
@@ -83,9 +83,7 @@ def _inline(refset: RefSet, key: str):
     i = refset.find(key)
     if i < 0:
         return None, None
-    if refset.url_id[i] != INLINE:
-        return i, None
-    return i, refset.inline[i]
+    return i, refset.inline_data(i)
 
 
 def scan_arrays(refset: RefSet) -> list[ArrayInfo]:

@@ -25,16 +25,22 @@ def allowed_protocols(opts) -> set[str] | None:
 
 
 def check_targets(refset, opts) -> None:
+    """Apply the protocol policy to every target url: now for eager sets, and for lazy (Parquet)
+    sets also to each url as its record file loads."""
     allowed = allowed_protocols(opts)
-    if allowed is not None:
-        check_protocols(refset.urls, allowed)
-        return
-    if is_remote(opts.refs):
-        for url in refset.urls:
-            if protocol_of(url) == "file":
-                raise RefmountError(
-                    f"the remote reference set points at local file {redact(url)!r}; this is refused by default "
-                    "(add 'file' to --allow-protocols to allow it)")
+
+    def check(url: str) -> None:
+        if allowed is not None:
+            check_protocols([url], allowed)
+        elif is_remote(opts.refs) and protocol_of(url) == "file":
+            raise RefmountError(
+                f"the remote reference set points at local file {redact(url)!r}; this is refused by default "
+                "(add 'file' to --allow-protocols to allow it)")
+
+    for url in refset.urls:
+        check(url)
+    if getattr(refset, "lazy", False):
+        refset.url_check = check
 
 
 def warn_raw_view(refset) -> None:
@@ -89,6 +95,8 @@ def build_filesystem(opts):
                "keys": len(refset)}
         if hasattr(view, "statistics"):
             out["decoded"] = view.statistics()
+        if hasattr(refset, "statistics"):
+            out["parquet"] = refset.statistics()
         return out
 
     return Filesystem(refset, view, stats=stats), fetcher

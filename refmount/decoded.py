@@ -22,7 +22,6 @@ from numcodecs.compat import ensure_contiguous_ndarray
 
 from refmount.arrays import ArrayInfo, _codec, dump_json, load_json_value, scan_arrays
 from refmount.errors import RefmountError
-from refmount.refs import INLINE
 
 log = logging.getLogger("refmount")
 
@@ -78,7 +77,7 @@ class DecodedView:
             prefix = f"{path}/" if path else ""
             for name in (".zgroup", ".zattrs", ".zmetadata"):
                 i = self.refset.find(prefix + name)
-                if i >= 0 and i not in self._metadata and self.refset.url_id[i] == INLINE:
+                if i >= 0 and i not in self._metadata and self.refset.inline_data(i) is not None:
                     self._rewrite_plain(i, name)
 
     def _hide_tree(self, dir_id: int) -> None:
@@ -99,7 +98,7 @@ class DecodedView:
 
     def _rewrite_plain(self, i: int, name: str) -> None:
         try:
-            value = load_json_value(self.refset.inline[i])
+            value = load_json_value(self.refset.inline_data(i))
         except ValueError:
             return  # not JSON: serve it as it is
         if name == ".zmetadata" and isinstance(value.get("metadata"), dict):
@@ -133,13 +132,13 @@ class DecodedView:
     def hidden(self, i: int) -> bool:
         if self._metadata.get(i) == b"":
             return True
-        return bool(self._hidden_dirs) and self.hidden_dir(int(self.refset.dir_of[i]))
+        return bool(self._hidden_dirs) and self.hidden_dir(self.refset.dir_id(i))
 
     # -- sizes and bytes --------------------------------------------------------------------------
 
     def _chunk_info(self, i: int) -> ArrayInfo | None:
         """The array whose chunks this key holds, if those chunks are transformed."""
-        info = self._by_dir.get(int(self.refset.dir_of[i]))
+        info = self._by_dir.get(self.refset.dir_id(i))
         if info is None or info.dir_id not in self._chunks:
             return None
         name = self.refset.key(i)[len(info.path) + 1 if info.path else 0:]

@@ -56,9 +56,12 @@ class Filesystem:
         d = ino - ROOT_INODE
         return d if 0 <= d < len(self.dirs) else None
 
-    def _key_of_ino(self, ino: int) -> int | None:
+    async def _key_of_ino(self, ino: int) -> int | None:
         i = ino - self._first_file_ino
-        if 0 <= i < self.refset.capacity and self.refset.dir_of[i] >= 0 and not self.view.hidden(i):
+        if not 0 <= i < self.refset.capacity:
+            return None
+        await self.refset.ensure(i)  # a lazy set may have to load the reference first
+        if self.refset.exists(i) and not self.view.hidden(i):
             return i
         return None
 
@@ -88,7 +91,7 @@ class Filesystem:
         d = self._dir_of_ino(ino)
         if d is not None:
             return self._dir_attributes(d)
-        i = self._key_of_ino(ino)
+        i = await self._key_of_ino(ino)
         if i is None:
             raise FsError(errno.ENOENT)
         return await self._file_attributes(i)
@@ -111,21 +114,21 @@ class Filesystem:
                 raise FsError(errno.ENOENT)
             return self._dir_attributes(sub)
         path = f"{self.dirs.paths[d]}/{text}" if d else text
-        i = self.refset.find(path)
+        i = await self.refset.afind(path)
         if i < 0 or self.view.hidden(i):
             raise FsError(errno.ENOENT)
         return await self._file_attributes(i)
 
     # -- directories ------------------------------------------------------------------------------
 
-    def opendir(self, ino: int) -> int:
+    async def opendir(self, ino: int) -> int:
         if self._dir_of_ino(ino) is None:
-            raise FsError(errno.ENOTDIR if self._key_of_ino(ino) is not None else errno.ENOENT)
+            raise FsError(errno.ENOTDIR if await self._key_of_ino(ino) is not None else errno.ENOENT)
         return ino
 
-    def readdir(self, ino: int, start: int):
+    async def readdir(self, ino: int, start: int):
         """Yield (name, attributes, next_offset) from listing position `start` on. Positions are
-        stable: subdirectories by name, then files in load order."""
+        stable: subdirectories by name, then files in load order (chunk order for Parquet)."""
         d = self._dir_of_ino(ino)
         if d is None:
             raise FsError(errno.ENOTDIR)
@@ -139,56 +142,55 @@ class Filesystem:
                 yield subdirs[pos - 1].encode("utf-8", "surrogatepass"), self._dir_attributes(sub), pos
         prefix = len(self.dirs.paths[d].encode("utf-8", "surrogatepass")) + 1 if d else 0
         refset = self.refset
-        for i in refset.files_in(d, pos - len(subdirs)).tolist():
-            pos += 1
+        async for file_pos, i in refset.list_files(d, pos - len(subdirs)):
             if self.view.hidden(i):
                 continue
-            yield refset.key_bytes(i)[prefix:], self._listing_attributes(i), pos
+            yield refset.key_bytes(i)[prefix:], self._listing_attributes(i), len(subdirs) + file_pos + 1
 
     # -- files ------------------------------------------------------------------------------------
 
-    def open(self, ino: int, flags: int) -> int:
+    async def open(self, ino: int, flags: int) -> int:
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
             raise FsError(errno.EROFS)
-        if self._key_of_ino(ino) is None:
+        if await self._key_of_ino(ino) is None:
             raise FsError(errno.EISDIR if self._dir_of_ino(ino) is not None else errno.ENOENT)
         return ino
 
     async def read(self, ino: int, offset: int, size: int) -> bytes:
-        i = self._key_of_ino(ino)
+        i = await self._key_of_ino(ino)
         if i is None:
             raise FsError(errno.ENOENT)
         return await self.view.read(i, offset, size)
 
     def key_of(self, ino: int) -> str:
-        """The reference key behind an inode (for log lines)."""
-        i = self._key_of_ino(ino)
-        if i is not None:
+        """The reference key behind an inode (for log lines; no I/O)."""
+        i = ino - self._first_file_ino
+        if 0 <= i < self.refset.capacity:
             return self.refset.key(i)
         d = self._dir_of_ino(ino)
         return self.dirs.paths[d] + "/" if d is not None else f"inode {ino}"
 
     # -- extended attributes ----------------------------------------------------------------------
 
-    def xattrs(self, ino: int) -> dict[str, str]:
+    async def xattrs(self, ino: int) -> dict[str, str]:
         if ino == ROOT_INODE:
             return {XATTR_PREFIX + "stats": json.dumps(self.stats(), sort_keys=True),
                     XATTR_PREFIX + "pid": str(os.getpid()), XATTR_PREFIX + "view": self.view.name}
         if self._dir_of_ino(ino) is not None:
             return {}
-        i = self._key_of_ino(ino)
+        i = await self._key_of_ino(ino)
         if i is None:
             raise FsError(errno.ENOENT)
         return self.view.xattrs(i)
 
-    def getxattr(self, ino: int, name: bytes) -> bytes:
-        value = self.xattrs(ino).get(name.decode("utf-8", "replace"))
+    async def getxattr(self, ino: int, name: bytes) -> bytes:
+        value = (await self.xattrs(ino)).get(name.decode("utf-8", "replace"))
         if value is None:
             raise FsError(errno.ENODATA)
         return value.encode("utf-8")
 
-    def listxattr(self, ino: int) -> list[bytes]:
-        return [name.encode("utf-8") for name in self.xattrs(ino)]
+    async def listxattr(self, ino: int) -> list[bytes]:
+        return [name.encode("utf-8") for name in await self.xattrs(ino)]
 
     def statfs(self) -> dict:
         return {"f_bsize": 1 << 20, "f_frsize": 1 << 20, "f_blocks": 0, "f_bfree": 0, "f_bavail": 0,

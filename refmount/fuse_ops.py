@@ -83,17 +83,17 @@ class FuseOperations(pyfuse3.Operations):
 
     @_reply
     async def opendir(self, inode, ctx):
-        return self.fs.opendir(inode)
+        return await self.fs.opendir(inode)
 
     @_reply
     async def readdir(self, fh, start_id, token):
-        for name, attributes, next_id in self.fs.readdir(fh, start_id):
+        async for name, attributes, next_id in self.fs.readdir(fh, start_id):
             if not pyfuse3.readdir_reply(token, name, self._entry(attributes), next_id):
                 break
 
     @_reply
     async def open(self, inode, flags, ctx):
-        return pyfuse3.FileInfo(fh=self.fs.open(inode, flags), keep_cache=True, direct_io=False)
+        return pyfuse3.FileInfo(fh=await self.fs.open(inode, flags), keep_cache=True, direct_io=False)
 
     @_reply
     async def read(self, fh, off, size):
@@ -108,11 +108,11 @@ class FuseOperations(pyfuse3.Operations):
 
     @_reply
     async def getxattr(self, inode, name, ctx):
-        return self.fs.getxattr(inode, name)
+        return await self.fs.getxattr(inode, name)
 
     @_reply
     async def listxattr(self, inode, ctx):
-        return self.fs.listxattr(inode)
+        return await self.fs.listxattr(inode)
 
     @_reply
     async def statfs(self, ctx):

@@ -10,9 +10,17 @@ from refmount.refs import load_refs
 
 
 def _chunk_counts(refset, info) -> tuple[int, int]:
-    """(present, missing) chunk keys of an array."""
+    """(present, missing) chunk keys of an array (Parquet sets: counted in inspect_parquet)."""
     shape, chunks = info.zarray.get("shape", []), info.zarray.get("chunks", [])
     expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunks) if c) if shape else 1
+    if getattr(refset, "lazy", False):  # Parquet: read the array's record files
+        import trio
+
+        async def count() -> int:
+            return sum([1 async for _, i in refset.list_files(info.dir_id) if i >= refset.meta.capacity])
+
+        present = trio.run(count)
+        return present, max(expected - present, 0)
     present = 0
     prefix = f"{info.path}/" if info.path else ""
     for d, path in enumerate(refset.dirs.paths):

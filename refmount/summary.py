@@ -12,6 +12,10 @@ from refmount.refs.source import protocol_of
 
 
 def summarize(refset) -> dict:
+    if getattr(refset, "lazy", False):  # Parquet: summarise without loading every record file
+        meta = summarize(refset.meta)
+        return {**meta, "keys": f"{len(refset):,} at most (chunk references load lazily)",
+                "arrays": len(refset.arrays), "record_size": refset.record_size}
     live = refset.dir_of >= 0
     remote = live & (refset.url_id != INLINE)
     ranged = remote & (refset.length != WHOLE_FILE)
@@ -43,8 +47,9 @@ def print_summary(opts) -> int:
     check_targets(refset, opts)
     s = summarize(refset)
     print(f"{opts.refs}: valid reference set")
-    print(f"  keys:             {s['keys']:,} ({s['range_keys']:,} byte ranges, {s['whole_file_keys']:,} whole "
-          f"files, {s['inline_keys']:,} inline)")
+    keys = f"{s['keys']:,}" if isinstance(s["keys"], int) else s["keys"]
+    print(f"  keys:             {keys} ({s['range_keys']:,} byte ranges, {s['whole_file_keys']:,} whole "
+          f"files, {s['inline_keys']:,} inline{' in the metadata' if 'record_size' in s else ''})")
     print(f"  arrays:           {s['arrays']:,} in {s['directories']:,} directories")
     print(f"  bytes referenced: {s['bytes_referenced']:,} (whole-file targets not counted)")
     print(f"  distinct urls:    {s['distinct_urls']:,}")

@@ -75,16 +75,16 @@ class RawView:
 
     def known_size(self, i: int) -> int | None:
         """The size without I/O, or None (a whole-file reference not yet looked up)."""
-        length = int(self.refset.length[i])
+        uid, _, length = self.refset.target(i)
         if length != WHOLE_FILE:
             return length
-        return self._whole_sizes.get(int(self.refset.url_id[i]))
+        return self._whole_sizes.get(uid)
 
     async def size(self, i: int) -> int:
         known = self.known_size(i)
         if known is not None:
             return known
-        uid = int(self.refset.url_id[i])
+        uid = self.refset.target(i)[0]
         size = await self.fetcher.size(self.refset.urls[uid])
         self._whole_sizes[uid] = size
         return size
@@ -93,14 +93,15 @@ class RawView:
 
     async def read(self, i: int, offset: int, size: int) -> bytes:
         """Exactly the file's bytes [offset, offset+size) clipped to its size, or FetchError."""
-        uid = int(self.refset.url_id[i])
+        uid, base, ref_length = self.refset.target(i)
         if uid == INLINE:
-            return self.refset.inline[i][offset : offset + size]
+            return self.refset.inline_data(i)[offset : offset + size]
         length = await self.size(i)
         end = min(offset + size, length)
         if end <= offset:
             return b""
-        base = int(self.refset.offset[i]) if self.refset.length[i] != WHOLE_FILE else 0
+        if ref_length == WHOLE_FILE:
+            base = 0
         data = await self.cache.read(uid, base + offset, base + end)
         if self.prefetch is not None:
             self.prefetch.after_read(i, uid, base, offset, end, length)
@@ -115,13 +116,12 @@ class RawView:
     # -- extended attributes ----------------------------------------------------------------------
 
     def xattrs(self, i: int) -> dict[str, str]:
-        uid = int(self.refset.url_id[i])
+        uid, offset, length = self.refset.target(i)
         if uid == INLINE:
             return {"user.refmount.source": "inline"}
-        whole = self.refset.length[i] == WHOLE_FILE
         known = self.known_size(i)
         return {
             "user.refmount.url": redact(self.refset.urls[uid]),
-            "user.refmount.offset": str(0 if whole else int(self.refset.offset[i])),
+            "user.refmount.offset": str(0 if length == WHOLE_FILE else offset),
             "user.refmount.length": str(known) if known is not None else "whole file",
         }

@@ -321,6 +321,34 @@ class RefSet:
             return Ref(self.key(i), None, 0, len(self.inline[i]), self.inline[i])
         return Ref(self.key(i), self.urls[uid], int(self.offset[i]), int(self.length[i]))
 
+    # -- the access interface shared with lazy (Parquet) reference sets ------------------------------
+    # Filesystem, views and array planning use only these, so a set whose references load on demand
+    # can stand in for this eager one. `ensure`, `afind` and `list_files` may do I/O (async).
+
+    def exists(self, i: int) -> bool:
+        return 0 <= i < len(self.url_id) and self.dir_of[i] >= 0
+
+    def dir_id(self, i: int) -> int:
+        return int(self.dir_of[i])
+
+    def target(self, i: int) -> tuple[int, int, int]:
+        """(url id or INLINE, offset, length or WHOLE_FILE) of key index i."""
+        return int(self.url_id[i]), int(self.offset[i]), int(self.length[i])
+
+    def inline_data(self, i: int) -> bytes | None:
+        return self.inline.get(i)
+
+    async def ensure(self, i: int) -> None:
+        """Make key index i's reference available (everything already is, here)."""
+
+    async def afind(self, key: str) -> int:
+        return self.find(key)
+
+    async def list_files(self, dir_id: int, start: int = 0):
+        """(stable position, key index) of the files directly in a directory, from `start` on."""
+        for pos, i in enumerate(self.files_in(dir_id, start).tolist(), start):
+            yield pos, i
+
     # -- directories ------------------------------------------------------------------------------
 
     def files_in(self, dir_id: int, start: int = 0):

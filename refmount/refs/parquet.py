@@ -1,0 +1,406 @@
+"""Parquet reference sets (fsspec's LazyReferenceMapper layout), loaded lazily.
+
+Layout (NOTES §1): ``<root>/.zmetadata`` = {"metadata": {key: JSON}, "record_size": N}; for every
+array ``<root>/<array>/refs.<R>.parq`` holds the references of chunks R*N .. R*N+N-1 in C order over
+the chunk grid ``ceil(shape/chunks)`` (scalars: grid [1], key "0"). Row meaning: raw set -> inline
+bytes; path set and size 0 -> whole file; path set -> range; neither -> the key does not exist.
+
+Mounting reads only .zmetadata. A record file is read with pyarrow (in a worker thread) the first
+time a key inside it is needed, and a bounded LRU keeps the loaded ones. Key indexes: metadata keys
+first (an ordinary `RefSet`), then each array's chunk n at ``base[array] + n``, so inode numbers
+are stable without loading anything.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+import trio
+
+from refmount.errors import RefmountError, RefsError, quote
+from refmount.refs.jsonrefs import add_mapping
+from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
+from refmount.refs.source import is_remote, local_path
+
+MISSING = -2  # url id of a row that holds no reference
+DEFAULT_LOADED_RECORDS = 64
+
+
+@dataclass
+class _Array:
+    path: str
+    dir_id: int
+    grid: tuple[int, ...]
+    count: int  # chunks in the grid
+    base: int  # key index of chunk 0
+
+
+@dataclass
+class _Record:
+    url_id: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    raw: dict[int, bytes]
+
+
+def _read_bytes(location: str, remote_options: dict) -> bytes:
+    if not is_remote(location):
+        with open(local_path(location), "rb") as f:
+            return f.read()
+    import fsspec
+
+    with fsspec.open(location, "rb", **remote_options) as f:
+        return f.read()
+
+
+def _join(root: str, *parts: str) -> str:
+    return posixpath.join(root.rstrip("/"), *parts)
+
+
+def load_parquet(location: str, *, remote_options: dict, max_keys: int | None = None,
+                 loaded_records: int = DEFAULT_LOADED_RECORDS) -> ParquetRefSet:
+    try:
+        raw = _read_bytes(_join(location, ".zmetadata"), remote_options)
+    except FileNotFoundError:
+        raise RefmountError(f"{quote(location)} is a directory without .zmetadata (not a Parquet reference set)") \
+            from None
+    except OSError as e:
+        raise RefmountError(f"cannot read {quote(_join(location, '.zmetadata'))}: {e}") from None
+    try:
+        zmeta = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise RefsError(f"{quote(_join(location, '.zmetadata'))} is not valid JSON: {e}") from None
+    if not isinstance(zmeta, dict) or not isinstance(zmeta.get("metadata"), dict):
+        raise RefsError(f"{quote(_join(location, '.zmetadata'))} lacks a 'metadata' object")
+    record_size = zmeta.get("record_size")
+    if type(record_size) is not int or record_size <= 0:
+        raise RefsError(f"{quote(_join(location, '.zmetadata'))}: 'record_size' must be a positive integer")
+    metadata = {k: (v if isinstance(v, str) else orjson.dumps(v).decode()) for k, v in zmeta["metadata"].items()}
+    builder = RefSetBuilder(max_keys)
+    add_mapping(builder, metadata)
+    meta = builder.build()
+    refset = ParquetRefSet(location, meta, record_size, remote_options, max_keys, loaded_records)
+    refset.check_schema()
+    return refset
+
+
+class ParquetRefSet:
+    """A lazily loaded reference set with the same access interface as `RefSet`."""
+
+    lazy = True
+
+    def __init__(self, location, meta: RefSet, record_size: int, remote_options: dict, max_keys, loaded_records):
+        self.location = location
+        self.meta = meta
+        self.dirs = meta.dirs
+        self.urls: list[str] = meta.urls  # grows as records load; ids never change
+        self._url_ids = {u: n for n, u in enumerate(self.urls)}
+        self._intern_lock = threading.Lock()  # records load in worker threads
+        self.record_size = record_size
+        self.remote_options = remote_options
+        self.url_check = None  # optional callable(url) raising RefmountError (protocol policy)
+        self._records: OrderedDict[tuple[int, int], _Record] = OrderedDict()
+        self._loading: dict[tuple[int, int], trio.Event] = {}
+        self._loaded_records = loaded_records
+        self.records_loaded = 0
+        self.arrays: list[_Array] = []
+        self._array_of_dir: dict[int, _Array] = {}
+        base = meta.capacity
+        for d, path in enumerate(self.dirs.paths):
+            prefix = f"{path}/" if path else ""
+            i = meta.find(prefix + ".zarray")
+            if i < 0:
+                continue
+            try:
+                zarray = orjson.loads(meta.inline_data(i))
+                shape, chunks = list(zarray["shape"]), list(zarray["chunks"])
+            except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+                raise RefsError(f"{quote(prefix + '.zarray')} is not valid array metadata: {e}") from None
+            if zarray.get("dimension_separator") == "/":
+                raise RefsError(f"array {quote(path)}: dimension_separator '/' is not supported in Parquet references")
+            grid = tuple(math.ceil(s / c) if c else 0 for s, c in zip(shape, chunks)) or (1,)
+            count = math.prod(grid)
+            if max_keys is not None and base + count > max_keys + meta.capacity:
+                raise RefsError(f"array {quote(path)} makes more than --max-keys {max_keys:,} keys")
+            array = _Array(path, d, grid, count, base)
+            self.arrays.append(array)
+            self._array_of_dir[d] = array
+            base += count
+        self.capacity = base
+
+    # -- index arithmetic -------------------------------------------------------------------------
+
+    def _locate(self, i: int) -> tuple[_Array, int] | None:
+        """(array, chunk number) of a chunk key index (None for metadata indexes)."""
+        if i < self.meta.capacity:
+            return None
+        lo, hi = 0, len(self.arrays)
+        while lo < hi:  # arrays are in base order: binary search
+            mid = (lo + hi) // 2
+            if self.arrays[mid].base <= i:
+                lo = mid + 1
+            else:
+                hi = mid
+        array = self.arrays[lo - 1]
+        return array, i - array.base
+
+    def _chunk_name(self, array: _Array, n: int) -> str:
+        return ".".join(map(str, np.unravel_index(n, array.grid))) if array.grid else "0"
+
+    def _record(self, array: _Array, n: int) -> _Record | None:
+        rec = self._records.get((array.dir_id, n // self.record_size))
+        if rec is not None:
+            self._records.move_to_end((array.dir_id, n // self.record_size))
+        return rec
+
+    # -- the RefSet access interface ----------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.meta) + sum(a.count for a in self.arrays)  # upper bound: rows may be missing
+
+    def key(self, i: int) -> str:
+        loc = self._locate(i)
+        if loc is None:
+            return self.meta.key(i)
+        array, n = loc
+        return f"{array.path}/{self._chunk_name(array, n)}" if array.path else self._chunk_name(array, n)
+
+    def key_bytes(self, i: int) -> bytes:
+        return self.key(i).encode("utf-8", "surrogatepass")
+
+    def dir_id(self, i: int) -> int:
+        loc = self._locate(i)
+        return self.meta.dir_id(i) if loc is None else loc[0].dir_id
+
+    def exists(self, i: int) -> bool:
+        loc = self._locate(i)
+        if loc is None:
+            return self.meta.exists(i)
+        rec = self._record(*loc)
+        row = loc[1] % self.record_size
+        return rec is not None and row < len(rec.url_id) and rec.url_id[row] != MISSING
+
+    def target(self, i: int) -> tuple[int, int, int]:
+        loc = self._locate(i)
+        if loc is None:
+            return self.meta.target(i)
+        rec = self._record(*loc)
+        row = loc[1] % self.record_size
+        return int(rec.url_id[row]), int(rec.offset[row]), int(rec.length[row])
+
+    def inline_data(self, i: int) -> bytes | None:
+        loc = self._locate(i)
+        if loc is None:
+            return self.meta.inline_data(i)
+        rec = self._record(*loc)
+        return rec.raw.get(loc[1] % self.record_size) if rec is not None else None
+
+    def find(self, key: str) -> int:
+        """Index of a metadata key, or of a chunk key whose record is loaded and holds it."""
+        i = self._chunk_index(key)
+        if i is None:
+            return self.meta.find(key)
+        return i if self.exists(i) else -1
+
+    def _chunk_index(self, key: str) -> int | None:
+        path, _, name = key.rpartition("/")
+        d = self.dirs.ids.get(path)
+        array = self._array_of_dir.get(d) if d is not None else None
+        if array is None:
+            return None
+        parts = name.split(".")
+        if len(parts) != len(array.grid) or not all(p.isdigit() for p in parts):
+            return None
+        index = tuple(int(p) for p in parts)
+        if any(x >= g for x, g in zip(index, array.grid)):
+            return None
+        return array.base + int(np.ravel_multi_index(index, array.grid))
+
+    async def afind(self, key: str) -> int:
+        i = self._chunk_index(key)
+        if i is None:
+            return self.meta.find(key)
+        await self.ensure(i)
+        return i if self.exists(i) else -1
+
+    async def ensure(self, i: int) -> None:
+        loc = self._locate(i)
+        if loc is not None:
+            await self._load(loc[0], loc[1] // self.record_size)
+
+    def files_in(self, dir_id: int, start: int = 0):
+        return self.meta.files_in(dir_id, start)
+
+    def file_count(self, dir_id: int) -> int:
+        return self.meta.file_count(dir_id)
+
+    async def list_files(self, dir_id: int, start: int = 0):
+        """Metadata files, then existing chunks in chunk order, one record file at a time."""
+        array = self._array_of_dir.get(dir_id)
+        meta_files = self.meta.files_in(dir_id).tolist()
+        for pos in range(start, len(meta_files)):
+            yield pos, meta_files[pos]
+        if array is None:
+            return
+        n = max(start - len(meta_files), 0)
+        while n < array.count:
+            record = n // self.record_size
+            rec = await self._load(array, record)
+            stop = min((record + 1) * self.record_size, array.count)
+            rows = np.flatnonzero(rec.url_id[n - record * self.record_size: stop - record * self.record_size] != MISSING)
+            for row in rows.tolist():
+                chunk = n + row
+                yield len(meta_files) + chunk, array.base + chunk
+            n = stop
+
+    # -- record files -------------------------------------------------------------------------------
+
+    async def _load(self, array: _Array, record: int) -> _Record:
+        key = (array.dir_id, record)
+        while True:
+            rec = self._records.get(key)
+            if rec is not None:
+                self._records.move_to_end(key)
+                return rec
+            pending = self._loading.get(key)
+            if pending is None:
+                break
+            await pending.wait()
+        done = self._loading[key] = trio.Event()
+        try:
+            path = self._record_path(array, record)
+            rec = await trio.to_thread.run_sync(self._read_record, path)
+            self._records[key] = rec
+            self.records_loaded += 1
+            while len(self._records) > self._loaded_records:
+                self._records.popitem(last=False)
+            return rec
+        finally:
+            del self._loading[key]
+            done.set()
+
+    def _read_record(self, path: str) -> _Record:
+        """Runs in a worker thread: read one record file with pyarrow into compact arrays."""
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(_open_for_arrow(path, self.remote_options))
+        except FileNotFoundError:  # kerchunk's refs_to_dataframe skips records with no references
+            empty = np.zeros(0, dtype=np.int64)
+            return _Record(np.zeros(0, dtype=np.int32), empty, empty, {})
+        except Exception as e:  # pyarrow raises many kinds for corrupt files
+            raise RefsError(f"Parquet record file {quote(path)} cannot be read: {type(e).__name__}: {e}") from None
+        return record_from_table(table, path, self._intern)
+
+    def _intern(self, urls: list) -> np.ndarray:
+        ids = np.full(len(urls), MISSING, dtype=np.int32)
+        with self._intern_lock:
+            for url in dict.fromkeys(urls):
+                if url is not None and url not in self._url_ids:
+                    if self.url_check is not None:
+                        self.url_check(url)
+                    self._url_ids[url] = len(self.urls)
+                    self.urls.append(url)
+            for n, url in enumerate(urls):
+                if url is not None:
+                    ids[n] = self._url_ids[url]
+        return ids
+
+    def check_schema(self) -> None:
+        """Read the schema (not the rows) of the first record file, so that a set written with the
+        wrong columns fails the mount instead of every read."""
+        import pyarrow.parquet as pq
+
+        for array in self.arrays:
+            path = self._record_path(array, 0)
+            try:
+                names = set(pq.read_schema(_open_for_arrow(path, self.remote_options)).names)
+            except FileNotFoundError:
+                continue
+            except Exception as e:  # noqa: BLE001 - pyarrow's many error types
+                raise RefsError(f"Parquet record file {quote(path)} cannot be read: {type(e).__name__}: {e}") from None
+            _check_columns(names, path)
+            return
+
+    def _record_path(self, array: _Array, record: int) -> str:
+        parts = (array.path, f"refs.{record}.parq") if array.path else (f"refs.{record}.parq",)
+        return _join(self.location, *parts)
+
+    def statistics(self) -> dict:
+        return {"records_loaded": self.records_loaded, "records_cached": len(self._records),
+                "arrays": len(self.arrays), "record_size": self.record_size}
+
+
+def _open_for_arrow(path: str, remote_options: dict):
+    if not is_remote(path):
+        return local_path(path)
+    import fsspec
+
+    return fsspec.open(path, "rb", **remote_options).open()
+
+
+def _check_columns(names: set[str], path: str) -> None:
+    if not {"offset", "size"} <= names or not names & {"path", "raw"}:
+        raise RefsError(f"Parquet record file {quote(path)} has columns {sorted(names)}; "
+                        "expected path, offset, size, raw")
+
+
+def record_from_table(table, path: str, intern) -> _Record:
+    """Normalise a record table written by fastparquet or pyarrow: dictionary-encoded or null-typed
+    path/raw columns, nullable offset/size, padding rows."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    names = set(table.column_names)
+    _check_columns(names, path)
+    n = table.num_rows
+
+    def column(name):
+        if name not in names:
+            return pa.nulls(n)
+        col = table.column(name).combine_chunks()
+        return col.dictionary_decode() if pa.types.is_dictionary(col.type) else col
+
+    paths = column("path")
+    raws = column("raw")
+    for name, col in (("path", paths), ("raw", raws)):
+        if not (pa.types.is_null(col.type) or pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
+                or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
+            raise RefsError(f"Parquet record file {quote(path)}: column {name!r} has type {col.type}")
+
+    def integers(name):
+        col = column(name)
+        if not (pa.types.is_integer(col.type) or pa.types.is_null(col.type) or pa.types.is_floating(col.type)):
+            raise RefsError(f"Parquet record file {quote(path)}: column {name!r} has type {col.type}")
+        values = pc.fill_null(col.cast(pa.float64()), 0).to_numpy(zero_copy_only=False)
+        if len(values) and (values.min() < 0 or values.max() >= MAX_LENGTH or np.any(values != np.floor(values))):
+            raise RefsError(f"Parquet record file {quote(path)}: column {name!r} holds values that are not "
+                            "byte offsets")
+        return values.astype(np.int64)
+
+    offsets = integers("offset")
+    sizes = integers("size")
+    path_list = paths.cast(pa.string()).to_pylist() if not pa.types.is_null(paths.type) else [None] * n
+    path_list = [p if p else None for p in path_list]  # NaN/empty written by pandas means "no path"
+    url_ids = intern(path_list)
+    raw = {}
+    if not pa.types.is_null(raws.type):
+        for row, value in enumerate(raws.to_pylist()):
+            if value is not None:
+                raw[row] = value if isinstance(value, bytes) else value.encode()
+    length = sizes.copy()
+    for row, data in raw.items():
+        url_ids[row] = INLINE
+        offsets[row] = 0
+        length[row] = len(data)
+    remote = url_ids >= 0
+    whole = remote & (sizes == 0)
+    length[whole] = WHOLE_FILE
+    offsets[whole] = 0
+    return _Record(url_ids, offsets, length, raw)
