@@ -174,10 +174,7 @@ class RefSetBuilder:
             key_len = np.fromiter((len(k.encode("utf-8", "surrogatepass")) for k in keys), np.int64, n)
         blob = encoded.replace(b"\x00", b"")
         hashes = np.fromiter(map(hash, keys), dtype=np.int64, count=n)
-        parents = list(map(_first, map(str.rpartition, keys, repeat("/"))))
-        for parent in dict.fromkeys(parents):
-            self.dirs.id_for(parent)
-        dir_ids = np.fromiter(map(self.dirs.ids.__getitem__, parents), dtype=np.int32, count=n)
+        dir_ids = self._dir_ids(keys, joined)
         if inline:
             for pos, data in inline.items():
                 self._inline[self.count + pos] = data
@@ -193,6 +190,26 @@ class RefSetBuilder:
             )
         )
         self.count += n
+
+    def _dir_ids(self, keys: list[str], joined: str) -> np.ndarray:
+        """Parent directory id of every key. A piece of a refs object usually holds the chunks of
+        one array: when substring counts prove that every key has the same parent, no per-key
+        Python work is needed."""
+        n = len(keys)
+        parent = keys[0].rpartition("/")[0]
+        if parent:
+            depth = parent.count("/") + 1
+            prefix = parent + "/"
+            same = (joined.count("/") == n * depth and joined.startswith(prefix)
+                    and joined.count("\x00" + prefix) == n - 1)
+        else:
+            same = "/" not in joined
+        if same:
+            return np.full(n, self.dirs.id_for(parent), dtype=np.int32)
+        parents = list(map(_first, map(str.rpartition, keys, repeat("/"))))
+        for parent in dict.fromkeys(parents):
+            self.dirs.id_for(parent)
+        return np.fromiter(map(self.dirs.ids.__getitem__, parents), dtype=np.int32, count=n)
 
     def remap_urls(self, urls: list[str]) -> None:
         """Replace the url table (e.g. after rendering templates); equal results are merged."""

@@ -1,0 +1,788 @@
+"""Speed benchmarks: refmount's data path against rclone mount, curl, fsspec and a local Zarr copy.
+
+    bench/run-speed.sh [--quick]                      # installs nginx-light/rclone/matplotlib if missing
+    /tmp/v/bin/python bench/bench_speed.py [--quick] [--only NAME[,NAME]] [--runs N]
+        [--refmount-options '--block-size 4M'] [--out PREFIX] [--workdir DIR]
+
+NAME is one of: sequential, chunks, memory, cold_random, ncdump. Needs root (FUSE mounts and
+`echo 3 > /proc/sys/vm/drop_caches`). Everything is served by a loopback nginx that this script starts
+with its own configuration on a free 127.0.0.1 port (sendfile on, Range honoured, autoindex for rclone)
+and stops at exit. The served files live on tmpfs, so dropping the page cache empties only the client
+side (the FUSE mounts), never the server's copy; inputs are generated once under --workdir and reused.
+
+1. sequential: cold `dd bs=1M` of a whole-file reference (`{"big": [url]}`, `--view raw`) against
+   `rclone mount` of the same url (no VFS cache) and against `curl -o /dev/null` (the wire limit).
+2. chunks: every chunk file of a kerchunked, uncompressed netCDF-4 file, `cat` by 4 parallel readers,
+   against fsspec `ReferenceFileSystem(...).cat(all chunk keys)` in one fresh Python process.
+3. memory: `--cache-size 1G`; read the big file once, drop the page cache, re-read it (refmount's block cache).
+4. memory / cold_random: random `os.pread` of 4 KiB–1 MiB (log-uniform sizes) with the page cache dropped
+   for the file before every read (posix_fadvise DONTNEED): cache hits after the full read, and cold
+   reads on a fresh mount (one read per equal slice of the file, so no read finds another's blocks).
+5. ncdump: `ncdump 'file://DIR#mode=zarr,file' > /dev/null` of a zlib-compressed netCDF-4 file through
+   `refmount mount` (default --view decoded) against a local copy of that decoded tree (`cp -r`).
+
+Each refmount mount is fresh (cold block cache) and every timed run starts after drop_caches, except the
+cache-hit measurements, whose point is a warm refmount. Each measurement runs 3 times (contenders
+interleaved within a run) and the table shows medians; --quick runs once on smaller files (< 3 min).
+Prints one markdown table, writes PREFIX.json and draws PREFIX.png (default bench/out/speed) from the same
+rows. MB = 10**6 bytes (as dd and curl count); peak RSS is the daemon's VmHWM in MiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+PYTHON = sys.executable
+REFMOUNT = str(Path(PYTHON).with_name("refmount"))
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out" / "speed"
+NCDUMP_TIMEOUT_S = 240
+MB = 1e6
+
+# big: whole-file bytes; chunks: time steps of a (t, 400, 400) float32 array, one 640 kB chunk per step;
+# ncdump: time steps of a (t, 500, 500) float32 zlib array (1 MB per step before compression).
+FULL = dict(big_mb=320, chunk_steps=500, ncdump_steps=200, hit_reads=500, cold_reads=100)
+QUICK = dict(big_mb=64, chunk_steps=100, ncdump_steps=20, hit_reads=200, cold_reads=50)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Small helpers
+# ---------------------------------------------------------------------------------------------------
+
+def log(message: str) -> None:
+    print(f"# {message}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str] | str, timeout: float | None = None, **kwargs) -> subprocess.CompletedProcess:
+    if isinstance(cmd, str):
+        cmd = ["bash", "-c", "set -o pipefail; " + cmd]
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def timed_run(cmd: list[str] | str, timeout: float | None = None) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.perf_counter()
+    done = run(cmd, timeout)
+    return done, time.perf_counter() - t0
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def vmhwm_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise KeyError("VmHWM")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def machine() -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    ram = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
+    versions = {}
+    for name, cmd in {"rclone": "rclone version | head -1", "nginx": "nginx -v 2>&1",
+                      "curl": "curl --version | head -1", "ncdump": "ncdump 2>&1 | tail -1",
+                      "refmount": f"{REFMOUNT} --version"}.items():
+        versions[name] = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True).stdout.strip()
+    return {"nproc": os.cpu_count(), "cpu": cpu, "kernel": platform.release(), "ram_gib": round(ram, 1),
+            "loadavg_start": os.getloadavg()[0], "versions": versions}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Inputs: generated once under --workdir (atomically), copied to tmpfs for serving
+# ---------------------------------------------------------------------------------------------------
+
+def write_big(path: Path, size: int) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    with open(path, "wb") as f:
+        for start in range(0, size, 16 << 20):
+            f.write(rng.bytes(min(16 << 20, size - start)))
+
+
+def write_netcdf(path: Path, steps: int, side: int, zlib: bool) -> None:
+    """One float32 variable `air(time, lat, lon)`, one chunk per time step. Smooth field plus noise rounded
+    to 0.1 K, so zlib has something to do (about 3:1) without being trivial."""
+    import netCDF4
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    y, x = np.mgrid[0:side, 0:side]
+    base = (280 + 20 * np.sin(y / 80) * np.cos(x / 60)).astype("f4")
+    with netCDF4.Dataset(path, "w") as ds:
+        for name, n in (("time", steps), ("lat", side), ("lon", side)):
+            ds.createDimension(name, n)
+        var = ds.createVariable("air", "f4", ("time", "lat", "lon"), chunksizes=(1, side, side),
+                                zlib=zlib, complevel=4 if zlib else None, shuffle=False)
+        var.units = "K"
+        for t in range(steps):
+            var[t] = np.round(base + rng.normal(0, 1, base.shape).astype("f4"), 1)
+
+
+def generated(path: Path, make) -> Path:
+    if not path.exists():
+        tmp = path.with_name(path.name + ".tmp")
+        t0 = time.perf_counter()
+        make(tmp)
+        tmp.rename(path)
+        log(f"generated {path} in {time.perf_counter() - t0:.1f} s")
+    return path
+
+
+@dataclass
+class Inputs:
+    big: Path
+    chunks_nc: Path
+    zlib_nc: Path
+
+
+def ensure_inputs(work: Path, sizes: dict) -> Inputs:
+    work.mkdir(parents=True, exist_ok=True)
+    big_mb, cs, ns = sizes["big_mb"], sizes["chunk_steps"], sizes["ncdump_steps"]
+    return Inputs(
+        big=generated(work / f"big_{big_mb}MB.bin", lambda p: write_big(p, big_mb * 1_000_000)),
+        chunks_nc=generated(work / f"chunks_{cs}.nc", lambda p: write_netcdf(p, cs, 400, zlib=False)),
+        zlib_nc=generated(work / f"zlib_{ns}.nc", lambda p: write_netcdf(p, ns, 500, zlib=True)))
+
+
+def kerchunk_refs(local: Path, url: str) -> dict:
+    from kerchunk.hdf import SingleHdf5ToZarr
+
+    with open(local, "rb") as f:
+        return SingleHdf5ToZarr(f, url=url, inline_threshold=0).translate()
+
+
+def chunk_keys(refs: dict) -> dict[str, int]:
+    """Chunk keys (not metadata) and their lengths."""
+    return {k: v[2] for k, v in refs["refs"].items() if isinstance(v, list) and not k.rsplit("/", 1)[-1].startswith(".")}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Services: nginx, refmount and rclone mounts (each a context manager that cleans up after itself)
+# ---------------------------------------------------------------------------------------------------
+
+NGINX_CONF = """\
+worker_processes 2;
+pid {run}/nginx.pid;
+error_log {run}/nginx-error.log warn;
+daemon off;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    sendfile on;
+    tcp_nopush on;
+    keepalive_requests 100000;
+    client_body_temp_path {run}/nginx-tmp/body;
+    proxy_temp_path {run}/nginx-tmp/proxy;
+    fastcgi_temp_path {run}/nginx-tmp/fastcgi;
+    uwsgi_temp_path {run}/nginx-tmp/uwsgi;
+    scgi_temp_path {run}/nginx-tmp/scgi;
+    types {{ application/octet-stream bin nc; }}
+    server {{
+        listen 127.0.0.1:{port};
+        root {data};
+        autoindex on;
+    }}
+}}
+"""
+
+
+@contextmanager
+def nginx_serving(data: Path, run_dir: Path):
+    """A private nginx on a free loopback port serving `data`; yields its base url."""
+    (run_dir / "nginx-tmp").mkdir(exist_ok=True)
+    for attempt in range(5):
+        port = free_port()
+        conf = run_dir / "nginx.conf"
+        conf.write_text(NGINX_CONF.format(run=run_dir, port=port, data=data))
+        proc = subprocess.Popen(["nginx", "-p", str(run_dir), "-c", str(conf), "-e", str(run_dir / "nginx-error.log")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_for(lambda: proc.poll() is not None or port_open(port), "nginx", 10)
+            if proc.poll() is None:
+                break
+        except RuntimeError:
+            proc.kill()
+            proc.wait()
+        log(f"nginx did not start on port {port}: {proc.stderr.read().decode().strip()}")
+    else:
+        raise RuntimeError("could not start nginx")
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        proc.terminate()  # our own nginx master (by its pid); it stops its workers
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@dataclass
+class Mount:
+    path: Path
+    pid: int
+
+    def peak_rss_mib(self) -> float:
+        return vmhwm_mib(self.pid)
+
+    def remote_requests(self) -> int:
+        return json.loads(os.getxattr(self.path, "user.refmount.stats"))["fetch"]["requests"]
+
+
+def unmount_if_mounted(path: Path) -> None:
+    if os.path.ismount(path):
+        subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True)
+
+
+@contextmanager
+def refmount_mounted(refs: Path, mnt: Path, options: list[str]):
+    mnt.mkdir(exist_ok=True)
+    unmount_if_mounted(mnt)
+    done = subprocess.run([REFMOUNT, "mount", *options, str(refs), str(mnt)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"refmount mount {' '.join(options)} failed: {done.stderr.strip()}")
+    pid = int(os.getxattr(mnt, "user.refmount.pid"))
+    try:
+        yield Mount(mnt, pid)
+    finally:
+        if subprocess.run([REFMOUNT, "umount", str(mnt)], capture_output=True).returncode != 0:
+            unmount_if_mounted(mnt)
+
+
+@contextmanager
+def rclone_mounted(base_url: str, mnt: Path, visible: str, log_path: Path):
+    """`rclone mount :http:` without VFS cache, as a foreground child (so we know its pid)."""
+    mnt.mkdir(exist_ok=True)
+    unmount_if_mounted(mnt)
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(["rclone", "mount", ":http:", str(mnt), "--http-url", base_url, "--read-only",
+                                 "--vfs-cache-mode", "off"], stdout=logf, stderr=logf)
+    try:
+        wait_for(lambda: proc.poll() is not None or (mnt / visible).exists(), "rclone mount", 30)
+        if proc.poll() is not None:
+            raise RuntimeError(f"rclone mount exited with status {proc.returncode}; see {log_path}")
+        yield mnt
+    finally:
+        unmount_if_mounted(mnt)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Probes: one timed run of one contender, each returning a dict of numbers
+# ---------------------------------------------------------------------------------------------------
+
+def dd_mbps(path: Path, expect: int) -> float:
+    done, seconds = timed_run(["dd", f"if={path}", "of=/dev/null", "bs=1M"])
+    copied = int(re.search(r"^(\d+) bytes", done.stderr, re.M).group(1))
+    if copied != expect:
+        raise RuntimeError(f"dd read {copied} bytes of {path}, expected {expect}")
+    return expect / seconds / MB
+
+
+def cold_dd(path: Path, expect: int) -> float:
+    drop_caches()
+    return dd_mbps(path, expect)
+
+
+def probe_curl(url: str, expect: int) -> dict:
+    drop_caches()
+    done, seconds = timed_run(["curl", "-s", "-o", "/dev/null", "-w", "%{size_download}", url])
+    if int(done.stdout) != expect:
+        raise RuntimeError(f"curl got {done.stdout} bytes of {url}, expected {expect}")
+    return {"mbps": expect / seconds / MB}
+
+
+def random_plan(size: int, count: int, seed: int, slotted: bool) -> list[tuple[int, int]]:
+    """(offset, length) pairs, lengths log-uniform in 4 KiB..1 MiB. slotted: one read in each of `count`
+    equal slices of the file, in shuffled order, so that no read is served by blocks an earlier one fetched."""
+    rng = random.Random(seed)
+    plan = []
+    slot = size // count
+    for n in range(count):
+        length = int(2 ** rng.uniform(12, 20))
+        if slotted:
+            length = min(length, slot // 2)
+            plan.append((n * slot + rng.randrange(slot - length), length))
+        else:
+            plan.append((rng.randrange(size - length), length))
+    if slotted:
+        rng.shuffle(plan)
+    return plan
+
+
+def pread_latencies_ms(path: Path, plan: list[tuple[int, int]]) -> list[float]:
+    """Time each pread after evicting the file from the page cache, so that the FUSE daemon answers."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        latencies = []
+        for offset, length in plan:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            t0 = time.perf_counter()
+            got = len(os.pread(fd, length, offset))
+            latencies.append((time.perf_counter() - t0) * 1000)
+            if got != length:
+                raise RuntimeError(f"pread({length} at {offset}) of {path} returned {got} bytes")
+        return latencies
+    finally:
+        os.close(fd)
+
+
+def latency_summary(latencies: list[float], prefix: str) -> dict:
+    return {f"{prefix}_p50_ms": percentile(latencies, 0.5), f"{prefix}_p99_ms": percentile(latencies, 0.99),
+            f"{prefix}_max_ms": max(latencies)}
+
+
+def fsspec_child(refs_path: str) -> None:
+    """Runs in a fresh process: fsspec's cat of every chunk key over http."""
+    from fsspec.implementations.reference import ReferenceFileSystem
+
+    refs = json.loads(Path(refs_path).read_text())
+    keys = list(chunk_keys(refs))
+    fs = ReferenceFileSystem(fo=refs, remote_protocol="http")
+    t0 = time.perf_counter()
+    out = fs.cat(keys)
+    seconds = time.perf_counter() - t0
+    nbytes = sum(len(v) for v in out.values())
+    print(json.dumps({"seconds": seconds, "bytes": nbytes, "peak_rss_mib": vmhwm_mib(os.getpid())}))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Measurements: each repeats one run (all contenders) and turns the medians into rows
+# ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Target:
+    subject: str  # "ratio" (refmount / compared) or "refmount"
+    op: str  # ">=" or "<="
+    limit: float
+
+    def passed(self, row: Row) -> bool | None:
+        value = row.ratio if self.subject == "ratio" else row.refmount
+        if value is None:
+            return None
+        return value >= self.limit if self.op == ">=" else value <= self.limit
+
+    def text(self, unit: str) -> str:
+        sign = "≥" if self.op == ">=" else "≤"
+        return f"ratio {sign} {self.limit:g}" if self.subject == "ratio" else f"{sign} {self.limit:g} {unit}"
+
+    def level(self, row: Row) -> float | None:
+        """The refmount value that would just meet the target (for the chart)."""
+        if self.subject == "refmount":
+            return self.limit
+        return None if row.compared is None else row.compared * self.limit
+
+
+@dataclass
+class Row:
+    group: str  # chart panel: "throughput", "latency" or "time"
+    name: str
+    short: str  # chart label
+    unit: str
+    refmount: float | None
+    compared_with: str = ""
+    compared: float | None = None
+    target: Target | None = None
+    peak_rss_mib: float | None = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.refmount is None or not self.compared:
+            return None
+        return self.refmount / self.compared
+
+    def cells(self) -> list[str]:
+        def fmt(v):
+            if v is None:
+                return "n/a"
+            return f"{v:,.0f} {self.unit}" if v >= 100 else f"{v:.3g} {self.unit}"
+
+        passed = None if self.target is None else self.target.passed(self)
+        return [self.name + (f" ({self.note})" if self.note else ""), fmt(self.refmount),
+                f"{self.compared_with}: {fmt(self.compared)}" if self.compared_with else "—",
+                "—" if self.ratio is None else f"{self.ratio:.2f}",
+                self.target.text(self.unit) if self.target else "—",
+                "—" if passed is None else "pass" if passed else "FAIL",
+                "—" if self.peak_rss_mib is None else f"{self.peak_rss_mib:,.0f} MiB"]
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["ratio"] = self.ratio
+        data["passed"] = None if self.target is None else self.target.passed(self)
+        return data
+
+
+@dataclass
+class Context:
+    runs: int
+    sizes: dict
+    inputs: Inputs
+    run_dir: Path
+    base_url: str
+    refs: dict[str, Path]  # "big", "chunks", "zlib" -> reference set path
+    options: list[str]  # extra refmount mount options (--refmount-options)
+    raw: dict = field(default_factory=dict)
+
+    def mount(self, refs: str, *options: str):
+        return refmount_mounted(self.refs[refs], self.run_dir / "mnt-refmount", [*options, *self.options])
+
+    def repeat(self, name: str, one_run) -> dict:
+        """Run `one_run()` (-> {contender: {metric: value}}) `runs` times; keep every run, return medians."""
+        runs = []
+        for n in range(self.runs):
+            t0 = time.perf_counter()
+            runs.append(one_run())
+            log(f"{name} run {n + 1}/{self.runs}: {time.perf_counter() - t0:.1f} s")
+        self.raw[name] = runs
+        return {who: {metric: statistics.median(r[who][metric] for r in runs) for metric in runs[0][who]}
+                for who in runs[0]}
+
+
+def measure_sequential(ctx: Context) -> list[Row]:
+    big = ctx.inputs.big
+    size = big.stat().st_size
+
+    def refmount_run() -> dict:
+        with ctx.mount("big", "--view", "raw") as m:
+            return {"mbps": cold_dd(m.path / "big", size), "peak_rss_mib": m.peak_rss_mib()}
+
+    def rclone_run() -> dict:
+        with rclone_mounted(ctx.base_url, ctx.run_dir / "mnt-rclone", "big.bin", ctx.run_dir / "rclone.log") as mnt:
+            return {"mbps": cold_dd(mnt / "big.bin", size)}
+
+    med = ctx.repeat("sequential", lambda: {"refmount": refmount_run(), "rclone": rclone_run(),
+                                            "curl": probe_curl(ctx.base_url + "big.bin", size)})
+    ours, name = med["refmount"], f"cold sequential read, {size / MB:.0f} MB file (dd bs=1M)"
+    return [Row("throughput", name, "seq. cold\nvs rclone", "MB/s", ours["mbps"], "rclone mount", med["rclone"]["mbps"],
+                Target("ratio", ">=", 1.5), ours["peak_rss_mib"]),
+            Row("throughput", name, "seq. cold\nvs curl", "MB/s", ours["mbps"], "curl", med["curl"]["mbps"],
+                Target("ratio", ">=", 0.7), ours["peak_rss_mib"])]
+
+
+def measure_chunks(ctx: Context) -> list[Row]:
+    refs = json.loads(ctx.refs["chunks"].read_text())
+    chunks = chunk_keys(refs)
+    nbytes = sum(chunks.values())
+
+    def refmount_run() -> dict:
+        with ctx.mount("chunks", "--view", "raw") as m:
+            drop_caches()
+            _, seconds = timed_run(f"find {shlex.quote(str(m.path))} -type f ! -name '.*' -print0 "
+                                   "| xargs -0 -P4 -n 50 cat > /dev/null")
+            return {"mbps": nbytes / seconds / MB, "peak_rss_mib": m.peak_rss_mib()}
+
+    def fsspec_run() -> dict:
+        drop_caches()
+        done = run([PYTHON, __file__, "--fsspec-child", str(ctx.refs["chunks"])])
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        if result["bytes"] != nbytes:
+            raise RuntimeError(f"fsspec read {result['bytes']} bytes, expected {nbytes}")
+        return {"mbps": nbytes / result["seconds"] / MB, "peak_rss_mib": result["peak_rss_mib"]}
+
+    med = ctx.repeat("chunks", lambda: {"refmount": refmount_run(), "fsspec": fsspec_run()})
+    name = f"all {len(chunks)} chunk files ({nbytes / MB:.0f} MB), 4 parallel cat"
+    return [Row("throughput", name, f"{len(chunks)} chunks\nvs fsspec", "MB/s", med["refmount"]["mbps"],
+                "fsspec cat", med["fsspec"]["mbps"], Target("ratio", ">=", 3), med["refmount"]["peak_rss_mib"])]
+
+
+def measure_memory(ctx: Context) -> list[Row]:
+    big = ctx.inputs.big
+    size = big.stat().st_size
+    plan = random_plan(size, ctx.sizes["hit_reads"], seed=3, slotted=False)
+
+    def one_run() -> dict:
+        with ctx.mount("big", "--view", "raw", "--cache-size", "1G") as m:
+            first = cold_dd(m.path / "big", size)
+            requests_before = m.remote_requests()
+            again = cold_dd(m.path / "big", size)
+            latencies = pread_latencies_ms(m.path / "big", plan)
+            return {"refmount": {"first_read_mbps": first, "reread_mbps": again, **latency_summary(latencies, "hit"),
+                                 "remote_requests_during_hits": m.remote_requests() - requests_before,
+                                 "peak_rss_mib": m.peak_rss_mib()}}
+
+    ours = ctx.repeat("memory", one_run)["refmount"]
+    rss = ours["peak_rss_mib"]
+    extra = ours["remote_requests_during_hits"]
+    note = f"{extra:.0f} remote requests: not all hits" if extra else ""
+    reads = f"{len(plan)} random preads 4 KiB–1 MiB, refmount cache hits"
+    return [Row("throughput", f"re-read {size / MB:.0f} MB after drop_caches: from memory (--cache-size 1G)",
+                "re-read\nfrom memory", "MB/s", ours["reread_mbps"], target=Target("refmount", ">=", 1200),
+                peak_rss_mib=rss, note=note),
+            Row("throughput", "re-read after drop_caches: from disk cache", "", "MB/s", None,
+                note="not implemented"),
+            Row("latency", f"{reads}: p50", "hit p50", "ms", ours["hit_p50_ms"], peak_rss_mib=rss, note=note),
+            Row("latency", f"{reads}: p99", "hit p99", "ms", ours["hit_p99_ms"], target=Target("refmount", "<=", 2),
+                peak_rss_mib=rss, note=note)]
+
+
+def measure_cold_random(ctx: Context) -> list[Row]:
+    size = ctx.inputs.big.stat().st_size
+    plan = random_plan(size, ctx.sizes["cold_reads"], seed=4, slotted=True)
+
+    def one_run() -> dict:
+        with ctx.mount("big", "--view", "raw") as m:
+            os.stat(m.path / "big")  # the size lookup (HEAD) is not part of a read
+            drop_caches()
+            latencies = pread_latencies_ms(m.path / "big", plan)
+            return {"refmount": {**latency_summary(latencies, "cold"), "peak_rss_mib": m.peak_rss_mib()}}
+
+    ours = ctx.repeat("cold_random", one_run)["refmount"]
+    reads = f"{len(plan)} random preads 4 KiB–1 MiB, fresh mount"
+    return [Row("latency", f"{reads}: p50", "cold p50", "ms", ours["cold_p50_ms"], peak_rss_mib=ours["peak_rss_mib"]),
+            Row("latency", f"{reads}: p99", "cold p99", "ms", ours["cold_p99_ms"], peak_rss_mib=ours["peak_rss_mib"])]
+
+
+def ncdump_seconds(directory: Path) -> float:
+    _, seconds = timed_run(f"ncdump {shlex.quote(f'file://{directory}#mode=zarr,file')} > /dev/null",
+                           timeout=NCDUMP_TIMEOUT_S)
+    return seconds
+
+
+def measure_ncdump(ctx: Context) -> list[Row]:
+    local = ctx.run_dir / "zlib-decoded-copy"
+    with ctx.mount("zlib") as m:
+        shutil.rmtree(local, ignore_errors=True)
+        run(["cp", "-r", str(m.path), str(local)])
+
+    def refmount_run() -> dict:
+        with ctx.mount("zlib") as m:
+            drop_caches()
+            return {"seconds": ncdump_seconds(m.path), "peak_rss_mib": m.peak_rss_mib()}
+
+    def local_run() -> dict:
+        drop_caches()
+        return {"seconds": ncdump_seconds(local)}
+
+    med = ctx.repeat("ncdump", lambda: {"refmount": refmount_run(), "local": local_run()})
+    nc = ctx.inputs.zlib_nc
+    data_mb = ctx.sizes["ncdump_steps"] * 500 * 500 * 4 / MB
+    name = f"ncdump of zlib netCDF-4 ({data_mb:.0f} MB data, {nc.stat().st_size / MB:.0f} MB compressed), decoded view"
+    return [Row("time", name, "ncdump\nvs local copy", "s", med["refmount"]["seconds"], "local Zarr copy",
+                med["local"]["seconds"], Target("ratio", "<=", 1.5), med["refmount"]["peak_rss_mib"])]
+
+
+MEASUREMENTS = {"sequential": measure_sequential, "chunks": measure_chunks, "memory": measure_memory,
+                "cold_random": measure_cold_random, "ncdump": measure_ncdump}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Output: one markdown table, JSON, PNG chart
+# ---------------------------------------------------------------------------------------------------
+
+def machine_line(m: dict) -> str:
+    return (f"machine: {m['nproc']} CPUs ({m['cpu']}), kernel {m['kernel']}, {m['ram_gib']:.0f} GiB RAM; "
+            f"load average {m['loadavg_start']:.1f} at start, {m.get('loadavg_end', float('nan')):.1f} at end")
+
+
+def markdown(rows: list[Row], m: dict, runs: int) -> str:
+    header = ["measurement", "refmount", "compared with", "ratio", "target", "result", "refmount peak RSS"]
+    lines = [f"{machine_line(m)}; medians of {runs} run(s)", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r.cells()) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+PANELS = {"throughput": ("MB/s (higher is better)", False), "latency": ("ms (lower is better, log scale)", True),
+          "time": ("seconds (lower is better)", False)}
+
+
+def chart(rows: list[Row], m: dict, runs: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(g, [r for r in rows if r.group == g and r.refmount is not None]) for g in PANELS]
+    panels = [(g, rs) for g, rs in panels if rs]
+    widths = [max(2, len(rs)) for _, rs in panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 2, 5.8),
+                             gridspec_kw={"width_ratios": widths}, squeeze=False)
+    for ax, (group, rs) in zip(axes[0], panels):
+        draw_panel(ax, group, rs)
+    handles = [plt.Rectangle((0, 0), 1, 1, color="tab:blue"), plt.Rectangle((0, 0), 1, 1, color="tab:gray"),
+               plt.Line2D([], [], color="tab:red", linestyle="--", linewidth=2)]
+    fig.legend(handles, ["refmount", "compared with (named under the bar)", "target for refmount"],
+               loc="lower center", ncol=3, frameon=False)
+    fig.suptitle(f"refmount speed — medians of {runs} run(s)\n{machine_line(m)}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.05, 1, 0.93))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def draw_panel(ax, group: str, rows: list[Row]) -> None:
+    ylabel, log_scale = PANELS[group]
+    width = 0.38
+    for x, row in enumerate(rows):
+        passed = row.target.passed(row) if row.target else None
+        colour = "tab:blue" if passed is not False else "tab:orange"
+        bar_label(ax, ax.bar(x - width / 2 if row.compared else x, row.refmount, width, color=colour)[0],
+                  row.refmount, "refmount" + ("" if passed is not False else "\n(FAIL)"))
+        if row.compared:
+            bar_label(ax, ax.bar(x + width / 2, row.compared, width, color="tab:gray")[0], row.compared,
+                      row.compared_with.split()[0])
+        level = row.target.level(row) if row.target else None
+        if level:
+            centre = x - width / 2 if row.compared else x
+            ax.hlines(level, centre - width / 2 - 0.05, centre + width / 2 + 0.05, colors="tab:red",
+                      linestyles="--", linewidth=2)
+    ax.set_xticks(range(len(rows)), [r.short for r in rows], fontsize=9)
+    ax.set_ylabel(ylabel)
+    if log_scale:
+        ax.set_yscale("log")
+    ax.margins(y=0.18)
+    ax.set_title(group)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def bar_label(ax, bar, value: float, who: str) -> None:
+    text = f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+    ax.annotate(f"{text}\n{who}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
+                va="bottom", fontsize=7.5, xytext=(0, 2), textcoords="offset points")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Main: inputs, tmpfs copy, nginx, measurements, outputs; everything undone on exit
+# ---------------------------------------------------------------------------------------------------
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="1 run, smaller files (< 3 min)")
+    p.add_argument("--only", help="comma-separated measurements: " + ", ".join(MEASUREMENTS))
+    p.add_argument("--runs", type=int, help="runs per measurement (default 3, or 1 with --quick)")
+    p.add_argument("--refmount-options", default="", help="extra options for every refmount mount")
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/refmount-speed"), help="generated inputs (kept)")
+    p.add_argument("--run-dir", type=Path, help="scratch dir for this run (default: a new temp dir; removed)")
+    p.add_argument("--serve-dir", type=Path, help="tmpfs dir for the served copies (default: new under /dev/shm)")
+    p.add_argument("--out", type=Path, default=OUT, help="output prefix: PREFIX.json and PREFIX.png")
+    args = p.parse_args(argv)
+    args.names = args.only.split(",") if args.only else list(MEASUREMENTS)
+    unknown = [n for n in args.names if n not in MEASUREMENTS]
+    if unknown:
+        p.error(f"unknown measurement(s) {', '.join(unknown)}; choose from {', '.join(MEASUREMENTS)}")
+    return args
+
+
+def scratch_dir(stack: ExitStack, given: Path | None, parent: str, prefix: str) -> Path:
+    path = given or Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    path.mkdir(parents=True, exist_ok=True)
+    stack.callback(remove_scratch, path)
+    return path
+
+
+def remove_scratch(path: Path) -> None:
+    for mnt in path.glob("mnt-*"):
+        unmount_if_mounted(mnt)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def serve_copies(inputs: Inputs, serve: Path) -> None:
+    for src, name in ((inputs.big, "big.bin"), (inputs.chunks_nc, "chunks.nc"), (inputs.zlib_nc, "zlib.nc")):
+        shutil.copyfile(src, serve / name)
+    serve.chmod(0o755)
+
+
+def write_refs(inputs: Inputs, base_url: str, run_dir: Path) -> dict[str, Path]:
+    refs = {"big": {"big": [base_url + "big.bin"]},
+            "chunks": kerchunk_refs(inputs.chunks_nc, base_url + "chunks.nc"),
+            "zlib": kerchunk_refs(inputs.zlib_nc, base_url + "zlib.nc")}
+    paths = {}
+    for name, content in refs.items():
+        paths[name] = run_dir / f"{name}.json"
+        paths[name].write_text(json.dumps(content))
+    return paths
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        sys.exit("bench_speed.py needs root (FUSE mounts and drop_caches)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGHUP, lambda *_: sys.exit(129))
+    started = time.perf_counter()
+    sizes = QUICK if args.quick else FULL
+    runs = args.runs or (1 if args.quick else 3)
+    info = machine()
+    inputs = ensure_inputs(args.workdir, sizes)
+    rows: list[Row] = []
+    with ExitStack() as stack:
+        run_dir = scratch_dir(stack, args.run_dir, "/tmp", "refmount-speed-run.")
+        serve = scratch_dir(stack, args.serve_dir, "/dev/shm", "refmount-speed-data.")
+        serve_copies(inputs, serve)
+        base_url = stack.enter_context(nginx_serving(serve, run_dir))
+        log(f"nginx serving {serve} at {base_url}")
+        ctx = Context(runs, sizes, inputs, run_dir, base_url, write_refs(inputs, base_url, run_dir),
+                      shlex.split(args.refmount_options))
+        for name in args.names:
+            rows += MEASUREMENTS[name](ctx)
+        raw = ctx.raw
+    info["loadavg_end"] = os.getloadavg()[0]
+    runtime = time.perf_counter() - started
+    table = markdown(rows, info, runs)
+    print(table)
+    options = f", refmount options {args.refmount_options!r}" if args.refmount_options else ""
+    print(f"\n{'quick' if args.quick else 'full'} run{options}: {runtime:.0f} s")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps({
+        "mode": "quick" if args.quick else "full", "runs": runs, "sizes": sizes, "machine": info,
+        "refmount_options": args.refmount_options, "runtime_s": runtime, "table_markdown": table,
+        "rows": [r.to_json() for r in rows], "raw": raw}, indent=1, ensure_ascii=False))
+    chart(rows, info, runs, args.out.with_suffix(".png"))
+    log(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--fsspec-child":
+        fsspec_child(sys.argv[2])
+    else:
+        sys.exit(main())

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One command for the speed benchmark (Debian 12, as root):
+#
+#     bench/run-speed.sh [--quick] [other bench_speed.py options]
+#
+# Installs what is missing (nginx-light, rclone, curl, netcdf-bin, fuse3 from Debian; matplotlib into the
+# venv), then runs bench/bench_speed.py, which starts its own nginx on a free loopback port, mounts,
+# measures, prints one table and writes bench/out/speed.json and bench/out/speed.png.
+# The trap removes whatever this run left behind even if the benchmark is killed: its mounts, its nginx
+# (by the pid in its own pid file) and its scratch directories.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+venv=${REFMOUNT_VENV:-/tmp/v}
+python=$venv/bin/python
+
+[ "$(id -u)" = 0 ] || { echo "run-speed.sh: needs root (FUSE mounts, drop_caches, apt-get)" >&2; exit 1; }
+[ -x "$python" ] || { echo "run-speed.sh: no venv at $venv (set REFMOUNT_VENV)" >&2; exit 1; }
+
+missing=()
+for pair in nginx:nginx-light rclone:rclone curl:curl ncdump:netcdf-bin fusermount3:fuse3; do
+    command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
+done
+if ((${#missing[@]})); then
+    echo "run-speed.sh: installing ${missing[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+"$python" -c 'import matplotlib' 2>/dev/null || "$python" -m pip install -q matplotlib
+
+run_dir=$(mktemp -d /tmp/refmount-speed-run.XXXXXX)
+serve_dir=$(mktemp -d /dev/shm/refmount-speed-data.XXXXXX)
+
+cleanup() {
+    local mnt pid
+    for mnt in "$run_dir"/mnt-*; do
+        mountpoint -q "$mnt" 2>/dev/null && fusermount3 -u -z "$mnt" 2>/dev/null || true
+    done
+    if [ -s "$run_dir/nginx.pid" ]; then
+        pid=$(cat "$run_dir/nginx.pid")
+        kill "$pid" 2>/dev/null || true
+    fi
+    rm -rf --one-file-system "$run_dir" "$serve_dir"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+"$python" "$here/bench_speed.py" --run-dir "$run_dir" --serve-dir "$serve_dir" "$@"
