@@ -6,8 +6,9 @@
 # Installs what is missing (nginx-light, rclone, curl, netcdf-bin, fuse3 from Debian; matplotlib into the
 # venv), then runs bench/bench_speed.py, which starts its own nginx on a free loopback port, mounts,
 # measures, prints one table and writes bench/out/speed.json and bench/out/speed.png.
-# The trap removes whatever this run left behind even if the benchmark is killed: its mounts, its nginx
-# (by the pid in its own pid file) and its scratch directories.
+# Ctrl-C or SIGTERM is forwarded to the benchmark, which unmounts and stops its nginx; the EXIT trap then
+# removes whatever is left even if the benchmark was killed outright: its mounts, its nginx (by the pid in
+# its own pid file) and its scratch directories.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,8 +43,16 @@ cleanup() {
     fi
     rm -rf --one-file-system "$run_dir" "$serve_dir"
 }
+on_signal() {  # forward to the benchmark (it unmounts and stops nginx itself), then clean up what is left
+    [ -n "${pypid:-}" ] && kill -TERM "$pypid" 2>/dev/null && wait "$pypid" 2>/dev/null
+    exit "$1"
+}
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
+trap 'on_signal 129' HUP
 
-"$python" "$here/bench_speed.py" --run-dir "$run_dir" --serve-dir "$serve_dir" "$@"
+# In the background so that a signal reaches the trap at once rather than after the benchmark ends.
+"$python" "$here/bench_speed.py" --run-dir "$run_dir" --serve-dir "$serve_dir" "$@" &
+pypid=$!
+wait "$pypid"

@@ -40,24 +40,21 @@ def parse_protocols(text: str) -> set[str]:
     return protocols
 
 
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
+def _positive(cast, what: str):
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+
+    return parse
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
+positive_float = _positive(float, "a positive number of seconds")
+positive_int = _positive(int, "a positive integer")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -11,11 +11,12 @@ import numpy as np
 import orjson
 
 from refmount.errors import RefsError, quote
-from refmount.refs.jsonstream import PIECE_BYTES, iter_pieces
+from refmount.refs.jsonstream import PIECE_BYTES, Converted, iter_pieces
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSetBuilder
 from refmount.refs.templates import TemplateSet, expand_gen
 
 V1_SECTIONS = ("version", "templates", "gen", "refs")
+PARALLEL_AFTER_BYTES = 16 << 20  # smaller refs objects are not worth starting worker processes
 
 
 class _Restart(Exception):
@@ -109,54 +110,109 @@ def _add_ranges_fast(builder: RefSetBuilder, keys: list[str], values: list) -> b
     return True
 
 
+def convert_piece(text: bytes) -> tuple[str, object]:
+    """Worker-process side of parallel loading: parse one piece of a refs object and convert it.
+    ("ok", builder export) | ("bad", reason) for a piece that is not a run of whole members |
+    ("error", one-line message) for members that are malformed."""
+    try:
+        mapping = orjson.loads(b"{" + text + b"}")
+    except orjson.JSONDecodeError as e:
+        return "bad", str(e)
+    builder = RefSetBuilder(None)
+    try:
+        add_mapping(builder, mapping)
+    except RefsError as e:
+        return "error", str(e)
+    return "ok", builder.export()
+
+
+class Workers:
+    """Forked processes that convert refs pieces in parallel, started only once an object has
+    proved big (`after_bytes` parsed serially) on a machine with spare cores."""
+
+    after_bytes = PARALLEL_AFTER_BYTES
+
+    def __init__(self) -> None:
+        self._pool = None
+        self.depth = 0
+
+    def pool(self) -> "Workers | None":
+        import multiprocessing
+        import os
+
+        cores = len(os.sched_getaffinity(0))
+        if cores < 2:
+            return None
+        processes = min(cores, 4)
+        self._pool = multiprocessing.get_context("fork").Pool(processes)
+        self.depth = processes * 2  # pieces in flight
+        return self
+
+    def submit(self, text: bytes):
+        return self._pool.apply_async(convert_piece, (text,))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+
+
 def _version_of(value) -> int:
     if type(value) is int and value == 1:
         return 1
     raise RefsError(f"unsupported reference set 'version' {quote(value, 40)}: expected 1 (or no 'version' for v0)")
 
 
-def load_json(open_stream, builder: RefSetBuilder, *, piece_bytes: int = PIECE_BYTES, progress=None) -> int:
+def load_json(open_stream, builder: RefSetBuilder, *, piece_bytes: int = PIECE_BYTES, progress=None,
+              parallel: bool = True) -> int:
     """Fill `builder` from the JSON text that `open_stream()` yields; returns the spec version."""
     try:
-        return _load(open_stream, builder, None, piece_bytes, progress)
+        return _load(open_stream, builder, None, piece_bytes, progress, parallel)
     except _Restart as restart:
         builder.__init__(builder.max_keys)
-        return _load(open_stream, builder, restart.version, piece_bytes, progress)
+        return _load(open_stream, builder, restart.version, piece_bytes, progress, parallel)
 
 
-def _load(open_stream, builder, version, piece_bytes, progress) -> int:
+def _load(open_stream, builder, version, piece_bytes, progress, parallel) -> int:
     sections: dict = {}
     skipped_refs = False
     tentative_v0 = 0  # top-level members added as v0 refs before the version was known
     deferred_error = None
     with open_stream() as stream:
-        pieces = iter_pieces(stream, piece_bytes, progress, descend=version != 0)
-        for section, piece in pieces:
-            if section == "refs":
-                if version is not None:
-                    add_mapping(builder, piece)
-                else:
-                    skipped_refs = True
-                # else: whether "refs" holds references (v1) or is an ordinary key (v0) is only
-                # known once "version" shows up later; skip it now and parse again then.
-                continue
-            if version is None and "version" in piece:
-                version = _version_of(piece["version"])
-                if (tentative_v0 or deferred_error) and not skipped_refs:
-                    raise _Restart(version)
-            if version == 1:
-                sections.update((k, v) for k, v in piece.items() if k in V1_SECTIONS)
-                continue
-            if version is None:  # v0 so far; v1's section names wait until the version is known
-                held = {k: piece.pop(k) for k in V1_SECTIONS if k in piece}
-                sections.update(held)
-                tentative_v0 += len(piece)
-                try:
-                    add_mapping(builder, piece)
-                except RefsError as e:  # only an error if this does turn out to be v0
-                    deferred_error = deferred_error or e
-                continue
-            add_mapping(builder, piece)
+        workers = Workers() if parallel else None
+        try:
+            pieces = iter_pieces(stream, piece_bytes, progress, descend=version != 0, workers=workers)
+            for section, piece in pieces:
+                if section == "refs":
+                    if version is None:
+                        # whether "refs" holds references (v1) or is an ordinary key (v0) is only
+                        # known once "version" shows up later; skip it now and parse again then
+                        skipped_refs = True
+                    elif isinstance(piece, Converted):
+                        builder.merge(piece.state)
+                    else:
+                        add_mapping(builder, piece)
+                    continue
+                if version is None and "version" in piece:
+                    version = _version_of(piece["version"])
+                    if (tentative_v0 or deferred_error) and not skipped_refs:
+                        raise _Restart(version)
+                if version == 1:
+                    sections.update((k, v) for k, v in piece.items() if k in V1_SECTIONS)
+                    continue
+                if version is None:  # v0 so far; v1's section names wait until the version is known
+                    held = {k: piece.pop(k) for k in V1_SECTIONS if k in piece}
+                    sections.update(held)
+                    tentative_v0 += len(piece)
+                    try:
+                        add_mapping(builder, piece)
+                    except RefsError as e:  # only an error if this does turn out to be v0
+                        deferred_error = deferred_error or e
+                    continue
+                add_mapping(builder, piece)
+        finally:
+            if workers is not None:
+                workers.close()
     if skipped_refs:
         raise _Restart(version or 0)
     if version is None:

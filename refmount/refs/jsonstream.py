@@ -102,17 +102,63 @@ def _malformed(window: _Window, pos: int, detail: str = "") -> RefsError:
     return RefsError(f"reference file is not valid JSON{where}{': ' + detail if detail else ''}")
 
 
-def iter_object(window: _Window, pos: int, piece_bytes: int, on_piece=None):
+class Converted:
+    """A piece parsed and converted by a worker process: the export of a RefSetBuilder."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state) -> None:
+        self.state = state
+
+
+def _speculate(window: _Window, s: int, piece_bytes: int, workers):
+    """Parse and convert pieces in worker processes, cutting ahead at candidate boundaries.
+
+    A worker's piece is only trusted once every piece before it parsed, so a wrong cut (or the
+    object's end) makes us drop the speculation and go on serially from that piece's start.
+    Yields `Converted` items; returns the position where serial parsing must continue."""
+    ahead = []
+    start = s
+    while True:
+        while len(ahead) < workers.depth:
+            cut = window.search(_CANDIDATE, start + piece_bytes)
+            if cut is None:
+                break
+            ahead.append((start, cut, workers.submit(window.get(start, cut))))
+            start = window.skip_ws(cut + 1)
+        if not ahead:
+            return start
+        first, cut, result = ahead.pop(0)
+        status, payload = result.get()
+        if status == "ok":
+            yield Converted(payload)
+            window.forget_before(ahead[0][0] if ahead else start)
+            continue
+        if status == "error":
+            raise RefsError(payload)
+        return first  # a wrong cut or the end of the object: the serial parser takes over here
+
+
+def iter_object(window: _Window, pos: int, piece_bytes: int, on_piece=None, workers=None):
     """Yield dicts covering the members of the object whose ``{`` is just before `pos`.
 
     Returns (as the generator's value) the position just after the object's closing ``}``.
     `on_piece(start, stop)` may intercept a member range before it is parsed (used for descending).
+    With `workers`, whole pieces may come back already converted (`Converted`) from other processes.
     """
     s = window.skip_ws(pos)
     if window.char(s) == b"}":
         return s + 1
+    first = s
     step = piece_bytes
     while True:
+        if workers is not None and s - first >= workers.after_bytes:
+            # a big object: go parallel (once; after a fallback the rest stays serial)
+            pool, workers = workers.pool(), None
+            if pool is not None:
+                s = yield from _speculate(window, s, piece_bytes, pool)
+                if window.char(s) == b"}":
+                    return s + 1
         cut = window.search(_CANDIDATE, s + step)
         stop = cut if cut is not None else window.end
         window.need(stop)
@@ -155,7 +201,7 @@ def iter_object(window: _Window, pos: int, piece_bytes: int, on_piece=None):
         window.forget_before(s)
 
 
-def iter_pieces(stream, piece_bytes: int = PIECE_BYTES, progress=None, descend: bool = True):
+def iter_pieces(stream, piece_bytes: int = PIECE_BYTES, progress=None, descend: bool = True, workers=None):
     """Yield ("top", dict) for top-level members and ("refs", dict) for members of a top-level
     "refs" object, without holding the whole text or its Python form in memory."""
     window = _Window(stream, read_bytes=max(READ_BYTES, piece_bytes))
@@ -182,7 +228,8 @@ def iter_pieces(stream, piece_bytes: int = PIECE_BYTES, progress=None, descend: 
             except orjson.JSONDecodeError:
                 return None
             yield ("top", prefix)
-        end = yield from _tagged(iter_object(window, window.base + m.end(), piece_bytes), "refs", window, progress)
+        end = yield from _tagged(iter_object(window, window.base + m.end(), piece_bytes, workers=workers), "refs",
+                                 window, progress)
         nxt = window.skip_ws(end)
         c = window.char(nxt)
         if c == b",":

@@ -211,6 +211,24 @@ class RefSetBuilder:
             self.dirs.id_for(parent)
         return np.fromiter(map(self.dirs.ids.__getitem__, parents), dtype=np.int32, count=n)
 
+    def export(self) -> tuple:
+        """This builder's contents, to be merged into another (a worker process's result)."""
+        return self.urls, self.dirs.paths, self._batches, self._inline, self.count
+
+    def merge(self, exported: tuple) -> None:
+        """Append another builder's batches, mapping its url and directory ids onto ours."""
+        urls, dir_paths, batches, inline, count = exported
+        self.reserve(count, "the reference set")
+        url_map = np.array([self.url_id(u) for u in urls] or [0], dtype=np.int32)
+        dir_map = np.array([self.dirs.id_for(p) for p in dir_paths], dtype=np.int32)
+        for pos, data in inline.items():
+            self._inline[self.count + pos] = data
+        for blob, key_len, hashes, dir_ids, url_ids, offsets, lengths in batches:
+            remote = url_ids >= 0
+            url_ids[remote] = url_map[url_ids[remote]]
+            self._batches.append((blob, key_len, hashes, dir_map[dir_ids], url_ids, offsets, lengths))
+        self.count += count
+
     def remap_urls(self, urls: list[str]) -> None:
         """Replace the url table (e.g. after rendering templates); equal results are merged."""
         new_ids: dict[str, int] = {}
