@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 
@@ -205,3 +206,28 @@ def test_streaming_parser_matches_a_whole_document_parse(refs, piece, v1):
         else:
             expected[k] = v
     assert whole == expected
+
+
+def test_parallel_workers_match_serial(monkeypatch):
+    """Big refs objects are converted by forked workers at speculative cuts; force that path on a
+    small set whose strings contain cut look-alikes (`,"`) and check it against the serial parse."""
+    from refmount.refs import RefSetBuilder
+    from refmount.refs.jsonrefs import Workers, load_json
+
+    refs = {f"a/{i}": [f'http://h/x",{i % 7}', i * 10, 10] for i in range(3000)}
+    refs["d/big"] = {f"k{i}": {"x": i, "y": [i, {"z": i}]} for i in range(400)}  # cuts inside it are wrong
+    refs.update({f"b/{i}": f'text ,"b/{i}": tricky' for i in range(500)})
+    refs["c/meta"] = {"nested": {"k": [1, 2, {"x": '",'}]}}
+    text = orjson.dumps({"version": 1, "refs": refs})
+
+    def load(parallel: bool):
+        builder = RefSetBuilder(None)
+        load_json(lambda: io.BytesIO(text), builder, piece_bytes=2048, parallel=parallel)
+        return builder.build().to_dict()
+
+    monkeypatch.setattr(Workers, "after_bytes", 0)
+    assert load(True) == load(False)
+    bad = orjson.dumps({"version": 1, "refs": {**refs, "a/../x": "y"}})
+    with pytest.raises(RefsError, match="a/../x"):
+        builder = RefSetBuilder(None)
+        load_json(lambda: io.BytesIO(bad), builder, piece_bytes=2048, parallel=True)
