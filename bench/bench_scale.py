@@ -5,8 +5,9 @@
 NAME is one of: json_load, json_mount, gen, big_dir, parquet. Needs root (FUSE mounts, and
 `echo 3 > /proc/sys/vm/drop_caches` before cold-cache timings). Inputs are generated once under --workdir
 (default /tmp/refmount-bench) and reused. Every probe runs in a fresh child process (`--child PROBE ARGS`)
-so its peak RSS (VmHWM of /proc/self/status) is its own; mount probes read the daemon's VmHWM/VmRSS from
-/proc/PID/status. Each probe runs 3 times (median; fewer if its runs exceed PROBE_BUDGET_S); --quick runs
+so its peak memory is its own: VmHWM of /proc/self/status, or the sampled PSS of it plus the worker
+processes it forks, whichever is larger; for mounts the same over `refmount mount` and the daemon tree
+while mounting, then the daemon's VmHWM/VmRSS from /proc/PID/status. Each probe runs 3 times (median; fewer if its runs exceed PROBE_BUDGET_S); --quick runs
 once on smaller inputs. Input file names carry only their size: delete the work dir after changing a
 generator. Prints one markdown table and writes it with the raw numbers to bench/out/scale.json.
 MB here means 2**20 bytes.
@@ -22,6 +23,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -219,6 +221,61 @@ def peak_rss_mb() -> float:
     return proc_status_mb(os.getpid(), "VmHWM")
 
 
+class TreePeak:
+    """Peak summed PSS of this process's descendants (and itself if `include_self`), sampled every
+    `interval` s in a thread. Catches forked workers (refmount's parallel JSON loader), which the
+    parent's VmHWM does not include; PSS so that pages shared after fork are counted once."""
+
+    def __init__(self, include_self: bool, interval: float = 0.05) -> None:
+        self.include_self, self.interval = include_self, interval
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TreePeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            pids = descendants(os.getpid()) + ([os.getpid()] if self.include_self else [])
+            self.peak_mb = max(self.peak_mb, sum(map(pss_mb, pids)))
+
+
+def descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def pss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass  # exited meanwhile
+    return 0.0
+
+
 def proc_status_mb(pid: int, field_name: str) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -250,10 +307,12 @@ class Mount:
     path: str
     pid: int
     seconds: float
+    start_tree_peak_mb: float  # PSS of `refmount mount` + daemon + its workers while mounting
 
     def daemon_mb(self) -> dict:
-        return {"daemon_vmhwm_mb": proc_status_mb(self.pid, "VmHWM"),
-                "daemon_vmrss_mb": proc_status_mb(self.pid, "VmRSS")}
+        hwm = proc_status_mb(self.pid, "VmHWM")
+        return {"daemon_vmhwm_mb": hwm, "daemon_vmrss_mb": proc_status_mb(self.pid, "VmRSS"),
+                "mount_tree_peak_mb": self.start_tree_peak_mb, "daemon_peak_mb": max(hwm, self.start_tree_peak_mb)}
 
 
 @contextmanager
@@ -261,13 +320,15 @@ def refmount_mounted(refs: str, mnt: str, *options: str):
     os.makedirs(mnt, exist_ok=True)
     if os.path.ismount(mnt):
         subprocess.run([REFMOUNT, "umount", "--lazy", mnt], capture_output=True)
-    t0 = time.perf_counter()
-    done = subprocess.run([REFMOUNT, "mount", "--view", "raw", *options, refs, mnt], capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
+    with TreePeak(include_self=False) as tree:
+        t0 = time.perf_counter()
+        done = subprocess.run([REFMOUNT, "mount", "--view", "raw", *options, refs, mnt], capture_output=True,
+                              text=True)
+        seconds = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"refmount mount failed: {done.stderr.strip()}")
     try:
-        yield Mount(mnt, int(os.getxattr(mnt, "user.refmount.pid")), seconds)
+        yield Mount(mnt, int(os.getxattr(mnt, "user.refmount.pid")), seconds, tree.peak_mb)
     finally:
         subprocess.run([REFMOUNT, "umount", mnt], capture_output=True)
 
@@ -276,21 +337,29 @@ def probe_refmount_load(path: str, expect_keys: int, check_key: str) -> dict:
     from refmount.refs import load_refs
 
     baseline = peak_rss_mb()
-    refset, seconds = timed(load_refs, path)
+    with TreePeak(include_self=True) as tree:
+        refset, seconds = timed(load_refs, path)
     assert len(refset) == expect_keys, (len(refset), expect_keys)
     assert refset.find(check_key) >= 0, check_key
-    return {"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "baseline_rss_mb": baseline, "keys": len(refset)}
+    return {"seconds": seconds, **peaks(tree), "baseline_rss_mb": baseline, "keys": len(refset)}
 
 
 def probe_fsspec_load(path: str, expect_keys: int, check_key: str, simple_templates: bool = True) -> dict:
     from fsspec.implementations.reference import ReferenceFileSystem
 
     baseline = peak_rss_mb()
-    fs, seconds = timed(ReferenceFileSystem, fo=path, simple_templates=simple_templates)
+    with TreePeak(include_self=True) as tree:
+        fs, seconds = timed(ReferenceFileSystem, fo=path, simple_templates=simple_templates)
     refs = fs.references
     assert len(refs) == expect_keys, (len(refs), expect_keys)
     assert isinstance(refs[check_key], list) and refs[check_key][0].startswith("http"), refs[check_key]
-    return {"seconds": seconds, "peak_rss_mb": peak_rss_mb(), "baseline_rss_mb": baseline, "keys": len(refs)}
+    return {"seconds": seconds, **peaks(tree), "baseline_rss_mb": baseline, "keys": len(refs)}
+
+
+def peaks(tree: TreePeak) -> dict:
+    """peak_mb: the larger of this process's VmHWM and the sampled PSS of it plus its workers."""
+    self_hwm = peak_rss_mb()
+    return {"peak_mb": max(self_hwm, tree.peak_mb), "peak_rss_mb": self_hwm, "tree_peak_pss_mb": tree.peak_mb}
 
 
 def probe_refmount_mount(path: str, mnt: str) -> dict:
@@ -498,7 +567,7 @@ def measure_json_load(ctx: Context) -> list[Row]:
                             check_key=i.json_check_key).median
     theirs = fsspec_json_load(ctx).median
     return [Row(f"JSON load ({size}): time", "s", ours["seconds"], theirs["seconds"], half_and_third()),
-            Row(f"JSON load ({size}): peak RSS", "MB", ours["peak_rss_mb"], theirs["peak_rss_mb"], half_and_third())]
+            Row(f"JSON load ({size}): peak memory", "MB", ours["peak_mb"], theirs["peak_mb"], half_and_third())]
 
 
 def measure_json_mount(ctx: Context) -> list[Row]:
@@ -507,8 +576,8 @@ def measure_json_mount(ctx: Context) -> list[Row]:
     theirs = fsspec_json_load(ctx).median
     n = human(i.json_keys - 2 - 2 * ctx.sizes["json_arrays"])
     return [Row(f"mount {n} JSON until ready (fsspec: load)", "s", ours["mount_s"], theirs["seconds"]),
-            Row(f"mount {n} JSON: daemon VmHWM (fsspec: load peak RSS)", "MB", ours["daemon_vmhwm_mb"],
-                theirs["peak_rss_mb"])]
+            Row(f"mount {n} JSON: peak memory, daemon + workers (fsspec: load peak)", "MB", ours["daemon_peak_mb"],
+                theirs["peak_mb"], note=f"VmRSS after mount {ours['daemon_vmrss_mb']:.0f} MB")]
 
 
 def measure_gen(ctx: Context) -> list[Row]:
@@ -523,7 +592,7 @@ def measure_gen(ctx: Context) -> list[Row]:
                 ours_per_key * 1e6, theirs_per_key * 1e6, [Check("#2", "ratio", "<=", 0.01)]),
             Row("gen: time to expand 1M keys (fsspec extrapolated)", "s", ours_per_key * 1e6,
                 theirs_per_key * 1e6, [Check("#4", "refmount", "<=", 3)], note),
-            Row(f"gen: peak RSS (refmount {human(i.gen_keys)} keys)", "MB", ours["peak_rss_mb"])]
+            Row(f"gen: peak memory (refmount {human(i.gen_keys)} keys)", "MB", ours["peak_mb"])]
 
 
 def measure_big_dir(ctx: Context) -> list[Row]:
@@ -536,8 +605,8 @@ def measure_big_dir(ctx: Context) -> list[Row]:
                 note=f"{r['ls_f_s']:.2f} s"),
             Row(f"find -type f | wc -l ({n} files)", "files", r["find_count"],
                 checks=[Check("", "refmount", "==", i.dir_keys)], note=f"{r['find_s']:.2f} s"),
-            Row(f"mount {n}-entry directory set: mount time, daemon VmHWM", "s", r["mount_s"],
-                note=f"VmHWM {r['daemon_vmhwm_mb']:.0f} MB")]
+            Row(f"mount {n}-entry directory set: mount time, peak memory", "s", r["mount_s"],
+                note=f"peak {r['daemon_peak_mb']:.0f} MB")]
 
 
 def parquet_available() -> str | None:

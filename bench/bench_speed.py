@@ -193,7 +193,8 @@ def kerchunk_refs(local: Path, url: str) -> dict:
 
 def chunk_keys(refs: dict) -> dict[str, int]:
     """Chunk keys (not metadata) and their lengths."""
-    return {k: v[2] for k, v in refs["refs"].items() if isinstance(v, list) and not k.rsplit("/", 1)[-1].startswith(".")}
+    return {key: ref[2] for key, ref in refs["refs"].items()
+            if isinstance(ref, list) and not key.rsplit("/", 1)[-1].startswith(".")}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -226,35 +227,47 @@ http {{
 """
 
 
+def start_nginx(data: Path, run_dir: Path, port: int) -> subprocess.Popen | None:
+    """Our own nginx master (foreground, so we hold its pid) on `port`, or None if it did not come up."""
+    conf = run_dir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(run=run_dir, port=port, data=data))
+    proc = subprocess.Popen(["nginx", "-p", str(run_dir), "-c", str(conf), "-e", str(run_dir / "nginx-error.log")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: proc.poll() is not None or port_open(port), "nginx", 10)
+    except RuntimeError:
+        stop(proc)
+    if proc.poll() is None:
+        return proc
+    log(f"nginx did not start on port {port}: {proc.stderr.read().decode().strip()}")
+    return None
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """Stop a child we started (by its pid): SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def nginx_serving(data: Path, run_dir: Path):
     """A private nginx on a free loopback port serving `data`; yields its base url."""
     (run_dir / "nginx-tmp").mkdir(exist_ok=True)
-    for attempt in range(5):
+    for _ in range(5):  # a free port can be taken between our probe and nginx's bind
         port = free_port()
-        conf = run_dir / "nginx.conf"
-        conf.write_text(NGINX_CONF.format(run=run_dir, port=port, data=data))
-        proc = subprocess.Popen(["nginx", "-p", str(run_dir), "-c", str(conf), "-e", str(run_dir / "nginx-error.log")],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            wait_for(lambda: proc.poll() is not None or port_open(port), "nginx", 10)
-            if proc.poll() is None:
-                break
-        except RuntimeError:
-            proc.kill()
-            proc.wait()
-        log(f"nginx did not start on port {port}: {proc.stderr.read().decode().strip()}")
+        proc = start_nginx(data, run_dir, port)
+        if proc is not None:
+            break
     else:
         raise RuntimeError("could not start nginx")
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:
-        proc.terminate()  # our own nginx master (by its pid); it stops its workers
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)  # the master stops its workers
 
 
 def port_open(port: int) -> bool:
@@ -308,12 +321,12 @@ def rclone_mounted(base_url: str, mnt: Path, visible: str, log_path: Path):
             raise RuntimeError(f"rclone mount exited with status {proc.returncode}; see {log_path}")
         yield mnt
     finally:
-        unmount_if_mounted(mnt)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        unmount_if_mounted(mnt)  # rclone exits when unmounted; stop() only if it does not
+        if proc.poll() is None:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                stop(proc)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -396,7 +409,7 @@ def fsspec_child(refs_path: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Measurements: each repeats one run (all contenders) and turns the medians into rows
+# Table rows and their targets
 # ---------------------------------------------------------------------------------------------------
 
 @dataclass
@@ -468,6 +481,10 @@ class Row:
         data["passed"] = None if self.target is None else self.target.passed(self)
         return data
 
+
+# ---------------------------------------------------------------------------------------------------
+# Measurements: each repeats one run (all contenders interleaved) and turns the medians into rows
+# ---------------------------------------------------------------------------------------------------
 
 @dataclass
 class Context:
@@ -653,9 +670,9 @@ def chart(rows: list[Row], m: dict, runs: int, path: Path) -> None:
     panels = [(g, [r for r in rows if r.group == g and r.refmount is not None]) for g in PANELS]
     panels = [(g, rs) for g, rs in panels if rs]
     widths = [len(rs) + 0.6 for _, rs in panels]
-    fig, axes = plt.subplots(1, len(panels), figsize=(1.6 * sum(widths) + 2, 5.8),
+    fig, axes = plt.subplots(1, len(panels), figsize=(1.15 * sum(widths) + 2, 6.2),
                              gridspec_kw={"width_ratios": widths}, squeeze=False)
-    for ax, (group, rs) in zip(axes[0], panels):
+    for ax, (group, rs) in zip(axes[0], panels, strict=True):
         draw_panel(ax, group, rs)
     handles = [plt.Rectangle((0, 0), 1, 1, color="tab:blue"), plt.Rectangle((0, 0), 1, 1, color="tab:orange"),
                plt.Rectangle((0, 0), 1, 1, color="tab:gray"),
@@ -671,11 +688,13 @@ def chart(rows: list[Row], m: dict, runs: int, path: Path) -> None:
 def draw_panel(ax, group: str, rows: list[Row]) -> None:
     ylabel, log_scale = PANELS[group]
     width = 0.38
+    if log_scale:
+        ax.set_yscale("log")
     for x, row in enumerate(rows):
         passed = row.target.passed(row) if row.target else None
         colour = "tab:blue" if passed is not False else "tab:orange"
         bar_label(ax, ax.bar(x - width / 2 if row.compared else x, row.refmount, width, color=colour)[0],
-                  row.refmount, "refmount" + ("" if passed is not False else "\n(FAIL)"))
+                  row.refmount)
         if row.compared:
             bar_label(ax, ax.bar(x + width / 2, row.compared, width, color="tab:gray")[0], row.compared,
                       row.compared_with.split()[0])
@@ -687,17 +706,16 @@ def draw_panel(ax, group: str, rows: list[Row]) -> None:
     ax.set_xticks(range(len(rows)), [r.short for r in rows], fontsize=9)
     ax.set_xlim(-0.6, len(rows) - 0.4)
     ax.set_ylabel(ylabel)
-    if log_scale:
-        ax.set_yscale("log")
     ax.margins(y=0.18)
     ax.set_title(group)
     ax.grid(axis="y", alpha=0.3)
 
 
-def bar_label(ax, bar, value: float, who: str) -> None:
+def bar_label(ax, bar, value: float, who: str = "") -> None:
+    """The value above the bar, and (for the compared tool) its name above that."""
     text = f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
-    ax.annotate(f"{text}\n{who}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                va="bottom", fontsize=7.5, xytext=(0, 2), textcoords="offset points")
+    ax.annotate(f"{who}\n{text}" if who else text, (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center", va="bottom", fontsize=9, xytext=(0, 2), textcoords="offset points")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -715,6 +733,7 @@ def parse_args(argv):
     p.add_argument("--run-dir", type=Path, help="scratch dir for this run (default: a new temp dir; removed)")
     p.add_argument("--serve-dir", type=Path, help="tmpfs dir for the served copies (default: new under /dev/shm)")
     p.add_argument("--out", type=Path, default=OUT, help="output prefix: PREFIX.json and PREFIX.png")
+    p.add_argument("--replot", action="store_true", help="only redraw PREFIX.png from an existing PREFIX.json")
     args = p.parse_args(argv)
     args.names = args.only.split(",") if args.only else list(MEASUREMENTS)
     unknown = [n for n in args.names if n not in MEASUREMENTS]
@@ -753,8 +772,21 @@ def write_refs(inputs: Inputs, base_url: str, run_dir: Path) -> dict[str, Path]:
     return paths
 
 
+def replot(prefix: Path) -> None:
+    saved = json.loads(prefix.with_suffix(".json").read_text())
+    rows = []
+    for r in saved["rows"]:
+        fields = {k: v for k, v in r.items() if k not in ("ratio", "passed")}
+        fields["target"] = Target(**fields["target"]) if fields["target"] else None
+        rows.append(Row(**fields))
+    chart(rows, saved["machine"], saved["runs"], prefix.with_suffix(".png"))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.replot:
+        replot(args.out)
+        return 0
     if os.geteuid() != 0:
         sys.exit("bench_speed.py needs root (FUSE mounts and drop_caches)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -28,7 +28,7 @@ class SequentialPrefetch:
         self.tracked = tracked
         self._files: OrderedDict[int, list] = OrderedDict()  # key index -> [next offset, window, ahead]
 
-    def after_read(self, i: int, uid: int, base: int, offset: int, end: int, length: int) -> None:
+    def on_read(self, i: int, uid: int, base: int, offset: int, end: int, length: int) -> None:
         bs = self.cache.block_size
         state = self._files.get(i)
         if state is not None and offset == state[0]:
@@ -102,9 +102,9 @@ class RawView:
             return b""
         if ref_length == WHOLE_FILE:
             base = 0
+        if self.prefetch is not None:  # on arrival: the kernel's readahead reads may finish out of order
+            self.prefetch.on_read(i, uid, base, offset, end, length)
         data = await self.cache.read(uid, base + offset, base + end)
-        if self.prefetch is not None:
-            self.prefetch.after_read(i, uid, base, offset, end, length)
         if len(data) != end - offset:
             raise FetchError(f"{redact(self.refset.urls[uid])}: the object ends before byte {base + end} "
                              f"that key {self.refset.key(i)!r} refers to")
