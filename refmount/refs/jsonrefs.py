@@ -16,7 +16,7 @@ from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSetBuilder
 from refmount.refs.templates import TemplateSet, expand_gen
 
 V1_SECTIONS = ("version", "templates", "gen", "refs")
-PARALLEL_AFTER_BYTES = 16 << 20  # smaller refs objects are not worth starting worker processes
+PARALLEL_AFTER_BYTES = 8 << 20  # smaller refs objects are not worth starting worker processes
 
 
 class _Restart(Exception):
@@ -131,6 +131,7 @@ class Workers:
     proved big (`after_bytes` parsed serially) on a machine with spare cores."""
 
     after_bytes = PARALLEL_AFTER_BYTES
+    piece_bytes = 1 << 20  # small pieces keep each worker's transient Python objects small
 
     def __init__(self) -> None:
         self._pool = None
@@ -145,7 +146,7 @@ class Workers:
             return None
         processes = min(cores, 4)
         self._pool = multiprocessing.get_context("fork").Pool(processes)
-        self.depth = processes * 2  # pieces in flight
+        self.depth = processes * 4  # pieces in flight
         return self
 
     def submit(self, text: bytes):

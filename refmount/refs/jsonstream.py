@@ -32,7 +32,7 @@ class _Window:
     def __init__(self, stream, read_bytes: int = READ_BYTES) -> None:
         self._stream = stream
         self._read_bytes = read_bytes
-        self.data = b""
+        self.data = bytearray()  # appends and front trims without copying the whole window
         self.base = 0
         self.eof = False
         self.consumed = 0  # bytes read from the stream so far, for progress reports
@@ -61,16 +61,16 @@ class _Window:
 
     def forget_before(self, pos: int) -> None:
         cut = pos - self.base
-        if cut > len(self.data) // 2 and cut > self._read_bytes:
-            self.data = self.data[cut:]
+        if cut > self._read_bytes:
+            del self.data[:cut]
             self.base = pos
 
     def get(self, a: int, b: int) -> bytes:
-        return self.data[a - self.base : b - self.base]
+        return bytes(self.data[a - self.base : b - self.base])
 
     def char(self, pos: int) -> bytes:
         self.need(pos + 1)
-        return self.data[pos - self.base : pos - self.base + 1]
+        return bytes(self.data[pos - self.base : pos - self.base + 1])
 
     def skip_ws(self, pos: int) -> int:
         while True:
@@ -121,7 +121,7 @@ def _speculate(window: _Window, s: int, piece_bytes: int, workers):
     start = s
     while True:
         while len(ahead) < workers.depth:
-            cut = window.search(_CANDIDATE, start + piece_bytes)
+            cut = window.search(_CANDIDATE, start + workers.piece_bytes)
             if cut is None:
                 break
             ahead.append((start, cut, workers.submit(window.get(start, cut))))
