@@ -380,9 +380,13 @@ class RefSet:
         return self.find(key)
 
     async def list_files(self, dir_id: int, start: int = 0):
-        """(stable position, key index) of the files directly in a directory, from `start` on."""
-        for pos, i in enumerate(self.files_in(dir_id, start).tolist(), start):
-            yield pos, i
+        """(stable position, key index) of the files directly in a directory, from `start` on.
+        Converted in bounded slices: a readdir reply holds a few hundred names, and a listing of a
+        million-entry directory must not convert everything that remains on every call."""
+        files = self.files_in(dir_id)
+        for lo in range(start, len(files), 4096):
+            for pos, i in enumerate(files[lo : lo + 4096].tolist(), lo):
+                yield pos, i
 
     # -- directories ------------------------------------------------------------------------------
 
