@@ -29,7 +29,7 @@ from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBu
 from refmount.refs.source import is_remote, local_path
 
 MISSING = -2  # url id of a row that holds no reference
-DEFAULT_LOADED_RECORDS = 64
+DEFAULT_LOADED_RECORDS = 128  # as fsspec's LazyReferenceMapper
 
 
 @dataclass
