@@ -14,7 +14,6 @@ Missing chunks stay absent, so clients fill them with fill_value.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 
 import numpy as np
 import trio
@@ -22,6 +21,7 @@ from numcodecs.compat import ensure_contiguous_ndarray
 
 from refmount.arrays import ArrayInfo, _codec, dump_json, load_json_value, scan_arrays
 from refmount.errors import RefmountError
+from refmount.lru import SingleFlightLRU
 
 log = logging.getLogger("refmount")
 
@@ -42,11 +42,7 @@ class DecodedView:
         self._hidden_prefixes: list[str] = []
         self._metadata: dict[int, bytes] = {}  # key index -> rewritten metadata bytes
         self._chunks: dict[int, ArrayInfo] = {}  # array dir id -> info, for arrays whose chunks change
-        self._decoded: OrderedDict[int, bytes] = OrderedDict()
-        self._decoded_bytes = 0
-        self._capacity = cache_size
-        self._inflight: dict[int, trio.Event] = {}
-        self.decodes = 0
+        self._decoded = SingleFlightLRU(cache_size, weigh=len)  # key index -> decoded chunk
         self._codecs: dict[int, list] = {}
         self._plan()
 
@@ -170,25 +166,11 @@ class DecodedView:
         return await self.read(i, 0, await self.size(i))
 
     async def _decoded_chunk(self, i: int, info: ArrayInfo) -> bytes:
-        while True:
-            data = self._decoded.get(i)
-            if data is not None:
-                self._decoded.move_to_end(i)
-                return data
-            pending = self._inflight.get(i)
-            if pending is None:
-                break
-            await pending.wait()  # another reader is decoding it; then look again
-        done = self._inflight[i] = trio.Event()
-        try:
+        async def decode() -> bytes:
             raw = await self.raw.read_all(i)
-            data = await trio.to_thread.run_sync(self._decode, i, info, raw)
-            self.decodes += 1
-            self._remember(i, data)
-            return data
-        finally:
-            del self._inflight[i]
-            done.set()
+            return await trio.to_thread.run_sync(self._decode, i, info, raw)
+
+        return await self._decoded.get(i, decode)
 
     def _decode(self, i: int, info: ArrayInfo, raw: bytes) -> bytes:
         """Runs in a worker thread: codecs in reverse, then swap/reorder/crop. Exact size or error."""
@@ -216,15 +198,6 @@ class DecodedView:
             raise DecodeError(f"chunk {key!r} transformed to {len(out)} bytes, expected {info.out_chunk_bytes}")
         return out
 
-    def _remember(self, i: int, data: bytes) -> None:
-        if len(data) > self._capacity:
-            return
-        self._decoded[i] = data
-        self._decoded_bytes += len(data)
-        while self._decoded_bytes > self._capacity:
-            _, old = self._decoded.popitem(last=False)
-            self._decoded_bytes -= len(old)
-
     # -- extended attributes ----------------------------------------------------------------------
 
     def xattrs(self, i: int) -> dict[str, str]:
@@ -237,5 +210,5 @@ class DecodedView:
         return attrs
 
     def statistics(self) -> dict:
-        return {"decodes": self.decodes, "decoded_cached": len(self._decoded),
-                "decoded_bytes": self._decoded_bytes}
+        return {"decodes": self._decoded.computed, "decoded_cached": len(self._decoded),
+                "decoded_bytes": self._decoded.weight}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import trio
 
-from refmount.errors import FetchError, RefmountError
+from refmount.errors import RefmountError
 from refmount.fetch.bridge import asyncio_loop, run_on_asyncio
 from refmount.fetch.http import HttpBackend
 from refmount.fetch.local import LocalBackend
@@ -83,10 +83,3 @@ class Fetcher:
             await run_on_asyncio(self.http.close(), self._loop)
             for other in self._others.values():
                 await run_on_asyncio(other.close(), self._loop)
-
-
-def describe_failure(error: BaseException) -> str:
-    """One line for a failed fetch, for the per-read log line."""
-    if isinstance(error, FetchError):
-        return str(error)
-    return f"{type(error).__name__}: {error}"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import posixpath
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +23,7 @@ import orjson
 import trio
 
 from refmount.errors import RefmountError, RefsError, quote
+from refmount.lru import SingleFlightLRU
 from refmount.refs.jsonrefs import add_mapping
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
 from refmount.refs.source import is_remote, local_path
@@ -105,10 +105,7 @@ class ParquetRefSet:
         self.record_size = record_size
         self.remote_options = remote_options
         self.url_check = None  # optional callable(url) raising RefmountError (protocol policy)
-        self._records: OrderedDict[tuple[int, int], _Record] = OrderedDict()
-        self._loading: dict[tuple[int, int], trio.Event] = {}
-        self._loaded_records = loaded_records
-        self.records_loaded = 0
+        self._records = SingleFlightLRU(loaded_records)  # (array dir id, record number) -> _Record
         self.arrays: list[_Array] = []
         self._array_of_dir: dict[int, _Array] = {}
         base = meta.capacity
@@ -154,10 +151,7 @@ class ParquetRefSet:
         return ".".join(map(str, np.unravel_index(n, array.grid))) if array.grid else "0"
 
     def _record(self, array: _Array, n: int) -> _Record | None:
-        rec = self._records.get((array.dir_id, n // self.record_size))
-        if rec is not None:
-            self._records.move_to_end((array.dir_id, n // self.record_size))
-        return rec
+        return self._records.peek((array.dir_id, n // self.record_size))
 
     # -- the RefSet access interface ----------------------------------------------------------------
 
@@ -262,28 +256,10 @@ class ParquetRefSet:
     # -- record files -------------------------------------------------------------------------------
 
     async def _load(self, array: _Array, record: int) -> _Record:
-        key = (array.dir_id, record)
-        while True:
-            rec = self._records.get(key)
-            if rec is not None:
-                self._records.move_to_end(key)
-                return rec
-            pending = self._loading.get(key)
-            if pending is None:
-                break
-            await pending.wait()
-        done = self._loading[key] = trio.Event()
-        try:
-            path = self._record_path(array, record)
-            rec = await trio.to_thread.run_sync(self._read_record, path)
-            self._records[key] = rec
-            self.records_loaded += 1
-            while len(self._records) > self._loaded_records:
-                self._records.popitem(last=False)
-            return rec
-        finally:
-            del self._loading[key]
-            done.set()
+        async def read() -> _Record:
+            return await trio.to_thread.run_sync(self._read_record, self._record_path(array, record))
+
+        return await self._records.get((array.dir_id, record), read)
 
     def _read_record(self, path: str) -> _Record:
         """Runs in a worker thread: read one record file with pyarrow into compact arrays."""
@@ -333,7 +309,7 @@ class ParquetRefSet:
         return _join(self.location, *parts)
 
     def statistics(self) -> dict:
-        return {"records_loaded": self.records_loaded, "records_cached": len(self._records),
+        return {"records_loaded": self._records.computed, "records_cached": len(self._records),
                 "arrays": len(self.arrays), "record_size": self.record_size}
 
 
