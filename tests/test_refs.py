@@ -212,7 +212,8 @@ def test_parallel_workers_match_serial(monkeypatch):
     """Big refs objects are converted by forked workers at speculative cuts; force that path on a
     small set whose strings contain cut look-alikes (`,"`) and check it against the serial parse."""
     from refmount.refs import RefSetBuilder
-    from refmount.refs.jsonrefs import Workers, load_json
+    from refmount.refs import jsonrefs
+    from refmount.refs.jsonrefs import load_json
 
     refs = {f"a/{i}": [f'http://h/x",{i % 7}', i * 10, 10] for i in range(3000)}
     refs["d/big"] = {f"k{i}": {"x": i, "y": [i, {"z": i}]} for i in range(400)}  # cuts inside it are wrong
@@ -225,7 +226,7 @@ def test_parallel_workers_match_serial(monkeypatch):
         load_json(lambda: io.BytesIO(text), builder, piece_bytes=2048, parallel=parallel)
         return builder.build().to_dict()
 
-    monkeypatch.setattr(Workers, "after_bytes", 0)
+    monkeypatch.setattr(jsonrefs, "PARALLEL_AFTER_BYTES", 0)
     assert load(True) == load(False)
     bad = orjson.dumps({"version": 1, "refs": {**refs, "a/../x": "y"}})
     with pytest.raises(RefsError, match="a/../x"):

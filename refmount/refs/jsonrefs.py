@@ -130,12 +130,13 @@ class Workers:
     """Forked processes that convert refs pieces in parallel, started only once an object has
     proved big (`after_bytes` parsed serially) on a machine with spare cores."""
 
-    after_bytes = PARALLEL_AFTER_BYTES
     piece_bytes = 1 << 20  # small pieces keep each worker's transient Python objects small
 
-    def __init__(self) -> None:
+    def __init__(self, stream) -> None:
         self._pool = None
         self.depth = 0
+        # a big local file goes parallel at once; otherwise only after the object proves big
+        self.after_bytes = 0 if _size_of(stream) >= 4 * PARALLEL_AFTER_BYTES else PARALLEL_AFTER_BYTES
 
     def pool(self) -> "Workers | None":
         import multiprocessing
@@ -156,6 +157,15 @@ class Workers:
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
+
+
+def _size_of(stream) -> int:
+    import os
+
+    try:
+        return os.fstat(stream.fileno()).st_size
+    except (AttributeError, OSError, ValueError):
+        return 0  # in memory, compressed or remote: unknown
 
 
 def _version_of(value) -> int:
@@ -180,7 +190,7 @@ def _load(open_stream, builder, version, piece_bytes, progress, parallel) -> int
     tentative_v0 = 0  # top-level members added as v0 refs before the version was known
     deferred_error = None
     with open_stream() as stream:
-        workers = Workers() if parallel else None
+        workers = Workers(stream) if parallel else None
         try:
             pieces = iter_pieces(stream, piece_bytes, progress, descend=version != 0, workers=workers)
             for section, piece in pieces:

@@ -286,7 +286,10 @@ class RefSet:
         self._sorted_hashes = sorted_hashes
         del hashes
         # Listing: keys grouped by directory, in load order within a directory (stable offsets).
-        self._by_dir = np.argsort(dir_of, kind="stable").astype(self._hash_order.dtype)
+        if len(dir_of) and np.all(dir_of[1:] >= dir_of[:-1]):  # already grouped (kerchunk's usual order)
+            self._by_dir = np.arange(len(dir_of), dtype=self._hash_order.dtype)
+        else:
+            self._by_dir = np.argsort(dir_of, kind="stable").astype(self._hash_order.dtype)
         self._dir_bounds = np.searchsorted(dir_of[self._by_dir], np.arange(len(dirs) + 1), side="left")
         self._check_dir_file_clashes()
 
