@@ -16,18 +16,12 @@ from refmount.view import RawView
 log = logging.getLogger("refmount")
 
 
-def allowed_protocols(opts) -> set[str] | None:
-    """The effective allow-list: explicit, or by default everything except local files when the
-    reference set itself is remote (a downloaded set must not read /etc/shadow through us)."""
-    if opts.allow_protocols is not None:
-        return set(opts.allow_protocols)
-    return None
-
-
 def check_targets(refset, opts) -> None:
     """Apply the protocol policy to every target url: now for eager sets, and for lazy (Parquet)
-    sets also to each url as its record file loads."""
-    allowed = allowed_protocols(opts)
+    sets also to each url as its record file loads. The policy is --allow-protocols if given, else
+    everything except local files when the reference set itself is remote (a downloaded set must
+    not read /etc/shadow through us)."""
+    allowed = opts.allow_protocols
 
     def check(url: str) -> None:
         if allowed is not None:

@@ -64,10 +64,10 @@ class DecodedView:
             if info.transforms_chunks:
                 self._chunks[info.dir_id] = info
                 self._codecs[info.dir_id] = [_codec(c) for c in info.codecs]
-                # chunks of a "/"-separated array live in subdirectories of the array directory
-                for d, path in enumerate(dirs.paths):
-                    if path.startswith(prefix) and d != info.dir_id and prefix:
-                        self._by_dir.setdefault(d, info)
+                if info.separator == "/" and prefix:  # its chunks live in subdirectories
+                    for d, path in enumerate(dirs.paths):
+                        if path.startswith(prefix):
+                            self._by_dir.setdefault(d, info)
         # every other JSON metadata key: re-emitted as UTF-8 without \u escapes
         for d, path in enumerate(dirs.paths):
             prefix = f"{path}/" if path else ""

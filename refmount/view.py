@@ -14,6 +14,7 @@ import trio
 from refmount.cache import BlockCache
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, redact
+from refmount.lru import SingleFlightLRU
 from refmount.refs import INLINE, WHOLE_FILE, RefSet
 
 
@@ -61,7 +62,7 @@ class RawView:
         self.fetcher = fetcher
         self.cache = cache
         self.prefetch = SequentialPrefetch(cache) if prefetch else None
-        self._whole_sizes: dict[int, int] = {}  # url id -> size of the whole remote object
+        self._whole_sizes = SingleFlightLRU(1 << 62)  # url id -> size of the whole remote object (all kept)
 
     # -- visibility -------------------------------------------------------------------------------
 
@@ -78,16 +79,14 @@ class RawView:
         uid, _, length = self.refset.target(i)
         if length != WHOLE_FILE:
             return length
-        return self._whole_sizes.get(uid)
+        return self._whole_sizes.peek(uid)
 
     async def size(self, i: int) -> int:
         known = self.known_size(i)
         if known is not None:
             return known
         uid = self.refset.target(i)[0]
-        size = await self.fetcher.size(self.refset.urls[uid])
-        self._whole_sizes[uid] = size
-        return size
+        return await self._whole_sizes.get(uid, lambda: self.fetcher.size(self.refset.urls[uid]))
 
     # -- bytes ------------------------------------------------------------------------------------
 

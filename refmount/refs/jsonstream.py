@@ -66,7 +66,8 @@ class _Window:
             self.base = pos
 
     def get(self, a: int, b: int) -> bytes:
-        return bytes(self.data[a - self.base : b - self.base])
+        with memoryview(self.data) as view:  # one copy, not slice-then-bytes
+            return bytes(view[a - self.base : b - self.base])
 
     def char(self, pos: int) -> bytes:
         self.need(pos + 1)

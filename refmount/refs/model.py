@@ -348,11 +348,6 @@ class RefSet:
             lo += 1
         return -1
 
-    def keys(self):
-        for i in range(self.capacity):
-            if self.dir_of[i] >= 0:
-                yield self.key(i)
-
     def ref(self, i: int) -> Ref:
         uid = int(self.url_id[i])
         if uid == INLINE:
