@@ -58,6 +58,26 @@ def load_progress():
     return LoadProgress()
 
 
+def disk_backed(fetch, fetcher, urls, opts):
+    """Put the persistent disk cache (--cache-dir) between the block cache and the remote."""
+    from refmount.diskcache import DiskBackedFetch, DiskCache
+    from refmount.lru import SingleFlightLRU
+
+    disk = DiskCache(opts.cache_dir, opts.disk_cache_size, opts.block_size)
+    objects = SingleFlightLRU(1 << 62)  # url id -> object id ("" when not cacheable); one lookup per url
+
+    async def object_id(url_id):
+        async def lookup():
+            validator = await fetcher.identity(urls[url_id])
+            if validator is None:
+                return ""
+            return disk.object_id(urls[url_id], validator)
+
+        return await objects.get(url_id, lookup) or None
+
+    return DiskBackedFetch(disk, fetch, object_id), disk
+
+
 def build_filesystem(opts):
     progress = load_progress()
     try:
@@ -75,8 +95,11 @@ def build_filesystem(opts):
     async def fetch(url_id, start, end):
         return await fetcher.read(urls[url_id], start, end)
 
+    disk = None
+    if opts.cache_dir:
+        fetch, disk = disk_backed(fetch, fetcher, urls, opts)
     cache = BlockCache(fetch, block_size=opts.block_size, capacity=opts.cache_size, max_request=8 << 20)
-    view = RawView(refset, fetcher, cache, prefetch=opts.prefetch)
+    view = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
     if opts.view == "decoded":
         from refmount.decoded import DecodedView
 
@@ -91,6 +114,8 @@ def build_filesystem(opts):
             out["decoded"] = view.statistics()
         if hasattr(refset, "statistics"):
             out["parquet"] = refset.statistics()
+        if disk is not None:
+            out["disk"] = disk.statistics()
         return out
 
     return Filesystem(refset, view, stats=stats), fetcher

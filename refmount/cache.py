@@ -2,7 +2,7 @@
 
 The cache never knows about HTTP: it is built from a fetch function
 ``fetch(source, start, end) -> bytes`` (shorter only at the end of the object) and a block size.
-Blocks are addressed by (source, index); a read of [start, end) gathers its blocks, fetching the
+Blocks are addressed by (source, index), exact ranges (`read_exact`) by (source, start, end); a read of [start, end) gathers its blocks, fetching the
 missing ones with one request per run of neighbouring blocks (coalescing), each block fetched by
 exactly one task while others wait on it (single-flight). A cache hit never waits behind an
 unrelated fetch.
@@ -69,6 +69,41 @@ class BlockCache:
             if len(block) < bs:  # the object ends in this block
                 break
         return b"".join(parts) if len(parts) != 1 else parts[0]
+
+    async def read_exact(self, source, start: int, end: int) -> bytes:
+        """Bytes [start, end) as one request of their own rather than whole blocks (unless the blocks
+        holding them are cached already): a random read of a small chunk must not pull in, and keep,
+        a whole block around it. Cached and single-flight like blocks."""
+        bs = self.block_size
+        if all(self.cached(source, index) is not None for index in range(start // bs, (end - 1) // bs + 1)):
+            return await self.read(source, start, end)
+        key = (source, start, end)
+        while True:
+            data = self._blocks.get(key)
+            if data is not None:
+                self._blocks.move_to_end(key)
+                self.hits += 1
+                return data
+            flight = self._inflight.get(key)
+            if flight is None:
+                break
+            await flight.done.wait()
+            if flight.error is not None and not isinstance(flight.error, trio.Cancelled):
+                raise flight.error
+            if key in flight.blocks:
+                return flight.blocks[key]
+        self.misses += 1
+        flight = self._inflight[key] = _Flight()
+        try:
+            data = flight.blocks[key] = await self._fetch(source, start, end)
+            self._store(key, data)
+            return data
+        except BaseException as e:
+            flight.error = e
+            raise
+        finally:
+            del self._inflight[key]
+            flight.done.set()
 
     def cached(self, source, index: int) -> bytes | None:
         block = self._blocks.get((source, index))

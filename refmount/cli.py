@@ -96,6 +96,11 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="memory for decoded chunks in --view decoded (default: 256M)")
     g.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="do not read ahead of sequential readers")
+    g.add_argument("--cache-dir", metavar="DIR",
+                   help="also keep fetched blocks on disk in DIR, checksummed and kept across remounts "
+                        "(one mount per DIR; default: memory only)")
+    g.add_argument("--disk-cache-size", type=parse_size, default="10G", metavar="SIZE",
+                   help="bound for --cache-dir, least recently used blocks evicted first (default: 10G)")
     g = p.add_argument_group("network")
     g.add_argument("--remote-options", type=parse_json_object, default={}, metavar="JSON",
                    help="options for the target filesystems, as fsspec's remote_options, e.g. "
@@ -165,7 +170,7 @@ def options_from_args(args):
         allow_cross_host_redirects=args.allow_cross_host_redirects, max_keys=args.max_keys,
         log_level=args.log_level, log_file=args.log_file, tune_kernel=args.tune_kernel,
         read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
-        prefetch=args.prefetch,
+        prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
     )
 
 

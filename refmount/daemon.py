@@ -47,6 +47,8 @@ class MountOptions:
     max_background: int = 64
     decoded_cache_size: int = 256 << 20
     prefetch: bool = True
+    cache_dir: str | None = None
+    disk_cache_size: int = 10 << 30
 
 
 # -- mount table helpers ----------------------------------------------------------------------------

@@ -54,14 +54,42 @@ class SequentialPrefetch:
             trio.lowlevel.spawn_system_task(self.cache.prefetch, uid, first, last)
 
 
+class AccessPattern:
+    """Tells random reads of small chunks from scans. A read is part of a scan when it starts at or
+    just after (within `gap`: chunks of a netCDF-4 file are interleaved with small metadata blocks)
+    where a recent read of the same remote file ended; several recent ends are kept per
+    file so that parallel readers walking different parts of it each still look sequential."""
+
+    def __init__(self, gap: int, recent: int = 8, files: int = 4096) -> None:
+        self.gap = gap
+        self.recent = recent
+        self.files = files
+        self._ends: OrderedDict[int, list[int]] = OrderedDict()  # url id -> recent end offsets
+
+    def is_scan(self, uid: int, start: int, end: int) -> bool:
+        ends = self._ends.pop(uid, None) or []
+        scan = any(0 <= start - e <= self.gap for e in ends)
+        ends.append(end)
+        self._ends[uid] = ends[-self.recent :]
+        if len(self._ends) > self.files:
+            self._ends.popitem(last=False)
+        return scan
+
+
 class RawView:
     name = "raw"
 
-    def __init__(self, refset: RefSet, fetcher: Fetcher, cache: BlockCache, prefetch: bool = True) -> None:
+    def __init__(self, refset: RefSet, fetcher: Fetcher, cache: BlockCache, prefetch: bool = True,
+                 exact_small_reads: bool = True) -> None:
         self.refset = refset
         self.fetcher = fetcher
         self.cache = cache
         self.prefetch = SequentialPrefetch(cache) if prefetch else None
+        # Chunks up to a quarter block read at random are fetched alone; scans fetch whole blocks,
+        # which coalesces neighbouring chunks into one request. (The disk cache stores whole blocks
+        # only, so with it every read goes by blocks.)
+        self.small_chunk = cache.block_size // 4 if exact_small_reads else 0
+        self.pattern = AccessPattern(gap=64 << 10)
         self._whole_sizes = SingleFlightLRU(1 << 62)  # url id -> size of the whole remote object (all kept)
 
     # -- visibility -------------------------------------------------------------------------------
@@ -101,9 +129,13 @@ class RawView:
             return b""
         if ref_length == WHOLE_FILE:
             base = 0
-        if self.prefetch is not None:  # on arrival: the kernel's readahead reads may finish out of order
-            self.prefetch.on_read(i, uid, base, offset, end, length)
-        data = await self.cache.read(uid, base + offset, base + end)
+        small = ref_length != WHOLE_FILE and length <= self.small_chunk
+        if small and not self.pattern.is_scan(uid, base, base + length):
+            data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
+        else:
+            if self.prefetch is not None:  # on arrival: the kernel's readahead reads may finish out of order
+                self.prefetch.on_read(i, uid, base, offset, end, length)
+            data = await self.cache.read(uid, base + offset, base + end)
         if len(data) != end - offset:
             raise FetchError(f"{redact(self.refset.urls[uid])}: the object ends before byte {base + end} "
                              f"that key {self.refset.key(i)!r} refers to")

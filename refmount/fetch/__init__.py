@@ -77,6 +77,14 @@ class Fetcher:
             return await trio.to_thread.run_sync(self.local.size, url, abandon_on_cancel=True)
         return await run_on_asyncio(backend.size(url), self._asyncio())
 
+    async def identity(self, url: str) -> str | None:
+        """A validator naming this version of a remote object (for the disk cache), or None when
+        there is none or the object is a local file (not worth caching on local disk again)."""
+        backend = self._backend(url)
+        if backend is self.local:
+            return None
+        return await run_on_asyncio(backend.identity(url), self._asyncio())
+
     async def aclose(self) -> None:
         self.local.close()
         if self._loop is not None:

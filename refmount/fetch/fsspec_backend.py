@@ -24,7 +24,7 @@ class FsspecBackend:
         except (ImportError, ValueError) as e:
             raise RefmountError(f"protocol {protocol!r} is not available: {e}") from None
         self.is_async = getattr(self.fs, "async_impl", False)
-        self._sizes: dict[str, int] = {}
+        self._infos: dict[str, dict] = {}
 
     async def _call(self, url: str, method: str, *args, **kwargs):
         loop = asyncio.get_running_loop()
@@ -63,12 +63,26 @@ class FsspecBackend:
         self.stats.record(len(data), time.monotonic() - t0)
         return data
 
-    async def size(self, url: str) -> int:
-        if url not in self._sizes:
-            info = await self._call(url, "info", url)
+    async def _info(self, url: str) -> dict:
+        if url not in self._infos:
+            self._infos[url] = await self._call(url, "info", url)
             self.stats.requests += 1
-            self._sizes[url] = int(info["size"])
-        return self._sizes[url]
+        return self._infos[url]
+
+    async def size(self, url: str) -> int:
+        return int((await self._info(url))["size"])
+
+    async def identity(self, url: str) -> str | None:
+        """A strong validator from the object's info (ETag or generation, else size and modification
+        time), or None; each store names these fields its own way."""
+        info = await self._info(url)
+        for key in ("ETag", "etag", "generation", "VersionId", "version_id"):
+            if info.get(key) and not str(info[key]).startswith("W/"):
+                return f"{key} {info[key]}"
+        for key in ("LastModified", "last_modified", "mtime", "updated", "modified"):
+            if info.get(key):
+                return f"size {info['size']} modified {info[key]}"
+        return None
 
     async def close(self) -> None:
         pass

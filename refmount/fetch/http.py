@@ -42,6 +42,7 @@ class HttpBackend:
         self._session: aiohttp.ClientSession | None = None
         self._validators: dict[str, tuple[str | None, int | None]] = {}
         self._sizes: dict[str, int] = {}
+        self._modified: dict[str, str] = {}
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -68,6 +69,16 @@ class HttpBackend:
         if url not in self._sizes:
             self._sizes[url] = await self._with_retries(url, lambda: self._probe_size(url))
         return self._sizes[url]
+
+    async def identity(self, url: str) -> str | None:
+        """What names this version of the object: a strong ETag, else its size and Last-Modified;
+        None when the server gives neither (one HEAD per url, shared with size())."""
+        size = await self.size(url)
+        etag = self._validators.get(url, (None, None))[0]
+        if etag and not etag.startswith("W/"):  # a weak ETag does not promise identical bytes
+            return f"etag {etag}"
+        modified = self._modified.get(url)
+        return f"size {size} modified {modified}" if modified else None
 
     # -- one attempt -----------------------------------------------------------------------------
 
@@ -172,6 +183,8 @@ class HttpBackend:
 
     def _check_validator(self, url: str, resp, total: int | None) -> None:
         etag = resp.headers.get("ETag")
+        if "Last-Modified" in resp.headers:
+            self._modified.setdefault(url, resp.headers["Last-Modified"])
         seen = self._validators.get(url)
         if seen is None:
             self._validators[url] = (etag, total)

@@ -25,7 +25,7 @@ import trio
 from refmount.errors import RefmountError, RefsError, quote
 from refmount.lru import SingleFlightLRU
 from refmount.refs.jsonrefs import add_mapping
-from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
+from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder, batch_bounds
 from refmount.refs.source import is_remote, local_path
 
 MISSING = -2  # url id of a row that holds no reference
@@ -96,6 +96,11 @@ class ParquetRefSet:
     lazy = True
 
     def __init__(self, location, meta: RefSet, record_size: int, remote_options: dict, max_keys, loaded_records):
+        import pyarrow as pa
+
+        # The daemon lives long and reads record after record: Arrow's default jemalloc pool keeps
+        # the pages of every table it ever decoded, the system allocator gives them back.
+        pa.set_memory_pool(pa.system_memory_pool())
         self.location = location
         self.meta = meta
         self.dirs = meta.dirs
@@ -235,23 +240,38 @@ class ParquetRefSet:
         return self.meta.file_count(dir_id)
 
     async def list_files(self, dir_id: int, start: int = 0):
-        """Metadata files, then existing chunks in chunk order, one record file at a time."""
+        """(stable position, key index) of the files directly in a directory, from `start` on."""
+        async for positions, indexes in self.file_batches(dir_id, start):
+            for item in zip(positions.tolist(), indexes.tolist()):
+                yield item
+
+    async def file_batches(self, dir_id: int, start: int = 0):
+        """Metadata files, then existing chunks in chunk order, one record file at a time; as
+        (positions, key indexes) numpy arrays. A batch never mixes metadata and chunks."""
+        async for batch in self.meta.file_batches(dir_id, start):
+            yield batch
         array = self._array_of_dir.get(dir_id)
-        meta_files = self.meta.files_in(dir_id).tolist()
-        for pos in range(start, len(meta_files)):
-            yield pos, meta_files[pos]
         if array is None:
             return
-        n = max(start - len(meta_files), 0)
+        meta_count = self.meta.file_count(dir_id)
+        n = max(start - meta_count, 0)
         while n < array.count:
             record = n // self.record_size
             rec = await self._load(array, record)
-            stop = min((record + 1) * self.record_size, array.count)
-            rows = np.flatnonzero(rec.url_id[n - record * self.record_size: stop - record * self.record_size] != MISSING)
-            for row in rows.tolist():
-                chunk = n + row
-                yield len(meta_files) + chunk, array.base + chunk
+            first = record * self.record_size
+            stop = min(first + self.record_size, array.count)
+            chunks = n + np.flatnonzero(rec.url_id[n - first : stop - first] != MISSING)
+            for lo, hi in batch_bounds(0, len(chunks)):
+                yield meta_count + chunks[lo:hi], array.base + chunks[lo:hi]
             n = stop
+
+    def names(self, indexes: np.ndarray, dir_id: int) -> list[bytes]:
+        """File names of key indexes directly in `dir_id`: all metadata or all chunks (as batches are)."""
+        array = self._array_of_dir.get(dir_id)
+        if array is None or len(indexes) == 0 or indexes[0] < self.meta.capacity:
+            return self.meta.names(indexes, dir_id)
+        columns = [list(map(str, c.tolist())) for c in np.unravel_index(indexes - array.base, array.grid)]
+        return [".".join(parts).encode() for parts in zip(*columns)]
 
     # -- record files -------------------------------------------------------------------------------
 
@@ -266,7 +286,8 @@ class ParquetRefSet:
         import pyarrow.parquet as pq
 
         try:
-            table = pq.read_table(_open_for_arrow(path, self.remote_options))
+            # One small file per call, already on a worker thread: Arrow's own pool would only add threads.
+            table = pq.read_table(_open_for_arrow(path, self.remote_options), use_threads=False)
         except FileNotFoundError:  # kerchunk's refs_to_dataframe skips records with no references
             empty = np.zeros(0, dtype=np.int64)
             return _Record(np.zeros(0, dtype=np.int32), empty, empty, {})
@@ -343,12 +364,13 @@ def record_from_table(table, path: str, intern) -> _Record:
         col = table.column(name).combine_chunks()
         return col.dictionary_decode() if pa.types.is_dictionary(col.type) else col
 
-    paths = column("path")
+    paths = table.column("path").combine_chunks() if "path" in names else pa.nulls(n)
     raws = column("raw")
-    for name, col in (("path", paths), ("raw", raws)):
-        if not (pa.types.is_null(col.type) or pa.types.is_string(col.type) or pa.types.is_large_string(col.type)
-                or pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type)):
-            raise RefsError(f"Parquet record file {quote(path)}: column {name!r} has type {col.type}")
+    path_type = paths.type.value_type if pa.types.is_dictionary(paths.type) else paths.type
+    for name, kind in (("path", path_type), ("raw", raws.type)):
+        if not (pa.types.is_null(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+            raise RefsError(f"Parquet record file {quote(path)}: column {name!r} has type {kind}")
 
     def integers(name):
         col = column(name)
@@ -362,14 +384,12 @@ def record_from_table(table, path: str, intern) -> _Record:
 
     offsets = integers("offset")
     sizes = integers("size")
-    path_list = paths.cast(pa.string()).to_pylist() if not pa.types.is_null(paths.type) else [None] * n
-    path_list = [p if p else None for p in path_list]  # NaN/empty written by pandas means "no path"
-    url_ids = intern(path_list)
+    url_ids = _url_ids(paths, n, intern)
     raw = {}
-    if not pa.types.is_null(raws.type):
-        for row, value in enumerate(raws.to_pylist()):
-            if value is not None:
-                raw[row] = value if isinstance(value, bytes) else value.encode()
+    if not pa.types.is_null(raws.type) and raws.null_count < n:
+        rows = np.flatnonzero(raws.is_valid().to_numpy(zero_copy_only=False))
+        for row, value in zip(rows.tolist(), raws.take(pa.array(rows)).to_pylist()):
+            raw[row] = value if isinstance(value, bytes) else value.encode()
     length = sizes.copy()
     for row, data in raw.items():
         url_ids[row] = INLINE
@@ -379,4 +399,27 @@ def record_from_table(table, path: str, intern) -> _Record:
     whole = remote & (sizes == 0)
     length[whole] = WHOLE_FILE
     offsets[whole] = 0
-    return _Record(url_ids, offsets, length, raw)
+    return _Record(url_ids, _narrow(offsets), _narrow(length), raw)
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """int32 when every value fits (the usual case: a loaded record then takes 40% less memory)."""
+    if len(values) == 0 or (values.min() >= -(2**31) and values.max() < 2**31):
+        return values.astype(np.int32)
+    return values
+
+
+def _url_ids(paths, n: int, intern) -> np.ndarray:
+    """The url id of each row, interning each distinct path once: the column is usually dictionary-
+    encoded, and turning every row's path into a Python string costs memory and time per record."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if pa.types.is_null(paths.type) or paths.null_count == n:
+        return np.full(n, MISSING, dtype=np.int32)
+    if not pa.types.is_dictionary(paths.type):
+        paths = pc.dictionary_encode(paths)
+    distinct = [p or None for p in paths.dictionary.cast(pa.string()).to_pylist()]  # NaN/empty: no path
+    ids = np.append(intern(distinct), np.int32(MISSING))  # the last entry answers null rows
+    rows = pc.fill_null(paths.indices.cast(pa.int64()), len(distinct)).to_numpy(zero_copy_only=False)
+    return ids[rows]

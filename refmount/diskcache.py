@@ -1,0 +1,259 @@
+"""A persistent cache of remote blocks on local disk (`--cache-dir`), kept across remounts.
+
+Layout: DIR/refmount-cache-v1/<aa>/<object id>/<block index>, where the object id hashes the url,
+the object's validator (a strong ETag, else size and Last-Modified) and the block size: a changed
+remote object gets new names, so its new bytes are never mixed with cached bytes of the old version.
+Objects without a validator are not cached on disk at all.
+
+Each block file is a 16-byte header (magic, CRC-32 of the data, data length) and the data; a block
+that fails the check is deleted and fetched again. The total is bounded by `--disk-cache-size`,
+evicting the least recently used blocks; file mtimes carry that order across remounts. A disk that
+fills up (or turns read-only) degrades to memory-only caching with one warning, never an error.
+
+`DiskCache` is synchronous and runs in worker threads; `DiskBackedFetch` is the block cache's fetch
+function that looks on disk before asking the remote.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import struct
+import threading
+import zlib
+from collections import OrderedDict
+
+import trio
+
+from refmount.errors import RefmountError
+
+log = logging.getLogger("refmount")
+
+LAYOUT = "refmount-cache-v1"
+_HEADER = struct.Struct("<4sIQ")  # magic, crc32, data length
+_MAGIC = b"RMB1"
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+_MAX_PENDING_WRITES = 256 << 20  # past this, blocks are not written (a slow disk must not eat memory)
+
+
+class DiskCache:
+    def __init__(self, directory: str, capacity: int, block_size: int) -> None:
+        self.root = os.path.join(directory, LAYOUT)
+        self.capacity = capacity
+        self.block_size = block_size
+        self.enabled = True
+        self._lock = threading.Lock()
+        self._lru: OrderedDict[str, int] = OrderedDict()  # relative path -> bytes on disk
+        self._bytes = 0
+        self.hits = self.misses = self.corrupt = self.stores = self.evictions = 0
+        try:
+            os.makedirs(self.root, exist_ok=True)
+            self._lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise RefmountError(f"--cache-dir {directory!r}: {e.strerror}") from None
+        try:
+            # Each daemon keeps its own LRU index, so two daemons must not share one directory.
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise RefmountError(f"--cache-dir {directory!r} is in use by another refmount mount; "
+                                "give each mount its own directory") from None
+        self._scan()
+
+    def close(self) -> None:
+        os.close(self._lock_fd)
+
+    def statistics(self) -> dict:
+        return {"hits": self.hits, "misses": self.misses, "corrupt": self.corrupt, "stores": self.stores,
+                "evictions": self.evictions, "bytes": self._bytes, "capacity": self.capacity,
+                "blocks": len(self._lru), "enabled": self.enabled}
+
+    def object_id(self, url: str, validator: str) -> str:
+        return hashlib.sha256(f"{url}\0{validator}\0{self.block_size}".encode()).hexdigest()[:40]
+
+    def _relative(self, obj: str, index: int) -> str:
+        return f"{obj[:2]}/{obj}/{index}"
+
+    # -- blocks (worker threads) ------------------------------------------------------------------
+
+    def load(self, obj: str, index: int) -> bytes | None:
+        """The verified block, or None (missing, or corrupt and now deleted)."""
+        rel = self._relative(obj, index)
+        path = os.path.join(self.root, rel)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            self.misses += 1
+            return None
+        magic, crc, length, data, extra = b"", 0, 0, b"", b""
+        try:
+            header = os.pread(fd, _HEADER.size, 0)
+            magic, crc, length = _HEADER.unpack(header) if len(header) == _HEADER.size else (b"", 0, 0)
+            data = os.pread(fd, length, _HEADER.size) if magic == _MAGIC and length <= self.block_size else b""
+            extra = os.pread(fd, 1, _HEADER.size + length) if data else b""
+            os.utime(fd)  # recency survives a remount
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        if magic != _MAGIC or len(data) != length or extra or zlib.crc32(data) != crc:
+            self.corrupt += 1
+            log.warning("disk cache: block %s failed its checksum; dropped and fetched again", path)
+            self._forget(rel)
+            return None
+        self.hits += 1
+        with self._lock:
+            if rel in self._lru:
+                self._lru.move_to_end(rel)
+        return data
+
+    def store(self, obj: str, index: int, data: bytes) -> None:
+        if not self.enabled:
+            return
+        rel = self._relative(obj, index)
+        path = os.path.join(self.root, rel)
+        temporary = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                header = _HEADER.pack(_MAGIC, zlib.crc32(data), len(data))
+                if os.writev(fd, [header, data]) != len(header) + len(data):
+                    raise OSError(errno.ENOSPC, "short write")
+            finally:
+                os.close(fd)
+            os.replace(temporary, path)  # readers see the whole block or none of it
+        except OSError as e:
+            _remove(temporary)
+            if e.errno in _FULL:
+                self.enabled = False
+                log.warning("disk cache %s: %s; caching in memory only from now on", self.root, e.strerror)
+            else:
+                log.warning("disk cache: cannot write %s: %s", path, e.strerror)
+            return
+        self.stores += 1
+        with self._lock:
+            self._bytes += _HEADER.size + len(data) - self._lru.pop(rel, 0)
+            self._lru[rel] = _HEADER.size + len(data)
+            self._evict()
+
+    # -- bookkeeping --------------------------------------------------------------------------------
+
+    def _forget(self, rel: str) -> None:
+        _remove(os.path.join(self.root, rel))
+        with self._lock:
+            self._bytes -= self._lru.pop(rel, 0)
+
+    def _evict(self) -> None:
+        """Drop least recently used blocks until the total fits (called with the lock held)."""
+        while self._bytes > self.capacity and self._lru:
+            rel, size = self._lru.popitem(last=False)
+            self._bytes -= size
+            self.evictions += 1
+            path = os.path.join(self.root, rel)
+            _remove(path)
+            try:
+                os.rmdir(os.path.dirname(path))  # only succeeds once the object has no blocks left
+            except OSError:
+                pass
+
+    def _scan(self) -> None:
+        """Rebuild the LRU from the files left by earlier mounts (oldest mtime first)."""
+        found = []
+        for top in _subdirs(self.root):
+            for obj in _subdirs(top.path):
+                with os.scandir(obj.path) as entries:
+                    for entry in entries:
+                        if entry.name.endswith(".tmp"):  # a write cut short by a crash
+                            _remove(entry.path)
+                            continue
+                        st = entry.stat(follow_symlinks=False)
+                        found.append((st.st_mtime_ns, f"{top.name}/{obj.name}/{entry.name}", st.st_size))
+        found.sort()
+        with self._lock:
+            for _, rel, size in found:
+                self._lru[rel] = size
+                self._bytes += size
+            self._evict()
+
+
+class DiskBackedFetch:
+    """The block cache's fetch function (block-aligned ranges): blocks found on disk are served
+    from there, the rest come from the remote in one request and are written to disk in the
+    background. Objects without a validator (and local files) bypass the disk."""
+
+    def __init__(self, disk: DiskCache, fetch_remote, identity) -> None:
+        self.disk = disk
+        self._fetch_remote = fetch_remote  # async (url id, start, end) -> bytes
+        self._identity = identity          # async url id -> object id or None
+        self._pending_writes = 0
+
+    async def __call__(self, uid: int, start: int, end: int) -> bytes:
+        obj = await self._identity(uid) if self.disk.enabled else None
+        bs = self.disk.block_size
+        if obj is None or start % bs:
+            return await self._fetch_remote(uid, start, end)
+        first, last = start // bs, (end - 1) // bs
+        blocks = await trio.to_thread.run_sync(self._load_run, obj, first, last, abandon_on_cancel=True)
+        missing = [index for index, block in zip(range(first, last + 1), blocks) if block is None]
+        if missing:
+            lo, hi = missing[0], missing[-1]
+            data = await self._fetch_remote(uid, lo * bs, min((hi + 1) * bs, end))
+            fetched = [data[k : k + bs] for k in range(0, (hi - lo + 1) * bs, bs)]
+            blocks[lo - first : hi - first + 1] = fetched
+            self._write_behind(obj, [(lo + k, block) for k, block in enumerate(fetched) if block])
+        return b"".join(_until_short(blocks, bs))
+
+    def _load_run(self, obj: str, first: int, last: int) -> list:
+        blocks = []
+        for index in range(first, last + 1):
+            block = self.disk.load(obj, index)
+            blocks.append(block)
+            if block is not None and len(block) < self.disk.block_size:
+                blocks.extend([b""] * (last - index))  # the object ends in this block
+                break
+        return blocks
+
+    def _write_behind(self, obj: str, blocks: list[tuple[int, bytes]]) -> None:
+        size = sum(len(block) for _, block in blocks)
+        if not blocks or self._pending_writes + size > _MAX_PENDING_WRITES:
+            return
+        self._pending_writes += size
+
+        async def write() -> None:
+            try:
+                await trio.to_thread.run_sync(self._store_all, obj, blocks)
+            finally:
+                self._pending_writes -= size
+
+        trio.lowlevel.spawn_system_task(write)
+
+    def _store_all(self, obj: str, blocks: list[tuple[int, bytes]]) -> None:
+        for index, block in blocks:
+            self.disk.store(obj, index, block)
+
+
+def _until_short(blocks: list, bs: int):
+    """The blocks up to and including the first short one (the end of the object)."""
+    for block in blocks:
+        yield block
+        if len(block) < bs:
+            return
+
+
+def _subdirs(path: str):
+    try:
+        with os.scandir(path) as entries:
+            return [e for e in entries if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,91 @@
+"""The block cache's exact-range reads and the scan detector, without a mount; then the effect
+through a mount: random small chunks cost one exact request each, scans coalesce into blocks."""
+
+from __future__ import annotations
+
+import trio
+
+from refmount.cache import BlockCache
+from refmount.view import AccessPattern
+
+KiB = 1 << 10
+DATA = bytes(range(256)) * (16 * KiB)  # 4 MiB
+
+
+class Remote:
+    def __init__(self) -> None:
+        self.requests: list[tuple[int, int]] = []
+
+    async def fetch(self, source, start: int, end: int) -> bytes:
+        self.requests.append((start, end))
+        await trio.sleep(0.01)
+        return DATA[start:end]
+
+
+def test_read_exact_fetches_only_the_range_once_even_for_concurrent_readers():
+    remote = Remote()
+    cache = BlockCache(remote.fetch, block_size=256 * KiB)
+    results = []
+
+    async def main():
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(lambda: _append(results, cache.read_exact("u", 1000, 9000)))
+        results.append(await cache.read_exact("u", 1000, 9000))
+
+    trio.run(main)
+    assert remote.requests == [(1000, 9000)]
+    assert results == [DATA[1000:9000]] * 6
+    assert cache.statistics()["bytes"] == 8000
+
+
+def test_read_exact_uses_cached_blocks_and_is_evicted_like_them():
+    remote = Remote()
+    cache = BlockCache(remote.fetch, block_size=256 * KiB, capacity=300 * KiB)
+
+    async def main():
+        assert await cache.read("u", 0, 10) == DATA[:10]
+        assert await cache.read_exact("u", 5000, 6000) == DATA[5000:6000]  # inside the cached block
+        assert remote.requests == [(0, 256 * KiB)]
+        assert await cache.read_exact("u", 300 * KiB, 350 * KiB) == DATA[300 * KiB : 350 * KiB]
+        assert cache.statistics()["bytes"] <= 300 * KiB  # the older block made room
+
+    trio.run(main)
+
+
+async def _append(results, awaitable):
+    results.append(await awaitable)
+
+
+def test_access_pattern_tells_scans_from_random_reads():
+    pattern = AccessPattern(gap=1000, recent=4)
+    assert not pattern.is_scan(1, 0, 100)            # nothing seen yet
+    assert pattern.is_scan(1, 100, 200)              # right after
+    assert pattern.is_scan(1, 700, 800)              # a small gap
+    assert not pattern.is_scan(1, 50_000, 50_100)    # a jump
+    assert not pattern.is_scan(2, 800, 900)          # other files have their own history
+    # Two readers walking different parts of the same file each still look sequential.
+    for k in range(5):
+        assert pattern.is_scan(1, 800 + 100 * k, 900 + 100 * k)
+        assert pattern.is_scan(1, 50_100 + 100 * k, 50_200 + 100 * k)
+
+
+def test_random_small_chunks_are_exact_requests_and_scans_coalesce(mount, http_data, tmp_path):
+    root = http_data.path_for(http_data.url_for("x")).parent
+    blob = root / "small-chunks.bin"
+    blob.write_bytes(DATA)
+    url = http_data.url_for(blob.name)
+    chunk = 10_000
+    refs = {f"c/{k}": [url, k * chunk, chunk] for k in range(len(DATA) // chunk)}
+    m = mount(refs, "--view", "raw")
+
+    http_data.reset_stats()
+    for k in (300, 7, 150):
+        assert (m / f"c/{k}").read_bytes() == DATA[k * chunk : (k + 1) * chunk]
+    ranges = [r for method, _, r in http_data.stats["log"] if method == "GET"]
+    assert ranges == [f"bytes={k * chunk}-{(k + 1) * chunk - 1}" for k in (300, 7, 150)]
+
+    http_data.reset_stats()
+    for k in range(20, 220):  # a scan: after its first chunk, whole blocks hold the next ones
+        assert (m / f"c/{k}").read_bytes() == DATA[k * chunk : (k + 1) * chunk]
+    assert http_data.stats["requests"] <= 6

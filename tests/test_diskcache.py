@@ -1,0 +1,194 @@
+"""The persistent disk cache (--cache-dir): blocks survive a remount and are served without the
+remote, a changed remote object is never mixed with its cached bytes, corrupt blocks are refetched,
+the size bound holds, and a full disk degrades to memory-only caching."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from refmount.diskcache import LAYOUT, DiskCache
+from refmount.errors import RefmountError
+from tests.support.rangeserver import RangeServer
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def server(tmp_path):
+    root = tmp_path / "www"
+    root.mkdir()
+    with RangeServer(root) as s:
+        yield s
+
+
+def write_blob(server, name: str, size: int, seed: int) -> bytes:
+    data = (bytes(range(256)) * (size // 256 + 1))[:size]
+    data = bytes((b + seed) % 256 for b in data[:4096]) + data[4096:]
+    (server.root / name).write_bytes(data)
+    return data
+
+
+def chunk_refs(url: str, size: int, chunk: int) -> dict:
+    refs = {".zgroup": '{"zarr_format": 2}', "whole": [url]}
+    refs.update({f"c/{k}": [url, k * chunk, min(chunk, size - k * chunk)] for k in range((size + chunk - 1) // chunk)})
+    return refs
+
+
+def read_all(mnt, refs: dict) -> dict[str, bytes]:
+    return {key: (mnt / key).read_bytes() for key in refs}
+
+
+def data_gets(server) -> int:
+    return sum(1 for method, _, _ in server.stats["log"] if method == "GET")
+
+
+def blocks_on_disk(cache_dir: Path) -> list[Path]:
+    return [p for p in (cache_dir / LAYOUT).glob("*/*/*") if p.is_file()]
+
+
+def test_blocks_survive_a_remount_and_are_served_without_the_remote(mount, server, tmp_path):
+    size = 5 * MiB + 123
+    data = write_blob(server, "a.bin", size, seed=1)
+    refs = chunk_refs(server.url_for("a.bin"), size, 300_000)
+    cache_dir = tmp_path / "cache"
+    first = mount(refs, "--view", "raw", "--cache-dir", str(cache_dir))
+    got = read_all(first, refs)
+    assert got["whole"] == data
+    first.stop()
+    assert data_gets(server) > 0
+    assert sum(p.stat().st_size for p in blocks_on_disk(cache_dir)) == size + 16 * 6
+
+    server.reset_stats()
+    second = mount(refs, "--view", "raw", "--cache-dir", str(cache_dir))
+    again = read_all(second, refs)
+    assert again == got
+    for key, value in refs.items():
+        if isinstance(value, list) and len(value) == 3:
+            assert again[key] == data[value[1] : value[1] + value[2]], key
+    assert data_gets(server) == 0  # only the validator check (HEAD) reached the server
+    disk = second.stats()["disk"]
+    assert disk["hits"] >= 6 and disk["corrupt"] == 0
+
+
+def test_changed_remote_object_is_never_mixed_with_cached_bytes(mount, server, tmp_path):
+    size = 3 * MiB
+    write_blob(server, "b.bin", size, seed=1)
+    refs = chunk_refs(server.url_for("b.bin"), size, MiB)
+    cache_dir = tmp_path / "cache"
+    first = mount(refs, "--view", "raw", "--cache-dir", str(cache_dir))
+    read_all(first, refs)
+    first.stop()
+
+    new = write_blob(server, "b.bin", size, seed=7)  # same size, new bytes, new ETag
+    second = mount(refs, "--view", "raw", "--cache-dir", str(cache_dir))
+    assert (second / "whole").read_bytes() == new
+    assert (second / "c/0").read_bytes() == new[:MiB]
+
+
+def test_corrupt_block_is_dropped_and_fetched_again(mount, server, tmp_path):
+    size = 2 * MiB
+    data = write_blob(server, "c.bin", size, seed=3)
+    refs = {"whole": [server.url_for("c.bin")]}
+    cache_dir = tmp_path / "cache"
+    first = mount(refs, "--view", "raw", "--cache-dir", str(cache_dir))
+    assert (first / "whole").read_bytes() == data
+    first.stop()
+    victim = sorted(blocks_on_disk(cache_dir))[0]
+    raw = bytearray(victim.read_bytes())
+    raw[1000] ^= 0xFF
+    victim.write_bytes(bytes(raw))
+
+    second = mount(refs, "--view", "raw", "--cache-dir", str(cache_dir))
+    assert (second / "whole").read_bytes() == data
+    stats = second.stats()
+    assert stats["disk"]["corrupt"] == 1
+    assert "failed its checksum" in second.log()
+
+
+def test_full_disk_degrades_to_memory_only(mount, server, tmp_path):
+    size = 6 * MiB
+    data = write_blob(server, "d.bin", size, seed=5)
+    refs = chunk_refs(server.url_for("d.bin"), size, MiB)
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(small)], check=True)
+    try:
+        m = mount(refs, "--view", "raw", "--cache-dir", str(small), "--disk-cache-size", "100M")
+        assert (m / "whole").read_bytes() == data
+        assert read_all(m, refs)["c/5"] == data[5 * MiB :]
+        assert not m.stats()["disk"]["enabled"]
+        assert "caching in memory only" in m.log()
+        m.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+def test_cache_dir_of_a_running_mount_is_refused_in_one_line(mount, server, tmp_path):
+    refs = {"whole": [server.url_for("e.bin")]}
+    write_blob(server, "e.bin", 1000, seed=0)
+    cache_dir = tmp_path / "cache"
+    mount(refs, "--cache-dir", str(cache_dir))
+    from tests.conftest import run_refmount
+
+    (tmp_path / "other").mkdir()
+    r = run_refmount("mount", "--cache-dir", cache_dir, refs_file(tmp_path, refs), tmp_path / "other")
+    assert r.returncode != 0
+    assert "--cache-dir" in r.stderr and "in use" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def refs_file(tmp_path, refs) -> Path:
+    import json
+
+    path = tmp_path / "refs-extra.json"
+    path.write_text(json.dumps(refs))
+    return path
+
+
+# -- without a mount ----------------------------------------------------------------------------------
+
+def test_size_bound_evicts_least_recently_used_across_restarts(tmp_path):
+    cache = DiskCache(str(tmp_path), capacity=3 * (1000 + 16), block_size=1000)
+    obj = cache.object_id("http://x/y", "etag 1")
+    for index in range(3):
+        cache.store(obj, index, bytes([index]) * 1000)
+    os.utime(cache.root + f"/{obj[:2]}/{obj}/0", ns=(0, 1))  # block 0 is the oldest ...
+    assert cache.load(obj, 0) == bytes([0]) * 1000          # ... until read
+    cache.store(obj, 3, b"\3" * 1000)
+    assert cache.load(obj, 1) is None  # block 1 was the least recently used
+    assert cache.statistics()["evictions"] == 1
+    cache.close()
+
+    reopened = DiskCache(str(tmp_path), capacity=2 * (1000 + 16), block_size=1000)
+    assert reopened.statistics()["blocks"] == 2  # shrunk bound applied at start, oldest dropped
+    assert reopened.load(obj, 3) == b"\3" * 1000
+    reopened.close()
+
+
+def test_object_id_depends_on_validator_and_block_size(tmp_path):
+    a = DiskCache(str(tmp_path / "a"), capacity=MiB, block_size=MiB)
+    b = DiskCache(str(tmp_path / "b"), capacity=MiB, block_size=2 * MiB)
+    url = "https://example.org/data.nc"
+    assert a.object_id(url, "etag 1") != a.object_id(url, "etag 2")
+    assert a.object_id(url, "etag 1") != b.object_id(url, "etag 1")
+    a.close()
+    b.close()
+
+
+def test_truncated_and_foreign_files_count_as_corrupt(tmp_path):
+    cache = DiskCache(str(tmp_path), capacity=MiB, block_size=1000)
+    obj = cache.object_id("http://x/y", "etag 1")
+    cache.store(obj, 0, b"x" * 1000)
+    path = Path(cache.root) / obj[:2] / obj / "0"
+    path.write_bytes(path.read_bytes()[:500])
+    assert cache.load(obj, 0) is None and not path.exists()
+    cache.store(obj, 1, b"y" * 10)
+    (Path(cache.root) / obj[:2] / obj / "1").write_bytes(b"not a block at all")
+    assert cache.load(obj, 1) is None
+    assert cache.statistics()["corrupt"] == 2
+    with pytest.raises(RefmountError, match="in use"):
+        DiskCache(str(tmp_path), capacity=MiB, block_size=1000)
+    cache.close()
