@@ -93,7 +93,7 @@ def build_filesystem(opts):
     urls = refset.urls
 
     async def fetch(url_id, start, end):
-        return await fetcher.read(urls[url_id], start, end)
+        return await fetcher.read(urls[url_id], start, end, opts.block_size)
 
     disk = None
     if opts.cache_dir:

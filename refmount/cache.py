@@ -1,7 +1,8 @@
 """A bounded in-memory cache of fixed-size blocks of remote objects, with single-flight fetching.
 
 The cache never knows about HTTP: it is built from a fetch function
-``fetch(source, start, end) -> bytes`` (shorter only at the end of the object) and a block size.
+``fetch(source, start, end) -> [bytes, ...]`` returning the range as pieces split at multiples of
+the block size (shorter only at the end of the object), and a block size.
 Blocks are addressed by (source, index), exact ranges (`read_exact`) by (source, start, end); a read of [start, end) gathers its blocks, fetching the
 missing ones with one request per run of neighbouring blocks (coalescing), each block fetched by
 exactly one task while others wait on it (single-flight). A cache hit never waits behind an
@@ -95,7 +96,8 @@ class BlockCache:
         self.misses += 1
         flight = self._inflight[key] = _Flight()
         try:
-            data = flight.blocks[key] = await self._fetch(source, start, end)
+            pieces = await self._fetch(source, start, end)
+            data = flight.blocks[key] = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             self._store(key, data)
             return data
         except BaseException as e:
@@ -171,12 +173,7 @@ class BlockCache:
         for key in keys:
             self._inflight[key] = flight
         try:
-            data = await self._fetch(source, first * bs, (last + 1) * bs)
-            for offset in range(0, max(len(data), 1), bs):
-                index = first + offset // bs
-                if index > last:
-                    break
-                block = data[offset : offset + bs]
+            for index, block in enumerate(await self._fetch(source, first * bs, (last + 1) * bs), first):
                 flight.blocks[index] = block
                 self._store((source, index), block)
                 if len(block) < bs:

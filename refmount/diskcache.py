@@ -11,7 +11,8 @@ evicting the least recently used blocks; file mtimes carry that order across rem
 fills up (or turns read-only) degrades to memory-only caching with one warning, never an error.
 
 `DiskCache` is synchronous and runs in worker threads; `DiskBackedFetch` is the block cache's fetch
-function that looks on disk before asking the remote.
+function (block-aligned ranges, answered as a list of blocks) that looks on disk before asking the
+remote.
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ class DiskCache:
 
 
 class DiskBackedFetch:
-    """The block cache's fetch function (block-aligned ranges): blocks found on disk are served
+    """The block cache's fetch function: blocks found on disk are served
     from there, the rest come from the remote in one request and are written to disk in the
     background. Objects without a validator (and local files) bypass the disk."""
 
@@ -191,21 +192,21 @@ class DiskBackedFetch:
         self._identity = identity          # async url id -> object id or None
         self._pending_writes = 0
 
-    async def __call__(self, uid: int, start: int, end: int) -> bytes:
+    async def __call__(self, uid: int, start: int, end: int) -> list[bytes]:
         obj = await self._identity(uid) if self.disk.enabled else None
         bs = self.disk.block_size
-        if obj is None or start % bs:
+        if obj is None or start % bs or end % bs:
             return await self._fetch_remote(uid, start, end)
         first, last = start // bs, (end - 1) // bs
         blocks = await trio.to_thread.run_sync(self._load_run, obj, first, last, abandon_on_cancel=True)
         missing = [index for index, block in zip(range(first, last + 1), blocks) if block is None]
         if missing:
             lo, hi = missing[0], missing[-1]
-            data = await self._fetch_remote(uid, lo * bs, min((hi + 1) * bs, end))
-            fetched = [data[k : k + bs] for k in range(0, (hi - lo + 1) * bs, bs)]
+            fetched = await self._fetch_remote(uid, lo * bs, (hi + 1) * bs)
+            fetched += [b""] * (hi - lo + 1 - len(fetched))  # the object ended early
             blocks[lo - first : hi - first + 1] = fetched
             self._write_behind(obj, [(lo + k, block) for k, block in enumerate(fetched) if block])
-        return b"".join(_until_short(blocks, bs))
+        return list(_until_short(blocks, bs))
 
     def _load_run(self, obj: str, first: int, last: int) -> list:
         blocks = []
@@ -237,9 +238,10 @@ class DiskBackedFetch:
 
 
 def _until_short(blocks: list, bs: int):
-    """The blocks up to and including the first short one (the end of the object)."""
+    """The blocks up to and including the first short one (the end of the object), without empties."""
     for block in blocks:
-        yield block
+        if block:
+            yield block
         if len(block) < bs:
             return
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import trio
 
 from refmount.cache import BlockCache
+from refmount.fetch.pieces import split
 from refmount.view import AccessPattern
 
 KiB = 1 << 10
@@ -16,10 +17,10 @@ class Remote:
     def __init__(self) -> None:
         self.requests: list[tuple[int, int]] = []
 
-    async def fetch(self, source, start: int, end: int) -> bytes:
+    async def fetch(self, source, start: int, end: int) -> list[bytes]:
         self.requests.append((start, end))
         await trio.sleep(0.01)
-        return DATA[start:end]
+        return split(DATA[start:end], start, 256 * KiB)
 
 
 def test_read_exact_fetches_only_the_range_once_even_for_concurrent_readers():

@@ -64,12 +64,13 @@ class Fetcher:
             self._loop = asyncio_loop()
         return self._loop
 
-    async def read(self, url: str, start: int, end: int) -> bytes:
-        """Bytes [start, min(end, size)) of `url` (shorter only at the end of the object)."""
+    async def read(self, url: str, start: int, end: int, piece: int = 0) -> list[bytes]:
+        """Bytes [start, min(end, size)) of `url` (shorter only at the end of the object), as pieces
+        split at multiples of `piece` (one piece if 0; none past the end)."""
         backend = self._backend(url)
         if backend is self.local:
-            return await trio.to_thread.run_sync(self.local.read, url, start, end, abandon_on_cancel=True)
-        return await run_on_asyncio(backend.read(url, start, end), self._asyncio())
+            return await trio.to_thread.run_sync(self.local.read, url, start, end, piece, abandon_on_cancel=True)
+        return await run_on_asyncio(backend.read(url, start, end, piece), self._asyncio())
 
     async def size(self, url: str) -> int:
         backend = self._backend(url)

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 from refmount.errors import FetchError, RefmountError
+from refmount.fetch.pieces import split
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import FetchStats, redact
 
@@ -49,19 +50,19 @@ class FsspecBackend:
             self.stats.retries += 1
             await asyncio.sleep(delay)
 
-    async def read(self, url: str, start: int, end: int) -> bytes:
+    async def read(self, url: str, start: int, end: int, piece: int = 0) -> list[bytes]:
         t0 = time.monotonic()
         size = await self.size(url)
         end = min(end, size)
         if end <= start:
-            return b""
+            return []
         data = await self._call(url, "cat_file", url, start=start, end=end)
         self.stats.requests += 1
         if len(data) != end - start:
             self.stats.errors += 1
             raise FetchError(f"{redact(url)}: asked for {end - start} bytes, got {len(data)}")
         self.stats.record(len(data), time.monotonic() - t0)
-        return data
+        return split(data, start, piece)
 
     async def _info(self, url: str) -> dict:
         if url not in self._infos:

@@ -16,6 +16,7 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 
 from refmount.errors import FetchError, RemoteChanged
+from refmount.fetch.pieces import piece_sizes
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import FetchStats, redact
 
@@ -61,9 +62,10 @@ class HttpBackend:
 
     # -- public operations (asyncio side) ----------------------------------------------------------
 
-    async def read(self, url: str, start: int, end: int) -> bytes:
-        """Bytes [start, min(end, size)) of `url`; b"" when start is at or past the end."""
-        return await self._with_retries(url, lambda: self._get_range(url, start, end))
+    async def read(self, url: str, start: int, end: int, piece: int = 0) -> list[bytes]:
+        """Bytes [start, min(end, size)) of `url` as pieces split at multiples of `piece` (one piece if
+        0); no pieces when start is at or past the end."""
+        return await self._with_retries(url, lambda: self._get_range(url, start, end, piece))
 
     async def size(self, url: str) -> int:
         if url not in self._sizes:
@@ -97,29 +99,29 @@ class HttpBackend:
             url = target
         raise FetchError(f"{redact(url)}: too many redirects")
 
-    async def _get_range(self, url: str, start: int, end: int) -> bytes:
+    async def _get_range(self, url: str, start: int, end: int, piece: int) -> list[bytes]:
         if end <= start:
-            return b""
+            return []
         t0 = time.monotonic()
         resp = await self._request(url, "GET", {"Range": f"bytes={start}-{end - 1}"})
         async with resp:
             self.stats.requests += 1
             status = resp.status
             if status == 206:
-                data = await self._read_206(url, resp, start, end)
+                pieces = await self._read_206(url, resp, start, end, piece)
             elif status == 200:
-                data = await self._read_200_sliced(url, resp, start, end)
+                pieces = await self._read_200_sliced(url, resp, start, end, piece)
             elif status == 416:
                 total = _total_from(resp.headers.get("Content-Range", ""))
                 if total is not None and start < total:
                     raise _Retry(f"416 for a range inside the object ({total} bytes)")
-                data = b""
+                pieces = []
             else:
                 self._raise_for_status(url, resp)
-        self.stats.record(len(data), time.monotonic() - t0)
-        return data
+        self.stats.record(sum(map(len, pieces)), time.monotonic() - t0)
+        return pieces
 
-    async def _read_206(self, url, resp, start, end) -> bytes:
+    async def _read_206(self, url, resp, start, end, piece) -> list[bytes]:
         m = _CONTENT_RANGE.fullmatch(resp.headers.get("Content-Range", "").strip())
         if not m:
             raise _Retry("206 without a valid Content-Range")
@@ -129,25 +131,22 @@ class HttpBackend:
         want_last = end - 1 if total is None else min(end, total) - 1
         if first != start or last != want_last:
             raise _Retry(f"Content-Range {m.group(0)!r} does not match the requested bytes={start}-{end - 1}")
-        data = await _read_exactly(resp, last - first + 1)
-        return data
+        return await _read_pieces(resp, start, last + 1, piece)
 
-    async def _read_200_sliced(self, url, resp, start, end) -> bytes:
+    async def _read_200_sliced(self, url, resp, start, end, piece) -> list[bytes]:
         """The server ignored Range: stream the body, keeping only the wanted slice."""
         self._check_validator(url, resp, resp.content_length)
         if resp.content_length is not None and start >= resp.content_length:
-            return b""
+            return []
         skipped = 0
         while skipped < start:
             chunk = await resp.content.read(min(start - skipped, 1 << 20))
             if not chunk:
-                return b""
+                return []
             skipped += len(chunk)
-        want = end - start
         if resp.content_length is not None:
-            want = min(want, resp.content_length - start)
-        data = await _read_exactly(resp, want, allow_eof=resp.content_length is None)
-        return data
+            end = min(end, resp.content_length)
+        return await _read_pieces(resp, start, end, piece, allow_eof=resp.content_length is None)
 
     async def _probe_size(self, url: str) -> int:
         resp = await self._request(url, "HEAD", {})
@@ -222,6 +221,19 @@ class HttpBackend:
                                  f"{loop.time() - started:.1f}s; last error: {reason}")
             self.stats.retries += 1
             await asyncio.sleep(delay)
+
+
+async def _read_pieces(resp, start: int, end: int, piece: int, allow_eof: bool = False) -> list[bytes]:
+    """The body's bytes [start, end) as pieces split at multiples of `piece`: each piece is copied
+    once from the socket chunks, and the block cache keeps them as they are."""
+    pieces = []
+    for size in piece_sizes(start, end, piece):
+        data = await _read_exactly(resp, size, allow_eof)
+        if data:
+            pieces.append(data)
+        if len(data) < size:
+            break
+    return pieces
 
 
 async def _read_exactly(resp, n: int, allow_eof: bool = False) -> bytes:

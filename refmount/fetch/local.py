@@ -8,6 +8,7 @@ import time
 from collections import OrderedDict
 
 from refmount.errors import FetchError, RemoteChanged
+from refmount.fetch.pieces import piece_sizes
 from refmount.fetch.stats import FetchStats
 
 _MAX_OPEN = 256
@@ -50,25 +51,32 @@ class LocalBackend:
                 os.close(old_fd)
         return fd, st.st_size
 
-    def read(self, url: str, start: int, end: int) -> bytes:
+    def read(self, url: str, start: int, end: int, piece: int = 0) -> list[bytes]:
         fd, size = self._open(url)
         t0 = time.monotonic()
-        end = min(end, size)
-        parts = []
+        pieces = []
         pos = start
-        while pos < end:
+        for want in piece_sizes(start, min(end, size), piece):
+            pieces.append(self._pread_exactly(url, fd, want, pos))
+            pos += want
+        self.stats.requests += 1
+        self.stats.record(pos - start, time.monotonic() - t0)
+        return pieces
+
+    @staticmethod
+    def _pread_exactly(url: str, fd: int, n: int, offset: int) -> bytes:
+        parts = []
+        got = 0
+        while got < n:
             try:
-                chunk = os.pread(fd, end - pos, pos)
+                chunk = os.pread(fd, n - got, offset + got)
             except OSError as e:
                 raise FetchError(f"{url}: {e.strerror}") from None
             if not chunk:
                 raise RemoteChanged(f"{url}: the file became shorter while mounted")
             parts.append(chunk)
-            pos += len(chunk)
-        data = b"".join(parts)
-        self.stats.requests += 1
-        self.stats.record(len(data), time.monotonic() - t0)
-        return data
+            got += len(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def size(self, url: str) -> int:
         return self._open(url)[1]
