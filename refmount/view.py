@@ -18,61 +18,56 @@ from refmount.lru import SingleFlightLRU
 from refmount.refs import INLINE, WHOLE_FILE, RefSet
 
 
-class SequentialPrefetch:
-    """Adaptive read-ahead in the style of mountpoint-s3: per file, a window that starts at two
-    blocks, doubles while reads stay sequential (up to `max_window`) and resets on a seek. The
-    blocks ahead are fetched by background tasks through the same single-flight cache."""
+class ReadStreams:
+    """Sequential read-ahead per remote file, in the style of mountpoint-s3, over the remote file's
+    own offsets: a scan through consecutive chunk files of one remote file is read ahead like one
+    big file.
 
-    def __init__(self, cache: BlockCache, max_window: int = 64 << 20, tracked: int = 1024) -> None:
+    Each remote file keeps a few streams (parallel readers walking different parts of it). A read
+    continues a stream when it starts after the stream's last read did and at most `gap` past where
+    the stream has got to (chunks of a netCDF-4 file sit between small metadata blocks; the kernel's
+    readahead requests may arrive out of order); the stream's window then doubles, from two blocks up to
+    `max_window`. Any other read starts a new stream, replacing the oldest, whose read-ahead stays
+    within the key it read. The blocks ahead are fetched by background tasks through the same
+    single-flight cache."""
+
+    def __init__(self, cache: BlockCache, gap: int = 64 << 10, max_window: int = 64 << 20,
+                 streams: int = 8, files: int = 4096) -> None:
         self.cache = cache
-        self.max_window = max_window
-        self.tracked = tracked
-        self._files: OrderedDict[int, list] = OrderedDict()  # key index -> [next offset, window, ahead]
-
-    def on_read(self, i: int, uid: int, base: int, offset: int, end: int, length: int) -> None:
-        bs = self.cache.block_size
-        state = self._files.get(i)
-        if state is not None and offset == state[0]:
-            state[1] = min(state[1] * 2, self.max_window)
-        elif offset == 0:
-            state = [0, 2 * bs, -1]
-        else:
-            self._files.pop(i, None)
-            return
-        state[0] = end
-        self._files[i] = state
-        self._files.move_to_end(i)
-        if len(self._files) > self.tracked:
-            self._files.popitem(last=False)
-        stop = min(base + length, base + end + state[1])
-        if stop <= base + end:
-            return
-        first = max((base + end) // bs, state[2] + 1)
-        last = (stop - 1) // bs
-        if first <= last:
-            state[2] = last
-            trio.lowlevel.spawn_system_task(self.cache.prefetch, uid, first, last)
-
-
-class AccessPattern:
-    """Tells random reads of small chunks from scans. A read is part of a scan when it starts at or
-    just after (within `gap`: chunks of a netCDF-4 file are interleaved with small metadata blocks)
-    where a recent read of the same remote file ended; several recent ends are kept per
-    file so that parallel readers walking different parts of it each still look sequential."""
-
-    def __init__(self, gap: int, recent: int = 8, files: int = 4096) -> None:
         self.gap = gap
-        self.recent = recent
+        self.max_window = max_window
+        self.streams = streams
         self.files = files
-        self._ends: OrderedDict[int, list[int]] = OrderedDict()  # url id -> recent end offsets
+        # url id -> streams: [end reached, window, last block fetched ahead, start of the last read]
+        self._files: OrderedDict[int, list[list[int]]] = OrderedDict()
 
-    def is_scan(self, uid: int, start: int, end: int) -> bool:
-        ends = self._ends.pop(uid, None) or []
-        scan = any(0 <= start - e <= self.gap for e in ends)
-        ends.append(end)
-        self._ends[uid] = ends[-self.recent :]
-        if len(self._ends) > self.files:
-            self._ends.popitem(last=False)
+    def on_read(self, uid: int, start: int, end: int, key_end: int, limit: int | None,
+                prefetch: bool = True) -> bool:
+        """Record a read of [start, end) of remote file `uid` (of a key ending at `key_end`) and
+        fetch ahead, up to `limit` if the remote file's end is known. True if it continued a scan."""
+        bs = self.cache.block_size
+        streams = self._files.pop(uid, None) or []
+        for stream in streams:
+            if stream[3] < start <= stream[0] + self.gap:
+                stream[1] = min(max(stream[1] * 2, 2 * bs), self.max_window)
+                stream[0] = max(stream[0], end)
+                stream[3] = start
+                scan = True
+                break
+        else:
+            stream = [end, 2 * bs, -1, start]
+            streams = streams[len(streams) + 1 - self.streams :] + [stream]
+            limit = key_end  # one read is no scan yet: read ahead within its key only
+            scan = False
+        self._files[uid] = streams
+        if len(self._files) > self.files:
+            self._files.popitem(last=False)
+        stop = end + stream[1] if limit is None else min(limit, end + stream[1])
+        first = max(end // bs, stream[2] + 1)
+        last = (stop - 1) // bs
+        if prefetch and stop > end and first <= last:
+            stream[2] = last
+            trio.lowlevel.spawn_system_task(self.cache.prefetch, uid, first, last)
         return scan
 
 
@@ -84,12 +79,12 @@ class RawView:
         self.refset = refset
         self.fetcher = fetcher
         self.cache = cache
-        self.prefetch = SequentialPrefetch(cache) if prefetch else None
+        self.prefetch = prefetch
+        self.streams = ReadStreams(cache)
         # Chunks up to a quarter block read at random are fetched alone; scans fetch whole blocks,
         # which coalesces neighbouring chunks into one request. (The disk cache stores whole blocks
         # only, so with it every read goes by blocks.)
         self.small_chunk = cache.block_size // 4 if exact_small_reads else 0
-        self.pattern = AccessPattern(gap=64 << 10)
         self._whole_sizes = SingleFlightLRU(1 << 62)  # url id -> size of the whole remote object (all kept)
 
     # -- visibility -------------------------------------------------------------------------------
@@ -127,14 +122,16 @@ class RawView:
         end = min(offset + size, length)
         if end <= offset:
             return b""
-        if ref_length == WHOLE_FILE:
+        whole = ref_length == WHOLE_FILE
+        if whole:
             base = 0
-        small = ref_length != WHOLE_FILE and length <= self.small_chunk
-        if small and not self.pattern.is_scan(uid, base, base + length):
+        small = not whole and length <= self.small_chunk
+        # Seen on arrival (the kernel's readahead requests may finish out of order).
+        scan = self.streams.on_read(uid, base + offset, base + end, base + length, base + length if whole else None,
+                                    prefetch=self.prefetch and not small)
+        if small and not scan:
             data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
         else:
-            if self.prefetch is not None:  # on arrival: the kernel's readahead reads may finish out of order
-                self.prefetch.on_read(i, uid, base, offset, end, length)
             data = await self.cache.read(uid, base + offset, base + end)
         if len(data) != end - offset:
             raise FetchError(f"{redact(self.refset.urls[uid])}: the object ends before byte {base + end} "

@@ -7,7 +7,7 @@ import trio
 
 from refmount.cache import BlockCache
 from refmount.fetch.pieces import split
-from refmount.view import AccessPattern
+from refmount.view import ReadStreams
 
 KiB = 1 << 10
 DATA = bytes(range(256)) * (16 * KiB)  # 4 MiB
@@ -58,17 +58,51 @@ async def _append(results, awaitable):
     results.append(await awaitable)
 
 
-def test_access_pattern_tells_scans_from_random_reads():
-    pattern = AccessPattern(gap=1000, recent=4)
-    assert not pattern.is_scan(1, 0, 100)            # nothing seen yet
-    assert pattern.is_scan(1, 100, 200)              # right after
-    assert pattern.is_scan(1, 700, 800)              # a small gap
-    assert not pattern.is_scan(1, 50_000, 50_100)    # a jump
-    assert not pattern.is_scan(2, 800, 900)          # other files have their own history
+class PrefetchLog:
+    block_size = 1000
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, int]] = []
+
+    async def prefetch(self, uid: int, first: int, last: int) -> None:
+        self.calls.append((uid, first, last))
+
+
+def test_read_streams_tell_scans_from_random_reads():
+    streams = ReadStreams(PrefetchLog(), gap=1000, streams=4)
+
+    def scan(uid, start, end):
+        return streams.on_read(uid, start, end, end, None, prefetch=False)
+
+    assert not scan(1, 0, 100)            # nothing seen yet
+    assert scan(1, 100, 200)              # right after
+    assert scan(1, 700, 800)              # a small gap
+    assert not scan(1, 700, 800)          # the same chunk again is no scan
+    assert not scan(1, 50_000, 50_100)    # a jump
+    assert not scan(2, 800, 900)          # other files have their own streams
     # Two readers walking different parts of the same file each still look sequential.
     for k in range(5):
-        assert pattern.is_scan(1, 800 + 100 * k, 900 + 100 * k)
-        assert pattern.is_scan(1, 50_100 + 100 * k, 50_200 + 100 * k)
+        assert scan(1, 800 + 100 * k, 900 + 100 * k)
+        assert scan(1, 50_100 + 100 * k, 50_200 + 100 * k)
+
+
+def test_read_streams_read_ahead_across_chunk_files_with_a_growing_window():
+    log = PrefetchLog()
+
+    async def main():
+        streams = ReadStreams(log, gap=100, max_window=8000)
+        streams.on_read(7, 0, 1000, 1000, None)  # a first chunk: nothing beyond its own end
+        for k in range(1, 6):  # consecutive chunk files of the same remote file
+            streams.on_read(7, k * 1000, (k + 1) * 1000, (k + 1) * 1000, None)
+        await trio.sleep(0)
+
+    trio.run(main)
+    calls = sorted(log.calls)  # background tasks run in any order
+    assert calls[0] == (7, 2, 5)  # the second chunk: the window doubled to four blocks past its end
+    ends = [last for _, _, last in calls]
+    assert ends[-1] == 6 + 8 - 1  # then it grows up to max_window ahead of the reads
+    firsts = [first for _, first, _ in calls]
+    assert all(f > prev_last for f, prev_last in zip(firsts[1:], ends))  # never fetched twice
 
 
 def test_random_small_chunks_are_exact_requests_and_scans_coalesce(mount, http_data, tmp_path):
