@@ -64,18 +64,19 @@ def disk_backed(fetch, fetcher, urls, opts):
     from refmount.lru import SingleFlightLRU
 
     disk = DiskCache(opts.cache_dir, opts.disk_cache_size, opts.block_size)
-    objects = SingleFlightLRU(1 << 62)  # url id -> object id ("" when not cacheable); one lookup per url
+    objects = SingleFlightLRU(1 << 62)  # url id -> (object id, size), or () when not cacheable
 
-    async def object_id(url_id):
+    async def identify(url_id):
         async def lookup():
-            validator = await fetcher.identity(urls[url_id])
+            url = urls[url_id]
+            validator = await fetcher.identity(url)
             if validator is None:
-                return ""
-            return disk.object_id(urls[url_id], validator)
+                return ()
+            return disk.object_id(url, validator), await fetcher.size(url)  # the size came with the validator
 
         return await objects.get(url_id, lookup) or None
 
-    return DiskBackedFetch(disk, fetch, object_id), disk
+    return DiskBackedFetch(disk, fetch, identify), disk
 
 
 def build_filesystem(opts):

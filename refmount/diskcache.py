@@ -189,14 +189,18 @@ class DiskBackedFetch:
     def __init__(self, disk: DiskCache, fetch_remote, identity) -> None:
         self.disk = disk
         self._fetch_remote = fetch_remote  # async (url id, start, end) -> bytes
-        self._identity = identity          # async url id -> object id or None
+        self._identity = identity          # async url id -> (object id, size) or None
         self._pending_writes = 0
 
     async def __call__(self, uid: int, start: int, end: int) -> list[bytes]:
-        obj = await self._identity(uid) if self.disk.enabled else None
+        identity = await self._identity(uid) if self.disk.enabled else None
         bs = self.disk.block_size
-        if obj is None or start % bs or end % bs:
+        if identity is None or start % bs or end % bs:
             return await self._fetch_remote(uid, start, end)
+        obj, size = identity
+        end = min(end, -(-size // bs) * bs)  # read-ahead may run past the end: no block there to look for
+        if end <= start:
+            return []
         first, last = start // bs, (end - 1) // bs
         blocks = await trio.to_thread.run_sync(self._load_run, obj, first, last, abandon_on_cancel=True)
         missing = [index for index, block in zip(range(first, last + 1), blocks) if block is None]
