@@ -232,3 +232,20 @@ def test_parallel_workers_match_serial(monkeypatch):
     with pytest.raises(RefsError, match="a/../x"):
         builder = RefSetBuilder(None)
         load_json(lambda: io.BytesIO(bad), builder, piece_bytes=2048, parallel=True)
+
+
+def test_batch_key_screen_never_misses_a_bad_key():
+    """The vectorised screen of a batch of keys may flag good keys (they are then checked one by
+    one) but must flag every batch that holds a bad one."""
+    import random
+
+    from refmount.refs.model import _has_bad_key, key_problem
+
+    rng = random.Random(3)
+    alphabet = ["a", "b", ".", "/", "é", "\x00", "x" * 130]
+    for _ in range(20000):
+        keys = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6))) for _ in range(rng.randint(1, 4))]
+        if any(key_problem(k) for k in keys):
+            assert _has_bad_key("\x00".join(keys).encode("utf-8", "surrogatepass"), len(keys)), keys
+    good = ["var/0.0.0", "a/b/c", ".zarray", "x/.zattrs", "..a/b..", "a./.b", "é" * 127]
+    assert not _has_bad_key("\x00".join(good).encode(), len(good))

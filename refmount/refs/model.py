@@ -13,7 +13,6 @@ Loaders (json, parquet, gen) feed a `RefSetBuilder` in batches; nothing re-parse
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
@@ -48,9 +47,6 @@ class Ref:
         return self.url is not None and self.length == WHOLE_FILE
 
 
-_DOT_SEGMENT = re.compile(r"(?:^|[/\x00])\.\.?(?=[/\x00]|$)")
-
-
 def key_problem(key: str) -> str | None:
     """Why `key` cannot be a path, or None. The slow, per-key form of `_check_keys`."""
     if key == "":
@@ -69,33 +65,41 @@ def key_problem(key: str) -> str | None:
     return None
 
 
-def _has_bad_key(joined: str, encoded: bytes, count: int) -> bool:
-    """Cheap whole-batch screen using substring searches (C speed); may only err towards True."""
-    if joined.count("\x00") != count - 1 or not joined:
-        return True
-    if joined[0] == "/" or joined[-1] == "/" or joined[-1] == "\x00":
-        return True
-    for bad in ("//", "\x00/", "/\x00", "\x00\x00"):
-        if bad in joined:
-            return True
-    if ("./" in joined or ".\x00" in joined or joined[-1] == ".") and _DOT_SEGMENT.search(joined):
-        return True
-    if len(encoded) > MAX_NAME_BYTES:
-        raw = np.frombuffer(encoded, dtype=np.uint8)
-        cuts = np.flatnonzero((raw == 0x2F) | (raw == 0))
-        edges = np.concatenate(([-1], cuts, [len(raw)]))
-        if np.diff(edges).max() - 1 > MAX_NAME_BYTES:
-            return True
-    return False
+def _has_bad_key(encoded: bytes, count: int) -> bool:
+    """Cheap whole-batch screen over the NUL-joined UTF-8 keys with numpy (a few passes at C speed);
+    may only err towards True. Separators are '/' and the NULs between keys."""
+    raw = np.frombuffer(encoded, dtype=np.uint8)
+    nul = raw == 0
+    if len(raw) == 0 or int(np.count_nonzero(nul)) != count - 1:
+        return True  # an empty batch, or a NUL inside a key
+    sep = np.ones(len(raw) + 2, dtype=bool)  # sep[k + 1] is raw[k]; both ends count as separators
+    sep[1:-1] = nul | (raw == 0x2F)
+    if (sep[1:] & sep[:-1]).any():
+        return True  # an empty segment: a leading or trailing '/', '//', or an empty key
+    dot = raw == 0x2E
+    if (dot & sep[:-2] & sep[2:]).any() or (dot[:-1] & dot[1:] & sep[:-3] & sep[3:]).any():
+        return True  # a '.' or '..' segment
+    return int(np.diff(np.flatnonzero(sep)).max()) - 1 > MAX_NAME_BYTES
 
 
-def _check_keys(keys: list[str], joined: str, encoded: bytes) -> None:
+def _check_keys(keys: list[str], encoded: bytes) -> None:
     """Validate a batch of keys; per-key work happens only to name a culprit."""
-    if _has_bad_key(joined, encoded, len(keys)):
+    if _has_bad_key(encoded, len(keys)):
         for key in keys:
             problem = key_problem(key)
             if problem:
                 raise RefsError(f"key {quote(key)} cannot be a path: it {problem}")
+
+
+async def each_file(refset, dir_id: int, start: int = 0):
+    """(stable position, key index) of the files directly in a directory, via `files_from`."""
+    while True:
+        positions, indexes = await refset.files_from(dir_id, start, 4096)
+        if len(positions) == 0:
+            return
+        for item in zip(positions.tolist(), indexes.tolist()):
+            yield item
+        start = int(positions[-1]) + 1
 
 
 class DirRegistry:
@@ -167,7 +171,7 @@ class RefSetBuilder:
         self.reserve(n, "the reference set")
         joined = "\x00".join(keys)
         encoded = joined.encode("utf-8", "surrogatepass")
-        _check_keys(keys, joined, encoded)
+        _check_keys(keys, encoded)
         if len(encoded) == len(joined):  # all ASCII: byte lengths are character lengths
             key_len = np.fromiter(map(len, keys), dtype=np.int64, count=n)
         else:
@@ -356,7 +360,7 @@ class RefSet:
 
     # -- the access interface shared with lazy (Parquet) reference sets ------------------------------
     # Filesystem, views and array planning use only these, so a set whose references load on demand
-    # can stand in for this eager one. `ensure`, `afind` and `list_files` may do I/O (async).
+    # can stand in for this eager one. `ensure`, `afind`, `files_from` and `list_files` may do I/O (async).
 
     def exists(self, i: int) -> bool:
         return 0 <= i < len(self.url_id) and self.dir_of[i] >= 0
@@ -366,7 +370,7 @@ class RefSet:
 
     def target(self, i: int) -> tuple[int, int, int]:
         """(url id or INLINE, offset, length or WHOLE_FILE) of key index i."""
-        return int(self.url_id[i]), int(self.offset[i]), int(self.length[i])
+        return self.url_id.item(i), self.offset.item(i), self.length.item(i)  # .item: no numpy scalars (listings)
 
     def inline_data(self, i: int) -> bytes | None:
         return self.inline.get(i)
@@ -377,14 +381,24 @@ class RefSet:
     async def afind(self, key: str) -> int:
         return self.find(key)
 
-    async def list_files(self, dir_id: int, start: int = 0):
-        """(stable position, key index) of the files directly in a directory, from `start` on.
-        Converted in bounded slices: a readdir reply holds a few hundred names, and a listing of a
-        million-entry directory must not convert everything that remains on every call."""
+    def list_files(self, dir_id: int, start: int = 0):
+        """Async iterator of (stable position, key index) of the files directly in a directory."""
+        return each_file(self, dir_id, start)
+
+    async def files_from(self, dir_id: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(stable positions, key indexes) of up to `count` files directly in a directory, from
+        position `start` on, as numpy arrays; empty at the end. A listing asks for what one readdir
+        reply can hold, so that a million-entry directory costs numpy calls per reply, not per entry."""
         files = self.files_in(dir_id)
-        for lo in range(start, len(files), 4096):
-            for pos, i in enumerate(files[lo : lo + 4096].tolist(), lo):
-                yield pos, i
+        stop = min(start + count, len(files))
+        return np.arange(start, stop), files[start:stop]
+
+    def names(self, indexes: np.ndarray, dir_id: int) -> list[bytes]:
+        """File names (keys less their directory's path) of key indexes directly in `dir_id`."""
+        skip = len(self.dirs.paths[dir_id].encode("utf-8", "surrogatepass")) + 1 if dir_id else 0
+        blob = self._blob
+        return [blob[a:b] for a, b in zip((self._key_start[indexes] + skip).tolist(),
+                                          self._key_start[indexes + 1].tolist())]
 
     # -- directories ------------------------------------------------------------------------------
 
