@@ -37,6 +37,17 @@ class Attributes:
     timeout: float  # how long the kernel may cache this entry and its attributes
 
 
+@dataclass(frozen=True, slots=True)
+class FileEntries:
+    """Consecutive files of a directory listing, as parallel lists. A listing of a million files
+    is dominated by per-entry costs, so it is built in bulk rather than one object per file."""
+
+    names: list[bytes]
+    inodes: list[int]
+    sizes: list[int | None]  # None: unknown without I/O (the kernel must ask getattr before showing one)
+    next_offsets: list[int]  # where the listing resumes after each entry
+
+
 class Filesystem:
     def __init__(self, refset: RefSet, view, *, attr_timeout: float = 3600.0, stats=None) -> None:
         self.refset = refset
@@ -49,6 +60,7 @@ class Filesystem:
         self.mtime_ns = time.time_ns()
         self.stats = stats or (lambda: {})
         self._subdir_names = [sorted(children) for children in self.dirs.children]
+        self._may_hide = not getattr(view, "hides_nothing", False)  # a view may promise to hide no key
 
     # -- inode numbering --------------------------------------------------------------------------
 
@@ -78,14 +90,6 @@ class Filesystem:
 
     async def _file_attributes(self, i: int) -> Attributes:
         return Attributes(self.file_inode(i), FILE_MODE, await self.view.size(i), 1, self.attr_timeout)
-
-    def _listing_attributes(self, i: int) -> Attributes:
-        """Attributes for a directory listing, without I/O: an unknown size is given with a zero
-        timeout so that the kernel asks again (and we look the size up) when someone stats it."""
-        size = self.view.known_size(i)
-        if size is None:
-            return Attributes(self.file_inode(i), FILE_MODE, 0, 1, 0.0)
-        return Attributes(self.file_inode(i), FILE_MODE, size, 1, self.attr_timeout)
 
     async def getattr(self, ino: int) -> Attributes:
         d = self._dir_of_ino(ino)
@@ -126,26 +130,44 @@ class Filesystem:
             raise FsError(errno.ENOTDIR if await self._key_of_ino(ino) is not None else errno.ENOENT)
         return ino
 
-    async def readdir(self, ino: int, start: int):
-        """Yield (name, attributes, next_offset) from listing position `start` on. Positions are
-        stable: subdirectories by name, then files in load order (chunk order for Parquet)."""
+    # A listing's positions are stable: subdirectories by name, then files in load order (chunk order
+    # for Parquet). An entry's next offset is its position + 1: where a later call resumes, in O(1).
+
+    def _listed_dir(self, ino: int) -> int:
         d = self._dir_of_ino(ino)
         if d is None:
             raise FsError(errno.ENOTDIR)
-        subdirs = self._subdir_names[d]
+        return d
+
+    def subdir_entries(self, ino: int, start: int):
+        """Yield (name, attributes, next offset) of the subdirectories from position `start` on."""
+        d = self._listed_dir(ino)
+        names = self._subdir_names[d]
         children = self.dirs.children[d]
-        pos = start
-        while pos < len(subdirs):
-            sub = children[subdirs[pos]]
-            pos += 1
+        for pos in range(start, len(names)):
+            sub = children[names[pos]]
             if not self.view.hidden_dir(sub):
-                yield subdirs[pos - 1].encode("utf-8", "surrogatepass"), self._dir_attributes(sub), pos
-        prefix = len(self.dirs.paths[d].encode("utf-8", "surrogatepass")) + 1 if d else 0
-        refset = self.refset
-        async for file_pos, i in refset.list_files(d, pos - len(subdirs)):
-            if self.view.hidden(i):
-                continue
-            yield refset.key_bytes(i)[prefix:], self._listing_attributes(i), len(subdirs) + file_pos + 1
+                yield names[pos].encode("utf-8", "surrogatepass"), self._dir_attributes(sub), pos + 1
+
+    async def file_entries(self, ino: int, start: int, count: int) -> FileEntries:
+        """Up to `count` files from position `start` on; none at the end of the listing."""
+        d = self._listed_dir(ino)
+        before = len(self._subdir_names[d])  # positions of the subdirectories
+        refset, view = self.refset, self.view
+        pos = max(start - before, 0)
+        while True:
+            positions, indexes = await refset.files_from(d, pos, count)
+            keys = indexes.tolist()
+            if self._may_hide:
+                hidden = list(map(view.hidden, keys))
+                if any(hidden):
+                    shown = [n for n, h in enumerate(hidden) if not h]
+                    if not shown:
+                        pos = int(positions[-1]) + 1
+                        continue  # all hidden: look further
+                    positions, indexes, keys = positions[shown], indexes[shown], [keys[n] for n in shown]
+            return FileEntries(refset.names(indexes, d), (indexes + self._first_file_ino).tolist(),
+                               list(map(view.known_size, keys)), (positions + before + 1).tolist())
 
     # -- files ------------------------------------------------------------------------------------
 
@@ -184,6 +206,11 @@ class Filesystem:
         return self.view.xattrs(i)
 
     async def getxattr(self, ino: int, name: bytes) -> bytes:
+        if not name.startswith(b"user."):
+            # security.selinux, system.posix_acl_access, ...: `ls -l` asks for both on every file, and
+            # "not supported" (unlike "no such attribute") makes it stop asking for this mount. Never
+            # ENOSYS: the kernel would stop forwarding getxattr, user.refmount.* included.
+            raise FsError(errno.EOPNOTSUPP)
         value = (await self.xattrs(ino)).get(name.decode("utf-8", "replace"))
         if value is None:
             raise FsError(errno.ENODATA)

@@ -16,7 +16,7 @@ import pyfuse3
 import trio
 
 from refmount.errors import RefmountError
-from refmount.fs import Attributes, Filesystem, FsError
+from refmount.fs import FILE_MODE, Attributes, Filesystem, FsError
 
 log = logging.getLogger("refmount")
 
@@ -85,11 +85,38 @@ class FuseOperations(pyfuse3.Operations):
     async def opendir(self, inode, ctx):
         return await self.fs.opendir(inode)
 
+    def _set_size(self, entry: pyfuse3.EntryAttributes, size: int | None) -> None:
+        """A listed file's size; an unknown one as 0 with zero timeouts, so that the kernel asks
+        (getattr, where we look it up) before it shows a size."""
+        known = size is not None
+        entry.st_size = size if known else 0
+        entry.st_blocks = (size + 511) // 512 if known else 0
+        entry.entry_timeout = entry.attr_timeout = self.fs.attr_timeout if known else 0.0
+
     @_reply
     async def readdir(self, fh, start_id, token):
-        async for name, attributes, next_id in self.fs.readdir(fh, start_id):
-            if not pyfuse3.readdir_reply(token, name, self._entry(attributes), next_id):
-                break
+        readdir_reply = pyfuse3.readdir_reply
+        for name, attributes, next_id in self.fs.subdir_entries(fh, start_id):
+            if not readdir_reply(token, name, self._entry(attributes), next_id):
+                return
+        # One EntryAttributes serves every file: readdir_reply copies it into the reply, and listed
+        # files differ only in inode and size. Per entry this loop is most of a big listing's cost.
+        entry = self._entry(Attributes(0, FILE_MODE, 0, 1, 0.0))
+        shown = None  # the size `entry` holds
+        count = 64  # a reply holds from a few dozen entries (4 KiB) to ~800 (128 KiB): ask for more and more
+        while True:
+            files = await self.fs.file_entries(fh, start_id, count)
+            if not files.names:
+                return
+            for name, ino, size, next_id in zip(files.names, files.inodes, files.sizes, files.next_offsets):
+                if size != shown:
+                    self._set_size(entry, size)
+                    shown = size
+                entry.st_ino = ino
+                if not readdir_reply(token, name, entry, next_id):
+                    return
+            start_id = files.next_offsets[-1]
+            count = min(2 * count, 4096)
 
     @_reply
     async def open(self, inode, flags, ctx):

@@ -370,7 +370,8 @@ class RefSet:
 
     def target(self, i: int) -> tuple[int, int, int]:
         """(url id or INLINE, offset, length or WHOLE_FILE) of key index i."""
-        return self.url_id.item(i), self.offset.item(i), self.length.item(i)  # .item: no numpy scalars (listings)
+        # .item(): plain ints without numpy scalars in between, 2x faster (a listing asks for every file)
+        return self.url_id.item(i), self.offset.item(i), self.length.item(i)
 
     def inline_data(self, i: int) -> bytes | None:
         return self.inline.get(i)

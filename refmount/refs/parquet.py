@@ -25,11 +25,12 @@ import trio
 from refmount.errors import RefmountError, RefsError, quote
 from refmount.lru import SingleFlightLRU
 from refmount.refs.jsonrefs import add_mapping
-from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder, batch_bounds
+from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder, each_file
 from refmount.refs.source import is_remote, local_path
 
 MISSING = -2  # url id of a row that holds no reference
 DEFAULT_LOADED_RECORDS = 128  # as fsspec's LazyReferenceMapper
+_NO_FILES = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
 @dataclass
@@ -239,34 +240,32 @@ class ParquetRefSet:
     def file_count(self, dir_id: int) -> int:
         return self.meta.file_count(dir_id)
 
-    async def list_files(self, dir_id: int, start: int = 0):
-        """(stable position, key index) of the files directly in a directory, from `start` on."""
-        async for positions, indexes in self.file_batches(dir_id, start):
-            for item in zip(positions.tolist(), indexes.tolist()):
-                yield item
+    def list_files(self, dir_id: int, start: int = 0):
+        """Async iterator of (stable position, key index) of the files directly in a directory."""
+        return each_file(self, dir_id, start)
 
-    async def file_batches(self, dir_id: int, start: int = 0):
-        """Metadata files, then existing chunks in chunk order, one record file at a time; as
-        (positions, key indexes) numpy arrays. A batch never mixes metadata and chunks."""
-        async for batch in self.meta.file_batches(dir_id, start):
-            yield batch
-        array = self._array_of_dir.get(dir_id)
-        if array is None:
-            return
+    async def files_from(self, dir_id: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """As `RefSet.files_from`: metadata files, then existing chunks in chunk order, loading record
+        files as needed. A batch never mixes metadata and chunks."""
         meta_count = self.meta.file_count(dir_id)
-        n = max(start - meta_count, 0)
+        array = self._array_of_dir.get(dir_id)
+        if start < meta_count or array is None:
+            return await self.meta.files_from(dir_id, start, count)
+        n = start - meta_count
         while n < array.count:
             record = n // self.record_size
             rec = await self._load(array, record)
             first = record * self.record_size
-            stop = min(first + self.record_size, array.count)
+            stop = min(first + self.record_size, array.count, n + count)
             chunks = n + np.flatnonzero(rec.url_id[n - first : stop - first] != MISSING)
-            for lo, hi in batch_bounds(0, len(chunks)):
-                yield meta_count + chunks[lo:hi], array.base + chunks[lo:hi]
-            n = stop
+            if len(chunks):
+                return meta_count + chunks, array.base + chunks
+            n = stop  # rows that hold no reference: look further
+        return _NO_FILES
 
     def names(self, indexes: np.ndarray, dir_id: int) -> list[bytes]:
-        """File names of key indexes directly in `dir_id`: all metadata or all chunks (as batches are)."""
+        """File names of key indexes directly in `dir_id`: all metadata or all chunks, as
+        `files_from` gives them."""
         array = self._array_of_dir.get(dir_id)
         if array is None or len(indexes) == 0 or indexes[0] < self.meta.capacity:
             return self.meta.names(indexes, dir_id)
