@@ -73,6 +73,7 @@ class ReadStreams:
 
 class RawView:
     name = "raw"
+    hides_nothing = True  # listings may skip asking hidden() per key
 
     def __init__(self, refset: RefSet, fetcher: Fetcher, cache: BlockCache, prefetch: bool = True,
                  exact_small_reads: bool = True) -> None:
