@@ -208,9 +208,11 @@ def test_streaming_parser_matches_a_whole_document_parse(refs, piece, v1):
     assert whole == expected
 
 
-def test_parallel_workers_match_serial(monkeypatch):
+@pytest.mark.parametrize("source", ["memory", "file"])
+def test_parallel_workers_match_serial(monkeypatch, tmp_path, source):
     """Big refs objects are converted by forked workers at speculative cuts; force that path on a
-    small set whose strings contain cut look-alikes (`,"`) and check it against the serial parse."""
+    small set whose strings contain cut look-alikes (`,"`) and check it against the serial parse.
+    From a plain file the workers read their pieces themselves."""
     from refmount.refs import RefSetBuilder
     from refmount.refs import jsonrefs
     from refmount.refs.jsonrefs import load_json
@@ -221,17 +223,25 @@ def test_parallel_workers_match_serial(monkeypatch):
     refs["c/meta"] = {"nested": {"k": [1, 2, {"x": '",'}]}}
     text = orjson.dumps({"version": 1, "refs": refs})
 
+    def opener(data: bytes):
+        if source == "memory":
+            return lambda: io.BytesIO(data)
+        path = tmp_path / f"refs-{len(data)}.json"
+        path.write_bytes(data)
+        return lambda: open(path, "rb")
+
     def load(parallel: bool):
         builder = RefSetBuilder(None)
-        load_json(lambda: io.BytesIO(text), builder, piece_bytes=2048, parallel=parallel)
+        load_json(opener(text), builder, piece_bytes=2048, parallel=parallel)
         return builder.build().to_dict()
 
     monkeypatch.setattr(jsonrefs, "PARALLEL_AFTER_BYTES", 0)
+    monkeypatch.setattr(jsonrefs.Workers, "piece_bytes", 2048)
     assert load(True) == load(False)
     bad = orjson.dumps({"version": 1, "refs": {**refs, "a/../x": "y"}})
     with pytest.raises(RefsError, match="a/../x"):
         builder = RefSetBuilder(None)
-        load_json(lambda: io.BytesIO(bad), builder, piece_bytes=2048, parallel=True)
+        load_json(opener(bad), builder, piece_bytes=2048, parallel=True)
 
 
 def test_batch_key_screen_never_misses_a_bad_key():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
+import os
 from itertools import compress
 from operator import itemgetter
 
@@ -126,6 +128,18 @@ def convert_piece(text: bytes) -> tuple[str, object]:
     return "ok", builder.export()
 
 
+def convert_file_range(path: str, start: int, end: int) -> tuple[str, object]:
+    """`convert_piece` of bytes [start, end) of a plain local file, read by the worker itself."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        text = os.pread(fd, end - start, start)
+    finally:
+        os.close(fd)
+    if len(text) != end - start:
+        return "bad", "the file changed while loading"
+    return convert_piece(text)
+
+
 class Workers:
     """Forked processes that convert refs pieces in parallel, started only once an object has
     proved big (`after_bytes` parsed serially) on a machine with spare cores."""
@@ -137,10 +151,14 @@ class Workers:
         self.depth = 0
         # a big local file goes parallel at once; otherwise only after the object proves big
         self.after_bytes = 0 if _size_of(stream) >= 4 * PARALLEL_AFTER_BYTES else PARALLEL_AFTER_BYTES
+        # A plain local file (stream positions are file offsets): workers read their pieces
+        # themselves rather than receive them through a pipe.
+        raw = getattr(stream, "raw", None)
+        plain = isinstance(raw, io.FileIO) and isinstance(stream.name, str)
+        self._path = os.path.abspath(stream.name) if plain else None
 
     def pool(self) -> "Workers | None":
         import multiprocessing
-        import os
 
         cores = len(os.sched_getaffinity(0))
         if cores < 2:
@@ -150,8 +168,11 @@ class Workers:
         self.depth = processes * 4  # pieces in flight
         return self
 
-    def submit(self, text: bytes):
-        return self._pool.apply_async(convert_piece, (text,))
+    def submit(self, window, start: int, end: int):
+        """Convert bytes [start, end) of the stream that `window` reads."""
+        if self._path is not None:
+            return self._pool.apply_async(convert_file_range, (self._path, start, end))
+        return self._pool.apply_async(convert_piece, (window.get(start, end),))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -160,8 +181,6 @@ class Workers:
 
 
 def _size_of(stream) -> int:
-    import os
-
     try:
         return os.fstat(stream.fileno()).st_size
     except (AttributeError, OSError, ValueError):

@@ -125,7 +125,7 @@ def _speculate(window: _Window, s: int, piece_bytes: int, workers):
             cut = window.search(_CANDIDATE, start + workers.piece_bytes)
             if cut is None:
                 break
-            ahead.append((start, cut, workers.submit(window.get(start, cut))))
+            ahead.append((start, cut, workers.submit(window, start, cut)))
             start = window.skip_ws(cut + 1)
         if not ahead:
             return start
