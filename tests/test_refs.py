@@ -259,3 +259,10 @@ def test_batch_key_screen_never_misses_a_bad_key():
             assert _has_bad_key("\x00".join(keys).encode("utf-8", "surrogatepass"), len(keys)), keys
     good = ["var/0.0.0", "a/b/c", ".zarray", "x/.zattrs", "..a/b..", "a./.b", "é" * 127]
     assert not _has_bad_key("\x00".join(good).encode(), len(good))
+
+
+def test_empty_refs_object_is_a_key_in_v0_and_nothing_in_v1():
+    """Without "version", "refs" is an ordinary v0 key (found by the property test above)."""
+    assert refs_from_dict({"refs": {}}).to_dict() == {"refs": b"{}"}
+    assert refs_from_dict({"refs": {}, "a": "x"}, piece_bytes=4).to_dict() == {"refs": b"{}", "a": b"x"}
+    assert refs_from_dict({"version": 1, "refs": {}}).to_dict() == {}

@@ -229,6 +229,7 @@ def iter_pieces(stream, piece_bytes: int = PIECE_BYTES, progress=None, descend: 
             except orjson.JSONDecodeError:
                 return None
             yield ("top", prefix)
+        yield ("refs", {})  # even an empty "refs" object is seen (v0 without "version" must keep it as a key)
         end = yield from _tagged(iter_object(window, window.base + m.end(), piece_bytes, workers=workers), "refs",
                                  window, progress)
         nxt = window.skip_ws(end)

@@ -148,12 +148,12 @@ class RefSetBuilder:
             self.urls.append(url)
         return found
 
-    def url_ids(self, urls) -> list[int]:
+    def url_ids(self, urls) -> np.ndarray:
         """Intern many urls at C speed: only the distinct new ones take a Python step."""
         for url in dict.fromkeys(urls):
             if url not in self._url_ids:
                 self.url_id(url)
-        return list(map(self._url_ids.__getitem__, urls))
+        return np.fromiter(map(self._url_ids.__getitem__, urls), dtype=np.int32, count=len(urls))
 
     def reserve(self, n: int, what: str) -> None:
         """Refuse before doing the work when the key budget would be exceeded."""
@@ -172,10 +172,9 @@ class RefSetBuilder:
         joined = "\x00".join(keys)
         encoded = joined.encode("utf-8", "surrogatepass")
         _check_keys(keys, encoded)
-        if len(encoded) == len(joined):  # all ASCII: byte lengths are character lengths
-            key_len = np.fromiter(map(len, keys), dtype=np.int64, count=n)
-        else:
-            key_len = np.fromiter((len(k.encode("utf-8", "surrogatepass")) for k in keys), np.int64, n)
+        # Byte lengths from the NULs between the keys (checked above: no key holds one).
+        between = np.flatnonzero(np.frombuffer(encoded, dtype=np.uint8) == 0)
+        key_len = np.diff(np.concatenate(([-1], between, [len(encoded)]))) - 1
         blob = encoded.replace(b"\x00", b"")
         hashes = np.fromiter(map(hash, keys), dtype=np.int64, count=n)
         dir_ids = self._dir_ids(keys, joined)
@@ -191,6 +190,9 @@ class RefSetBuilder:
                 np.asarray(url_ids, dtype=np.int32),
                 np.asarray(offsets, dtype=np.int64),
                 np.asarray(lengths, dtype=np.int64),
+                # Sorted runs make the final sort of all hashes cheaper, and batches converted by
+                # worker processes sort theirs in parallel.
+                np.argsort(hashes, kind="stable").astype(np.int32),
             )
         )
         self.count += n
@@ -227,10 +229,10 @@ class RefSetBuilder:
         dir_map = np.array([self.dirs.id_for(p) for p in dir_paths], dtype=np.int32)
         for pos, data in inline.items():
             self._inline[self.count + pos] = data
-        for blob, key_len, hashes, dir_ids, url_ids, offsets, lengths in batches:
+        for blob, key_len, hashes, dir_ids, url_ids, offsets, lengths, hash_order in batches:
             remote = url_ids >= 0
             url_ids[remote] = url_map[url_ids[remote]]
-            self._batches.append((blob, key_len, hashes, dir_map[dir_ids], url_ids, offsets, lengths))
+            self._batches.append((blob, key_len, hashes, dir_map[dir_ids], url_ids, offsets, lengths, hash_order))
         self.count += count
 
     def remap_urls(self, urls: list[str]) -> None:
@@ -254,10 +256,13 @@ class RefSetBuilder:
         key_start = np.zeros(len(key_len) + 1, dtype=np.int64)
         np.cumsum(key_len, out=key_start[1:])
         del key_len
+        starts = np.cumsum([0] + [len(b[2]) for b in self._batches[:-1]], dtype=np.int64)
         refset = RefSet(
             blob=blob,
             key_start=key_start,
             hashes=cat(2, np.int64),
+            hash_runs=np.concatenate([b[7] + start for b, start in zip(self._batches, starts)])
+            if self._batches else None,
             dir_of=cat(3, np.int32),
             url_id=cat(4, np.int32),
             offset=cat(5, np.int64),
@@ -273,7 +278,8 @@ class RefSetBuilder:
 class RefSet:
     """Immutable reference table plus the directory structure its keys imply."""
 
-    def __init__(self, *, blob, key_start, hashes, dir_of, url_id, offset, length, urls, inline, dirs):
+    def __init__(self, *, blob, key_start, hashes, dir_of, url_id, offset, length, urls, inline, dirs,
+                 hash_runs=None):
         self._blob = blob
         self._key_start = key_start
         self.url_id = url_id
@@ -282,7 +288,12 @@ class RefSet:
         self.urls: list[str] = urls
         self.inline: dict[int, bytes] = inline
         self.dirs: DirRegistry = dirs
-        order = np.argsort(hashes, kind="stable")
+        # hash_runs: a permutation that sorts each batch's hashes (stable sorts of sorted runs merge
+        # them); the result equals a stable argsort of `hashes` either way.
+        if hash_runs is None:
+            order = np.argsort(hashes, kind="stable")
+        else:
+            order = hash_runs[np.argsort(hashes[hash_runs], kind="stable")]
         sorted_hashes = hashes[order]
         dir_of = self._drop_duplicates(order, sorted_hashes, dir_of)
         self.dir_of = dir_of
