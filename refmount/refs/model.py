@@ -20,6 +20,7 @@ from operator import itemgetter
 import numpy as np
 
 from refmount.errors import RefsError, quote
+from refmount.malloc import give_back_freed_memory
 
 INLINE = -1
 WHOLE_FILE = -1
@@ -247,31 +248,46 @@ class RefSetBuilder:
             ids[remote] = mapping[ids[remote]]
 
     def build(self) -> RefSet:
-        def cat(column: int, dtype) -> np.ndarray:
-            parts = [b[column] for b in self._batches]
-            return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+        # Each column is released from the batches as soon as it is joined, so that building
+        # holds the batches and the finished table at the same time for one column only.
+        batches = [list(batch) for batch in self._batches]
+        self._batches = []
 
-        blob = b"".join(b[0] for b in self._batches)
-        key_len = cat(1, np.int64)
+        def parts(column: int) -> list:
+            found = [batch[column] for batch in batches]
+            for batch in batches:
+                batch[column] = None
+            return found
+
+        def take(column: int, dtype) -> np.ndarray:
+            found = parts(column)
+            joined = np.concatenate(found).astype(dtype, copy=False) if found else np.zeros(0, dtype)
+            del found
+            give_back_freed_memory()  # the small parts' pages cannot hold the next big column
+            return joined
+
+        give_back_freed_memory()  # what parsing left behind
+
+        starts = np.cumsum([0] + [len(batch[2]) for batch in batches[:-1]], dtype=np.int64)
+        hash_runs = np.concatenate([order + start for order, start in zip(parts(7), starts)]) if batches else None
+        blob = b"".join(parts(0))
+        key_len = take(1, np.int64)
         key_start = np.zeros(len(key_len) + 1, dtype=np.int64)
         np.cumsum(key_len, out=key_start[1:])
         del key_len
-        starts = np.cumsum([0] + [len(b[2]) for b in self._batches[:-1]], dtype=np.int64)
         refset = RefSet(
             blob=blob,
             key_start=key_start,
-            hashes=cat(2, np.int64),
-            hash_runs=np.concatenate([b[7] + start for b, start in zip(self._batches, starts)])
-            if self._batches else None,
-            dir_of=cat(3, np.int32),
-            url_id=cat(4, np.int32),
-            offset=cat(5, np.int64),
-            length=cat(6, np.int64),
+            hashes=take(2, np.int64),
+            hash_runs=hash_runs,
+            dir_of=take(3, np.int32),
+            url_id=take(4, np.int32),
+            offset=take(5, np.int64),
+            length=take(6, np.int64),
             urls=self.urls,
             inline=self._inline,
             dirs=self.dirs,
         )
-        self._batches = []
         return refset
 
 
