@@ -2,11 +2,11 @@
 
 The cache never knows about HTTP: it is built from a fetch function
 ``fetch(source, start, end) -> [bytes, ...]`` returning the range as pieces split at multiples of
-the block size (shorter only at the end of the object), and a block size.
-Blocks are addressed by (source, index), exact ranges (`read_exact`) by (source, start, end); a read of [start, end) gathers its blocks, fetching the
-missing ones with one request per run of neighbouring blocks (coalescing), each block fetched by
-exactly one task while others wait on it (single-flight). A cache hit never waits behind an
-unrelated fetch.
+the block size (shorter only at the end of the object), and a block size. Blocks are addressed by
+(source, index), exact ranges (`read_exact`) by (source, start, end). A read of [start, end)
+gathers its blocks, fetching the missing ones with one request per run of neighbouring blocks
+(coalescing), each block fetched by exactly one task while others wait on it (single-flight). A
+cache hit never waits behind an unrelated fetch.
 
 Everything here runs on the trio thread, so plain dicts need no locks.
 """

@@ -24,12 +24,12 @@ class ReadStreams:
     big file.
 
     Each remote file keeps a few streams (parallel readers walking different parts of it). A read
-    continues a stream when it starts after the stream's last read did and at most `gap` past where
-    the stream has got to (chunks of a netCDF-4 file sit between small metadata blocks; the kernel's
-    readahead requests may arrive out of order); the stream's window then doubles, from two blocks up to
-    `max_window`. Any other read starts a new stream, replacing the oldest, whose read-ahead stays
-    within the key it read. The blocks ahead are fetched by background tasks through the same
-    single-flight cache."""
+    continues a stream when it starts after the stream's last read did and at most `gap` past
+    where the stream has got to (chunks of a netCDF-4 file sit between small metadata blocks; the
+    kernel's readahead requests may arrive out of order); the stream's window then doubles, from
+    two blocks up to `max_window`. Any other read starts a new stream, replacing the oldest, whose
+    read-ahead stays within the key it read. The blocks ahead are fetched by background tasks
+    through the same single-flight cache."""
 
     def __init__(self, cache: BlockCache, gap: int = 64 << 10, max_window: int = 64 << 20,
                  streams: int = 8, files: int = 4096) -> None:
@@ -42,9 +42,10 @@ class ReadStreams:
         self._files: OrderedDict[int, list[list[int]]] = OrderedDict()
 
     def on_read(self, uid: int, start: int, end: int, key_end: int, limit: int | None,
-                prefetch: bool = True) -> bool:
+                prefetch: bool = True, ahead_in_key: bool = True) -> bool:
         """Record a read of [start, end) of remote file `uid` (of a key ending at `key_end`) and
-        fetch ahead, up to `limit` if the remote file's end is known. True if it continued a scan."""
+        fetch ahead, up to `limit` if the remote file's end is known; a read that starts a stream
+        fetches ahead only within its key, and only if `ahead_in_key`. True if it continued a scan."""
         bs = self.cache.block_size
         streams = self._files.pop(uid, None) or []
         for stream in streams:
@@ -58,6 +59,7 @@ class ReadStreams:
             stream = [end, 2 * bs, -1, start]
             streams = streams[len(streams) + 1 - self.streams :] + [stream]
             limit = key_end  # one read is no scan yet: read ahead within its key only
+            prefetch = prefetch and ahead_in_key
             scan = False
         self._files[uid] = streams
         if len(self._files) > self.files:
@@ -128,8 +130,10 @@ class RawView:
             base = 0
         small = not whole and length <= self.small_chunk
         # Seen on arrival (the kernel's readahead requests may finish out of order).
-        scan = self.streams.on_read(uid, base + offset, base + end, base + length, base + length if whole else None,
-                                    prefetch=self.prefetch and not small)
+        # Read-ahead stops at the end of the remote object once a response has told its size.
+        limit = base + length if whole else self.fetcher.known_size(self.refset.urls[uid])
+        scan = self.streams.on_read(uid, base + offset, base + end, base + length, limit,
+                                    prefetch=self.prefetch, ahead_in_key=not small)
         if small and not scan:
             data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
         else:

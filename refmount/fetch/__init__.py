@@ -72,6 +72,10 @@ class Fetcher:
             return await trio.to_thread.run_sync(self.local.read, url, start, end, piece, abandon_on_cancel=True)
         return await run_on_asyncio(backend.read(url, start, end, piece), self._asyncio())
 
+    def known_size(self, url: str) -> int | None:
+        """The size of `url` if an earlier request told it (no I/O), else None."""
+        return self._backend(url).known_size(url)
+
     async def size(self, url: str) -> int:
         backend = self._backend(url)
         if backend is self.local:

@@ -70,6 +70,10 @@ class FsspecBackend:
             self.stats.requests += 1
         return self._infos[url]
 
+    def known_size(self, url: str) -> int | None:
+        info = self._infos.get(url)
+        return int(info["size"]) if info is not None else None
+
     async def size(self, url: str) -> int:
         return int((await self._info(url))["size"])
 

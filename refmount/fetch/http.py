@@ -67,6 +67,10 @@ class HttpBackend:
         0); no pieces when start is at or past the end."""
         return await self._with_retries(url, lambda: self._get_range(url, start, end, piece))
 
+    def known_size(self, url: str) -> int | None:
+        """The object's size if a response has told it already (no I/O)."""
+        return self._sizes.get(url) or self._validators.get(url, (None, None))[1]
+
     async def size(self, url: str) -> int:
         if url not in self._sizes:
             self._sizes[url] = await self._with_retries(url, lambda: self._probe_size(url))

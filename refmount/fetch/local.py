@@ -78,6 +78,10 @@ class LocalBackend:
             got += len(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def known_size(self, url: str) -> int | None:
+        entry = self._fds.get(self.path_of(url))
+        return entry[1] if entry is not None else None
+
     def size(self, url: str) -> int:
         return self._open(url)[1]
 
