@@ -38,14 +38,17 @@ class ReadStreams:
         self.max_window = max_window
         self.streams = streams
         self.files = files
-        # url id -> streams: [end reached, window, last block fetched ahead, start of the last read]
+        # url id -> streams: [end reached, window, last block fetched ahead, start of the last read,
+        # reads in a row that went on from the one before]
         self._files: OrderedDict[int, list[list[int]]] = OrderedDict()
 
     def on_read(self, uid: int, start: int, end: int, key_end: int, limit: int | None,
-                prefetch: bool = True, ahead_in_key: bool = True) -> bool:
+                prefetch: bool = True, small: bool = False) -> bool:
         """Record a read of [start, end) of remote file `uid` (of a key ending at `key_end`) and
-        fetch ahead, up to `limit` if the remote file's end is known; a read that starts a stream
-        fetches ahead only within its key, and only if `ahead_in_key`. True if it continued a scan."""
+        fetch ahead, up to `limit` if the remote file's end is known. A read that starts a stream
+        fetches ahead only within its key; for a `small` chunk, only a stream that went on twice in
+        a row reads ahead (random small reads do land right after another now and then). True if
+        the read continued a scan."""
         bs = self.cache.block_size
         streams = self._files.pop(uid, None) or []
         for stream in streams:
@@ -53,13 +56,15 @@ class ReadStreams:
                 stream[1] = min(max(stream[1] * 2, 2 * bs), self.max_window)
                 stream[0] = max(stream[0], end)
                 stream[3] = start
+                stream[4] += 1
+                prefetch = prefetch and (not small or stream[4] >= 2)
                 scan = True
                 break
         else:
-            stream = [end, 2 * bs, -1, start]
+            stream = [end, 2 * bs, -1, start, 0]
             streams = streams[len(streams) + 1 - self.streams :] + [stream]
             limit = key_end  # one read is no scan yet: read ahead within its key only
-            prefetch = prefetch and ahead_in_key
+            prefetch = prefetch and not small
             scan = False
         self._files[uid] = streams
         if len(self._files) > self.files:
@@ -133,7 +138,7 @@ class RawView:
         # Read-ahead stops at the end of the remote object once a response has told its size.
         limit = base + length if whole else self.fetcher.known_size(self.refset.urls[uid])
         scan = self.streams.on_read(uid, base + offset, base + end, base + length, limit,
-                                    prefetch=self.prefetch, ahead_in_key=not small)
+                                    prefetch=self.prefetch, small=small)
         if small and not scan:
             data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
         else:

@@ -124,3 +124,19 @@ def test_random_small_chunks_are_exact_requests_and_scans_coalesce(mount, http_d
     for k in range(20, 220):  # a scan: after its first chunk, whole blocks hold the next ones
         assert (m / f"c/{k}").read_bytes() == DATA[k * chunk : (k + 1) * chunk]
     assert http_data.stats["requests"] <= 6
+
+
+def test_small_chunks_read_ahead_only_once_the_scan_is_proven():
+    log = PrefetchLog()
+
+    async def main():
+        streams = ReadStreams(log, gap=100)
+        streams.on_read(3, 0, 10, 10, None, small=True)     # a random small chunk: nothing ahead
+        streams.on_read(3, 10, 20, 20, None, small=True)    # one neighbour may be chance: still nothing
+        await trio.sleep(0)
+        assert log.calls == []
+        streams.on_read(3, 20, 30, 30, None, small=True)    # the second in a row: a scan
+        await trio.sleep(0)
+        assert log.calls and log.calls[0][0] == 3
+
+    trio.run(main)
