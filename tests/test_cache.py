@@ -4,6 +4,7 @@ through a mount: random small chunks cost one exact request each, scans coalesce
 from __future__ import annotations
 
 import trio
+import trio.testing
 
 from refmount.cache import BlockCache
 from refmount.fetch.pieces import split
@@ -94,7 +95,7 @@ def test_read_streams_read_ahead_across_chunk_files_with_a_growing_window():
         streams.on_read(7, 0, 1000, 1000, None)  # a first chunk: nothing beyond its own end
         for k in range(1, 6):  # consecutive chunk files of the same remote file
             streams.on_read(7, k * 1000, (k + 1) * 1000, (k + 1) * 1000, None)
-        await trio.sleep(0)
+        await trio.testing.wait_all_tasks_blocked()  # the read-ahead tasks have run
 
     trio.run(main)
     calls = sorted(log.calls)  # background tasks run in any order
@@ -133,10 +134,10 @@ def test_small_chunks_read_ahead_only_once_the_scan_is_proven():
         streams = ReadStreams(log, gap=100)
         streams.on_read(3, 0, 10, 10, None, small=True)     # a random small chunk: nothing ahead
         streams.on_read(3, 10, 20, 20, None, small=True)    # one neighbour may be chance: still nothing
-        await trio.sleep(0)
+        await trio.testing.wait_all_tasks_blocked()  # the read-ahead tasks have run
         assert log.calls == []
         streams.on_read(3, 20, 30, 30, None, small=True)    # the second in a row: a scan
-        await trio.sleep(0)
+        await trio.testing.wait_all_tasks_blocked()  # the read-ahead tasks have run
         assert log.calls and log.calls[0][0] == 3
 
     trio.run(main)
