@@ -20,7 +20,7 @@ import orjson
 from refmount.errors import RefsError
 
 PIECE_BYTES = 4 << 20
-READ_BYTES = 8 << 20
+READ_BYTES = 1 << 20  # small reads: growing the window by big chunks costs fresh pages every time
 _WS = re.compile(rb"[ \t\r\n]*")
 _CANDIDATE = re.compile(rb',[ \t\r\n]*"')
 _REFS_KEY = re.compile(rb'"refs"[ \t\r\n]*:[ \t\r\n]*\{')
