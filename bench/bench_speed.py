@@ -14,7 +14,9 @@ side (the FUSE mounts), never the server's copy; inputs are generated once under
    `rclone mount` of the same url (no VFS cache) and against `curl -o /dev/null` (the wire limit).
 2. chunks: every chunk file of a kerchunked, uncompressed netCDF-4 file, `cat` by 4 parallel readers,
    against fsspec `ReferenceFileSystem(...).cat(all chunk keys)` in one fresh Python process.
-3. memory: `--cache-size 1G`; read the big file once, drop the page cache, re-read it (refmount's block cache).
+3. memory: `--cache-size 1G --cache-dir DIR`; read the big file once, drop the page cache, re-read it
+   (refmount's block cache); then remount with the same DIR, drop the page cache and read it again
+   (the disk cache), and `cat` the cache's block files cold (the disk's own limit).
 4. memory / cold_random: random `os.pread` of 4 KiB–1 MiB (log-uniform sizes) with the page cache dropped
    for the file before every read (posix_fadvise DONTNEED): cache hits after the full read, and cold
    reads on a fresh mount (one read per equal slice of the file, so no read finds another's blocks).
