@@ -453,19 +453,27 @@ class Runner:
             raise ProbeError(f"{name}: {tail[0]}")
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    def probe(self, name: str, **kwargs) -> Result:
-        key = json.dumps([name, kwargs], sort_keys=True)
-        if key not in self.cache:
-            runs, started = [], time.perf_counter()
-            for i in range(self.runs):
+    def probes(self, *probes: tuple[str, dict]) -> list[Result]:
+        """Run each probe `runs` times, interleaved (a, b, a, b, ...) so that drift on a shared machine
+        weighs on every contender alike; a probe run before is not run again."""
+        keys = [json.dumps([name, kwargs], sort_keys=True) for name, kwargs in probes]
+        todo = [(key, name, kwargs) for key, (name, kwargs) in zip(keys, probes) if key not in self.cache]
+        runs: dict[str, list] = {key: [] for key, _, _ in todo}
+        started = time.perf_counter()
+        for i in range(self.runs if todo else 0):
+            for key, name, kwargs in todo:
                 t0 = time.perf_counter()
-                runs.append(self.run_once(name, kwargs))
+                runs[key].append(self.run_once(name, kwargs))
                 print(f"# {name} run {i + 1}/{self.runs}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-                if time.perf_counter() - started > PROBE_BUDGET_S:
-                    break
-            median = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-            self.cache[key] = Result(median, runs)
-        return self.cache[key]
+            if time.perf_counter() - started > PROBE_BUDGET_S * len(todo):
+                break
+        for key, _, _ in todo:
+            done = runs[key]
+            self.cache[key] = Result({k: statistics.median(r[k] for r in done) for k in done[0]}, done)
+        return [self.cache[key] for key in keys]
+
+    def probe(self, name: str, **kwargs) -> Result:
+        return self.probes((name, kwargs))[0]
 
     def raw(self) -> list[dict]:
         def brief(value):
@@ -563,9 +571,8 @@ def fsspec_json_load(ctx: Context) -> Result:
 def measure_json_load(ctx: Context) -> list[Row]:
     i = ctx.inputs
     size = f"{human(i.json_keys - 2 - 2 * ctx.sizes['json_arrays'])} refs, {i.json_path.stat().st_size / 1e6:.0f} MB"
-    ours = ctx.runner.probe("refmount_load", path=str(i.json_path), expect_keys=i.json_keys,
-                            check_key=i.json_check_key).median
-    theirs = fsspec_json_load(ctx).median
+    args = dict(path=str(i.json_path), expect_keys=i.json_keys, check_key=i.json_check_key)
+    ours, theirs = (r.median for r in ctx.runner.probes(("refmount_load", args), ("fsspec_load", args)))
     return [Row(f"JSON load ({size}): time", "s", ours["seconds"], theirs["seconds"], half_and_third()),
             Row(f"JSON load ({size}): peak memory", "MB", ours["peak_mb"], theirs["peak_mb"], half_and_third())]
 
