@@ -6,7 +6,7 @@ import logging
 import sys
 
 from refmount.cache import BlockCache
-from refmount.errors import RefmountError
+from refmount.errors import FetchError, RefmountError
 from refmount.fetch import Fetcher, RetryPolicy, check_protocols, redact
 from refmount.fs import Filesystem
 from refmount.refs import load_refs
@@ -69,8 +69,13 @@ def disk_backed(fetch, fetcher, urls, opts):
     async def identify(url_id):
         async def lookup():
             url = urls[url_id]
-            validator = await fetcher.identity(url)
+            try:
+                validator = await fetcher.identity(url)
+            except FetchError as e:  # e.g. a signed url that refuses HEAD: reads may still work
+                log.warning("disk cache: not caching %s on disk, its version cannot be checked: %s", redact(url), e)
+                return ()
             if validator is None:
+                log.info("disk cache: not caching %s on disk, the server gives no ETag or Last-Modified", redact(url))
                 return ()
             return disk.object_id(url, validator), await fetcher.size(url)  # the size came with the validator
 

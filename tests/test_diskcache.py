@@ -192,3 +192,21 @@ def test_truncated_and_foreign_files_count_as_corrupt(tmp_path):
     with pytest.raises(RefmountError, match="in use"):
         DiskCache(str(tmp_path), capacity=MiB, block_size=1000)
     cache.close()
+
+
+@pytest.mark.parametrize("server_quirk", ["head refused", "no validators"])
+def test_objects_whose_version_cannot_be_checked_are_read_but_not_cached_on_disk(mount, server, tmp_path,
+                                                                                  server_quirk):
+    size = 2 * MiB + 5
+    data = write_blob(server, "f.bin", size, seed=9)
+    refs = chunk_refs(server.url_for("f.bin"), size, MiB)
+    del refs["whole"]  # a whole-file reference needs the size, which the refused HEAD would not tell
+    if server_quirk == "head refused":
+        server.head_status = 403
+    else:
+        server.send_validators = False
+    cache_dir = tmp_path / "cache"
+    m = mount(refs, "--view", "raw", "--cache-dir", str(cache_dir))
+    assert read_all(m, refs)["c/2"] == data[2 * MiB :]
+    assert blocks_on_disk(cache_dir) == []
+    assert "not caching" in m.log()

@@ -125,6 +125,8 @@ class RangeServer:
         # Plain attributes: assignment is atomic in CPython, and the handler reads each
         # one once per request, so tests may flip them at any time.
         self.fail_paths: dict = {}
+        self.head_status: int | None = None  # answer every HEAD with this (servers or signed urls that refuse HEAD)
+        self.send_validators = True  # ETag and Last-Modified on every answer
         self.ignore_range = False
         self._lock = threading.Lock()
         self._log_size = log_size
@@ -322,10 +324,12 @@ class RangeServer:
         headers = {
             "ETag": f'"{total:x}-{st.st_mtime_ns:x}"',
             "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
-        }
+        } if self.send_validators else {}
         if not self.ignore_range:
             headers["Accept-Ranges"] = "bytes"
 
+        if request.method == "HEAD" and self.head_status is not None:
+            return self._simple(self.head_status)
         if request.method == "HEAD":
             self._count(status=200)
             # Response(body=None) with an explicit Content-Length: aiohttp keeps it for HEAD.
