@@ -129,7 +129,8 @@ def test_sigterm_unmounts_cleanly(mount, datasets):
     assert not is_mounted(mnt.path)
 
 
-@pytest.mark.parametrize("case", ["bad-json", "bad-key", "missing-file", "no-mountpoint", "bad-option", "not-a-dir"])
+@pytest.mark.parametrize("case", ["bad-json", "bad-key", "missing-file", "no-mountpoint", "bad-option", "not-a-dir",
+                                  "bad-cache-dir"])
 def test_failed_mounts_are_one_line_and_leave_nothing(tmp_path, case):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
@@ -148,6 +149,8 @@ def test_failed_mounts_are_one_line_and_leave_nothing(tmp_path, case):
         args = ["--cache-size", "lots", refs, mnt]
     elif case == "not-a-dir":
         args = [refs, refs]
+    elif case == "bad-cache-dir":
+        args = ["--cache-dir", refs / "cache", refs, mnt]  # below a file
     result = run_refmount("mount", *args, timeout=60)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
@@ -155,14 +158,15 @@ def test_failed_mounts_are_one_line_and_leave_nothing(tmp_path, case):
     assert lines[0].startswith("refmount: ")
     assert not is_mounted(mnt)
     culprit = {"bad-json": "truncated", "bad-key": "a/../b", "missing-file": "nope.json", "no-mountpoint": "nowhere",
-               "bad-option": "--cache-size", "not-a-dir": "not a directory"}[case]
+               "bad-option": "--cache-size", "not-a-dir": "not a directory", "bad-cache-dir": "--cache-dir"}[case]
     assert culprit in lines[0]
 
 
 def test_help_documents_every_option():
     result = run_refmount("mount", "--help")
     for option in ("--view", "--foreground", "--cache-size", "--remote-options", "--read-timeout", "--allow-other",
-                   "--allow-protocols", "--max-keys", "--log-level", "--dry-run", "--no-prefetch"):
+                   "--allow-protocols", "--max-keys", "--log-level", "--dry-run", "--no-prefetch", "--cache-dir",
+                   "--disk-cache-size"):
         assert option in result.stdout
     assert run_refmount("--version").stdout.startswith("refmount ")
 
