@@ -228,9 +228,11 @@ class DiskBackedFetch:
             return
         self._pending_writes += size
 
-        async def write() -> None:
+        async def write() -> None:  # a background task: it must not raise
             try:
                 await trio.to_thread.run_sync(self._store_all, obj, blocks)
+            except Exception:  # noqa: BLE001 - a block not written is only a later miss
+                log.exception("disk cache: writing blocks failed")
             finally:
                 self._pending_writes -= size
 
