@@ -41,7 +41,6 @@ class BlockCache:
         self._blocks: OrderedDict[tuple, bytes] = OrderedDict()
         self._bytes = 0
         self._inflight: dict[tuple, _Flight] = {}
-        self._last_block: dict = {}  # source -> index of its last block, once a fetch reached its end
         self.hits = 0
         self.misses = 0
         self.evictions = 0
@@ -117,9 +116,6 @@ class BlockCache:
     async def prefetch(self, source, first: int, last: int) -> None:
         """Fetch blocks [first, last] unless cached or in flight. Runs as a background task, so it
         must never raise: a failure here is retried (and reported) by the reader that needs it."""
-        last = min(last, self._last_block.get(source, last))  # read-ahead stops at the object's end
-        if first > last:
-            return
         try:
             await self._gather(source, first, last, count=False)
         except Exception:  # noqa: BLE001
@@ -177,14 +173,11 @@ class BlockCache:
         for key in keys:
             self._inflight[key] = flight
         try:
-            pieces = await self._fetch(source, first * bs, (last + 1) * bs)
-            for index, block in enumerate(pieces, first):
+            for index, block in enumerate(await self._fetch(source, first * bs, (last + 1) * bs), first):
                 flight.blocks[index] = block
                 self._store((source, index), block)
                 if len(block) < bs:
                     break
-            if len(pieces) <= last - first or (pieces and len(pieces[-1]) < bs):
-                self._last_block[source] = first + len(pieces) - 1  # the object ends here
         except BaseException as e:
             flight.error = e
             raise

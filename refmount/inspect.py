@@ -7,6 +7,7 @@ import math
 
 from refmount.arrays import decoded_verdict, raw_verdicts, scan_arrays
 from refmount.refs import load_refs
+from refmount.refs.model import each_file
 
 
 def _chunk_counts(refset, info) -> tuple[int, int]:
@@ -17,7 +18,7 @@ def _chunk_counts(refset, info) -> tuple[int, int]:
         import trio
 
         async def count() -> int:
-            return sum([1 async for _, i in refset.list_files(info.dir_id) if i >= refset.meta.capacity])
+            return sum([1 async for _, i in each_file(refset, info.dir_id) if i >= refset.meta.capacity])
 
         present = trio.run(count)
         return present, max(expected - present, 0)

@@ -4,6 +4,7 @@ the size bound holds, and a full disk degrades to memory-only caching."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from refmount.diskcache import LAYOUT, DiskCache
 from refmount.errors import RefmountError
+from tests.conftest import force_unmount, run_refmount
 from tests.support.rangeserver import RangeServer
 
 MiB = 1 << 20
@@ -132,17 +134,17 @@ def test_cache_dir_of_a_running_mount_is_refused_in_one_line(mount, server, tmp_
     write_blob(server, "e.bin", 1000, seed=0)
     cache_dir = tmp_path / "cache"
     mount(refs, "--cache-dir", str(cache_dir))
-    from tests.conftest import run_refmount
-
-    (tmp_path / "other").mkdir()
-    r = run_refmount("mount", "--cache-dir", cache_dir, refs_file(tmp_path, refs), tmp_path / "other")
+    other = tmp_path / "other"
+    other.mkdir()
+    try:
+        r = run_refmount("mount", "--cache-dir", cache_dir, refs_file(tmp_path, refs), other)
+    finally:
+        force_unmount(other)
     assert r.returncode != 0
     assert "--cache-dir" in r.stderr and "in use" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def refs_file(tmp_path, refs) -> Path:
-    import json
-
     path = tmp_path / "refs-extra.json"
     path.write_text(json.dumps(refs))
     return path

@@ -13,6 +13,7 @@ import trio
 
 from refmount.fs import ROOT_INODE, Filesystem, FsError
 from refmount.refs import WHOLE_FILE, refs_from_dict
+from refmount.refs.model import each_file
 from refmount.refs.parquet import load_parquet
 
 URL = "http://h/f.nc"
@@ -209,6 +210,6 @@ def test_parquet_listing_loads_records_and_resumes(tmp_path, absent_record_file)
         assert listing(fs, v, start=entry[3], count=1) == full[k + 1:]
 
     async def one_by_one():  # the per-entry iterator that `refmount inspect` uses
-        return [i async for _, i in refset.list_files(refset.dirs.ids["v"])]
+        return [i async for _, i in each_file(refset, refset.dirs.ids["v"])]
 
     assert [fs.file_inode(i) for i in trio.run(one_by_one)] == [e[1] for e in full]

@@ -387,7 +387,7 @@ class RefSet:
 
     # -- the access interface shared with lazy (Parquet) reference sets ------------------------------
     # Filesystem, views and array planning use only these, so a set whose references load on demand
-    # can stand in for this eager one. `ensure`, `afind`, `files_from` and `list_files` may do I/O (async).
+    # can stand in for this eager one. `ensure`, `afind` and `files_from` may do I/O (async).
 
     def exists(self, i: int) -> bool:
         return 0 <= i < len(self.url_id) and self.dir_of[i] >= 0
@@ -408,10 +408,6 @@ class RefSet:
 
     async def afind(self, key: str) -> int:
         return self.find(key)
-
-    def list_files(self, dir_id: int, start: int = 0):
-        """Async iterator of (stable position, key index) of the files directly in a directory."""
-        return each_file(self, dir_id, start)
 
     async def files_from(self, dir_id: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """(stable positions, key indexes) of up to `count` files directly in a directory, from

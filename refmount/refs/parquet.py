@@ -25,7 +25,7 @@ import trio
 from refmount.errors import RefmountError, RefsError, quote
 from refmount.lru import SingleFlightLRU
 from refmount.refs.jsonrefs import add_mapping
-from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder, each_file
+from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
 from refmount.refs.source import is_remote, local_path
 
 MISSING = -2  # url id of a row that holds no reference
@@ -239,10 +239,6 @@ class ParquetRefSet:
 
     def file_count(self, dir_id: int) -> int:
         return self.meta.file_count(dir_id)
-
-    def list_files(self, dir_id: int, start: int = 0):
-        """Async iterator of (stable position, key index) of the files directly in a directory."""
-        return each_file(self, dir_id, start)
 
     async def files_from(self, dir_id: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """As `RefSet.files_from`: metadata files, then existing chunks in chunk order, loading record
