@@ -156,6 +156,7 @@ class Workers:
         raw = getattr(stream, "raw", None)
         plain = isinstance(raw, io.FileIO) and isinstance(stream.name, str)
         self._path = os.path.abspath(stream.name) if plain else None
+        self.reads_itself = plain
 
     def pool(self) -> "Workers | None":
         import multiprocessing

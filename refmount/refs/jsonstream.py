@@ -21,21 +21,27 @@ from refmount.errors import RefsError
 
 PIECE_BYTES = 4 << 20
 READ_BYTES = 1 << 20  # small reads: growing the window by big chunks costs fresh pages every time
+SKIM_BYTES = 16 << 10  # enough to find the next cut
 _WS = re.compile(rb"[ \t\r\n]*")
 _CANDIDATE = re.compile(rb',[ \t\r\n]*"')
 _REFS_KEY = re.compile(rb'"refs"[ \t\r\n]*:[ \t\r\n]*\{')
 
 
 class _Window:
-    """A sliding window over a byte stream, addressed by absolute positions."""
+    """A sliding window over a byte stream, addressed by absolute positions.
 
-    def __init__(self, stream, read_bytes: int = READ_BYTES) -> None:
+    Over a plain file (`seekable`: stream positions are file offsets) the window can jump: while
+    worker processes read their own pieces, the parent only looks at the bytes around each cut."""
+
+    def __init__(self, stream, read_bytes: int = READ_BYTES, seekable: bool = False) -> None:
         self._stream = stream
         self._read_bytes = read_bytes
+        self._seekable = seekable
+        self._step = read_bytes
         self.data = bytearray()  # appends and front trims without copying the whole window
         self.base = 0
         self.eof = False
-        self.consumed = 0  # bytes read from the stream so far, for progress reports
+        self.consumed = 0  # how far into the stream we have got, for progress reports
 
     @property
     def end(self) -> int:
@@ -44,13 +50,32 @@ class _Window:
     def _read_more(self) -> bool:
         if self.eof:
             return False
-        chunk = self._stream.read(self._read_bytes)
+        chunk = self._stream.read(self._step)
         if not chunk:
             self.eof = True
             return False
-        self.consumed += len(chunk)
         self.data += chunk
+        self.consumed = max(self.consumed, self.end)
         return True
+
+    def skim_to(self, pos: int) -> None:
+        """Start the window at `pos` without reading what lies before it, and read in small steps
+        from there: only the bytes around a cut are wanted (a seekable file only; else a no-op)."""
+        if self._seekable and not self.base <= pos <= self.end:
+            self._restart_at(pos)
+        self._step = SKIM_BYTES if self._seekable else self._read_bytes
+
+    def resume_at(self, pos: int) -> None:
+        """Read in full steps again from `pos` on, going back to it if skimming passed it."""
+        if self._seekable and pos < self.base:
+            self._restart_at(pos)
+        self._step = self._read_bytes
+
+    def _restart_at(self, pos: int) -> None:
+        self._stream.seek(pos)
+        self.data = bytearray()
+        self.base = pos
+        self.eof = False
 
     def need(self, pos: int) -> bool:
         """Make sure bytes up to `pos` (exclusive) are loaded; False if the stream ends first."""
@@ -122,6 +147,8 @@ def _speculate(window: _Window, s: int, piece_bytes: int, workers):
     start = s
     while True:
         while len(ahead) < workers.depth:
+            if workers.reads_itself:  # the worker reads the piece: skip to where the next cut may be
+                window.skim_to(start + workers.piece_bytes)
             cut = window.search(_CANDIDATE, start + workers.piece_bytes)
             if cut is None:
                 break
@@ -158,6 +185,7 @@ def iter_object(window: _Window, pos: int, piece_bytes: int, on_piece=None, work
             pool, workers = workers.pool(), None
             if pool is not None:
                 s = yield from _speculate(window, s, piece_bytes, pool)
+                window.resume_at(s)  # where the speculation stopped, maybe behind what was skimmed
                 if window.char(s) == b"}":
                     return s + 1
         cut = window.search(_CANDIDATE, s + step)
@@ -205,7 +233,8 @@ def iter_object(window: _Window, pos: int, piece_bytes: int, on_piece=None, work
 def iter_pieces(stream, piece_bytes: int = PIECE_BYTES, progress=None, descend: bool = True, workers=None):
     """Yield ("top", dict) for top-level members and ("refs", dict) for members of a top-level
     "refs" object, without holding the whole text or its Python form in memory."""
-    window = _Window(stream, read_bytes=max(READ_BYTES, piece_bytes))
+    window = _Window(stream, read_bytes=max(READ_BYTES, piece_bytes),
+                     seekable=workers is not None and workers.reads_itself)
     start = window.skip_ws(0)
     first = window.char(start)
     if first != b"{":
