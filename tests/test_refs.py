@@ -266,3 +266,66 @@ def test_empty_refs_object_is_a_key_in_v0_and_nothing_in_v1():
     assert refs_from_dict({"refs": {}}).to_dict() == {"refs": b"{}"}
     assert refs_from_dict({"refs": {}, "a": "x"}, piece_bytes=4).to_dict() == {"refs": b"{}", "a": b"x"}
     assert refs_from_dict({"version": 1, "refs": {}}).to_dict() == {}
+
+
+def _members(text: bytes):
+    """The (key, value) members of a refs-object piece, duplicates kept, by Python's own parser."""
+    return json.loads(b"{" + text + b"}", object_pairs_hook=list)
+
+
+def _scanned(ranges) -> list:
+    keys = ranges.keys.decode().split("\x00")[:-1]
+    return [(k, [ranges.urls[u], o, n]) for k, u, o, n in zip(keys, ranges.url_index.tolist(),
+                                                              ranges.offsets.tolist(), ranges.lengths.tolist())]
+
+
+@pytest.mark.parametrize("layout", ["kerchunk", "compact", "lines"])
+def test_range_scanner_reads_uniform_layouts_exactly(layout):
+    from refmount.refs.rangescan import scan_ranges
+
+    refs = {f"v{i % 3}é/{i}.0": [f"https://h/d/file_{i // 7:05}.nc", i * 1000, 2**53 - 1 - i] for i in range(500)}
+    refs["x/0"] = ["s3://b/other-length-url", 0, 0]
+    if layout == "kerchunk":  # ujson's separators and "/" escaped as "\/" (NOTES §1)
+        text = json.dumps(refs, ensure_ascii=False).replace("/", "\\/").encode()
+    elif layout == "compact":
+        text = orjson.dumps(refs)
+    else:
+        text = json.dumps(refs, indent=1, ensure_ascii=False).encode()
+    piece = text.strip()[1:-1]
+    assert _scanned(scan_ranges(piece)) == _members(piece)
+
+
+@pytest.mark.parametrize("piece", [
+    b'"a": ["u", 1, 2], "b": "inline"', b'"a": ["u", 1.0, 2]', b'"a": ["u", 01, 2]', b'"a": ["u", -1, 2]',
+    b'"a": ["u", 1, 2, 3]', b'"a": ["u", 1]', b'"a": ["", 1, 2]', b'"a\\n": ["u", 1, 2]', b'"a": ["u\\"", 1, 2]',
+    b'"a": ["u", 1, 2], "b": ["u",3, 4]', b'"a": ["u", 9007199254740992, 2]', b'"a": ["u", 1 2, 3]',
+    b'"a": ["u", 1, ]2', b'"a\t": ["u", 1, 2]', b'"\\u00e9": ["u", 1, 2]', b'"\xff": ["u", 1, 2]', b'"a": ["u", 1, 2],',
+])
+def test_range_scanner_leaves_everything_else_to_orjson(piece):
+    from refmount.refs.rangescan import scan_ranges
+
+    assert scan_ranges(piece) is None
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_range_scanner_is_never_wrong(data):
+    """Mutate a kerchunk-layout piece at random: the scanner either declines or reads exactly what
+    a JSON parser reads."""
+    from refmount.refs.rangescan import scan_ranges
+
+    n = data.draw(st.integers(1, 6))
+    refs = {f"k{i}/{i}.0": [f"http://h/f{i % 2}", i * 17, i + 3] for i in range(n)}
+    text = bytearray(json.dumps(refs).replace("/", "\\/").encode()[1:-1])
+    for _ in range(data.draw(st.integers(0, 3))):
+        at = data.draw(st.integers(0, len(text)))
+        edit = data.draw(st.sampled_from(["insert", "replace", "delete"]))
+        byte = data.draw(st.sampled_from(b' ,:[]"\\/019-.e\t\n\x00x\xc3\xa9\xff'))
+        if edit == "insert":
+            text[at:at] = bytes([byte])
+        elif at < len(text):
+            text[at:at + 1] = b"" if edit == "delete" else bytes([byte])
+    text = bytes(text)
+    ranges = scan_ranges(text)
+    if ranges is not None:
+        assert _scanned(ranges) == _members(text)

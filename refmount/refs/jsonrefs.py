@@ -15,6 +15,7 @@ import orjson
 from refmount.errors import RefsError, quote
 from refmount.refs.jsonstream import PIECE_BYTES, Converted, iter_pieces
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSetBuilder
+from refmount.refs.rangescan import Ranges, scan_ranges
 from refmount.refs.templates import TemplateSet, expand_gen
 
 V1_SECTIONS = ("version", "templates", "gen", "refs")
@@ -116,16 +117,25 @@ def convert_piece(text: bytes) -> tuple[str, object]:
     """Worker-process side of parallel loading: parse one piece of a refs object and convert it.
     ("ok", builder export) | ("bad", reason) for a piece that is not a run of whole members |
     ("error", one-line message) for members that are malformed."""
-    try:
-        mapping = orjson.loads(b"{" + text + b"}")
-    except orjson.JSONDecodeError as e:
-        return "bad", str(e)
     builder = RefSetBuilder(None)
+    ranges = scan_ranges(text)  # most pieces of a big set: no Python object per reference
     try:
+        if ranges is not None:
+            add_ranges(builder, ranges)
+            return "ok", builder.export()
+        try:
+            mapping = orjson.loads(b"{" + text + b"}")
+        except orjson.JSONDecodeError as e:
+            return "bad", str(e)
         add_mapping(builder, mapping)
     except RefsError as e:
         return "error", str(e)
     return "ok", builder.export()
+
+
+def add_ranges(builder: RefSetBuilder, ranges: Ranges) -> None:
+    url_ids = builder.url_ids(ranges.urls)[ranges.url_index]
+    builder.add_encoded(ranges.keys[:-1], ranges.count, url_ids, ranges.offsets, ranges.lengths)
 
 
 def convert_file_range(path: str, start: int, end: int) -> tuple[str, object]:

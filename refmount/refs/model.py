@@ -83,13 +83,66 @@ def _has_bad_key(encoded: bytes, count: int) -> bool:
     return int(np.diff(np.flatnonzero(sep)).max()) - 1 > MAX_NAME_BYTES
 
 
-def _check_keys(keys: list[str], encoded: bytes) -> None:
-    """Validate a batch of keys; per-key work happens only to name a culprit."""
-    if _has_bad_key(encoded, len(keys)):
-        for key in keys:
+def _check_keys(encoded: bytes, count: int, keys: list[str] | None) -> None:
+    """Validate a batch of NUL-joined keys (`keys`: the same as strs, if at hand); per-key work
+    happens only to name a culprit."""
+    if _has_bad_key(encoded, count):
+        for key in keys or encoded.decode("utf-8", "surrogatepass").split("\x00"):
             problem = key_problem(key)
             if problem:
                 raise RefsError(f"key {quote(key)} cannot be a path: it {problem}")
+
+
+# Key hashes: a polynomial hash of the UTF-8 bytes, mod 2**64, then a finaliser that spreads it.
+# Computed for whole batches with numpy from prefix sums (no str per key); equal keys always hash
+# equal, and a collision only costs a comparison of the bytes.
+_MASK64 = (1 << 64) - 1
+_P = 0x9E3779B97F4A7C15  # odd, so invertible mod 2**64
+_P_INVERSE = pow(_P, -1, 1 << 64)
+_powers = np.ones(1, np.uint64)
+_inverse_powers = np.ones(1, np.uint64)
+
+
+def _powers_up_to(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """P**i and P**-i (mod 2**64) for i < n, kept and grown by doubling."""
+    global _powers, _inverse_powers
+    if len(_powers) < n:
+        size = max(n, 2 * len(_powers))
+        _powers = np.cumprod(np.full(size, _P, np.uint64)) * np.uint64(_P_INVERSE)  # wraps mod 2**64
+        _inverse_powers = np.cumprod(np.full(size, _P_INVERSE, np.uint64)) * np.uint64(_P)
+    return _powers[:n], _inverse_powers[:n]
+
+
+def _finalise(h):
+    """murmur3's fmix64, on a numpy uint64 array or a Python int."""
+    if isinstance(h, int):
+        h ^= h >> 33
+        h = (h * 0xFF51AFD7ED558CCD) & _MASK64
+        h ^= h >> 33
+        return h - (1 << 64) if h >= 1 << 63 else h
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(0xFF51AFD7ED558CCD)
+    h ^= h >> np.uint64(33)
+    return h.view(np.int64)
+
+
+def key_hash(encoded: bytes) -> int:
+    """The hash of one key's UTF-8 bytes, as `key_hashes` computes it."""
+    h = 0
+    for byte in reversed(encoded):
+        h = (h * _P + byte) & _MASK64
+    return _finalise(h)
+
+
+def key_hashes(blob: bytes, key_len: np.ndarray) -> np.ndarray:
+    """int64 hashes of the keys stored back to back in `blob` with byte lengths `key_len`."""
+    data = np.frombuffer(blob, np.uint8)
+    powers, inverse_powers = _powers_up_to(len(data) + 1)
+    prefix = np.zeros(len(data) + 1, np.uint64)
+    np.cumsum(data * powers[: len(data)], out=prefix[1:])  # sum of byte[t] * P**t for t < i
+    ends = np.cumsum(key_len)
+    starts = ends - key_len
+    return _finalise((prefix[ends] - prefix[starts]) * inverse_powers[starts])
 
 
 async def each_file(refset, dir_id: int, start: int = 0):
@@ -166,19 +219,22 @@ class RefSetBuilder:
     def add_batch(self, keys: list[str], url_ids, offsets, lengths, inline: dict[int, bytes] | None = None):
         """Add len(keys) references. `inline` maps positions within this batch to their bytes
         (their url id must be INLINE). Offsets and lengths must already be validated integers."""
-        n = len(keys)
-        if n == 0:
-            return
+        if keys:
+            self.add_encoded("\x00".join(keys).encode("utf-8", "surrogatepass"), len(keys), url_ids, offsets,
+                             lengths, inline, keys)
+
+    def add_encoded(self, encoded: bytes, n: int, url_ids, offsets, lengths, inline: dict[int, bytes] | None = None,
+                    keys: list[str] | None = None):
+        """`add_batch` with the keys given as their UTF-8 forms joined by NULs (which no key may
+        hold), so that no str per key is needed."""
         self.reserve(n, "the reference set")
-        joined = "\x00".join(keys)
-        encoded = joined.encode("utf-8", "surrogatepass")
-        _check_keys(keys, encoded)
+        _check_keys(encoded, n, keys)
         # Byte lengths from the NULs between the keys (checked above: no key holds one).
         between = np.flatnonzero(np.frombuffer(encoded, dtype=np.uint8) == 0)
         key_len = np.diff(np.concatenate(([-1], between, [len(encoded)]))) - 1
         blob = encoded.replace(b"\x00", b"")
-        hashes = np.fromiter(map(hash, keys), dtype=np.int64, count=n)
-        dir_ids = self._dir_ids(keys, joined)
+        hashes = key_hashes(blob, key_len)
+        dir_ids = self._dir_ids(encoded, n)
         if inline:
             for pos, data in inline.items():
                 self._inline[self.count + pos] = data
@@ -198,21 +254,21 @@ class RefSetBuilder:
         )
         self.count += n
 
-    def _dir_ids(self, keys: list[str], joined: str) -> np.ndarray:
+    def _dir_ids(self, encoded: bytes, n: int) -> np.ndarray:
         """Parent directory id of every key. A piece of a refs object usually holds the chunks of
         one array: when substring counts prove that every key has the same parent, no per-key
         Python work is needed."""
-        n = len(keys)
-        parent = keys[0].rpartition("/")[0]
+        parent = encoded.split(b"\x00", 1)[0].rpartition(b"/")[0]
         if parent:
-            depth = parent.count("/") + 1
-            prefix = parent + "/"
-            same = (joined.count("/") == n * depth and joined.startswith(prefix)
-                    and joined.count("\x00" + prefix) == n - 1)
+            depth = parent.count(b"/") + 1
+            prefix = parent + b"/"
+            same = (encoded.count(b"/") == n * depth and encoded.startswith(prefix)
+                    and encoded.count(b"\x00" + prefix) == n - 1)
         else:
-            same = "/" not in joined
+            same = b"/" not in encoded
         if same:
-            return np.full(n, self.dirs.id_for(parent), dtype=np.int32)
+            return np.full(n, self.dirs.id_for(parent.decode("utf-8", "surrogatepass")), dtype=np.int32)
+        keys = encoded.decode("utf-8", "surrogatepass").split("\x00")
         parents = list(map(_first, map(str.rpartition, keys, repeat("/"))))
         for parent in dict.fromkeys(parents):
             self.dirs.id_for(parent)
@@ -365,15 +421,13 @@ class RefSet:
 
     def find(self, key: str) -> int:
         """Index of `key`, or -1."""
-        h = hash(key)
+        encoded = key.encode("utf-8", "surrogatepass")
+        h = key_hash(encoded)
         lo = int(np.searchsorted(self._sorted_hashes, h, side="left"))
         n = len(self._sorted_hashes)
-        encoded = None
         while lo < n and self._sorted_hashes[lo] == h:
             i = int(self._hash_order[lo])
             if self.dir_of[i] >= 0:
-                if encoded is None:
-                    encoded = key.encode("utf-8", "surrogatepass")
                 if self.key_bytes(i) == encoded:
                     return i
             lo += 1
