@@ -13,7 +13,6 @@ import trio
 
 from refmount.errors import RefmountError
 from refmount.fetch.bridge import asyncio_loop, run_on_asyncio
-from refmount.fetch.http import HttpBackend
 from refmount.fetch.local import LocalBackend
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import FetchStats, redact
@@ -41,23 +40,30 @@ class Fetcher:
         self.remote_options = remote_options or {}
         self.stats = FetchStats()
         self.local = LocalBackend(self.stats)
-        self.http = HttpBackend(self.policy, self.stats, connections_per_host=connections_per_host,
-                                allow_cross_host_redirects=allow_cross_host_redirects,
-                                headers=self.remote_options.get("headers"))
-        self._others: dict = {}
+        self._http_options = dict(connections_per_host=connections_per_host,
+                                  allow_cross_host_redirects=allow_cross_host_redirects,
+                                  headers=self.remote_options.get("headers"))
+        self._remotes: dict = {}  # protocol -> backend, made on first use (aiohttp alone takes 0.1 s to import)
         self._loop = None
 
     def _backend(self, url: str):
         proto = protocol_of(url)
         if proto == "file":
             return self.local
-        if proto in ("http", "https"):
-            return self.http
-        if proto not in self._others:
-            from refmount.fetch.fsspec_backend import FsspecBackend
+        if proto == "https":
+            proto = "http"  # one backend, one connection pool
+        backend = self._remotes.get(proto)
+        if backend is None:
+            if proto == "http":
+                from refmount.fetch.http import HttpBackend
 
-            self._others[proto] = FsspecBackend(proto, self.remote_options, self.policy, self.stats)
-        return self._others[proto]
+                backend = HttpBackend(self.policy, self.stats, **self._http_options)
+            else:
+                from refmount.fetch.fsspec_backend import FsspecBackend
+
+                backend = FsspecBackend(proto, self.remote_options, self.policy, self.stats)
+            self._remotes[proto] = backend
+        return backend
 
     def _asyncio(self):
         if self._loop is None:
@@ -93,6 +99,5 @@ class Fetcher:
     async def aclose(self) -> None:
         self.local.close()
         if self._loop is not None:
-            await run_on_asyncio(self.http.close(), self._loop)
-            for other in self._others.values():
-                await run_on_asyncio(other.close(), self._loop)
+            for backend in self._remotes.values():
+                await run_on_asyncio(backend.close(), self._loop)
