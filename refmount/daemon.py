@@ -242,7 +242,7 @@ def serve(opts: MountOptions, ready: int | None) -> int:
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_announce_ready, opts, ready)
+            nursery.start_soon(_announce_ready, opts, ready, lambda: fetcher.import_backends(fs.refset.urls))
             nursery.start_soon(_stop_on_signals, nursery)
             await pyfuse3.main(min_tasks=4, max_tasks=256)
             nursery.cancel_scope.cancel()
@@ -257,8 +257,9 @@ def serve(opts: MountOptions, ready: int | None) -> int:
     return 0
 
 
-async def _announce_ready(opts: MountOptions, ready: int | None) -> None:
-    """Report readiness once the mount answers a stat (which our own main loop serves)."""
+async def _announce_ready(opts: MountOptions, ready: int | None, then=None) -> None:
+    """Report readiness once the mount answers a stat (which our own main loop serves), then do
+    `then()` in a thread: work that need not delay readiness (its errors show up later, in use)."""
     import trio
 
     from refmount.tuning import tune_kernel
@@ -283,6 +284,11 @@ async def _announce_ready(opts: MountOptions, ready: int | None) -> None:
         _report(ready, "OK")
         os.close(ready)
         _detach(opts.log_file)
+    if then is not None:
+        try:
+            await trio.to_thread.run_sync(then)
+        except Exception as e:
+            log.debug("after readiness: %s", e)
 
 
 async def _stop_on_signals(nursery) -> None:

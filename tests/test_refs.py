@@ -329,3 +329,19 @@ def test_range_scanner_is_never_wrong(data):
     ranges = scan_ranges(text)
     if ranges is not None:
         assert _scanned(ranges) == _members(text)
+
+
+def test_batch_key_hashes_equal_single_key_hashes(monkeypatch):
+    """Lookups hash one key in Python; loading hashes whole batches with numpy, in runs of keys."""
+    import random
+
+    import numpy as np
+
+    from refmount.refs import model
+
+    monkeypatch.setattr(model, "_HASH_RUN_BYTES", 50)  # many runs, and keys longer than a run
+    rng = random.Random(1)
+    keys = [bytes(rng.randrange(1, 256) for _ in range(rng.randrange(1, 80))) for _ in range(2000)]
+    hashes = model.key_hashes(b"".join(keys), np.array([len(k) for k in keys]))
+    assert hashes.tolist() == [model.key_hash(k) for k in keys]
+    assert len(set(hashes.tolist())) == len(set(keys))

@@ -65,6 +65,16 @@ class Fetcher:
             self._remotes[proto] = backend
         return backend
 
+    @staticmethod
+    def import_backends(urls) -> None:
+        """Import the code the remote backends for `urls` need. A mount does this in a thread once
+        it is ready, rather than on the first read (aiohttp takes 0.1 s) or before it is ready."""
+        protocols = {protocol_of(url) for url in urls}
+        if protocols & {"http", "https"}:
+            import refmount.fetch.http  # noqa: F401
+        if protocols - {"file", "http", "https"}:
+            import refmount.fetch.fsspec_backend  # noqa: F401
+
     def _asyncio(self):
         if self._loop is None:
             self._loop = asyncio_loop()

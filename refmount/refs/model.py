@@ -99,8 +99,10 @@ def _check_keys(encoded: bytes, count: int, keys: list[str] | None) -> None:
 _MASK64 = (1 << 64) - 1
 _P = 0x9E3779B97F4A7C15  # odd, so invertible mod 2**64
 _P_INVERSE = pow(_P, -1, 1 << 64)
+_HASH_RUN_BYTES = 256 << 10
 _powers = np.ones(1, np.uint64)
-_inverse_powers = np.ones(1, np.uint64)
+_inverse_HASH_RUN_BYTES = 256 << 10
+_powers = np.ones(1, np.uint64)
 
 
 def _powers_up_to(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -135,14 +137,24 @@ def key_hash(encoded: bytes) -> int:
 
 
 def key_hashes(blob: bytes, key_len: np.ndarray) -> np.ndarray:
-    """int64 hashes of the keys stored back to back in `blob` with byte lengths `key_len`."""
+    """int64 hashes of the keys stored back to back in `blob` with byte lengths `key_len`, in runs
+    of keys of about _HASH_RUN_BYTES (the prefix sums, and the powers kept, stay that small)."""
     data = np.frombuffer(blob, np.uint8)
-    powers, inverse_powers = _powers_up_to(len(data) + 1)
-    prefix = np.zeros(len(data) + 1, np.uint64)
-    np.cumsum(data * powers[: len(data)], out=prefix[1:])  # sum of byte[t] * P**t for t < i
     ends = np.cumsum(key_len)
-    starts = ends - key_len
-    return _finalise((prefix[ends] - prefix[starts]) * inverse_powers[starts])
+    hashes = np.empty(len(key_len), np.int64)
+    first = 0
+    while first < len(key_len):
+        start = int(ends[first] - key_len[first])
+        last = max(first + 1, int(np.searchsorted(ends, start + _HASH_RUN_BYTES, side="right")))
+        stop = int(ends[last - 1])
+        powers, inverse_powers = _powers_up_to(stop - start + 1)
+        prefix = np.zeros(stop - start + 1, np.uint64)
+        np.cumsum(data[start:stop] * powers[:-1], out=prefix[1:])  # sum of byte[t] * P**t for t < i
+        key_ends = ends[first:last] - start
+        key_starts = key_ends - key_len[first:last]
+        hashes[first:last] = _finalise((prefix[key_ends] - prefix[key_starts]) * inverse_powers[key_starts])
+        first = last
+    return hashes
 
 
 async def each_file(refset, dir_id: int, start: int = 0):

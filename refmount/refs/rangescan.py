@@ -59,12 +59,14 @@ def scan_ranges(text: bytes) -> Ranges | None:
         return None
     if not _same_gaps(raw, key_close, url_open) or not _KEY_TO_URL.fullmatch(text, key_close[0] + 1, url_open[0]):
         return None
+    if (url_close - url_open).min() < 2:
+        return None  # an empty url: orjson's path names the key
     numbers = _numbers(raw, url_close, np.append(key_open[1:], len(raw)), n)
     if numbers is None:
         return None
     keys = _strings(raw, key_open, key_close)
     urls = _distinct_strings(raw, url_open, url_close)
-    if keys is None or urls is None or (url_close - url_open).min() < 2:
+    if keys is None or urls is None:
         return None
     return Ranges(keys, n, urls[0], urls[1], numbers[0::2], numbers[1::2])
 
