@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import os
+import threading
 
 import orjson
 import pytest
@@ -208,11 +210,11 @@ def test_streaming_parser_matches_a_whole_document_parse(refs, piece, v1):
     assert whole == expected
 
 
-@pytest.mark.parametrize("source", ["memory", "file"])
+@pytest.mark.parametrize("source", ["memory", "file", "pipe"])
 def test_parallel_workers_match_serial(monkeypatch, tmp_path, source):
     """Big refs objects are converted by forked workers at speculative cuts; force that path on a
     small set whose strings contain cut look-alikes (`,"`) and check it against the serial parse.
-    From a plain file the workers read their pieces themselves."""
+    From a regular file the workers read their pieces themselves; not from a pipe (bash's <(...))."""
     from refmount.refs import RefSetBuilder
     from refmount.refs import jsonrefs
     from refmount.refs.jsonrefs import load_json
@@ -226,6 +228,8 @@ def test_parallel_workers_match_serial(monkeypatch, tmp_path, source):
     def opener(data: bytes):
         if source == "memory":
             return lambda: io.BytesIO(data)
+        if source == "pipe":
+            return lambda: open(f"/dev/fd/{pipe_with(data)}", "rb")
         path = tmp_path / f"refs-{len(data)}.json"
         path.write_bytes(data)
         return lambda: open(path, "rb")
@@ -234,6 +238,16 @@ def test_parallel_workers_match_serial(monkeypatch, tmp_path, source):
         builder = RefSetBuilder(None)
         load_json(opener(text), builder, piece_bytes=2048, parallel=parallel)
         return builder.build().to_dict()
+
+    def pipe_with(data: bytes) -> int:
+        read_end, write_end = os.pipe()
+
+        def write():
+            with open(write_end, "wb") as f:
+                f.write(data)
+
+        threading.Thread(target=write, daemon=True).start()
+        return read_end
 
     monkeypatch.setattr(jsonrefs, "PARALLEL_AFTER_BYTES", 0)
     monkeypatch.setattr(jsonrefs.Workers, "piece_bytes", 2048)

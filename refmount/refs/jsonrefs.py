@@ -6,6 +6,7 @@ import base64
 import binascii
 import io
 import os
+import stat
 from itertools import compress
 from operator import itemgetter
 
@@ -164,7 +165,7 @@ class Workers:
         # A plain local file (stream positions are file offsets): workers read their pieces
         # themselves rather than receive them through a pipe.
         raw = getattr(stream, "raw", None)
-        plain = isinstance(raw, io.FileIO) and isinstance(stream.name, str)
+        plain = isinstance(raw, io.FileIO) and isinstance(stream.name, str) and _is_regular(stream)
         self._path = os.path.abspath(stream.name) if plain else None
         self.reads_itself = plain
 
@@ -189,6 +190,14 @@ class Workers:
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
+
+
+def _is_regular(stream) -> bool:
+    """A regular file, which can be read at any offset (not a pipe such as bash's <(...))."""
+    try:
+        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+    except (AttributeError, OSError, ValueError):
+        return False
 
 
 def _size_of(stream) -> int:
