@@ -162,12 +162,16 @@ class Workers:
         self.depth = 0
         # a big local file goes parallel at once; otherwise only after the object proves big
         self.after_bytes = 0 if _size_of(stream) >= 4 * PARALLEL_AFTER_BYTES else PARALLEL_AFTER_BYTES
-        # A plain local file (stream positions are file offsets): workers read their pieces
+        # A regular local file (stream positions are file offsets): workers read their pieces
         # themselves rather than receive them through a pipe.
         raw = getattr(stream, "raw", None)
         plain = isinstance(raw, io.FileIO) and isinstance(stream.name, str) and _is_regular(stream)
         self._path = os.path.abspath(stream.name) if plain else None
-        self.reads_itself = plain
+
+    @property
+    def reads_itself(self) -> bool:
+        """Whether workers read their pieces from the file (else they are sent the bytes)."""
+        return self._path is not None
 
     def pool(self) -> "Workers | None":
         import multiprocessing
