@@ -223,7 +223,8 @@ def test_parallel_workers_match_serial(monkeypatch, tmp_path, source):
     refs["d/big"] = {f"k{i}": {"x": i, "y": [i, {"z": i}]} for i in range(400)}  # cuts inside it are wrong
     refs.update({f"b/{i}": f'text ,"b/{i}": tricky' for i in range(500)})
     refs["c/meta"] = {"nested": {"k": [1, 2, {"x": '",'}]}}
-    text = orjson.dumps({"version": 1, "refs": refs})
+    refs.update({f"r/{i}": [f"http://h/r{i // 50}", i * 1000, 7] for i in range(3000)})  # the range scanner's
+    text = json.dumps({"version": 1, "refs": refs}).replace("/", "\\/").encode()  # as kerchunk writes it
 
     def opener(data: bytes):
         if source == "memory":
