@@ -46,9 +46,11 @@ def scan_ranges(text: bytes) -> Ranges | None:
     """The members in `text` (a run of whole members of a refs object, without the braces) if
     every one is ``"key": ["url", offset, length]`` in one layout; else None."""
     raw = np.frombuffer(text, np.uint8)
-    escapes = np.flatnonzero(raw == _BACKSLASH)
+    if len(raw) == 0:
+        return None
+    escapes = raw == _BACKSLASH
     # "\/" (kerchunk escapes every "/") is the only escape taken; then no quote is escaped either
-    if len(escapes) and (escapes[-1] + 1 >= len(raw) or (raw[escapes + 1] != _SLASH).any()):
+    if escapes[-1] or (escapes[:-1] & (raw[1:] != _SLASH)).any():
         return None
     quotes = np.flatnonzero(raw == _QUOTE)
     n = len(quotes) // 4
@@ -86,15 +88,15 @@ def _rows(data: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
     return sliding_window_view(data, width)[starts]
 
 
+def _all_read(data: np.ndarray, starts: np.ndarray, text: bytes) -> bool:
+    """Whether `text` is at every position in `starts` (short texts: one pass per byte)."""
+    return all((data[starts + j] == byte).all() for j, byte in enumerate(text))
+
+
 def _same_gaps(raw: np.ndarray, ends: np.ndarray, starts: np.ndarray) -> bool:
     """Whether the bytes between each ends[i] and starts[i] (exclusive) are the same for every i."""
     width = starts - ends
-    if not (width == width[0]).all():
-        return False
-    if width[0] <= 1:
-        return True
-    gaps = _rows(raw, ends + 1, width[0] - 1)
-    return bool((gaps == gaps[0]).all())
+    return bool((width == width[0]).all()) and _all_read(raw, ends + 1, raw[ends[0] + 1 : starts[0]].tobytes())
 
 
 def _between(raw: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -131,9 +133,9 @@ def _numbers(raw: np.ndarray, url_close: np.ndarray, next_key: np.ndarray, n: in
     if not ((first_start - tail_start == len(a)).all() and (second_start - first_end == len(b)).all()
             and (tail_end[:-1] - second_end[:-1] == len(c)).all()):
         return None
-    for text, at in ((a, tail_start), (b, first_end), (c, second_end[:-1])):
-        if text and len(at) and not (_rows(tails, at, len(text)) == np.frombuffer(text, np.uint8)).all():
-            return None
+    if not (_all_read(tails, tail_start, a) and _all_read(tails, first_end, b)
+            and _all_read(tails, second_end[:-1], c)):
+        return None
     leading_zero = (tails[first_start] == ord("0")) & (first_end - first_start > 1)
     leading_zero |= (tails[second_start] == ord("0")) & (second_end - second_start > 1)
     if leading_zero.any():
