@@ -14,6 +14,7 @@ Everything here runs on the trio thread, so plain dicts need no locks.
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import contextmanager
 
 import trio
 
@@ -94,18 +95,11 @@ class BlockCache:
             if key in flight.blocks:
                 return flight.blocks[key]
         self.misses += 1
-        flight = self._inflight[key] = _Flight()
-        try:
+        with self._flight([key]) as flight:
             pieces = await self._fetch(source, start, end)
             data = flight.blocks[key] = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             self._store(key, data)
-            return data
-        except BaseException as e:
-            flight.error = e
-            raise
-        finally:
-            del self._inflight[key]
-            flight.done.set()
+        return data
 
     def cached(self, source, index: int) -> bytes | None:
         block = self._blocks.get((source, index))
@@ -168,16 +162,23 @@ class BlockCache:
 
     async def _fetch_run(self, source, first: int, last: int) -> dict[int, bytes]:
         bs = self.block_size
-        flight = _Flight()
-        keys = [(source, i) for i in range(first, last + 1)]
-        for key in keys:
-            self._inflight[key] = flight
-        try:
+        with self._flight([(source, i) for i in range(first, last + 1)]) as flight:
             for index, block in enumerate(await self._fetch(source, first * bs, (last + 1) * bs), first):
                 flight.blocks[index] = block
                 self._store((source, index), block)
                 if len(block) < bs:
                     break
+        return flight.blocks
+
+    @contextmanager
+    def _flight(self, keys: list):
+        """One fetch for `keys`: waiters find it in `_inflight` until it ends, then see its blocks
+        or its error."""
+        flight = _Flight()
+        for key in keys:
+            self._inflight[key] = flight
+        try:
+            yield flight
         except BaseException as e:
             flight.error = e
             raise
@@ -185,7 +186,6 @@ class BlockCache:
             for key in keys:
                 self._inflight.pop(key, None)
             flight.done.set()
-        return flight.blocks
 
     def _store(self, key, block: bytes) -> None:
         if self.capacity == 0 or len(block) > self.capacity:

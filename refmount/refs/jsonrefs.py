@@ -160,12 +160,13 @@ class Workers:
     def __init__(self, stream) -> None:
         self._pool = None
         self.depth = 0
+        size = _regular_file_size(stream)
         # a big local file goes parallel at once; otherwise only after the object proves big
-        self.after_bytes = 0 if _size_of(stream) >= 4 * PARALLEL_AFTER_BYTES else PARALLEL_AFTER_BYTES
+        self.after_bytes = 0 if (size or 0) >= 4 * PARALLEL_AFTER_BYTES else PARALLEL_AFTER_BYTES
         # A regular local file (stream positions are file offsets): workers read their pieces
         # themselves rather than receive them through a pipe.
         raw = getattr(stream, "raw", None)
-        plain = isinstance(raw, io.FileIO) and isinstance(stream.name, str) and _is_regular(stream)
+        plain = size is not None and isinstance(raw, io.FileIO) and isinstance(stream.name, str)
         self._path = os.path.abspath(stream.name) if plain else None
 
     @property
@@ -196,19 +197,14 @@ class Workers:
             self._pool.join()
 
 
-def _is_regular(stream) -> bool:
-    """A regular file, which can be read at any offset (not a pipe such as bash's <(...))."""
+def _regular_file_size(stream) -> int | None:
+    """The size of the regular file under `stream`; None in memory, for remote streams and for
+    pipes such as bash's <(...), which cannot be read at an offset."""
     try:
-        return stat.S_ISREG(os.fstat(stream.fileno()).st_mode)
+        st = os.fstat(stream.fileno())
     except (AttributeError, OSError, ValueError):
-        return False
-
-
-def _size_of(stream) -> int:
-    try:
-        return os.fstat(stream.fileno()).st_size
-    except (AttributeError, OSError, ValueError):
-        return 0  # in memory, compressed or remote: unknown
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
 
 
 def _version_of(value) -> int:

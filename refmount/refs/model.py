@@ -101,8 +101,7 @@ _P = 0x9E3779B97F4A7C15  # odd, so invertible mod 2**64
 _P_INVERSE = pow(_P, -1, 1 << 64)
 _HASH_RUN_BYTES = 256 << 10
 _powers = np.ones(1, np.uint64)
-_inverse_HASH_RUN_BYTES = 256 << 10
-_powers = np.ones(1, np.uint64)
+_inverse_powers = np.ones(1, np.uint64)
 
 
 def _powers_up_to(n: int) -> tuple[np.ndarray, np.ndarray]:
