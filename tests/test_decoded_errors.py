@@ -51,7 +51,9 @@ def test_odd_arrays_are_hidden_not_fatal(mount):
         "weird/0": "yy",
     }
     mnt = mount(refs)
-    assert sorted(p.name for p in mnt.path.iterdir()) == [".zgroup", "ok"]
+    assert sorted(p.name for p in mnt.path.iterdir()) == [".zgroup", ".zmetadata", "ok"]
+    consolidated = json.loads((mnt / ".zmetadata").read_text())["metadata"]
+    assert sorted(consolidated) == [".zgroup", "ok/.zarray", "ok/.zattrs"]  # hidden arrays left out
     log = mnt.log()
     assert "hiding array vlen" in log and "hiding array weird" in log and "no-such-codec" in log
 
