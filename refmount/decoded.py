@@ -20,6 +20,7 @@ import trio
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from refmount.arrays import ArrayInfo, _codec, dump_json, load_json_value, scan_arrays
+from refmount.bounded import decode_bounded
 from refmount.consolidated import consolidated_metadata
 from refmount.errors import RefmountError
 from refmount.lru import SingleFlightLRU
@@ -212,13 +213,15 @@ class DecodedView:
         """Runs in a worker thread: codecs in reverse, then swap/reorder/crop. Exact size or error."""
         key = self.refset.key(i)
         data = raw
+        expected = int(np.prod(info.chunk_shape or (1,))) * info.dtype.itemsize
         try:
             for codec in reversed(self._codecs[info.dir_id]):
-                data = codec.decode(data)
+                # no stage may grow past the chunk's size (filters such as fixedscaleoffset shrink
+                # it at most by 8x before the compressor, so 8x leaves them room)
+                data = decode_bounded(codec, data, 8 * expected)
             buffer = ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1)
         except Exception as e:
             raise DecodeError(f"chunk {key!r} could not be decoded: {type(e).__name__}: {e}") from None
-        expected = int(np.prod(info.chunk_shape or (1,))) * info.dtype.itemsize
         if buffer.nbytes != expected:
             raise DecodeError(f"chunk {key!r} decoded to {buffer.nbytes} bytes, expected {expected}")
         if not (info.swap or info.fortran or info.crop is not None):
