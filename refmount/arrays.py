@@ -48,6 +48,7 @@ class ArrayInfo:
     separator: str = "."
     renamed_dims: dict = field(default_factory=dict)
     strlen: int = 0  # |Sn (n > 1) served as characters: the length of the added last dimension
+    vlen_strings: bool = False  # |O strings, served as the fixed-length strings `dtype` (|S<longest>)
 
     @property
     def name(self) -> str:
@@ -106,7 +107,7 @@ def scan_arrays(refset: RefSet, chars: str = "ubyte") -> list[ArrayInfo]:
             info.zarray = load_json_value(raw)
             _, attrs_raw = _inline(refset, prefix + ".zattrs")
             info.zattrs = load_json_value(attrs_raw) if attrs_raw else {}
-            _plan(info, chars)
+            _plan(info, chars, refset)
         except (ValueError, TypeError, KeyError, RecursionError) as e:
             info.hidden_reason = f"its metadata is malformed ({type(e).__name__}: {str(e)[:200]})"
         arrays.append(info)
@@ -128,7 +129,7 @@ def _codec(config: dict):
     return numcodecs.get_codec(dict(config))
 
 
-def _plan(info: ArrayInfo, chars: str = "ubyte") -> None:
+def _plan(info: ArrayInfo, chars: str = "ubyte", refset=None) -> None:
     z = info.zarray
     if z.get("zarr_format", 2) != 2:
         raise ValueError(f"zarr_format {z.get('zarr_format')} is not 2")
@@ -145,8 +146,15 @@ def _plan(info: ArrayInfo, chars: str = "ubyte") -> None:
         info.hidden_reason = "structured (compound) dtype: netCDF-C cannot read it from Zarr"
         return
     if dtype.kind == "O":
-        info.hidden_reason = "object dtype (variable-length strings): netCDF-C fails to open such arrays"
-        return
+        longest, why = _longest_string(refset, info) if refset is not None else (0, "no reference set")
+        if why:
+            info.hidden_reason = f"variable-length strings: {why}"
+            return
+        info.notes.append(f"variable-length strings served as fixed-length (|S{longest}, the longest)")
+        info.dtype = dtype = np.dtype(f"S{longest}")
+        info.vlen_strings = True
+        if chars == "string" and "_Encoding" not in info.zattrs:
+            info.zattrs = {**info.zattrs, "_Encoding": "utf-8"}  # xarray then gives str, as for the source
     if dtype.kind == "U":
         info.hidden_reason = f"dtype {z['dtype']} (UTF-32 strings): netCDF-C fails to open such arrays"
         return
@@ -220,6 +228,36 @@ def _plan(info: ArrayInfo, chars: str = "ubyte") -> None:
         info.notes.insert(0, "chunks decoded (" + "+".join(str(c.get("id")) for c in info.codecs) + ")")
 
 
+VLEN_CODECS = ("vlen-utf8", "vlen-bytes")
+
+
+def _longest_string(refset, info: ArrayInfo) -> tuple[int, str | None]:
+    """The longest UTF-8 string of an object array whose chunks are all inline (kerchunk inlines
+    HDF5 strings): the fixed length to serve it with. (0, reason) when that cannot be known without
+    fetching, or the codecs are not string codecs."""
+    ids = [c.get("id") for c in info.codecs]
+    if len(ids) != 1 or ids[0] not in VLEN_CODECS or getattr(refset, "lazy", False):
+        return 0, f"codecs {ids} are not one vlen-utf8/vlen-bytes filter of an inline reference set"
+    codec = _codec(info.codecs[0])
+    prefix = f"{info.path}/" if info.path else ""
+    longest = 1
+    for i in refset.files_in(info.dir_id).tolist():
+        if info.chunk_index(refset.key(i)[len(prefix):]) is None:
+            continue
+        data = refset.inline_data(i)
+        if data is None:
+            return 0, "chunks stored remotely (their longest string is not known at mount)"
+        for item in codec.decode(data).ravel():
+            longest = max(longest, len(item.encode("utf-8") if isinstance(item, str) else bytes(item)))
+    return longest, None
+
+
+def fixed_strings(values, length: int) -> bytes:
+    """Decoded variable-length strings as NUL-padded fixed-length UTF-8 bytes."""
+    return np.array([v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values.ravel()],
+                    dtype=f"S{length}").tobytes()
+
+
 def _plan_characters(info: ArrayInfo, out: dict, dtype: np.dtype, chars: str) -> np.dtype | None:
     """Byte strings (netCDF char arrays are |S1; |Sn are fixed-length strings, served as characters
     with a last dimension of length n, named string<n> as xarray does). No Zarr form of characters
@@ -278,7 +316,7 @@ def raw_verdicts(info: ArrayInfo) -> tuple[str, str]:
     z = info.zarray
     if not z:
         return "unknown", "unknown"
-    dtype = info.dtype
+    dtype = info.dtype if not info.vlen_strings else np.dtype("O")
     problems_49, problems_410 = [], []
     if info.codecs:
         problems_49.append("garbage: compressed/filtered and 4.9.0 has no filters")

@@ -19,7 +19,7 @@ import numpy as np
 import trio
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from refmount.arrays import ArrayInfo, _codec, dump_json, load_json_value, scan_arrays
+from refmount.arrays import ArrayInfo, _codec, dump_json, fixed_strings, load_json_value, scan_arrays
 from refmount.bounded import decode_bounded
 from refmount.consolidated import consolidated_metadata
 from refmount.errors import RefmountError
@@ -219,6 +219,8 @@ class DecodedView:
                 # no stage may grow past the chunk's size (filters such as fixedscaleoffset shrink
                 # it at most by 8x before the compressor, so 8x leaves them room)
                 data = decode_bounded(codec, data, 8 * expected)
+            if info.vlen_strings:
+                data = fixed_strings(data, info.dtype.itemsize)
             buffer = ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1)
         except Exception as e:
             raise DecodeError(f"chunk {key!r} could not be decoded: {type(e).__name__}: {e}") from None

@@ -184,3 +184,19 @@ def test_fixed_strings_served_as_characters(mount):
     assert zarray["shape"] == [4, 5] and zarray["chunks"] == [2, 5]
     dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["s"])["s"].items
     assert dumped == [b"ab", b"hello", b"", b"xyzzy"]
+
+
+def test_variable_length_strings_served_fixed(tmp_path, mount):
+    """kerchunk inlines HDF5 strings as |O + vlen-utf8: served with the longest string's length."""
+    path = tmp_path / "s.nc"
+    words = ["one", "two", "three", "", "é"]
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("x", 5)
+        ds.createVariable("s", str, ("x",))[:] = np.array(words, object)
+    refs = kerchunk_refs(path)
+    mnt = mount(refs, "--chars", "string")
+    with netCDF4.Dataset(C.nczarr_url(mnt.path)) as ds:
+        assert list(ds["s"][:]) == words
+    mnt = mount(refs, "--chars", "char")
+    dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["s"])["s"].items
+    assert [b.decode() for b in dumped] == words
