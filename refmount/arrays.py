@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from numcodecs.compat import ensure_contiguous_ndarray
 
 from refmount.ncattrs import served_attributes
 from refmount.refs import RefSet
@@ -48,7 +49,7 @@ class ArrayInfo:
     separator: str = "."
     renamed_dims: dict = field(default_factory=dict)
     strlen: int = 0  # |Sn (n > 1) served as characters: the length of the added last dimension
-    vlen_strings: bool = False  # |O strings, served as the fixed-length strings `dtype` (|S<longest>)
+    recode_from: np.dtype | None = None  # |O or <U strings, served as the fixed-length UTF-8 `dtype`
 
     @property
     def name(self) -> str:
@@ -60,7 +61,7 @@ class ArrayInfo:
 
     @property
     def transforms_chunks(self) -> bool:
-        return bool(self.codecs) or self.swap or self.fortran or self.crop is not None
+        return bool(self.codecs) or self.swap or self.fortran or self.crop is not None or self.recode_from is not None
 
     @property
     def out_chunk_bytes(self) -> int:
@@ -150,14 +151,15 @@ def _plan(info: ArrayInfo, chars: str = "ubyte", refset=None) -> None:
         if why:
             info.hidden_reason = f"variable-length strings: {why}"
             return
-        info.notes.append(f"variable-length strings served as fixed-length (|S{longest}, the longest)")
+        info.notes.append(f"variable-length strings served as fixed-length UTF-8 (|S{longest}, the longest)")
+    elif dtype.kind == "U":
+        longest = dtype.itemsize  # n characters: 4n bytes of UTF-32, and at most 4n of UTF-8
+        info.notes.append(f"UTF-32 strings {dtype.str} served as fixed-length UTF-8 (|S{longest})")
+    if dtype.kind in "OU":
+        info.recode_from = dtype
         info.dtype = dtype = np.dtype(f"S{longest}")
-        info.vlen_strings = True
         if chars == "string" and "_Encoding" not in info.zattrs:
             info.zattrs = {**info.zattrs, "_Encoding": "utf-8"}  # xarray then gives str, as for the source
-    if dtype.kind == "U":
-        info.hidden_reason = f"dtype {z['dtype']} (UTF-32 strings): netCDF-C fails to open such arrays"
-        return
     if dtype.kind == "V":
         info.hidden_reason = f"dtype {z['dtype']} (raw bytes) is not a netCDF type"
         return
@@ -252,10 +254,15 @@ def _longest_string(refset, info: ArrayInfo) -> tuple[int, str | None]:
     return longest, None
 
 
-def fixed_strings(values, length: int) -> bytes:
-    """Decoded variable-length strings as NUL-padded fixed-length UTF-8 bytes."""
-    return np.array([v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in values.ravel()],
-                    dtype=f"S{length}").tobytes()
+def fixed_strings(values, source: np.dtype, length: int) -> bytes:
+    """Decoded strings (an object array, or the bytes of a <U array) as NUL-padded fixed-length
+    UTF-8 bytes; a string longer than `length` is an error, never cut short."""
+    if source.kind == "U":
+        values = ensure_contiguous_ndarray(values).view(np.uint8).view(source)
+    encoded = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in np.asarray(values).ravel()]
+    if any(len(v) > length for v in encoded):
+        raise ValueError(f"a string is longer than the {length} bytes served")
+    return np.array(encoded, dtype=f"S{length}").tobytes()
 
 
 def _plan_characters(info: ArrayInfo, out: dict, dtype: np.dtype, chars: str) -> np.dtype | None:
@@ -316,7 +323,7 @@ def raw_verdicts(info: ArrayInfo) -> tuple[str, str]:
     z = info.zarray
     if not z:
         return "unknown", "unknown"
-    dtype = info.dtype if not info.vlen_strings else np.dtype("O")
+    dtype = info.dtype if info.recode_from is None else info.recode_from
     problems_49, problems_410 = [], []
     if info.codecs:
         problems_49.append("garbage: compressed/filtered and 4.9.0 has no filters")

@@ -219,8 +219,8 @@ class DecodedView:
                 # no stage may grow past the chunk's size (filters such as fixedscaleoffset shrink
                 # it at most by 8x before the compressor, so 8x leaves them room)
                 data = decode_bounded(codec, data, 8 * expected)
-            if info.vlen_strings:
-                data = fixed_strings(data, info.dtype.itemsize)
+            if info.recode_from is not None:
+                data = fixed_strings(data, info.recode_from, info.dtype.itemsize)
             buffer = ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1)
         except Exception as e:
             raise DecodeError(f"chunk {key!r} could not be decoded: {type(e).__name__}: {e}") from None

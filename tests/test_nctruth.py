@@ -200,3 +200,19 @@ def test_variable_length_strings_served_fixed(tmp_path, mount):
     mnt = mount(refs, "--chars", "char")
     dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["s"])["s"].items
     assert [b.decode() for b in dumped] == words
+
+
+def test_utf32_strings_served_as_utf8(mount):
+    import base64
+
+    data = np.array(["ab", "héllo", "", "€"], "<U5")
+    refs = {".zgroup": '{"zarr_format": 2}',
+            "u/.zarray": json.dumps({"zarr_format": 2, "shape": [4], "chunks": [4], "dtype": "<U5",
+                                     "compressor": None, "filters": None, "fill_value": None, "order": "C"}),
+            "u/.zattrs": '{"_ARRAY_DIMENSIONS": ["n"]}',
+            "u/0": "base64:" + base64.b64encode(data.tobytes()).decode()}
+    mnt = mount(refs, "--chars", "string")
+    with netCDF4.Dataset(C.nczarr_url(mnt.path)) as ds:
+        assert list(ds["u"][:]) == list(data)
+    mnt = mount(refs, "--chars", "char")
+    assert [b.decode() for b in _ncdump_vars(C.nczarr_url(mnt.path), ["u"])["u"].items] == list(data)
