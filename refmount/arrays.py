@@ -349,5 +349,11 @@ def raw_verdicts(info: ArrayInfo) -> tuple[str, str]:
         ("no: " + "; ".join(problems_410)) if problems_410 else "yes"
 
 
-def decoded_verdict(info: ArrayInfo) -> str:
-    return f"hidden: {info.hidden_reason}" if info.hidden_reason else "yes"
+def decoded_verdicts(info: ArrayInfo) -> tuple[str, str]:
+    """(netCDF-C 4.9.0, netCDF-C >= 4.10) verdicts for the decoded view in its default --chars form."""
+    if info.hidden_reason:
+        return (f"hidden: {info.hidden_reason}",) * 2
+    if info.dtype is not None and info.dtype.kind == "S":
+        return ("yes, characters as numbers (--chars char: text)",
+                "yes, characters as numbers (--chars string: text)")
+    return "yes", "yes"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from refmount.arrays import decoded_verdict, raw_verdicts, scan_arrays
+from refmount.arrays import decoded_verdicts, raw_verdicts, scan_arrays
 from refmount.refs import load_refs
 from refmount.refs.model import each_file
 
@@ -40,7 +40,7 @@ def inspect_refs(refset) -> list[dict]:
     for info in scan_arrays(refset):
         present, missing = _chunk_counts(refset, info)
         raw49, raw410 = raw_verdicts(info)
-        decoded = decoded_verdict(info)
+        decoded49, decoded410 = decoded_verdicts(info)
         rows.append({
             "array": info.name,
             "dtype": info.zarray.get("dtype"),
@@ -50,7 +50,7 @@ def inspect_refs(refset) -> list[dict]:
             "chunks_present": present,
             "chunks_missing": missing,
             "raw": {"netcdf-c 4.9.0": raw49, "netcdf-c >= 4.10": raw410},
-            "decoded": {"netcdf-c 4.9.0": decoded, "netcdf-c >= 4.10": decoded},
+            "decoded": {"netcdf-c 4.9.0": decoded49, "netcdf-c >= 4.10": decoded410},
             "decoded_changes": info.notes,
         })
     return rows
