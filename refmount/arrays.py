@@ -223,7 +223,8 @@ def _plan(info: ArrayInfo, chars: str = "ubyte", refset=None) -> None:
                               f"decoded view serves ({MAX_CHUNK_BYTES:,})")
         return
     info.out_zarray = out
-    typed = out_dtype if dtype.kind in "biuf" else None  # characters get no _FillValue (NUL is theirs)
+    # characters get no _FillValue (NUL is theirs), nor do booleans (a fill of false would mask every false)
+    typed = out_dtype if dtype.kind in "iuf" else None
     info.zattrs, attr_notes = served_attributes(info.zattrs, typed, out.get("fill_value"))
     info.notes.extend(attr_notes)
     if info.codecs:
