@@ -23,6 +23,11 @@ log = logging.getLogger("refmount")
 
 # Codec ids the netCDF4 wheel (netCDF-C 4.10.1) decodes with its bundled plugins (NOTES §2).
 NC410_CODECS = {"zlib", "gzip", "shuffle", "blosc", "zstd", "bz2"}
+# netCDF-C's default fill values (netCDF4.default_fillvals): what a missing value reads as when a
+# variable has no _FillValue, and what netCDF-C masks then.
+NC_DEFAULT_FILL = {"i1": -127, "u1": 255, "i2": -32767, "u2": 65535, "i4": -2147483647, "u4": 4294967295,
+                   "i8": -9223372036854775806, "u8": 18446744073709551614,
+                   "f4": 9.969209968386869e36, "f8": 9.969209968386869e36}
 CHAR_DTYPE_49 = "<U1"  # netCDF-C 4.9.x's own char dtype, one byte per character
 # A decoded chunk is held whole in memory: bigger ones (absurd chunk shapes) hide their array.
 MAX_CHUNK_BYTES = 1 << 30
@@ -75,6 +80,11 @@ class ArrayInfo:
         return tuple(int(p) for p in parts)
 
 
+def listed(names: list[str], shown: int = 8) -> str:
+    """Array names for a log line: the first few, then how many more."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
 def load_json_value(data: bytes):
     """Parse metadata JSON the way zarr does (NaN/Infinity allowed)."""
     return json.loads(data.decode("utf-8"))
@@ -92,7 +102,7 @@ def _inline(refset: RefSet, key: str):
     return i, refset.inline_data(i)
 
 
-def scan_arrays(refset: RefSet, chars: str = "ubyte") -> list[ArrayInfo]:
+def scan_arrays(refset: RefSet, chars: str = "char") -> list[ArrayInfo]:
     arrays = []
     for d, path in enumerate(refset.dirs.paths):
         prefix = f"{path}/" if path else ""
@@ -130,7 +140,7 @@ def _codec(config: dict):
     return numcodecs.get_codec(dict(config))
 
 
-def _plan(info: ArrayInfo, chars: str = "ubyte", refset=None) -> None:
+def _plan(info: ArrayInfo, chars: str = "char", refset=None) -> None:
     z = info.zarray
     if z.get("zarr_format", 2) != 2:
         raise ValueError(f"zarr_format {z.get('zarr_format')} is not 2")
@@ -225,10 +235,53 @@ def _plan(info: ArrayInfo, chars: str = "ubyte", refset=None) -> None:
     info.out_zarray = out
     # characters get no _FillValue (NUL is theirs), nor do booleans (a fill of false would mask every false)
     typed = out_dtype if dtype.kind in "iuf" else None
-    info.zattrs, attr_notes = served_attributes(info.zattrs, typed, out.get("fill_value"))
+    fill = out.get("fill_value")
+    if typed is not None and _is_default_fill(fill, typed):
+        # netCDF's default fill needs no _FillValue (netCDF-C applies it by itself, and the source
+        # had none: kerchunk writes HDF5's fill, which is netCDF's default when the variable has no
+        # _FillValue). In .zarray it matters only for missing chunks; elsewhere it would make xarray
+        # mask what the source does not.
+        fill = None
+        out["fill_value"] = NC_DEFAULT_FILL[typed.str[1:]] if _may_miss_chunks(refset, info) else None
+    info.zattrs, attr_notes = served_attributes(info.zattrs, typed, fill)
     info.notes.extend(attr_notes)
     if info.codecs:
         info.notes.insert(0, "chunks decoded (" + "+".join(str(c.get("id")) for c in info.codecs) + ")")
+
+
+def _is_default_fill(fill, dtype: np.dtype) -> bool:
+    """No fill, or netCDF's default fill for the type."""
+    from refmount.ncattrs import fill_number
+
+    default = NC_DEFAULT_FILL.get(dtype.str[1:])
+    if default is None:
+        return False
+    number = fill_number(fill, dtype)
+    return number is None and fill is None or number == fill_number(default, dtype)
+
+
+def count_chunks(refset, info: ArrayInfo) -> tuple[int, int]:
+    """(chunk keys present, chunks the grid has) of an array of an eager reference set."""
+    shape, chunks = info.zarray.get("shape", []), info.zarray.get("chunks", [])
+    expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunks) if c) if shape else 1
+    present = 0
+    prefix = f"{info.path}/" if info.path else ""
+    for d, path in enumerate(refset.dirs.paths):
+        if d != info.dir_id and not (prefix and path.startswith(prefix)):
+            continue
+        base = len(prefix.encode())
+        for i in refset.files_in(d).tolist():
+            name = refset.key_bytes(i)[base:].decode("utf-8", "replace")
+            if info.chunk_index(name) is not None:
+                present += 1
+    return present, expected
+
+
+def _may_miss_chunks(refset, info: ArrayInfo) -> bool:
+    if refset is None or getattr(refset, "lazy", False):
+        return True  # a Parquet set's rows load on demand: assume some are empty
+    present, expected = count_chunks(refset, info)
+    return present < expected
 
 
 VLEN_CODECS = ("vlen-utf8", "vlen-bytes")
@@ -272,7 +325,8 @@ def _plan_characters(info: ArrayInfo, out: dict, dtype: np.dtype, chars: str) ->
     reads as netCDF char in every netCDF-C (NOTES §6): 4.9.x reads only its own '<U1' holding one
     byte per character, which netCDF-C >= 4.10 and zarr refuse; any '|S' dtype crashes 4.9.0's
     ncdump for the whole dataset. `chars` picks the form: 'ubyte' (numbers every client reads),
-    'char' (text for netCDF-C 4.9.x only) or 'string' (the bytes as they are, for >= 4.10 and zarr).
+    'char' (text for netCDF-C 4.9.x only), 'string' (the bytes as they are, for >= 4.10 and zarr) or
+    'ubyte' (numbers every client reads).
     Returns the served dtype (None for 4.9's char form)."""
     if dtype.itemsize > 1 and chars != "string":
         info.strlen = dtype.itemsize
@@ -283,7 +337,7 @@ def _plan_characters(info: ArrayInfo, out: dict, dtype: np.dtype, chars: str) ->
     if chars == "char":
         info.notes.append("characters served as netCDF-C 4.9's char ('<U1', one byte each)")
         return None
-    info.notes.append(f"characters {dtype.str} served as |u1 (--chars char or string for text)")
+    info.notes.append(f"characters {dtype.str} served as |u1 numbers (--chars ubyte)")
     return np.dtype("u1")
 
 
