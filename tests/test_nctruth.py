@@ -220,3 +220,18 @@ def test_utf32_strings_served_as_utf8(mount):
         assert list(ds["u"][:]) == list(data)
     mnt = mount(refs, "--chars", "char")
     assert [b.decode() for b in _ncdump_vars(C.nczarr_url(mnt.path), ["u"])["u"].items] == list(data)
+
+
+def test_variable_never_written_along_the_unlimited_dimension(tmp_path, mount):
+    """kerchunk gives it length 0; netCDF gives it the dimension's length, all fill."""
+    path = tmp_path / "u.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("time", None)
+        ds.createVariable("t", "f8", ("time",))[:] = np.arange(6.0)
+        ds.createVariable("empty", "f4", ("time",), fill_value=np.float32(-9999))
+    mnt = mount(kerchunk_refs(path))
+    dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["empty"])["empty"].items
+    assert dumped == [C.FILL] * 6
+    with netCDF4.Dataset(path) as want:
+        assert _ncdump_vars(str(path), ["empty"])["empty"].items == dumped
+        assert want["empty"][:].mask.all() and len(want["empty"][:]) == 6
