@@ -247,3 +247,88 @@ def test_dry_run_never_prints_a_traceback(tmp_path):
 def test_ci_setup_leaves_a_hosts_nginx_alone():
     setup = (Path(__file__).resolve().parent.parent / ".ci" / "setup").read_text()
     assert "systemctl disable" not in setup and "systemctl stop" not in setup
+
+
+# -- interrupted mounts -----------------------------------------------------------------------------
+
+def daemons_for(mnt) -> list[int]:
+    """PIDs of processes whose command line names `mnt` (a refmount daemon serving or loading it)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if str(mnt).encode() in argv and b"refmount" in argv:
+                pids.append(int(entry.name))
+    return pids
+
+
+def start_stuck_mount(tmp_path):
+    """`refmount mount` of a reference file that never arrives (a FIFO nobody writes): loading stalls."""
+    fifo = tmp_path / "refs.json"
+    os.mkfifo(fifo)
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    proc = subprocess.Popen([*REFMOUNT, "mount", str(fifo), str(mnt)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while len(daemons_for(mnt)) < 2 and time.monotonic() < deadline:  # the CLI and its forked daemon
+        time.sleep(0.05)
+    assert len(daemons_for(mnt)) == 2
+    time.sleep(0.3)
+    return fifo, mnt, proc
+
+
+def feed(fifo, data: bytes) -> bool:
+    """Write `data` to the FIFO if a reader holds it open; False if nobody reads it."""
+    try:
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # ENXIO: no reader
+        return False
+    try:
+        os.set_blocking(fd, True)
+        os.write(fd, data)
+    except BrokenPipeError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupted_mount_leaves_nothing_behind(tmp_path, sig):
+    fifo, mnt, proc = start_stuck_mount(tmp_path)
+    try:
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=15)  # returns only once no daemon holds its stderr
+        assert proc.returncode == 130, err
+        assert err.decode().strip() == "refmount: interrupted"
+        assert daemons_for(mnt) == []
+        assert not feed(fifo, b'{"a": "x"}')  # nobody is left loading
+        time.sleep(0.5)
+        assert not is_mounted(mnt)
+    finally:
+        for pid in daemons_for(mnt):
+            os.kill(pid, signal.SIGKILL)
+        force_unmount(mnt)
+
+
+def test_daemon_never_mounts_after_its_cli_is_gone(tmp_path):
+    """Even when the CLI cannot clean up (SIGKILL), the daemon sees that nobody waits and does not mount."""
+    fifo, mnt, proc = start_stuck_mount(tmp_path)
+    try:
+        proc.kill()
+        proc.wait(timeout=15)
+        [daemon] = daemons_for(mnt)
+        assert feed(fifo, json.dumps({".zgroup": '{"zarr_format": 2}', "a": "x"}).encode())
+        deadline = time.monotonic() + 20
+        while daemons_for(mnt) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert daemons_for(mnt) == []
+        assert not is_mounted(mnt)
+    finally:
+        for pid in daemons_for(mnt):
+            os.kill(pid, signal.SIGKILL)
+        force_unmount(mnt)
