@@ -212,8 +212,10 @@ def syslog_socket() -> str | None:
 
 
 def log_directory() -> str:
-    """Where per-mount log files go when there is no syslog: /var/log/refmount for root, else the
-    user's XDG state directory."""
+    """Where per-mount log files go when there is no syslog: $REFMOUNT_LOG_DIR if set, else
+    /var/log/refmount for root, else the user's XDG state directory."""
+    if os.environ.get("REFMOUNT_LOG_DIR"):
+        return os.environ["REFMOUNT_LOG_DIR"]
     if os.geteuid() == 0:
         return "/var/log/refmount"
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
@@ -348,7 +350,7 @@ def mount(opts: MountOptions) -> int:
     finally:
         os.close(read_fd)
     if message.startswith("OK"):
-        sys.stderr.write(f"refmount: mounted {opts.refs} on {opts.mountpoint}; log: {shown}\n")
+        sys.stderr.write(f"refmount: mounted {shown_refs(opts.refs)} on {opts.mountpoint}; log: {shown}\n")
         return 0
     if message.startswith("ERR "):
         os.waitpid(pid, 0)

@@ -35,6 +35,13 @@ def one_line(result) -> str:
     return lines[0]
 
 
+@pytest.fixture(autouse=True)
+def _logs_in_tmp(tmp_path, monkeypatch):
+    """Daemons started here (they inherit the environment) log under tmp_path, not /var/log."""
+    monkeypatch.setenv("REFMOUNT_LOG_DIR", str(tmp_path / "logs"))
+    monkeypatch.setenv("REFMOUNT_SYSLOG_SOCKET", "")
+
+
 @pytest.fixture
 def background(tmp_path):
     """background(refs_dict_or_path, *args, env=...) -> (mountpoint, CompletedProcess); always unmounted."""
@@ -71,7 +78,9 @@ def unreachable_refs() -> dict:
 
 def test_background_mount_without_syslog_logs_to_a_file(background, tmp_path):
     """No syslog socket: the daemon logs to a per-mount file and says where; a failed read's line is there."""
-    env = {"REFMOUNT_SYSLOG_SOCKET": str(tmp_path / "no-such-socket"), "XDG_STATE_HOME": str(tmp_path / "state")}
+    env = {"REFMOUNT_SYSLOG_SOCKET": str(tmp_path / "no-such-socket"), "XDG_STATE_HOME": str(tmp_path / "state"),
+           "REFMOUNT_LOG_DIR": ""}  # the default place
+    had_var_log = os.path.isdir("/var/log/refmount")
     mnt, result = background(unreachable_refs(), "--read-timeout", "1", env=env)
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith(f"refmount: mounted ") and f" on {mnt}; log: " in line, result.stderr
@@ -92,6 +101,8 @@ def test_background_mount_without_syslog_logs_to_a_file(background, tmp_path):
         subprocess.run([*REFMOUNT, "umount", str(mnt)], capture_output=True, timeout=30)
         if os.geteuid() == 0:
             log_path.unlink(missing_ok=True)
+            if not had_var_log:
+                os.rmdir("/var/log/refmount")
 
 
 def test_background_mount_with_syslog_logs_there(background, tmp_path):
@@ -281,12 +292,17 @@ def start_stuck_mount(tmp_path):
     return fifo, mnt, proc
 
 
-def feed(fifo, data: bytes) -> bool:
-    """Write `data` to the FIFO if a reader holds it open; False if nobody reads it."""
-    try:
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
-    except OSError:  # ENXIO: no reader
-        return False
+def feed(fifo, data: bytes, wait: float = 0.0) -> bool:
+    """Write `data` to the FIFO once a reader holds it open (waiting up to `wait` s); False if nobody does."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:  # ENXIO: no reader (yet)
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
     try:
         os.set_blocking(fd, True)
         os.write(fd, data)
@@ -322,7 +338,7 @@ def test_daemon_never_mounts_after_its_cli_is_gone(tmp_path):
         proc.kill()
         proc.wait(timeout=15)
         [daemon] = daemons_for(mnt)
-        assert feed(fifo, json.dumps({".zgroup": '{"zarr_format": 2}', "a": "x"}).encode())
+        assert feed(fifo, json.dumps({".zgroup": '{"zarr_format": 2}', "a": "x"}).encode(), wait=20)
         deadline = time.monotonic() + 20
         while daemons_for(mnt) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -332,3 +348,25 @@ def test_daemon_never_mounts_after_its_cli_is_gone(tmp_path):
         for pid in daemons_for(mnt):
             os.kill(pid, signal.SIGKILL)
         force_unmount(mnt)
+
+
+# -- refmount list and the mount's source -------------------------------------------------------------
+
+def test_list_shows_every_mount_and_findmnt_shows_the_reference_set(background, tmp_path, datasets):
+    odd = tmp_path / "a dir, with comma"
+    odd.mkdir()
+    refs = odd / "refs.json"
+    refs.write_text(json.dumps(kerchunk_refs(datasets["zlib"])))
+    first, _ = background(refs, "--view", "raw")
+    second, result = background({"a": "x"})
+    log_path = result.stderr.strip().split("; log: ", 1)[1]
+    listed = json.loads(run_refmount("list", "--json").stdout)
+    mine = {m["mountpoint"]: m for m in listed if m["mountpoint"] in (str(first), str(second))}
+    assert mine[str(first)]["refs"] == str(refs) and mine[str(first)]["view"] == "raw"
+    assert mine[str(second)]["view"] == "decoded" and mine[str(second)]["log"] == log_path
+    for m in mine.values():
+        assert m["alive"] and m["pid"] == int(os.getxattr(m["mountpoint"], "user.refmount.pid"))
+    text = run_refmount("list").stdout
+    assert str(first) in text and f"refs: {refs}" in text
+    source = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(first)], capture_output=True, text=True).stdout
+    assert source.strip() == str(refs)
