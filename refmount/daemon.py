@@ -533,11 +533,24 @@ async def _stop_on_signals(nursery) -> None:
 
 # -- unmounting -------------------------------------------------------------------------------------
 
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name!r} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def umount(mountpoint: str, lazy: bool = False, timeout: float = 10.0) -> int:
     """Unmount whether or not the daemon is alive; wait for a live daemon to exit."""
     entry = mount_entry(mountpoint)
     if entry is None:
         raise RefmountError(f"{quote(mountpoint)} is not mounted")
+    owner = re.search(r"user_id=(\d+)", entry["super_options"])
+    if os.geteuid() != 0 and owner and int(owner.group(1)) != os.getuid():
+        raise RefmountError(f"{quote(mountpoint)} was mounted by {_user_name(int(owner.group(1)))}; only they "
+                            "(or root) can unmount it")
     pid = None
     if not _is_dead_fuse_mount(mountpoint):
         try:
