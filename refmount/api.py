@@ -16,6 +16,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -137,18 +138,24 @@ def mount(refs, mountpoint=None, **options) -> Mount:
     # the child imports this very refmount, even if the caller found it through sys.path alone
     package_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
-        result = subprocess.run(command, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
-                                capture_output=True, env=env)
-    except BaseException:
+        _, stderr = proc.communicate(stdin)
+    except BaseException:  # e.g. KeyboardInterrupt in Jupyter: let the CLI end its loading daemon
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
         if temporary:
             shutil.rmtree(path, ignore_errors=True)
         raise
-    err = result.stderr.decode(errors="replace").strip().splitlines()
-    if result.returncode != 0:
+    err = stderr.decode(errors="replace").strip().splitlines()
+    if proc.returncode != 0:
         if temporary:
             shutil.rmtree(path, ignore_errors=True)
-        message = err[-1] if err else f"refmount mount exited with status {result.returncode}"
+        message = err[-1] if err else f"refmount mount exited with status {proc.returncode}"
         raise RefmountError(message.removeprefix("refmount: "))
     log_file = None
     for line in err:
