@@ -157,6 +157,9 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="abandon and retry a connection that sends nothing for this long (default: 10)")
     g.add_argument("--connections", type=positive_int, default=8, metavar="N",
                    help="parallel connections per host (default: 8)")
+    g.add_argument("--proxy", metavar="URL",
+                   help="send http(s) target requests through this proxy (default: the HTTP_PROXY, HTTPS_PROXY "
+                        "and NO_PROXY variables)")
     g = p.add_argument_group("security")
     g.add_argument("--allow-other", action="store_true",
                    help="let other users read the mount (needs user_allow_other in /etc/fuse.conf unless root); "
@@ -219,6 +222,7 @@ def options_from_args(args):
         log_level=args.log_level, log_file=args.log_file, tune_kernel=args.tune_kernel,
         read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
+        proxy=args.proxy,
     )
 
 

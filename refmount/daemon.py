@@ -51,6 +51,7 @@ class MountOptions:
     prefetch: bool = True
     cache_dir: str | None = None
     disk_cache_size: int = 10 << 30
+    proxy: str | None = None
 
 
 # -- mount table helpers ----------------------------------------------------------------------------
@@ -451,6 +452,9 @@ def serve(opts: MountOptions, ready: int | None, syslog: str | None = None, log_
     from refmount.assemble import build_filesystem
     from refmount.fuse_ops import FuseOperations
 
+    if opts.proxy:  # the http(s) targets' client follows the usual variables (aiohttp trust_env)
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+            os.environ[name] = opts.proxy
     fs, fetcher = build_filesystem(opts)
     check_remote_options(fs.refset.urls, opts.remote_options)
     fs.mount_info = {"refs": shown_refs(opts.refs), "log": log_shown or opts.log_file or "stderr"}
