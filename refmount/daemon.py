@@ -512,7 +512,7 @@ async def _announce_ready(opts: MountOptions, ready: int | None, syslog: str | N
         log.warning("mount of %s on %s was interrupted: unmounting", opts.refs, opts.mountpoint)
         pyfuse3.terminate()
         return
-    log.info("mounted %s on %s (view: %s)", opts.refs, opts.mountpoint, opts.view)
+    log.info("mounted %s on %s (view: %s)", shown_refs(opts.refs), opts.mountpoint, opts.view)
     sd_notify("READY=1")
     if ready is not None:
         os.close(ready)
