@@ -88,27 +88,51 @@ def read_stats(mountpoint: str) -> dict:
     return json.loads(raw)
 
 
-def live_mounts() -> list[dict]:
-    """Every refmount mount in this mount namespace, with what its daemon says about itself."""
+def live_mounts(timeout: float = 2.0) -> list[dict]:
+    """Every refmount mount in this mount namespace, with what its daemon says about itself. A daemon
+    that does not answer within `timeout` (stopped, or hung) is shown as such instead of hanging us."""
+    import threading
+    import time
+
     from refmount.daemon import refmount_mounts
 
-    mounts = []
-    for entry in refmount_mounts():
-        point = entry["point"]
-        info = {"mountpoint": point, "refs": entry["source"], "view": "?", "pid": None, "log": "?",
-                "owner": entry.get("owner"), "alive": True}
-        try:
-            info["pid"] = int(os.getxattr(point, "user.refmount.pid"))
-            info["view"] = os.getxattr(point, "user.refmount.view").decode()
-            info["refs"] = os.getxattr(point, "user.refmount.refs").decode()
-            info["log"] = os.getxattr(point, "user.refmount.log").decode()
-        except OSError as e:
-            if e.errno in (errno.ENOTCONN, errno.ECONNABORTED):
-                info["alive"] = False
-        except ValueError:
-            pass
-        mounts.append(info)
-    return mounts
+    entries = refmount_mounts()
+    answers: dict[int, dict] = {}
+
+    def ask(n: int, entry: dict) -> None:
+        answers[n] = _ask_mount(entry)
+
+    # daemon threads: a getxattr stuck in a hung FUSE daemon must not keep this process alive
+    threads = [threading.Thread(target=ask, args=(n, e), daemon=True) for n, e in enumerate(entries)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [answers.get(n) or {**_unknown(e), "state": "not answering"} for n, e in enumerate(entries)]
+
+
+def _unknown(entry: dict) -> dict:
+    return {"mountpoint": entry["point"], "refs": entry["source"], "view": "?", "pid": None, "log": "?",
+            "owner": entry.get("owner"), "state": "live"}
+
+
+def _ask_mount(entry: dict) -> dict:
+    info = _unknown(entry)
+    point = entry["point"]
+    try:
+        info["pid"] = int(os.getxattr(point, "user.refmount.pid"))
+        info["view"] = os.getxattr(point, "user.refmount.view").decode()
+        info["refs"] = os.getxattr(point, "user.refmount.refs").decode()
+        info["log"] = os.getxattr(point, "user.refmount.log").decode()
+    except OSError as e:
+        if e.errno in (errno.ENOTCONN, errno.ECONNABORTED):
+            info["state"] = "dead"
+        elif e.errno == errno.EACCES:
+            info["state"] = "not yours"  # another user's mount without --allow-other
+    except ValueError:
+        pass
+    return info
 
 
 def print_list(as_json: bool = False) -> int:
@@ -119,8 +143,10 @@ def print_list(as_json: bool = False) -> int:
     if not mounts:
         print("no refmount mounts")
         return 0
+    notes = {"dead": "  (dead: refmount umount it)", "not answering": "  (its daemon does not answer)",
+             "not yours": "  (another user's)"}
     for m in mounts:
-        state = "" if m["alive"] else "  (dead: refmount umount it)"
+        state = notes.get(m["state"], "")
         print(f"{m['mountpoint']}{state}\n  refs: {m['refs']}\n  view: {m['view']}\n  pid:  {m['pid']}\n"
               f"  log:  {m['log']}")
     return 0

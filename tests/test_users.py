@@ -365,8 +365,22 @@ def test_list_shows_every_mount_and_findmnt_shows_the_reference_set(background, 
     assert mine[str(first)]["refs"] == str(refs) and mine[str(first)]["view"] == "raw"
     assert mine[str(second)]["view"] == "decoded" and mine[str(second)]["log"] == log_path
     for m in mine.values():
-        assert m["alive"] and m["pid"] == int(os.getxattr(m["mountpoint"], "user.refmount.pid"))
+        assert m["state"] == "live" and m["pid"] == int(os.getxattr(m["mountpoint"], "user.refmount.pid"))
     text = run_refmount("list").stdout
     assert str(first) in text and f"refs: {refs}" in text
     source = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(first)], capture_output=True, text=True).stdout
     assert source.strip() == str(refs)
+
+
+def test_list_does_not_hang_on_a_stopped_daemon(background, datasets):
+    mnt, _ = background({"a": "x"})
+    pid = int(os.getxattr(mnt, "user.refmount.pid"))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        result = run_refmount("list", "--json", timeout=30)
+        assert result.returncode == 0 and time.monotonic() - started < 15, result.stderr
+        [mine] = [m for m in json.loads(result.stdout) if m["mountpoint"] == str(mnt)]
+        assert mine["state"] == "not answering" and mine["refs"].endswith("refs0.json")
+    finally:
+        os.kill(pid, signal.SIGCONT)
