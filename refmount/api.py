@@ -127,6 +127,8 @@ def mount(refs, mountpoint=None, **options) -> Mount:
     keywords (cache_size="2G", view="raw", remote_options={"anon": True}, ...). Returns once the
     mount answers; raises `refmount.RefmountError` with the one-line reason otherwise."""
     temporary = mountpoint is None
+    if temporary:  # nobody else knows this directory: the mount must not outlive its caller, even a crashed one
+        options.setdefault("owner_pid", os.getpid())
     path = Path(tempfile.mkdtemp(prefix="refmount-") if temporary else mountpoint).absolute()
     stdin = None
     if isinstance(refs, dict):
@@ -162,7 +164,7 @@ def mount(refs, mountpoint=None, **options) -> Mount:
         if "; log: " in line:
             log_file = line.split("; log: ", 1)[1]
     handle = Mount(path, shown, log_file, temporary)
-    if temporary:  # nobody else knows this directory: do not leave it mounted when Python exits
+    if temporary:  # unmount (and remove the directory) at a normal exit too, not only at the owner's death
         atexit.register(_unmount_quietly, handle)
     return handle
 

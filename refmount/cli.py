@@ -131,6 +131,9 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "(/var/log/refmount/ for root). The mount prints where its log goes")
     g.add_argument("--dry-run", action="store_true",
                    help="load and validate the reference set, print a summary, and exit without mounting")
+    g.add_argument("--owner-pid", type=positive_int, metavar="PID",
+                   help="unmount when process PID exits (refmount.mount() in Python passes its own PID for a "
+                        "temporary mountpoint)")
     g = p.add_argument_group("caching")
     g.add_argument("--cache-size", type=parse_size, default="512M", metavar="SIZE",
                    help="memory for cached remote blocks (default: 512M)")
@@ -222,7 +225,7 @@ def options_from_args(args):
         log_level=args.log_level, log_file=args.log_file, tune_kernel=args.tune_kernel,
         read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
-        proxy=args.proxy,
+        proxy=args.proxy, owner_pid=args.owner_pid,
     )
 
 

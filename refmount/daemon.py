@@ -52,6 +52,7 @@ class MountOptions:
     cache_dir: str | None = None
     disk_cache_size: int = 10 << 30
     proxy: str | None = None
+    owner_pid: int | None = None
 
 
 # -- mount table helpers ----------------------------------------------------------------------------
@@ -473,6 +474,8 @@ def serve(opts: MountOptions, ready: int | None, syslog: str | None = None, log_
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_announce_ready, opts, ready, syslog, lambda: fetcher.import_backends(fs.refset.urls))
             nursery.start_soon(_stop_on_signals, nursery)
+            if opts.owner_pid:
+                nursery.start_soon(_unmount_when_gone, opts.owner_pid)
             await pyfuse3.main(min_tasks=4, max_tasks=256)
             nursery.cancel_scope.cancel()
         await fetcher.aclose()
@@ -522,6 +525,28 @@ async def _announce_ready(opts: MountOptions, ready: int | None, syslog: str | N
             await trio.to_thread.run_sync(then)
         except Exception as e:
             log.debug("after readiness: %s", e)
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process `pid` (None if it does not exist): a PID alone may be reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+async def _unmount_when_gone(pid: int, interval: float = 0.5) -> None:
+    """--owner-pid: unmount once that process has exited (a Jupyter kernel killed on restart, a
+    script that crashed before it could unmount)."""
+    import pyfuse3
+    import trio
+
+    started = _process_start(pid)
+    while started is not None and _process_start(pid) == started:
+        await trio.sleep(interval)
+    log.info("process %d, the owner of this mount, has exited: unmounting", pid)
+    pyfuse3.terminate()
 
 
 async def _stop_on_signals(nursery) -> None:

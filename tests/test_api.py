@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,20 @@ def test_mount_from_a_jupyter_kernel():
     assert report["fuse_holders"] == [] and not report["path_left"]
     with xr.open_dataset(nc) as ds:
         assert report["mean"] == pytest.approx(float(ds.air.mean()))
+
+
+def test_temporary_mount_does_not_outlive_a_crashed_caller():
+    """The caller exits without unmounting (os._exit skips atexit, as a crash or a killed kernel would):
+    the daemon notices that its owner is gone and unmounts."""
+    script = ("import os, refmount; m = refmount.mount({'a': 'x'}); print(m.path, m.pid, flush=True); os._exit(0)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    path, pid = result.stdout.split()
+    try:
+        deadline = time.monotonic() + 10
+        while (is_mounted(path) or os.path.exists(f"/proc/{pid}")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_mounted(path) and not os.path.exists(f"/proc/{pid}")
+    finally:
+        force_unmount(path)
+        shutil.rmtree(path, ignore_errors=True)
