@@ -286,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
+        status = _run(args)
+        sys.stdout.flush()  # a closed pipe shows up here, inside the handler below, not at exit
+        return status
     except RefmountError as e:
         sys.stderr.write(f"refmount: {e}\n")
         return 1

@@ -8,6 +8,7 @@ systemd (`--foreground`, Type=notify) readiness is also sent as READY=1.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import logging.handlers
@@ -140,8 +141,8 @@ def preflight(opts: MountOptions) -> None:
     if not os.path.exists("/dev/fuse"):
         raise RefmountError("/dev/fuse is missing: FUSE is not available here (modprobe fuse; install fuse3)")
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
-        raise RefmountError("/dev/fuse is not accessible to you (it should be mode 0666, as Debian's fuse3 "
-                            "package sets it; ask your administrator)")
+        raise RefmountError("/dev/fuse is not accessible to you (Debian's udev rules make it mode 0666; "
+                            "ask your administrator)")
     if opts.allow_other and os.geteuid() != 0 and not user_allow_other():
         raise RefmountError("--allow-other needs 'user_allow_other' in /etc/fuse.conf for users other than root "
                             "(ask your administrator), or mount without --allow-other")
@@ -180,14 +181,14 @@ def refuse_data_file(refs: str) -> None:
 def check_remote_options(urls, remote_options: dict) -> None:
     """Create each target filesystem (other than http, which has its own client) now, so that an
     option the installed backend does not know fails the mount in one line, not the first read."""
-    import re
-
     from refmount.refs.source import protocol_of
 
     protocols = {protocol_of(u) for u in urls} - {"http", "https", "file", "local"}
-    for protocol in sorted(protocols):
-        import fsspec
+    if not protocols:
+        return
+    import fsspec
 
+    for protocol in sorted(protocols):
         try:  # the same arguments as the fetcher's backend (fetch/fsspec_backend.py) will use
             fs = fsspec.filesystem(protocol, skip_instance_cache=True, **remote_options)
             connect = getattr(fs, "connect", None)  # s3fs checks its session arguments only here
@@ -361,38 +362,41 @@ def mount(opts: MountOptions) -> int:
     raise RefmountError("the refmount daemon exited before the mount was ready (run with --foreground to see why)")
 
 
-class _signals_interrupt:
+@contextlib.contextmanager
+def _signals_interrupt():
     """SIGTERM and SIGHUP interrupt the waiting CLI like Ctrl-C does, so that it can clean up."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
 
-    def __enter__(self):
-        def interrupt(signum, frame):
-            raise KeyboardInterrupt
-
-        self.saved = [signal.signal(s, interrupt) for s in self.SIGNALS]
-
-    def __exit__(self, *exc):
-        for s, handler in zip(self.SIGNALS, self.saved):
+    signals = (signal.SIGTERM, signal.SIGHUP)
+    saved = [signal.signal(s, interrupt) for s in signals]
+    try:
+        yield
+    finally:
+        for s, handler in zip(signals, saved):
             signal.signal(s, handler)
+
+
+def _reaped(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def _abandon(pid: int, mountpoint: str) -> None:
     """The user gave up on a mount still loading: end the daemon's whole process group (it and its
     loader workers), and remove a mount it may have made in the meantime."""
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
             break
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                break
-            time.sleep(0.02)
-        else:
-            continue
-        break
+        if _reaped(pid, 5.0):
+            break
     entry = mount_entry(mountpoint)
     if entry is not None and entry["fstype"] == "fuse.refmount":
         _fusermount(["-u", "-z", mountpoint])

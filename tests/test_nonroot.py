@@ -7,7 +7,6 @@ ownership, restored in `finally`), and first checks the message a user gets with
 
 from __future__ import annotations
 
-import grp
 import json
 import os
 import pwd

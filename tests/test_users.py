@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REFMOUNT, force_unmount, is_mounted, run_refmount
-from tests.support.datasets import kerchunk_refs, oracle_bytes
+from tests.support.datasets import kerchunk_refs
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
