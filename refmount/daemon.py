@@ -207,11 +207,20 @@ def check_remote_options(urls, remote_options: dict) -> None:
 # -- logging ---------------------------------------------------------------------------------------
 
 def syslog_socket() -> str | None:
-    """The syslog socket (the journal's, under systemd) a background daemon logs to, if one exists.
+    """The syslog socket (the journal's, under systemd) a background daemon logs to, if one listens.
     REFMOUNT_SYSLOG_SOCKET names another path, or none when empty (tests; hosts whose syslog listens
     elsewhere)."""
     path = os.environ.get("REFMOUNT_SYSLOG_SOCKET", "/dev/log")
-    return path if path and os.path.exists(path) else None
+    if not path or not os.path.exists(path):
+        return None
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):  # a socket nobody listens on counts as none
+        with socket.socket(socket.AF_UNIX, kind) as probe:
+            try:
+                probe.connect(path)
+                return path
+            except OSError:
+                continue
+    return None
 
 
 def log_directory() -> str:
@@ -252,26 +261,32 @@ def log_destination(opts: MountOptions) -> tuple[str | None, str]:
 _FILE_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 
-def setup_logging(level: str, log_file: str | None, also_stderr: bool = False) -> None:
-    """Log to `log_file` if given (and to stderr too with `also_stderr`), else to stderr."""
-    root = logging.getLogger("refmount")
-    root.setLevel(getattr(logging, level.upper()))
-    root.handlers.clear()
+def setup_logging(level: str, log_file: str | None, syslog: str | None = None, also_stderr: bool = False) -> None:
+    """Log to `log_file` or the `syslog` socket (and then to stderr too, warnings only, with
+    `also_stderr`), else to stderr."""
+    handlers: list[logging.Handler] = []
+    if syslog:
+        handler: logging.Handler = logging.handlers.SysLogHandler(address=syslog)
+        handler.setFormatter(logging.Formatter("refmount[%(process)d]: %(levelname)s: %(message)s"))
+        handlers.append(handler)
     if log_file:
-        handler: logging.Handler = logging.FileHandler(log_file)
+        handler = logging.FileHandler(log_file)
         handler.setFormatter(logging.Formatter(_FILE_FORMAT))
-        root.addHandler(handler)
-    if also_stderr or not log_file:
+        handlers.append(handler)
+    if also_stderr or not handlers:
         handler = logging.StreamHandler(sys.stderr)
-        if log_file:  # the file has everything; the terminal only what needs attention
+        if handlers:  # the file or syslog has everything; the terminal only what needs attention
             handler.setLevel(logging.WARNING)
         # journald adds its own timestamps; a terminal user wants short lines
         handler.setFormatter(logging.Formatter("refmount: %(levelname)s: %(message)s"))
-        root.addHandler(handler)
+        handlers.append(handler)
+    root = logging.getLogger("refmount")
+    root.setLevel(getattr(logging, level.upper()))
+    root.handlers[:] = handlers
     root.propagate = False
 
 
-def _detach(opts: MountOptions, syslog: str | None) -> None:
+def _detach() -> None:
     """After readiness a background daemon lets go of the terminal (or the pipe of whoever started
     it, which would otherwise never see EOF); its log goes on in its file, or to syslog."""
     devnull = os.open(os.devnull, os.O_RDWR)
@@ -282,20 +297,6 @@ def _detach(opts: MountOptions, syslog: str | None) -> None:
     for handler in list(root.handlers):
         if type(handler) is logging.StreamHandler:
             root.removeHandler(handler)
-    if not syslog:
-        return
-    try:
-        handler: logging.Handler = logging.handlers.SysLogHandler(address=syslog)
-        handler.setFormatter(logging.Formatter("refmount[%(process)d]: %(levelname)s: %(message)s"))
-    except OSError as e:  # a socket that refuses us: the log must still land somewhere
-        fallback = default_log_file(opts.mountpoint)
-        os.makedirs(os.path.dirname(fallback), mode=0o700, exist_ok=True)
-        handler = logging.FileHandler(fallback)
-        handler.setFormatter(logging.Formatter(_FILE_FORMAT))
-        root.addHandler(handler)
-        log.warning("syslog %s refused the connection (%s); logging to this file instead", syslog, e)
-        return
-    root.addHandler(handler)
 
 
 # -- systemd ---------------------------------------------------------------------------------------
@@ -335,8 +336,8 @@ def mount(opts: MountOptions) -> int:
         status = 1
         try:
             # until ready, the user also sees warnings on the terminal
-            setup_logging(opts.log_level, log_file, also_stderr=True)
-            status = serve(opts, ready=write_fd, syslog=syslog, log_shown=shown)
+            setup_logging(opts.log_level, log_file, syslog, also_stderr=True)
+            status = serve(opts, ready=write_fd, log_shown=shown)
         except RefmountError as e:
             _report(write_fd, f"ERR {e}")
         except BaseException as e:  # never let a traceback escape a forked child
@@ -449,7 +450,7 @@ def fsname_option(refs: str) -> str:
     return "fsname=" + refs.replace("\\", "\\\\").replace(",", "\\,")
 
 
-def serve(opts: MountOptions, ready: int | None, syslog: str | None = None, log_shown: str | None = None) -> int:
+def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -> int:
     """Load, mount and serve until unmounted or signalled. Runs in the daemon process."""
     import pyfuse3
     import trio
@@ -476,7 +477,7 @@ def serve(opts: MountOptions, ready: int | None, syslog: str | None = None, log_
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_announce_ready, opts, ready, syslog, lambda: fetcher.import_backends(fs.refset.urls))
+            nursery.start_soon(_announce_ready, opts, ready, lambda: fetcher.import_backends(fs.refset.urls))
             nursery.start_soon(_stop_on_signals, nursery)
             if opts.owner_pid:
                 nursery.start_soon(_unmount_when_gone, opts.owner_pid)
@@ -493,7 +494,7 @@ def serve(opts: MountOptions, ready: int | None, syslog: str | None = None, log_
     return 0
 
 
-async def _announce_ready(opts: MountOptions, ready: int | None, syslog: str | None = None, then=None) -> None:
+async def _announce_ready(opts: MountOptions, ready: int | None, then=None) -> None:
     """Report readiness once the mount answers a stat (which our own main loop serves), then do
     `then()` in a thread: work that need not delay readiness (its errors show up later, in use)."""
     import pyfuse3
@@ -523,7 +524,7 @@ async def _announce_ready(opts: MountOptions, ready: int | None, syslog: str | N
     sd_notify("READY=1")
     if ready is not None:
         os.close(ready)
-        _detach(opts, syslog)
+        _detach()
     if then is not None:
         try:
             await trio.to_thread.run_sync(then)

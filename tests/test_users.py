@@ -76,9 +76,14 @@ def unreachable_refs() -> dict:
 
 # -- logs -------------------------------------------------------------------------------------------
 
-def test_background_mount_without_syslog_logs_to_a_file(background, tmp_path):
+@pytest.mark.parametrize("syslog", ["missing", "not-listening"])
+def test_background_mount_without_syslog_logs_to_a_file(background, tmp_path, syslog):
     """No syslog socket: the daemon logs to a per-mount file and says where; a failed read's line is there."""
-    env = {"REFMOUNT_SYSLOG_SOCKET": str(tmp_path / "no-such-socket"), "XDG_STATE_HOME": str(tmp_path / "state"),
+    socket_path = tmp_path / "log.sock"
+    if syslog == "not-listening":  # a socket file left by a syslog daemon that has stopped
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as dead:
+            dead.bind(str(socket_path))
+    env = {"REFMOUNT_SYSLOG_SOCKET": str(socket_path), "XDG_STATE_HOME": str(tmp_path / "state"),
            "REFMOUNT_LOG_DIR": ""}  # the default place
     had_var_log = os.path.isdir("/var/log/refmount")
     mnt, result = background(unreachable_refs(), "--read-timeout", "1", env=env)
