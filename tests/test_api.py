@@ -153,3 +153,22 @@ def test_temporary_mount_does_not_outlive_a_crashed_caller():
     finally:
         force_unmount(path)
         shutil.rmtree(path, ignore_errors=True)
+
+
+def test_mount_a_virtualizarr_kerchunk_export(tmp_path):
+    """VirtualiZarr's kerchunk dict export mounts as it is; xarray reads the source file's values."""
+    import numpy as np
+    import xarray as xr
+    from obspec_utils.registry import ObjectStoreRegistry
+    from obstore.store import LocalStore
+    from virtualizarr import open_virtual_dataset
+    from virtualizarr.parsers import HDFParser
+
+    nc = EXAMPLES / "air-zlib.nc"
+    url = f"file://{nc}"
+    registry = ObjectStoreRegistry({"file://": LocalStore()})
+    vds = open_virtual_dataset(url, registry=registry, parser=HDFParser(), loadable_variables=["time", "lat", "lon"])
+    refs = vds.vz.to_kerchunk(format="dict")
+    with refmount.mount(refs) as m, xr.open_dataset(m.path, engine="zarr", consolidated=False) as ds, \
+            xr.open_dataset(nc) as source:
+        np.testing.assert_array_equal(ds.air.values, source.air.values)
