@@ -32,6 +32,10 @@ def user_home():
     if shutil.which("setpriv") is None:
         pytest.fail("setpriv (util-linux) is required")
     pw = pwd.getpwnam(USER)
+    probe = subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--",
+                            *REFMOUNT, "--version"], capture_output=True, text=True, timeout=60)
+    if probe.returncode != 0:  # e.g. a checkout under /root (0700): nothing of it runs as another user
+        pytest.skip(f"user {USER} cannot run this checkout's Python: {probe.stderr.strip()[-200:]}")
     home = Path(tempfile.mkdtemp(prefix="refmount-user-"))
     os.chown(home, pw.pw_uid, pw.pw_gid)
     yield home, pw
