@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +43,8 @@ def test_dask_plugin_mounts_on_every_worker(tmp_path, datasets, http_data):
         assert not is_mounted(mnt)  # the workers' teardown unmounted it
     finally:
         force_unmount(mnt)
+        for path in RefmountPlugin(refs, str(mnt))._state_paths():  # the machine-wide worker count
+            Path(path).unlink(missing_ok=True)
 
 
 def all_chunk_keys(refs) -> list[str]:
