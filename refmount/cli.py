@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import os
 import re
 import sys
 
@@ -53,16 +55,56 @@ def _positive(cast, what: str):
     return parse
 
 
+MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 4 << 10, 64 << 20
+
+
+def parse_block_size(text: str) -> int:
+    """A power of two from 4K to 64M: blocks tile remote objects and the kernel's pages."""
+    size = parse_size(text)
+    if size < MIN_BLOCK_SIZE or size > MAX_BLOCK_SIZE or size & (size - 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a power of two from 4K to 64M")
+    return size
+
+
 positive_float = _positive(float, "a positive number of seconds")
 positive_int = _positive(int, "a positive integer")
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports mistakes as one line naming the option, exit status 2."""
+    """argparse that reports mistakes as one line naming the option, exit status 2. Abbreviations
+    are off (a typo must not silently pick an option), and an unknown option gets a "did you mean"."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            message = self._explain_unknown(unknown.group(1).split())
         sys.stderr.write(f"refmount: {message} (see '{self.prog} --help')\n")
         raise SystemExit(EXIT_USAGE)
+
+    def _explain_unknown(self, words: list[str]) -> str:
+        options = [w.split("=", 1)[0] for w in words if w.startswith("-")]
+        if not options:
+            return f"unexpected argument {words[0]!r}"
+        bad = options[0]
+        return f"unknown option {bad!r}" + did_you_mean(bad, self._all_options())
+
+    def _all_options(self) -> list[str]:
+        names = []
+        for action in self._actions:
+            names += action.option_strings
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    names += [n for a in sub._actions for n in a.option_strings]
+        return names
+
+
+def did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def add_mount_options(p: argparse.ArgumentParser) -> None:
@@ -71,7 +113,7 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("refs", metavar="REFS",
                    help="reference set: a JSON file (optionally .gz/.bz2/.xz/.zst), a Parquet reference "
-                        "directory, or an http(s)://, s3://, ... url of either")
+                        "directory, an http(s)://, s3://, ... url of either, or - for JSON on stdin")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     g = p.add_argument_group("view")
     g.add_argument("--view", choices=("decoded", "raw"), default="decoded",
@@ -90,14 +132,20 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                    help="log verbosity (default: info)")
     g.add_argument("--log-file", metavar="PATH",
-                   help="append logs here; default: stderr in the foreground, syslog/journal in the background")
+                   help="append logs here; default: stderr in the foreground; in the background syslog (the "
+                        "journal) if /dev/log exists, else $XDG_STATE_HOME/refmount/MOUNTPOINT.log "
+                        "(/var/log/refmount/ for root). The mount prints where its log goes")
     g.add_argument("--dry-run", action="store_true",
                    help="load and validate the reference set, print a summary, and exit without mounting")
+    g.add_argument("--owner-pid", type=positive_int, metavar="PID",
+                   help="unmount when process PID exits (refmount.mount() in Python passes its own PID for a "
+                        "temporary mountpoint)")
     g = p.add_argument_group("caching")
     g.add_argument("--cache-size", type=parse_size, default="512M", metavar="SIZE",
                    help="memory for cached remote blocks (default: 512M)")
-    g.add_argument("--block-size", type=parse_size, default="1M", metavar="SIZE",
-                   help="size of a cached block and of the smallest remote request (default: 1M)")
+    g.add_argument("--block-size", type=parse_block_size, default="1M", metavar="SIZE",
+                   help="size of a cached block and of the smallest remote request: a power of two from 4K "
+                        "to 64M (default: 1M)")
     g.add_argument("--decoded-cache-size", type=parse_size, default="256M", metavar="SIZE",
                    help="memory for decoded chunks in --view decoded (default: 256M)")
     g.add_argument("--no-prefetch", dest="prefetch", action="store_false",
@@ -118,6 +166,9 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="abandon and retry a connection that sends nothing for this long (default: 10)")
     g.add_argument("--connections", type=positive_int, default=8, metavar="N",
                    help="parallel connections per host (default: 8)")
+    g.add_argument("--proxy", metavar="URL",
+                   help="send http(s) target requests through this proxy (default: the HTTP_PROXY, HTTPS_PROXY "
+                        "and NO_PROXY variables)")
     g = p.add_argument_group("security")
     g.add_argument("--allow-other", action="store_true",
                    help="let other users read the mount (needs user_allow_other in /etc/fuse.conf unless root); "
@@ -155,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print live counters of the daemon serving MOUNTPOINT.")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("list", help="list live refmount mounts",
+                       description="List every live refmount mount: mountpoint, reference set, view, PID, log.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("inspect", help="report each array's codecs and which netCDF-C versions can read it",
                        description="Report, for each array of REFS: dtype, shape, chunks, codecs, present and "
                                    "missing chunks, and whether netCDF-C 4.9.0 and >= 4.10 can read it per view.")
@@ -169,7 +223,7 @@ def options_from_args(args):
     from refmount.daemon import MountOptions
 
     return MountOptions(
-        refs=args.refs, mountpoint=args.mountpoint, view=args.view, foreground=args.foreground,
+        refs="/dev/stdin" if args.refs == "-" else args.refs, mountpoint=args.mountpoint, view=args.view, foreground=args.foreground,
         cache_size=args.cache_size, block_size=args.block_size, remote_options=args.remote_options,
         read_timeout=args.read_timeout, stall_timeout=args.stall_timeout, connections=args.connections,
         allow_other=args.allow_other, allow_protocols=args.allow_protocols,
@@ -178,6 +232,7 @@ def options_from_args(args):
         read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
         chars=args.chars,
+        proxy=args.proxy, owner_pid=args.owner_pid,
     )
 
 
@@ -238,31 +293,45 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "mount":
-            from refmount import daemon
-
-            opts = options_from_args(args)
-            if args.dry_run:
-                from refmount.summary import print_summary
-
-                return print_summary(opts)
-            return daemon.mount(opts)
-        if args.command == "umount":
-            from refmount.daemon import umount
-
-            return umount(args.mountpoint, lazy=args.lazy)
-        if args.command == "stats":
-            from refmount.summary import print_stats
-
-            return print_stats(args.mountpoint, as_json=args.json)
-        if args.command == "inspect":
-            from refmount.inspect import run_inspect
-
-            return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json)
+        status = _run(args)
+        sys.stdout.flush()  # a closed pipe shows up here, inside the handler below, not at exit
+        return status
     except RefmountError as e:
         sys.stderr.write(f"refmount: {e}\n")
         return 1
     except KeyboardInterrupt:
         sys.stderr.write("refmount: interrupted\n")
         return 130
+    except BrokenPipeError:  # `refmount stats MNT | head`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the exit-time flush fails silently too
+        return 141
+
+
+def _run(args) -> int:
+    if args.command == "mount":
+        from refmount import daemon
+
+        opts = options_from_args(args)
+        if args.dry_run:
+            from refmount.summary import print_summary
+
+            return print_summary(opts)
+        return daemon.mount(opts)
+    if args.command == "umount":
+        from refmount.daemon import umount
+
+        return umount(args.mountpoint, lazy=args.lazy)
+    if args.command == "stats":
+        from refmount.summary import print_stats
+
+        return print_stats(args.mountpoint, as_json=args.json)
+    if args.command == "inspect":
+        from refmount.inspect import run_inspect
+
+        return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json)
+    if args.command == "list":
+        from refmount.summary import print_list
+
+        return print_list(as_json=args.json)
     return 0

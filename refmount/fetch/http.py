@@ -52,7 +52,8 @@ class HttpBackend:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.policy.connect_timeout,
                                             sock_read=self.policy.stall_timeout)
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                                  headers=self.headers, auto_decompress=False)
+                                                  headers=self.headers, auto_decompress=False,
+                                                  trust_env=True)  # HTTP(S)_PROXY, NO_PROXY, --proxy
         return self._session
 
     async def close(self) -> None:

@@ -50,12 +50,36 @@ def _open_raw(location: str, remote_options: dict):
 
     try:
         return fsspec.open(location, "rb", **remote_options).open()
-    except FileNotFoundError:
+    except FileNotFoundError as e:  # fsspec's http raises this for connection failures too
+        reason = _connection_failure(e)
+        if reason:
+            raise RefmountError(f"cannot reach the server of reference file {quote(location)}: {reason}") from None
         raise RefmountError(f"reference file {quote(location)} was not found on its server") from None
     except ImportError as e:
         raise RefmountError(f"cannot open {quote(location)}: {e}") from None
     except Exception as e:  # network errors of every kind from every fsspec backend
         raise RefmountError(f"cannot fetch reference file {quote(location)}: {type(e).__name__}: {e}") from None
+
+
+def _connection_failure(error: BaseException) -> str | None:
+    """Why a connection failed, if the cause chain of `error` says so (else None: truly not found)."""
+    import socket
+
+    chain = []
+    cause = error.__cause__ or error.__context__
+    while cause is not None and len(chain) < 10:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    for cause in chain:
+        if isinstance(cause, socket.gaierror):
+            host = next((getattr(c, "host", None) for c in chain if getattr(c, "host", None)), None)
+            return "cannot resolve host" + (f" {host!r}" if host else "") + f" ({cause.strerror})"
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+    for cause in chain:
+        if isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError):
+            return f"{type(cause).__name__}: {cause}"
+    return None
 
 
 def compression_of(location: str, head: bytes) -> str | None:
