@@ -112,6 +112,12 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="abandon and retry a connection that sends nothing for this long (default: 10)")
     g.add_argument("--connections", type=positive_int, default=8, metavar="N",
                    help="parallel connections per host (default: 8)")
+    g.add_argument("--verify-remote", action="store_true",
+                   help="make every ranged request conditional on the version first seen (If-Match with its "
+                        "ETag, else If-Unmodified-Since), so the server itself refuses bytes of a replaced object")
+    g.add_argument("--ca-bundle", metavar="PATH",
+                   help="trust the certificate authorities in PATH for https (default: REQUESTS_CA_BUNDLE, "
+                        "CURL_CA_BUNDLE, SSL_CERT_FILE, then the system store; AWS_CA_BUNDLE for s3)")
     g = p.add_argument_group("security")
     g.add_argument("--allow-other", action="store_true",
                    help="let other users read the mount (needs user_allow_other in /etc/fuse.conf unless root); "
@@ -171,6 +177,7 @@ def options_from_args(args):
         log_level=args.log_level, log_file=args.log_file, tune_kernel=args.tune_kernel,
         read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
+        verify_remote=args.verify_remote, ca_bundle=args.ca_bundle,
     )
 
 

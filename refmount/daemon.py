@@ -49,6 +49,8 @@ class MountOptions:
     prefetch: bool = True
     cache_dir: str | None = None
     disk_cache_size: int = 10 << 30
+    verify_remote: bool = False
+    ca_bundle: str | None = None
 
 
 # -- mount table helpers ----------------------------------------------------------------------------

@@ -14,35 +14,42 @@ import trio
 from refmount.errors import RefmountError
 from refmount.fetch.bridge import asyncio_loop, run_on_asyncio
 from refmount.fetch.local import LocalBackend
+from refmount.fetch.protocols import is_local_protocol, protocol_chain, reaches_local
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import FetchStats, redact
 from refmount.refs.source import protocol_of
 
-__all__ = ["Fetcher", "RetryPolicy", "FetchStats", "redact", "check_protocols"]
+__all__ = ["Fetcher", "RetryPolicy", "FetchStats", "redact", "check_protocols", "reaches_local"]
 
 
 def check_protocols(urls, allowed: set[str] | None) -> None:
-    """Refuse a reference set whose targets use a protocol outside the allow-list."""
+    """Refuse a reference set whose targets use a protocol outside the allow-list: each protocol of
+    an url chain must be listed, or reach local files (any alias of them, see protocols.py) while
+    'file' is listed."""
     if allowed is None:
         return
     for url in urls:
-        proto = protocol_of(url)
-        if proto not in allowed:
-            raise RefmountError(
-                f"target {redact(url)!r} uses protocol {proto!r}, which --allow-protocols does not include "
-                f"(allowed: {', '.join(sorted(allowed))})")
+        for proto in protocol_chain(url):
+            if proto not in allowed and not (is_local_protocol(proto) and "file" in allowed):
+                raise RefmountError(
+                    f"target {redact(url)!r} uses protocol {proto!r}, which --allow-protocols does not include "
+                    f"(allowed: {', '.join(sorted(allowed))})")
 
 
 class Fetcher:
     def __init__(self, *, policy: RetryPolicy | None = None, remote_options: dict | None = None,
-                 connections_per_host: int = 8, allow_cross_host_redirects: bool = False) -> None:
+                 connections_per_host: int = 8, allow_cross_host_redirects: bool = False,
+                 verify_remote: bool = False) -> None:
+        from refmount.fetch.tls import ssl_setting
+
         self.policy = policy or RetryPolicy()
         self.remote_options = remote_options or {}
         self.stats = FetchStats()
         self.local = LocalBackend(self.stats)
         self._http_options = dict(connections_per_host=connections_per_host,
                                   allow_cross_host_redirects=allow_cross_host_redirects,
-                                  headers=self.remote_options.get("headers"))
+                                  headers=self.remote_options.get("headers"), verify_remote=verify_remote,
+                                  ssl=ssl_setting(self.remote_options))
         self._remotes: dict = {}  # protocol -> backend, made on first use (aiohttp alone takes 0.1 s to import)
         self._loop = None
 
