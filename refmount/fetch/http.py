@@ -302,7 +302,7 @@ class HttpBackend:
         started = loop.time()
         failed = self._failed.get(url)
         if failed is not None:
-            if started - failed[0] < policy.failure_memory:
+            if started - failed[0] < min(policy.failure_memory, max(1.0, policy.read_timeout)):
                 # The kernel retries a failed read at once: answer from the failure just seen
                 # instead of spending a whole new --read-timeout on it.
                 self.stats.errors += 1

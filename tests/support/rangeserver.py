@@ -343,10 +343,14 @@ class RangeServer:
             return resp
         return web.Response(status=206, headers=headers, body=body)
 
-    async def _stall(self, request, headers: dict) -> web.StreamResponse:
+    async def _stall(self, request, headers: dict, rng, total: int) -> web.StreamResponse:
         """Headers, then nothing until stall_seconds pass or the server stops."""
-        resp = web.StreamResponse(status=200, headers={**headers, "Content-Length": "1000000"})
-        self._count(status=200, fault="stall")
+        status, length = 200, total
+        if rng is not None:
+            status, length = 206, rng[1] - rng[0] + 1
+            headers = {**headers, "Content-Range": f"bytes {rng[0]}-{rng[1]}/{total}"}
+        resp = web.StreamResponse(status=status, headers={**headers, "Content-Length": str(length)})
+        self._count(status=status, fault="stall")
         await resp.prepare(request)
         try:
             await asyncio.wait_for(self._stopping.wait(), self.stall_seconds)
@@ -440,7 +444,7 @@ class RangeServer:
         if lie is not None and rng is not None:
             return await self._lie(request, lie, path, rng, total, headers)
         if relpath in self.stall_paths or "/" + relpath in self.stall_paths:
-            return await self._stall(request, headers)
+            return await self._stall(request, headers, rng, total)
 
         if rng is None:
             status, start, length = 200, 0, total
