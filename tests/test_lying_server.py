@@ -268,7 +268,10 @@ def test_one_stalled_object_does_not_block_its_host(mount, server):
     readers = [threading.Thread(target=read_or_errno, args=(mnt / "s" / str(i),), daemon=True) for i in range(12)]
     for t in readers:
         t.start()
-    time.sleep(1)  # the stalled reads hold their connections now
+    deadline = time.monotonic() + 5
+    while server.stats["faults"].get("stall", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # the stalled reads hold (at least) their connections now
     started = time.monotonic()
     assert (mnt / "c" / "1").read_bytes() == data[CHUNK:2 * CHUNK]
     assert time.monotonic() - started < 2

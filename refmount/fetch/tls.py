@@ -50,12 +50,12 @@ def certificate_problem(error: BaseException | None) -> str | None:
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, ssl.SSLCertVerificationError):
-            return f"certificate verify failed ({error.verify_message})"
         certificate_error = getattr(error, "certificate_error", None)  # aiohttp's ClientConnectorCertificateError
         if isinstance(certificate_error, BaseException) and certificate_error is not error:
             error = certificate_error
             continue
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return f"certificate verify failed ({getattr(error, 'verify_message', None) or error})"
         if isinstance(error, ssl.SSLError):
             return f"TLS error ({error.reason or error})"
         error = error.__cause__ or error.__context__
