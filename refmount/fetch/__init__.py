@@ -9,9 +9,11 @@ Callers are trio tasks; the asyncio side is reached through `run_on_asyncio`.
 
 from __future__ import annotations
 
+import time
+
 import trio
 
-from refmount.errors import RefmountError
+from refmount.errors import FetchError, RefmountError
 from refmount.fetch.bridge import asyncio_loop, run_on_asyncio
 from refmount.fetch.local import LocalBackend
 from refmount.fetch.protocols import is_local_protocol, protocol_chain, reaches_local
@@ -51,6 +53,7 @@ class Fetcher:
                                   headers=self.remote_options.get("headers"), verify_remote=verify_remote,
                                   ssl=ssl_setting(self.remote_options))
         self._remotes: dict = {}  # protocol -> backend, made on first use (aiohttp alone takes 0.1 s to import)
+        self._failed: dict[str, tuple[float, str]] = {}  # url -> (when, message) of its last failure
         self._loop = None
 
     def _backend(self, url: str):
@@ -93,7 +96,24 @@ class Fetcher:
         backend = self._backend(url)
         if backend is self.local:
             return await trio.to_thread.run_sync(self.local.read, url, start, end, piece, abandon_on_cancel=True)
-        return await run_on_asyncio(backend.read(url, start, end, piece), self._asyncio())
+        return await self._remembering_failure(url, backend.read(url, start, end, piece))
+
+    async def _remembering_failure(self, url: str, coro):
+        """Run a remote operation, but fail at once if the url failed a moment ago: the kernel retries
+        a failed read straight away, and that retry must not start a whole new --read-timeout."""
+        failed = self._failed.get(url)
+        if failed is not None:
+            ago = time.monotonic() - failed[0]
+            if ago < min(self.policy.failure_memory, max(1.0, self.policy.read_timeout)):
+                coro.close()
+                self.stats.errors += 1
+                raise FetchError(f"{failed[1]} ({ago:.1f}s ago; not retried yet)")
+            del self._failed[url]
+        try:
+            return await run_on_asyncio(coro, self._asyncio())
+        except FetchError as e:
+            self._failed[url] = (time.monotonic(), str(e))
+            raise
 
     def known_size(self, url: str) -> int | None:
         """The size of `url` if an earlier request told it (no I/O), else None."""
@@ -103,7 +123,7 @@ class Fetcher:
         backend = self._backend(url)
         if backend is self.local:
             return await trio.to_thread.run_sync(self.local.size, url, abandon_on_cancel=True)
-        return await run_on_asyncio(backend.size(url), self._asyncio())
+        return await self._remembering_failure(url, backend.size(url))
 
     async def identity(self, url: str) -> str | None:
         """A validator naming this version of a remote object (for the disk cache), or None when

@@ -75,7 +75,6 @@ class HttpBackend:
         # One slow object must not take every connection of its host: each url gets at most half.
         self._per_object = max(1, connections_per_host // 2)
         self._object_slots: dict[str, list] = {}  # url -> [semaphore, users]
-        self._failed: dict[str, tuple[float, str]] = {}  # url -> (when, message) of the last give-up
         self._range_ignored: set[str] = set()  # hosts warned about
 
     def _session_now(self) -> aiohttp.ClientSession:
@@ -300,14 +299,6 @@ class HttpBackend:
         policy = self.policy
         loop = asyncio.get_running_loop()
         started = loop.time()
-        failed = self._failed.get(url)
-        if failed is not None:
-            if started - failed[0] < min(policy.failure_memory, max(1.0, policy.read_timeout)):
-                # The kernel retries a failed read at once: answer from the failure just seen
-                # instead of spending a whole new --read-timeout on it.
-                self.stats.errors += 1
-                raise FetchError(f"{failed[1]} ({started - failed[0]:.1f}s ago; not retried yet)")
-            del self._failed[url]
         deadline = started + policy.read_timeout
         attempt = 0
         while True:
@@ -329,10 +320,8 @@ class HttpBackend:
             delay = policy.backoff(attempt, retry_after)
             if loop.time() + delay >= deadline or attempt >= policy.max_attempts:
                 self.stats.errors += 1
-                message = (f"{redact(url)}: gave up after {attempt} attempts in "
-                           f"{loop.time() - started:.1f}s; last error: {reason}")
-                self._failed[url] = (loop.time(), message)
-                raise FetchError(message)
+                raise FetchError(f"{redact(url)}: gave up after {attempt} attempts in "
+                                 f"{loop.time() - started:.1f}s; last error: {reason}")
             self.stats.retries += 1
             await asyncio.sleep(delay)
 
