@@ -291,3 +291,27 @@ def test_server_ignoring_range_stops_early_and_warns_once(mount, server):
     sent = server.stats["bytes_sent"]
     assert sent < 8 * (3 << 20), f"{sent} bytes sent for 8 chunks near the start of a 16 MiB object"
     assert mnt.log().count("ignores Range") == 1
+
+
+def test_reads_of_an_object_whose_server_ignores_range_share_one_download(mount, server):
+    size = 16 << 20
+    data = write_blob(server, size=size)
+    server.ignore_range = True
+    near_end = size - 64 * CHUNK
+    refs = {"first": [server.url_for("blob.bin"), 0, CHUNK], "second": [server.url_for("blob.bin"), CHUNK, CHUNK],
+            **{f"c/{i}": [server.url_for("blob.bin"), near_end + i * CHUNK, CHUNK] for i in range(8)}}
+    mnt = mount(refs, "--view", "raw", "--block-size", "4K", "--no-prefetch")
+    assert (mnt / "first").read_bytes() == data[:CHUNK]
+    assert (mnt / "second").read_bytes() == data[CHUNK:2 * CHUNK]  # two 200s: the server ignores Range
+    server.reset_stats()
+    server.body_rate = 32 << 20  # half a second for the whole object: the readers below join one download
+    results = {}
+    readers = [threading.Thread(target=lambda i=i: results.__setitem__(i, read_or_errno(mnt / "c" / str(i))))
+               for i in range(8)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(30)
+    assert all(results[i] == data[near_end + i * CHUNK:near_end + (i + 1) * CHUNK] for i in range(8))
+    sent = server.stats["bytes_sent"]
+    assert sent < 2 * size, f"{sent / size:.1f} whole objects sent for 8 concurrent reads"

@@ -29,7 +29,7 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 
 from refmount.errors import FetchError, RemoteChanged
-from refmount.fetch.pieces import piece_sizes
+from refmount.fetch.pieces import piece_sizes, split
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import FetchStats, redact
 from refmount.fetch.tls import certificate_problem
@@ -76,6 +76,10 @@ class HttpBackend:
         self._per_object = max(1, connections_per_host // 2)
         self._object_slots: dict[str, list] = {}  # url -> [semaphore, users]
         self._range_ignored: set[str] = set()  # hosts warned about
+        self._whole_only: set[str] = set()  # urls whose server answered a ranged GET with the whole object
+        self._honours_range: set[str] = set()  # urls that have answered 206
+        self._ignored_count: dict[str, int] = {}  # url -> 200s to ranged GETs
+        self._downloads: dict[str, _SharedDownload] = {}  # url -> the whole-object download reads may join
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -176,12 +180,17 @@ class HttpBackend:
         if end <= start:
             return []
         t0 = time.monotonic()
+        if url in self._whole_only:
+            pieces = await self._shared_read(url, start, end, piece)
+            self.stats.record(sum(map(len, pieces)), time.monotonic() - t0)
+            return pieces
         async with self._object_slot(url):
             resp = await self._request(url, "GET", {"Range": f"bytes={start}-{end - 1}", **self._conditions(url)})
             async with resp:
                 self.stats.requests += 1
                 status = resp.status
                 if status == 206:
+                    self._honours_range.add(url)
                     pieces = await self._read_206(url, resp, start, end, piece)
                 elif status == 200:
                     pieces = await self._read_200_sliced(url, resp, start, end, piece)
@@ -219,11 +228,7 @@ class HttpBackend:
         """The server ignored Range: stream the body up to the wanted end, keep only the wanted slice,
         then close the connection rather than download the rest."""
         self._check_response(url, resp, resp.content_length)
-        host = _host(urlsplit(url))
-        if host not in self._range_ignored:
-            self._range_ignored.add(host)
-            log.warning("%s ignores Range requests (answers 200 with the whole object): each read downloads "
-                        "the object up to the bytes it needs", host)
+        self._note_range_ignored(url)
         try:
             if resp.content_length is not None and start >= resp.content_length:
                 return []
@@ -238,6 +243,29 @@ class HttpBackend:
             return await _read_pieces(resp, start, end, piece, allow_eof=resp.content_length is None)
         finally:
             resp.close()  # the rest of the body is not wanted: drop the connection
+
+    def _note_range_ignored(self, url: str) -> None:
+        """After a second 200 to a ranged GET, and none 206 ever (a lone 200 may be a fault), later reads
+        of `url` share whole-object downloads; one warning per host."""
+        if url in self._honours_range:
+            return
+        self._ignored_count[url] = self._ignored_count.get(url, 0) + 1
+        if self._ignored_count[url] < 2:
+            return
+        self._whole_only.add(url)
+        host = _host(urlsplit(url))
+        if host not in self._range_ignored:
+            self._range_ignored.add(host)
+            log.warning("%s ignores Range requests (answers 200 with the whole object): reads download the "
+                        "object up to the bytes they need, sharing one download where they can", host)
+
+    async def _shared_read(self, url: str, start: int, end: int, piece: int) -> list[bytes]:
+        """A read of an object whose server ignores Range: join the download of the whole object
+        under way if it has not passed `start` yet, else start one."""
+        download = self._downloads.get(url)
+        if download is None or not download.can_join(start):
+            download = self._downloads[url] = _SharedDownload(self, url)
+        return split(await download.wait_for(start, end), start, piece)
 
     async def _probe_size(self, url: str) -> int:
         async with self._object_slot(url):
@@ -324,6 +352,87 @@ class HttpBackend:
                                  f"{loop.time() - started:.1f}s; last error: {reason}")
             self.stats.retries += 1
             await asyncio.sleep(delay)
+
+
+class _SharedDownload:
+    """One GET of a whole object (from a server that ignores Range) feeding every read that joined
+    it before the stream passed its start. It reads only as far as its readers need, then closes the
+    connection; a reader that gives up leaves, and the download stops when no reader is left."""
+
+    def __init__(self, backend: HttpBackend, url: str) -> None:
+        self.backend, self.url = backend, url
+        self.pos = 0
+        self.size: int | None = None
+        self.done = False
+        self.readers: list[list] = []  # [start, end, parts, future]
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def can_join(self, start: int) -> bool:
+        return not self.done and start >= self.pos
+
+    async def wait_for(self, start: int, end: int) -> bytes:
+        if self.size is not None:
+            end = min(end, self.size)
+        reader = [start, end, [], asyncio.get_running_loop().create_future()]
+        if end <= start:
+            return b""
+        self.readers.append(reader)
+        try:
+            return await reader[3]
+        finally:
+            if reader in self.readers:
+                self.readers.remove(reader)
+
+    async def _run(self) -> None:
+        backend, error = self.backend, None
+        try:
+            async with backend._object_slot(self.url):
+                resp = await backend._request(self.url, "GET", {})
+                async with resp:
+                    backend.stats.requests += 1
+                    if resp.status != 200:
+                        backend._raise_for_status(self.url, resp)
+                        raise _Retry(f"HTTP {resp.status} to a plain GET")
+                    backend._check_response(self.url, resp, resp.content_length)
+                    self.size = resp.content_length
+                    self._clip()
+                    while self.readers:
+                        chunk = await resp.content.read(1 << 20)
+                        if not chunk:
+                            break
+                        self._feed(chunk)
+                    resp.close()  # the rest is not wanted: drop the connection
+        except BaseException as e:  # noqa: BLE001 - handed to every reader, which retries or fails
+            error = e
+        finally:
+            self.done = True
+            if backend._downloads.get(self.url) is self:
+                del backend._downloads[self.url]
+            for start, end, parts, future in self.readers:
+                if future.done():
+                    continue
+                if error is None and self.size is None:  # no Content-Length: the body's end is the object's
+                    future.set_result(b"".join(parts))
+                else:
+                    future.set_exception(error if isinstance(error, Exception)
+                                         else _Retry(f"body ended after {self.pos} bytes"))
+
+    def _clip(self) -> None:
+        for reader in self.readers:
+            reader[1] = min(reader[1], self.size) if self.size is not None else reader[1]
+            if reader[1] <= reader[0] and not reader[3].done():
+                reader[3].set_result(b"")
+
+    def _feed(self, chunk: bytes) -> None:
+        lo, hi = self.pos, self.pos + len(chunk)
+        self.pos = hi
+        for start, end, parts, future in self.readers:
+            if future.done() or hi <= start or lo >= end:
+                continue
+            parts.append(chunk[max(start, lo) - lo:min(end, hi) - lo])
+            if hi >= end:
+                future.set_result(b"".join(parts))
+        self.readers = [r for r in self.readers if not r[3].done()]
 
 
 def _origin(url: str) -> tuple[str, str]:

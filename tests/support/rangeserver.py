@@ -35,6 +35,7 @@ Lying and other modes (attributes, changeable while it runs):
   Content-Length);
 - ``stall_paths``: GETs of these paths send headers, then nothing until ``stall_seconds`` or stop();
 - ``redirects``: path -> Location, answered with 302;
+- ``body_rate``: bodies are sent at this many bytes per second;
 - If-Match / If-Unmodified-Since are honoured (412) like a real server;
 - ``ssl_context`` (constructor): serve https.
 
@@ -141,6 +142,7 @@ class RangeServer:
         self.stall_paths: set = set()
         self.stall_seconds = 30.0
         self.redirects: dict = {}
+        self.body_rate: float | None = None  # bytes per second for bodies (None: as fast as possible)
         self.port: Optional[int] = None
         # Plain attributes: assignment is atomic in CPython, and the handler reads each
         # one once per request, so tests may flip them at any time.
@@ -475,6 +477,8 @@ class RangeServer:
                     await resp.write(data)
                     sent += len(data)
                     self._count(nbytes=len(data))
+                    if self.body_rate:
+                        await asyncio.sleep(len(data) / self.body_rate)
         except ConnectionError:
             return resp  # client went away; aiohttp ignores the rest
 
