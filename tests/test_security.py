@@ -253,3 +253,16 @@ def test_https_to_http_redirect_is_refused(mount, tls_server, server, certificat
         (mnt / "k").read_bytes()
     assert e.value.errno == errno.EIO and "https down to http" in mnt.log()
     assert server.stats["requests"] == 0
+
+
+def test_parquet_reference_set_redirect_to_another_host_is_refused(tmp_path, server, other_server):
+    import kerchunk.df
+
+    refs = {".zgroup": json.dumps({"zarr_format": 2})}
+    kerchunk.df.refs_to_dataframe(refs, str(other_server.root / "refs.parq"), record_size=10)
+    server.redirects = {"refs.parq/.zmetadata": other_server.url_for("refs.parq/.zmetadata")}
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    result = run_refmount("mount", server.url_for("refs.parq") + "/", mnt)
+    assert result.returncode != 0 and not is_mounted(mnt)
+    assert not any(path.startswith("/refs.parq") for _, path, _ in other_server.stats["log"])

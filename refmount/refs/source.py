@@ -52,7 +52,7 @@ def _open_raw(location: str, remote_options: dict):
     from refmount.fetch.tls import certificate_problem
 
     try:
-        return fsspec.open(location, "rb", **_fsspec_options(location, remote_options)).open()
+        return fsspec.open(location, "rb", **fsspec_options(location, remote_options)).open()
     except RefmountError:
         raise
     except Exception as e:  # network errors of every kind from every fsspec backend
@@ -73,7 +73,7 @@ class RedirectRefused(RefmountError):
     """A redirect of the reference file that our policy does not follow."""
 
 
-def _fsspec_options(location: str, remote_options: dict) -> dict:
+def fsspec_options(location: str, remote_options: dict) -> dict:
     """fsspec's options for the reference file. For http(s): the same certificate authorities as for
     targets, and the same redirect policy (same scheme and host only: the user's headers, e.g.
     Authorization, must not reach another host, and https must not turn into http)."""
