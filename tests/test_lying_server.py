@@ -254,7 +254,7 @@ def test_stalled_read_ends_within_its_read_timeout_counting_the_kernels_retry(mo
     result = subprocess.run(["cat", str(mnt / "k")], capture_output=True, timeout=30)
     elapsed = time.monotonic() - started
     assert result.returncode != 0 and b"Input/output error" in result.stderr
-    assert elapsed < 5 * 1.2, elapsed
+    assert elapsed < 5 * 1.2 + 1, elapsed  # (+1 s to start cat and look the file up on a loaded machine)
 
 
 def test_one_stalled_object_does_not_block_its_host(mount, server):
