@@ -13,13 +13,21 @@ from refmount.fetch.tls import certificate_problem
 
 
 def _with_ca_bundle(protocol: str, options: dict) -> dict:
-    """--ca-bundle for s3, unless the options name their own; without it botocore reads AWS_CA_BUNDLE."""
+    """For s3: --ca-bundle, and {"ssl": false} as botocore's verify=False (s3fs would ignore "ssl"),
+    unless the options name their own "verify"; without --ca-bundle botocore reads AWS_CA_BUNDLE."""
     from refmount.fetch.tls import explicit_ca_bundle
 
     client_kwargs = options.get("client_kwargs") or {}
-    if protocol not in ("s3", "s3a") or "verify" in client_kwargs or explicit_ca_bundle() is None:
+    if protocol not in ("s3", "s3a") or "verify" in client_kwargs:
         return options
-    return {**options, "client_kwargs": {**client_kwargs, "verify": explicit_ca_bundle()}}
+    if options.get("ssl") is False:
+        verify = False
+    elif explicit_ca_bundle() is not None:
+        verify = explicit_ca_bundle()
+    else:
+        return options
+    options = {key: value for key, value in options.items() if key != "ssl"}
+    return {**options, "client_kwargs": {**client_kwargs, "verify": verify}}
 
 
 class FsspecBackend:
