@@ -264,7 +264,7 @@ def test_one_stalled_object_does_not_block_its_host(mount, server):
     refs = {**chunk_refs(server.url_for("blob.bin"), 4),
             **{f"s/{i}": [server.url_for("stall.bin"), i * CHUNK, CHUNK] for i in range(12)}}
     mnt = mount(refs, "--view", "raw", "--block-size", "4K", "--no-prefetch", "--connections", "4",
-                "--read-timeout", "6", "--stall-timeout", "30")
+                "--read-timeout", "4", "--stall-timeout", "30")
     readers = [threading.Thread(target=read_or_errno, args=(mnt / "s" / str(i),), daemon=True) for i in range(12)]
     for t in readers:
         t.start()

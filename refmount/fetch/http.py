@@ -72,8 +72,9 @@ class HttpBackend:
         self._session: aiohttp.ClientSession | None = None
         self._versions: dict[str, _Version] = {}
         self._sizes: dict[str, int] = {}
-        # One slow object must not take every connection of its host: each url gets at most half.
-        self._per_object = max(1, connections_per_host // 2)
+        # One slow object must not take every connection of its host: each url gets at most three
+        # quarters of them (the rest stay free for other objects; one big object still gets most).
+        self._per_object = max(1, connections_per_host - max(1, connections_per_host // 4))
         self._object_slots: dict[str, list] = {}  # url -> [semaphore, users]
         self._range_ignored: set[str] = set()  # hosts warned about
         self._whole_only: set[str] = set()  # urls whose server answered a ranged GET with the whole object
