@@ -36,8 +36,10 @@ def summarize(refset) -> dict:
 
 def print_summary(opts) -> int:
     from refmount.assemble import check_targets, load_progress
+    from refmount.fetch.tls import set_ca_bundle
     from refmount.refs import load_refs
 
+    set_ca_bundle(opts.ca_bundle)  # the reference file may be on https
     progress = load_progress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys, progress=progress)
