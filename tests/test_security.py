@@ -82,7 +82,8 @@ def test_urls_that_can_reach_local_files(url):
     assert reaches_local(url)
 
 
-@pytest.mark.parametrize("url", ["https://example.org/x", "http://e.org/x", "s3://b/k", "gs://b/k", "az://c/b"])
+@pytest.mark.parametrize("url", ["https://example.org/x", "http://e.org/x", "s3://b/k", "gs://b/k", "az://c/b",
+                                 "http://[::1]:8080/x"])
 def test_urls_that_reach_only_the_network(url):
     assert not reaches_local(url)
 

@@ -21,6 +21,8 @@ NETWORK_PROTOCOLS = frozenset({
 def protocol_chain(url: str) -> list[str]:
     """The protocol of each element of an fsspec url chain ('simplecache::s3://b/k' -> ['simplecache',
     's3']); a plain path (or a chain ending in one) is 'file'."""
+    if url.split("://", 1)[0].lower() in ("http", "https"):
+        return [url.split("://", 1)[0].lower()]  # our own HTTP client takes it whole ('::' in an IPv6 host)
     parts = url.split("::")
     chain = []
     for i, part in enumerate(parts):
