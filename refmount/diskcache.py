@@ -137,7 +137,7 @@ class DiskCache:
             try:
                 header = _HEADER.pack(_MAGIC, zlib.crc32(data), len(data), self._tag(obj, index))
                 if os.writev(fd, [header, data]) != len(header) + len(data):
-                    raise OSError(errno.ENOSPC, "short write")
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a full disk writes short
             finally:
                 os.close(fd)
             os.replace(temporary, path)  # readers see the whole block or none of it

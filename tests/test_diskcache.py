@@ -123,7 +123,7 @@ def test_full_disk_degrades_to_memory_only(mount, server, tmp_path):
         assert (m / "whole").read_bytes() == data
         assert read_all(m, refs)["c/5"] == data[5 * MiB :]
         assert not m.stats()["disk"]["enabled"]
-        assert "caching in memory only" in m.log()
+        assert "No space left on device; caching in memory only" in m.log()
         m.stop()
     finally:
         subprocess.run(["umount", "-l", str(small)], check=False)

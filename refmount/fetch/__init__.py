@@ -4,7 +4,9 @@
 - http:// and https://  -> `HttpBackend` (aiohttp on the asyncio loop thread);
 - anything else         -> `FsspecBackend` (fsspec's async filesystems, `--remote-options`).
 
-Callers are trio tasks; the asyncio side is reached through `run_on_asyncio`.
+Callers are trio tasks; the asyncio side is reached through `run_on_asyncio`. A remote url whose
+fetch just failed fails at once for a few seconds (the kernel retries a failed read immediately; that
+retry must not get a second --read-timeout). Target protocols are classified in protocols.py.
 """
 
 from __future__ import annotations
