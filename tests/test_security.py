@@ -45,6 +45,14 @@ def write(server, name: str, data: bytes) -> str:
     return server.url_for(name)
 
 
+def refused_mount(*args):
+    """`refmount mount ARGS... MNT`, expected to fail; unmounted again if it mounted after all."""
+    result = run_refmount("mount", *args)
+    if is_mounted(args[-1]):
+        run_refmount("umount", args[-1])
+    return result
+
+
 # -- protocols that reach local files --------------------------------------------------------------
 
 def all_fsspec_protocols() -> list[str]:
@@ -104,7 +112,7 @@ def test_remote_json_set_pointing_at_local_alias_is_refused(tmp_path, server):
     (server.root / "evil.json").write_text(json.dumps({"shadow": ["local:///etc/passwd", 0, 100]}))
     mnt = tmp_path / "m"
     mnt.mkdir()
-    result = run_refmount("mount", server.url_for("evil.json"), mnt)
+    result = refused_mount(server.url_for("evil.json"), mnt)
     assert result.returncode != 0 and "local:///etc/passwd" in result.stderr and "--allow-protocols" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not is_mounted(mnt)
 
@@ -155,7 +163,7 @@ def test_reference_file_redirect_to_another_host_is_refused(tmp_path, server, ot
     server.redirects = {"refs.json": other_server.url_for("refs.json")}
     mnt = tmp_path / "m"
     mnt.mkdir()
-    result = run_refmount("mount", server.url_for("refs.json"), mnt)
+    result = refused_mount(server.url_for("refs.json"), mnt)
     assert result.returncode != 0 and "redirect" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not is_mounted(mnt)
     assert not any(path == "/refs.json" for _, path, _ in other_server.stats["log"])
@@ -233,7 +241,7 @@ def test_self_signed_reference_file_says_so(tmp_path, tls_server, certificate):
     (tls_server.root / "refs.json").write_text(json.dumps({"k": [url, 0, CHUNK]}))
     mnt = tmp_path / "m"
     mnt.mkdir()
-    result = run_refmount("mount", tls_server.url_for("refs.json"), mnt)
+    result = refused_mount(tls_server.url_for("refs.json"), mnt)
     assert result.returncode != 0 and "certificate verify failed" in result.stderr, result.stderr
     assert "not found" not in result.stderr and not is_mounted(mnt)
     result = run_refmount("mount", "--ca-bundle", certificate[0], tls_server.url_for("refs.json"), mnt)
@@ -264,6 +272,6 @@ def test_parquet_reference_set_redirect_to_another_host_is_refused(tmp_path, ser
     server.redirects = {"refs.parq/.zmetadata": other_server.url_for("refs.parq/.zmetadata")}
     mnt = tmp_path / "m"
     mnt.mkdir()
-    result = run_refmount("mount", server.url_for("refs.parq") + "/", mnt)
+    result = refused_mount(server.url_for("refs.parq") + "/", mnt)
     assert result.returncode != 0 and not is_mounted(mnt)
     assert not any(path.startswith("/refs.parq") for _, path, _ in other_server.stats["log"])
