@@ -143,6 +143,19 @@ def test_real_nginx_with_gzip_on_serves_the_right_bytes(mount, gzip_nginx):
 
 # -- objects replaced while mounted ------------------------------------------------------------------
 
+def test_real_nginx_refuses_a_replaced_object_with_verify_remote(mount, gzip_nginx):
+    root, base = gzip_nginx
+    old = random.Random(6).randbytes(N * CHUNK)
+    (root / "blob.bin").write_bytes(old)
+    mnt = mount(chunk_refs(f"{base}/blob.bin"), *FAST, "--verify-remote")
+    assert (mnt / "c" / "0").read_bytes() == old[:CHUNK]
+    path = root / "blob.bin"
+    path.write_bytes(random.Random(7).randbytes(N * CHUNK))
+    os.utime(path, (path.stat().st_atime + 100, path.stat().st_mtime + 100))
+    assert read_or_errno(mnt / "c" / "1") == errno.EIO
+    assert "412" in mnt.log()
+
+
 def replace(server, name: str, seed: int) -> bytes:
     """New content of the same size, with a Last-Modified 100 s later (one-second resolution)."""
     path = server.root / name
