@@ -113,7 +113,7 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--connections", type=positive_int, default=8, metavar="N",
                    help="parallel connections per host (default: 8)")
     g.add_argument("--verify-remote", action="store_true",
-                   help="make every ranged request conditional on the version first seen (If-Match with its "
+                   help="http(s): make every ranged request conditional on the version first seen (If-Match with its "
                         "ETag, else If-Unmodified-Since), so the server itself refuses bytes of a replaced object")
     g.add_argument("--ca-bundle", metavar="PATH",
                    help="trust the certificate authorities in PATH for https (default: REQUESTS_CA_BUNDLE, "
