@@ -7,10 +7,11 @@ import sys
 
 from refmount.cache import BlockCache
 from refmount.errors import FetchError, RefmountError
-from refmount.fetch import Fetcher, RetryPolicy, check_protocols, redact
+from refmount.fetch import Fetcher, RetryPolicy, check_protocols, reaches_local, redact
+from refmount.fetch.tls import set_ca_bundle
 from refmount.fs import Filesystem
 from refmount.refs import load_refs
-from refmount.refs.source import is_remote, protocol_of
+from refmount.refs.source import is_remote
 from refmount.view import RawView
 from refmount.consolidated import with_consolidated_metadata
 
@@ -21,16 +22,17 @@ def check_targets(refset, opts) -> None:
     """Apply the protocol policy to every target url: now for eager sets, and for lazy (Parquet)
     sets also to each url as its record file loads. The policy is --allow-protocols if given, else
     everything except local files when the reference set itself is remote (a downloaded set must
-    not read /etc/shadow through us)."""
+    not read /etc/shadow through us). "Local" is what a protocol reaches, not its name: `local://`,
+    `memory://`, `simplecache::` chains and unknown protocols count as local (fetch/protocols.py)."""
     allowed = opts.allow_protocols
 
     def check(url: str) -> None:
         if allowed is not None:
             check_protocols([url], allowed)
-        elif is_remote(opts.refs) and protocol_of(url) == "file":
+        elif is_remote(opts.refs) and reaches_local(url):
             raise RefmountError(
-                f"the remote reference set points at local file {redact(url)!r}; this is refused by default "
-                "(add 'file' to --allow-protocols to allow it)")
+                f"the remote reference set points at {redact(url)!r}, which can reach local files; this is refused "
+                "by default (add 'file' to --allow-protocols to allow it)")
 
     for url in refset.urls:
         check(url)
@@ -86,6 +88,7 @@ def disk_backed(fetch, fetcher, urls, opts):
 
 
 def build_filesystem(opts):
+    set_ca_bundle(opts.ca_bundle)
     progress = load_progress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
@@ -96,7 +99,7 @@ def build_filesystem(opts):
     check_targets(refset, opts)
     policy = RetryPolicy(read_timeout=opts.read_timeout, stall_timeout=opts.stall_timeout)
     fetcher = Fetcher(policy=policy, remote_options=opts.remote_options, connections_per_host=opts.connections,
-                      allow_cross_host_redirects=opts.allow_cross_host_redirects)
+                      allow_cross_host_redirects=opts.allow_cross_host_redirects, verify_remote=opts.verify_remote)
     urls = refset.urls
 
     async def fetch(url_id, start, end):

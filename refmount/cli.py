@@ -165,10 +165,17 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stall-timeout", type=positive_float, default=10.0, metavar="SECONDS",
                    help="abandon and retry a connection that sends nothing for this long (default: 10)")
     g.add_argument("--connections", type=positive_int, default=8, metavar="N",
-                   help="parallel connections per host (default: 8)")
+                   help="parallel connections per host; one remote object gets at most three quarters of them "
+                        "(default: 8)")
     g.add_argument("--proxy", metavar="URL",
                    help="send http(s) target requests through this proxy (default: the HTTP_PROXY, HTTPS_PROXY "
                         "and NO_PROXY variables)")
+    g.add_argument("--verify-remote", action="store_true",
+                   help="http(s): make every ranged request conditional on the version first seen (If-Match with its "
+                        "ETag, else If-Unmodified-Since), so the server itself refuses bytes of a replaced object")
+    g.add_argument("--ca-bundle", metavar="PATH",
+                   help="trust the certificate authorities in PATH for https (default: REQUESTS_CA_BUNDLE, "
+                        "CURL_CA_BUNDLE, SSL_CERT_FILE, then the system store; AWS_CA_BUNDLE for s3)")
     g = p.add_argument_group("security")
     g.add_argument("--allow-other", action="store_true",
                    help="let other users read the mount (needs user_allow_other in /etc/fuse.conf unless root); "
@@ -233,6 +240,7 @@ def options_from_args(args):
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
         chars=args.chars,
         proxy=args.proxy, owner_pid=args.owner_pid,
+        verify_remote=args.verify_remote, ca_bundle=args.ca_bundle,
     )
 
 

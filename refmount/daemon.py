@@ -55,6 +55,8 @@ class MountOptions:
     chars: str = "char"
     proxy: str | None = None
     owner_pid: int | None = None
+    verify_remote: bool = False
+    ca_bundle: str | None = None
 
 
 # -- mount table helpers ----------------------------------------------------------------------------

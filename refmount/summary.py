@@ -60,9 +60,11 @@ def print_summary(opts) -> int:
 def _dry_run(opts) -> dict:
     from refmount.assemble import check_targets, load_progress
     from refmount.daemon import check_remote_options, refuse_data_file
+    from refmount.fetch.tls import set_ca_bundle
     from refmount.refs import load_refs
 
     refuse_data_file(opts.refs)
+    set_ca_bundle(opts.ca_bundle)  # the reference file may be on https
     progress = load_progress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys, progress=progress)

@@ -26,7 +26,7 @@ from refmount.errors import RefmountError, RefsError, quote
 from refmount.lru import SingleFlightLRU
 from refmount.refs.jsonrefs import add_mapping
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
-from refmount.refs.source import is_remote, local_path
+from refmount.refs.source import fsspec_options, is_remote, local_path
 
 MISSING = -2  # url id of a row that holds no reference
 DEFAULT_LOADED_RECORDS = 128  # as fsspec's LazyReferenceMapper
@@ -56,7 +56,7 @@ def _read_bytes(location: str, remote_options: dict) -> bytes:
             return f.read()
     import fsspec
 
-    with fsspec.open(location, "rb", **remote_options) as f:
+    with fsspec.open(location, "rb", **fsspec_options(location, remote_options)) as f:
         return f.read()
 
 
@@ -334,7 +334,7 @@ def _open_for_arrow(path: str, remote_options: dict):
         return local_path(path)
     import fsspec
 
-    return fsspec.open(path, "rb", **remote_options).open()
+    return fsspec.open(path, "rb", **fsspec_options(path, remote_options)).open()
 
 
 def _check_columns(names: set[str], path: str) -> None:
