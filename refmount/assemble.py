@@ -112,7 +112,7 @@ def build_filesystem(opts):
     budget = MemoryBudget(opts.cache_size)
     pacer = HostPacer(lambda url_id: urlsplit(urls[url_id]).netloc, opts.connections, opts.block_size)
     cache = BlockCache(fetch, block_size=opts.block_size, max_request=16 << 20, budget=budget, pacer=pacer)
-    view = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
+    view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
     if opts.view == "decoded":
         from refmount.decoded import DecodedView
 
@@ -122,7 +122,9 @@ def build_filesystem(opts):
 
     def stats() -> dict:
         out = {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
-               "keys": len(refset), "memory": budget.statistics(), "hosts": pacer.statistics()}
+               "keys": len(refset), "memory": budget.statistics(), "hosts": pacer.statistics(),
+               "served": {"bytes": raw.bytes_served,
+                          "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3)}}
         if hasattr(view, "statistics"):
             out["decoded"] = view.statistics()
         if hasattr(refset, "statistics"):

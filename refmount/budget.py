@@ -11,6 +11,8 @@ Everything here runs on the trio thread.
 
 from __future__ import annotations
 
+import trio
+
 
 class MemoryBudget:
     def __init__(self, total: int, prefetch_share: float = 0.5) -> None:
@@ -23,17 +25,30 @@ class MemoryBudget:
         self.ahead = 0  # bytes read-ahead has claimed (fetched or in flight, not yet read)
         self.prefetch_wasted = 0  # prefetched blocks evicted before anyone read them
         self.peak = 0
+        self._freed: trio.Event | None = None  # set when in-flight bytes are given back
 
     @property
     def used(self) -> int:
         return self.cached + self.inflight
 
-    def start_fetch(self, nbytes: int) -> None:
+    async def start_fetch(self, nbytes: int) -> None:
+        """Claim `nbytes` for a fetch, first waiting while other fetches hold what it needs (a
+        fetch bigger than the whole budget goes alone)."""
+        while self.inflight and self.inflight + nbytes > self.total:
+            if self._freed is None:
+                self._freed = trio.Event()
+            await self._freed.wait()
         self.inflight += nbytes
-        self.peak = max(self.peak, self.used)
 
     def end_fetch(self, nbytes: int) -> None:
-        self.inflight -= nbytes
+        if nbytes:
+            self.inflight -= nbytes
+            if self._freed is not None:
+                self._freed.set()
+                self._freed = None
+
+    def note_cached(self) -> None:
+        self.peak = max(self.peak, self.inflight + self.cached)
 
     def prefetch_room(self) -> int:
         """Bytes read-ahead may still claim."""

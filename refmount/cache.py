@@ -21,7 +21,7 @@ Everything here runs on the trio thread, so plain dicts need no locks.
 from __future__ import annotations
 
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import asynccontextmanager
 
 import trio
 
@@ -33,11 +33,11 @@ class _Flight:
 
     __slots__ = ("done", "blocks", "error", "reserved")
 
-    def __init__(self, reserved: int) -> None:
+    def __init__(self) -> None:
         self.done = trio.Event()
         self.blocks: dict = {}
         self.error: BaseException | None = None
-        self.reserved = reserved  # budget bytes held for what it may still bring
+        self.reserved = 0  # budget bytes held for what it may still bring
 
 
 class BlockCache:
@@ -122,7 +122,7 @@ class BlockCache:
             if key in flight.blocks:
                 return flight.blocks[key]
         self.misses += 1
-        with self._flight([key], end - start) as flight:
+        async with self._flight([key], end - start) as flight:
             began = trio.current_time()
             pieces = await self._fetch(source, start, end)
             self._landed(flight)
@@ -209,7 +209,7 @@ class BlockCache:
     async def _fetch_run(self, source, first: int, last: int, prefetched: bool = False) -> dict[int, bytes]:
         bs = self.block_size
         keys = [(source, i) for i in range(first, last + 1)]
-        with self._flight(keys, len(keys) * bs) as flight:
+        async with self._flight(keys, len(keys) * bs) as flight:
             blocks = flight.blocks
             began = trio.current_time()
             pieces = await self._fetch(source, first * bs, (last + 1) * bs)
@@ -224,17 +224,19 @@ class BlockCache:
                     break
         return blocks
 
-    @contextmanager
-    def _flight(self, keys: list, nbytes: int):
-        """One fetch for `keys` of at most `nbytes`: room is made for them first; waiters find it in
-        `_inflight` until it ends, then see its blocks or its error."""
-        flight = _Flight(nbytes)
-        budget = self.budget
-        budget.start_fetch(nbytes)
-        self._evict()
+    @asynccontextmanager
+    async def _flight(self, keys: list, nbytes: int):
+        """One fetch for `keys` of at most `nbytes`: waiters find it in `_inflight` until it ends,
+        then see its blocks or its error. Its bytes are claimed from the budget (waiting while other
+        fetches hold it) and room is made for them before the fetch starts."""
+        flight = _Flight()
         for key in keys:
             self._inflight[key] = flight
         try:
+            await self.budget.start_fetch(nbytes)
+            flight.reserved = nbytes
+            self._evict()
+            self.budget.note_cached()
             yield flight
         except BaseException as e:
             flight.error = e
@@ -260,6 +262,7 @@ class BlockCache:
         self._blocks[key] = block
         budget.cached += len(block)
         self._evict()
+        budget.note_cached()
         return key in self._blocks
 
     def _evict(self) -> None:

@@ -19,17 +19,24 @@ from refmount.lru import SingleFlightLRU
 from refmount.refs import INLINE, WHOLE_FILE, RefSet
 
 
+_ACTIVE = 1.0  # seconds since its last read for which a stream counts as reading
+
+
 class _Stream:
     """One sequential reader of a remote file, as ReadStreams sees it."""
 
-    __slots__ = ("reached", "window", "next_block", "last_start", "in_a_row", "stopped")
+    __slots__ = ("begin", "reached", "window", "next_block", "last_start", "in_a_row", "key_end", "crossings",
+                 "stopped")
 
-    def __init__(self, start: int, end: int, window: int) -> None:
+    def __init__(self, start: int, end: int, key_end: int, window: int) -> None:
+        self.begin = start
         self.reached = end  # the furthest byte read
         self.window = window  # bytes to keep fetched (or in flight) ahead of `reached`
         self.next_block = -1  # the first block not yet asked for ahead (-1: none asked)
         self.last_start = start
         self.in_a_row = 0  # reads in a row that went on from the one before
+        self.key_end = key_end  # where the key of its last read ends
+        self.crossings = 0  # times it went on from one key into another
         self.stopped = False  # its read-ahead was evicted unread: read ahead no more
 
     def lead(self, block_size: int) -> int:
@@ -43,9 +50,9 @@ class ReadStreams:
     big file.
 
     Each remote file keeps a few streams (parallel readers walking different parts of it). A read
-    continues a stream when it starts after the stream's last read did, and near where the stream
-    has got to: at most `gap` past it (chunks of a netCDF-4 file sit between small metadata blocks),
-    or a little before it (the kernel's readahead requests may arrive out of order). The stream's
+    continues a stream when it starts after the stream's last read did, and within `gap` of where
+    the stream has got to (chunks of a netCDF-4 file sit between small metadata blocks; the kernel's
+    readahead requests may arrive out of order, or overlap). The stream's
     window then doubles, from two blocks up to `max_window`. Any other read starts a new stream,
     replacing the oldest, whose read-ahead stays within the key it read.
 
@@ -57,10 +64,10 @@ class ReadStreams:
     background tasks through the same single-flight cache."""
 
     def __init__(self, cache: BlockCache, gap: int = 64 << 10, max_window: int = 64 << 20,
-                 streams: int = 8, files: int = 4096, max_part: int = 8 << 20, back: int = 4 << 20) -> None:
+                 streams: int = 8, files: int = 4096, max_part: int = 8 << 20) -> None:
         self.cache = cache
         self.gap = gap
-        self.back = back
+        self.proof = cache.block_size // 4
         self.max_window = max_window
         self.max_part = max(max_part, cache.block_size)
         self.streams = streams
@@ -69,30 +76,44 @@ class ReadStreams:
         if hasattr(cache, "on_wasted"):
             cache.on_wasted = self._wasted
         self._files: OrderedDict[int, list[_Stream]] = OrderedDict()  # url id -> its streams
+        self._active: dict[_Stream, float] = {}  # streams reading ahead -> when they last did
+        self._pruned = 0.0
 
     def on_read(self, uid: int, start: int, end: int, key_end: int, limit: int | None,
                 prefetch: bool = True, small: bool = False) -> bool:
         """Record a read of [start, end) of remote file `uid` (of a key ending at `key_end`) and
-        fetch ahead, up to `limit` if the remote file's end is known. A read that starts a stream
-        fetches ahead only within its key; for a `small` chunk, only a stream that went on twice in
-        a row reads ahead (random small reads do land right after another now and then). True if
-        the read continued a scan."""
+        fetch ahead, up to `limit` if the remote file's end is known. A stream that has not gone on
+        from one key into the next fetches ahead only within its key; for a `small` read, only a
+        stream that went on twice in a row reads ahead. True if the read continued a scan of the
+        remote file (one that crossed keys, or went on within a key that ends at `limit`)."""
         bs = self.cache.block_size
         budget = self.budget
         streams = self._files.pop(uid, None) or []
         for stream in streams:
-            if stream.last_start < start and stream.reached - self.back <= start <= stream.reached + self.gap:
+            if stream.last_start < start and abs(start - stream.reached) <= self.gap:
                 budget.ahead -= stream.lead(bs)
                 stream.window = min(max(stream.window * 2, 2 * bs), self.max_window)
                 stream.reached = max(stream.reached, end)
                 stream.last_start = start
                 stream.in_a_row += 1
-                prefetch = prefetch and (not small or stream.in_a_row >= 2)
+                if key_end != stream.key_end:
+                    stream.key_end = key_end
+                    stream.crossings += 1
+                # Random small reads do land next to another now and then, and the kernel splits one
+                # around pages it has: small reads are a scan once two went on from the one before,
+                # across keys or over more than `proof` bytes.
+                proven = not small or (stream.in_a_row >= 2 and (stream.crossings >= 2
+                                                                  or stream.reached - stream.begin > self.proof))
+                # A reader walking through one key is no scan of the remote file until it goes on
+                # into the next key: till then it reads ahead within its key only.
+                scan = proven and (stream.crossings > 0 or key_end == limit)
+                if not stream.crossings:
+                    limit = key_end
+                prefetch = prefetch and proven
                 budget.ahead += stream.lead(bs)
-                scan = True
                 break
         else:
-            stream = _Stream(start, end, 2 * bs)
+            stream = _Stream(start, end, key_end, 2 * bs)
             if len(streams) >= self.streams:
                 for old in streams[: len(streams) + 1 - self.streams]:
                     budget.ahead -= old.lead(bs)
@@ -123,14 +144,26 @@ class ReadStreams:
         if lacking < part and first * bs > end and (limit is None or stop < limit):
             return
         budget.ahead -= stream.lead(bs)
-        room = budget.prefetch_room() // bs
-        last = min(last, first + room - 1)
+        # Within the read-ahead share of the budget, split fairly among the streams reading now.
+        share = budget.prefetch_limit // self._scanning(stream)
+        last = min(last, (stream.reached + min(budget.prefetch_room(), share)) // bs - 1)
         part_blocks = max(part // bs, 1)
         while first <= last:
             part_last = min(first + part_blocks - 1, last)
             trio.lowlevel.spawn_system_task(self.cache.prefetch, uid, first, part_last)
             first = stream.next_block = part_last + 1
         budget.ahead += stream.lead(bs)
+
+    def _scanning(self, stream: _Stream) -> int:
+        """How many streams read ahead within the last `_ACTIVE` seconds (this one included)."""
+        now = trio.current_time()
+        active = self._active
+        active[stream] = now
+        if now - self._pruned > _ACTIVE / 4:
+            self._pruned = now
+            for old in [s for s, seen in active.items() if now - seen > _ACTIVE]:
+                del active[old]
+        return len(active)
 
     def _wasted(self, uid: int, index: int) -> None:
         """Block `index` of `uid`, read ahead, was evicted unread: stop the stream that asked for it."""
@@ -158,6 +191,7 @@ class RawView:
         # only, so with it every read goes by blocks.)
         self.small_chunk = cache.block_size // 4 if exact_small_reads else 0
         self._whole_sizes = SingleFlightLRU(1 << 62)  # url id -> size of the whole remote object (all kept)
+        self.bytes_served = 0  # what readers got from remote objects (fetched / served = amplification)
 
     # -- visibility -------------------------------------------------------------------------------
 
@@ -216,6 +250,7 @@ class RawView:
         if len(data) != end - offset:
             raise FetchError(f"{redact(self.refset.urls[uid])}: the object ends before byte {base + end} "
                              f"that key {self.refset.key(i)!r} refers to")
+        self.bytes_served += end - offset
         return data
 
     async def read_all(self, i: int) -> bytes:
