@@ -81,11 +81,20 @@ class Link:
     def exec(self, *cmd: str) -> subprocess.CompletedProcess:
         return sh("ip", "netns", "exec", self.ns, *cmd)
 
-    def set_rtt(self, rtt_ms: float) -> None:
-        """netem on both ends: half the delay each way and a 1 Gbit/s rate (a queue deep enough for it)."""
-        netem = ["root", "netem", "delay", f"{rtt_ms / 2:g}ms", "rate", "1gbit", "limit", "100000"]
-        sh("tc", "qdisc", "replace", "dev", self.outer, *netem)
-        self.exec("tc", "qdisc", "replace", "dev", self.inner, *netem)
+    def netem_available(self) -> bool:
+        """Whether this kernel has sch_netem (some minimal kernels are built without it)."""
+        done = sh("tc", "qdisc", "replace", "dev", self.outer, "root", "netem", "delay", "0ms", check=False)
+        return done.returncode == 0
+
+    def set_rtt(self, rtt_ms: float, netem: bool) -> None:
+        """Both ends: netem with half the delay each way and a 1 Gbit/s rate (a queue deep enough for
+        it); without netem (RTT 0 only), a token bucket at 1 Gbit/s."""
+        if netem:
+            shape = ["netem", "delay", f"{rtt_ms / 2:g}ms", "rate", "1gbit", "limit", "100000"]
+        else:
+            shape = ["tbf", "rate", "1gbit", "burst", "1mb", "latency", "50ms"]
+        sh("tc", "qdisc", "replace", "dev", self.outer, "root", *shape)
+        self.exec("tc", "qdisc", "replace", "dev", self.inner, "root", *shape)
 
     def down(self) -> None:
         sh("ip", "link", "del", self.outer, check=False)  # deletes the pair
@@ -151,6 +160,14 @@ def dd_bytes(output: str) -> int:
     return sum(int(n) for n in re.findall(r"^(\d+) bytes", output, re.M))
 
 
+def note_requests(m) -> None:
+    """Log what the daemon asked the server for (request count and mean size, per-host pacing)."""
+    stats = m.stats()
+    fetch = stats["fetch"]
+    log(f"  refmount: {fetch['requests']} requests, {fetch['bytes'] / max(fetch['requests'], 1) / 2**20:.1f} MiB "
+        f"mean, latency {fetch.get('latency')}, hosts {stats.get('hosts')}")
+
+
 # -- contenders: each returns {"mbps", "cpu_s_per_gb"} ------------------------------------------------
 
 
@@ -170,6 +187,7 @@ class Bench:
         with bs.refmount_mounted(self.refs["big"], self.run_dir / "mnt-refmount", ["--view", "raw", *self.options]) as m:
             bs.drop_caches()
             seconds, cpu, out = timed(f"dd if={m.path / 'big'} of=/dev/null bs=1M", lambda: m.pid)
+            note_requests(m)
             return self.result(dd_bytes(out), seconds, cpu, self.big_size)
 
     def refmount_4(self) -> dict:
@@ -179,6 +197,7 @@ class Bench:
             cmd = " & ".join(f"dd if={m.path / 'big'} of=/dev/null bs=1M skip={k * quarter_mib} count={quarter_mib}"
                              for k in range(4)) + " & wait"
             seconds, cpu, out = timed(cmd, lambda: m.pid)
+            note_requests(m)
             return self.result(dd_bytes(out), seconds, cpu, self.big_size)
 
     def refmount_chunks(self) -> dict:
@@ -187,6 +206,7 @@ class Bench:
             listing.write_text("\0".join(str(m.path / key) for key in self.chunks))
             bs.drop_caches()
             seconds, cpu, out = timed(f"xargs -0 -n 1000 cat < {listing} | wc -c", lambda: m.pid)
+            note_requests(m)
             return self.result(int(out.split()[0]), seconds, cpu, self.chunk_bytes)
 
     def rclone_dd(self) -> dict:
@@ -233,9 +253,9 @@ CONTENDERS = {"refmount dd": "refmount_dd", "refmount chunks": "refmount_chunks"
               "rclone dd": "rclone_dd", "fsspec cat": "fsspec_cat", "curl x1": "curl_1", "curl x8": "curl_8"}
 
 
-def measure(bench: Bench, runs: int, deadline: float) -> dict[str, list[dict]]:
+def measure(bench: Bench, runs: int, deadline: float, only: list[str] | None = None) -> dict[str, list[dict]]:
     """Every contender `runs` times, the order rotated each run (alternating, so drift hits all)."""
-    names = list(CONTENDERS)
+    names = [n for n in CONTENDERS if not only or n in only]
     results: dict[str, list[dict]] = {name: [] for name in names}
     for r in range(runs):
         for name in names[r % len(names):] + names[: r % len(names)]:
@@ -270,6 +290,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller files, 2 runs")
     p.add_argument("--rtt", default="0,2,20,80", help="comma-separated round-trip times in ms (default 0,2,20,80)")
+    p.add_argument("--only", help="comma-separated contenders: " + ", ".join(CONTENDERS))
     p.add_argument("--runs", type=int, help="runs per contender (default 3, or 2 with --quick)")
     p.add_argument("--refmount-options", default="", metavar="'OPTS'", help="extra options for every refmount mount")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/refmount-wan"), help="generated inputs (kept)")
@@ -321,10 +342,17 @@ def main(argv=None) -> int:
         order = sorted(lengths, key=lambda k: [int(p) if p.isdigit() else p for p in re.split(r"[/.]", k)])
         bench = Bench(url, run_dir, refs, big.stat().st_size, order, sum(lengths.values()),
                       shlex.split(args.refmount_options))
+        netem = link.netem_available()
+        if not netem:
+            log("this kernel has no sch_netem (tc: 'Specified qdisc kind is unknown'): no delay can be "
+                "emulated, so only RTT 0 is measured, rate-limited by tbf")
         for rtt in rtts:
-            link.set_rtt(rtt)
+            if rtt > 0 and not netem:
+                log(f"RTT {rtt:g} ms skipped: no sch_netem")
+                continue
+            link.set_rtt(rtt, netem)
             log(f"RTT {rtt:g} ms")
-            results[rtt] = measure(bench, runs, deadline)
+            results[rtt] = measure(bench, runs, deadline, args.only and args.only.split(","))
             log("\n" + table({rtt: results[rtt]}))
     out = table(results)
     print(out)

@@ -127,7 +127,7 @@ class BlockCache:
             pieces = await self._fetch(source, start, end)
             self._landed(flight)
             if self.pacer is not None:
-                self.pacer.observe(source, began, end - start)
+                self.pacer.observe(source, began, sum(map(len, pieces)))
             data = flight.blocks[key] = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             self._store(key, data)
         return data

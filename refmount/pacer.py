@@ -59,9 +59,8 @@ class HostPacer:
 
     def observe(self, source, began: float, nbytes: int) -> None:
         """A reader's own request of `nbytes` that began at `began` (trio clock) just ended."""
-        host = self._host(source)
-        if nbytes <= 2 * self.block_size:
-            self._note_latency(host, trio.current_time() - began)
+        if 0 < nbytes <= 2 * self.block_size:  # nothing fetched: no network time to learn from
+            self._note_latency(self._host(source), trio.current_time() - began)
 
     def _began(self, host: _Host) -> float:
         now = trio.current_time()
@@ -75,7 +74,7 @@ class HostPacer:
         host.active -= 1
         host.bytes += nbytes
         host.part = nbytes if host.part == 0 else (host.part * 3 + nbytes) // 4
-        if nbytes <= 2 * self.block_size:
+        if 0 < nbytes <= 2 * self.block_size:
             self._note_latency(host, now - began)
         if host.active == 0:
             host.busy += now - host.busy_since
