@@ -89,9 +89,9 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="load and validate the reference set, print a summary, and exit without mounting")
     g = p.add_argument_group("caching")
     g.add_argument("--cache-size", type=parse_size, default="512M", metavar="SIZE",
-                   help="memory for cached remote blocks (default: 512M)")
+                   help="memory budget for cached blocks, requests in flight and read-ahead (default: 512M)")
     g.add_argument("--block-size", type=parse_size, default="1M", metavar="SIZE",
-                   help="size of a cached block and of the smallest remote request (default: 1M)")
+                   help="size of a cached block, the unit of caching (default: 1M)")
     g.add_argument("--decoded-cache-size", type=parse_size, default="256M", metavar="SIZE",
                    help="memory for decoded chunks in --view decoded (default: 256M)")
     g.add_argument("--no-prefetch", dest="prefetch", action="store_false",
@@ -111,7 +111,7 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stall-timeout", type=positive_float, default=10.0, metavar="SECONDS",
                    help="abandon and retry a connection that sends nothing for this long (default: 10)")
     g.add_argument("--connections", type=positive_int, default=8, metavar="N",
-                   help="parallel connections per host (default: 8)")
+                   help="most parallel connections per host; read-ahead adapts below it (default: 8)")
     g = p.add_argument_group("security")
     g.add_argument("--allow-other", action="store_true",
                    help="let other users read the mount (needs user_allow_other in /etc/fuse.conf unless root); "

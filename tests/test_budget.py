@@ -11,6 +11,7 @@ import threading
 import time
 
 import trio
+import trio.testing
 
 from refmount.budget import MemoryBudget
 from refmount.cache import BlockCache
@@ -221,3 +222,48 @@ def test_32_random_readers_fetch_little_more_than_they_read(mount, http_data):
           f"({fetched / served:.2f}x), wasted read-ahead {stats['memory']['prefetch_wasted']}")
     assert served >= 32 * 12 * 64 * KiB * 0.9
     assert fetched / served <= 1.5
+
+
+def _paced_scan(rtt: float, link: float, per_connection: float, max_parallel: int = 16) -> int:
+    """Read-ahead parts of 8 MiB through the pacer over a modelled link (bytes/s shared by the
+    requests in flight, each at most `per_connection`, plus one RTT); the parallelism it settles on."""
+    from refmount.pacer import HostPacer
+
+    pacer = HostPacer(lambda source: "host", max_parallel, MiB)
+    active = 0
+
+    async def request(nbytes: int) -> None:
+        nonlocal active
+        active += 1
+        try:
+            await trio.sleep(rtt + nbytes / min(link / active, per_connection))
+        finally:
+            active -= 1
+
+    async def part() -> None:
+        async with pacer.slot("u", 8 * MiB):
+            await request(8 * MiB)
+
+    async def main():
+        for _ in range(3):  # a reader's own small requests tell the latency
+            began = trio.current_time()
+            await request(MiB)
+            pacer.observe("u", began, MiB)
+        async with trio.open_nursery() as nursery:
+            for _ in range(120):
+                nursery.start_soon(part)
+                await trio.sleep(0)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return pacer.statistics()["host"]["parallel"]
+
+
+def test_the_pacer_keeps_enough_parts_in_flight_for_the_link():
+    # 1 Gbit/s at 80 ms, one connection reaching a third of it: many parts in flight.
+    far = _paced_scan(rtt=0.08, link=125e6, per_connection=42e6)
+    # The same link next door: a couple suffice.
+    near = _paced_scan(rtt=0.0005, link=125e6, per_connection=125e6)
+    print(f"\npacer: {far} parts in flight at 80 ms, {near} next door")
+    assert far >= 4
+    assert near <= 3
+    assert _paced_scan(rtt=0.08, link=125e6, per_connection=42e6, max_parallel=3) == 3  # the hard cap
