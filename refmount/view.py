@@ -26,7 +26,7 @@ class _Stream:
     """One sequential reader of a remote file, as ReadStreams sees it."""
 
     __slots__ = ("begin", "reached", "window", "next_block", "last_start", "in_a_row", "key_end", "crossings",
-                 "stopped")
+                 "scanning", "stopped")
 
     def __init__(self, start: int, end: int, key_end: int, window: int) -> None:
         self.begin = start
@@ -37,6 +37,7 @@ class _Stream:
         self.in_a_row = 0  # reads in a row that went on from the one before
         self.key_end = key_end  # where the key of its last read ends
         self.crossings = 0  # times it went on from one key into another
+        self.scanning = False  # its last read continued a scan
         self.stopped = False  # its read-ahead was evicted unread: read ahead no more
 
     def lead(self, block_size: int) -> int:
@@ -90,7 +91,13 @@ class ReadStreams:
         budget = self.budget
         streams = self._files.pop(uid, None) or []
         for stream in streams:
-            if stream.last_start < start and abs(start - stream.reached) <= self.gap:
+            # A proven scan may see the kernel's readahead requests arrive out of order: one a little
+            # ahead continues it, one behind (inside what it read) is part of it, not a new stream.
+            ahead = max(self.gap, 2 * bs) if stream.scanning else self.gap
+            if stream.scanning and stream.begin <= start < stream.last_start and end <= stream.reached:
+                self._files[uid] = streams
+                return True
+            if stream.last_start < start and stream.reached - self.gap <= start <= stream.reached + ahead:
                 budget.ahead -= stream.lead(bs)
                 stream.window = min(max(stream.window * 2, 2 * bs), self.max_window)
                 stream.reached = max(stream.reached, end)
@@ -106,7 +113,7 @@ class ReadStreams:
                                                                   or stream.reached - stream.begin > self.proof))
                 # A reader walking through one key is no scan of the remote file until it goes on
                 # into the next key: till then it reads ahead within its key only.
-                scan = proven and (stream.crossings > 0 or key_end == limit)
+                scan = stream.scanning = proven and (stream.crossings > 0 or key_end == limit)
                 if not stream.crossings:
                     limit = key_end
                 prefetch = prefetch and proven
