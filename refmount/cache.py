@@ -149,17 +149,20 @@ class BlockCache:
             if self.pacer is None:
                 await self._fetch_missing(source, first, last)
             else:
-                async with self.pacer.slot(source, (last - first + 1) * self.block_size):
-                    await self._fetch_missing(source, first, last)
+                async with self.pacer.slot(source) as ticket:
+                    ticket.nbytes = await self._fetch_missing(source, first, last)
         except Exception:  # noqa: BLE001
             pass
 
-    async def _fetch_missing(self, source, first: int, last: int) -> None:
+    async def _fetch_missing(self, source, first: int, last: int) -> int:
+        """Fetch those of blocks [first, last] that are neither cached nor in flight; the bytes fetched."""
         missing = [i for i in range(first, last + 1)
                    if (source, i) not in self._blocks and (source, i) not in self._inflight]
+        fetched = 0
         if missing:
             for run in _runs(missing, self.max_request_blocks):
-                await self._fetch_run(source, *run, prefetched=True)
+                fetched += sum(map(len, (await self._fetch_run(source, *run, prefetched=True)).values()))
+        return fetched
 
     async def _gather(self, source, first: int, last: int) -> dict[int, bytes]:
         found: dict[int, bytes] = {}

@@ -33,6 +33,14 @@ class _Host:
         self.part = 0  # the size of recent read-ahead parts
 
 
+class _Ticket:
+    __slots__ = ("began", "nbytes")
+
+    def __init__(self, began: float) -> None:
+        self.began = began
+        self.nbytes = 0
+
+
 class HostPacer:
     def __init__(self, host_of, max_parallel: int, block_size: int, start: int = 4) -> None:
         self._host_of = host_of  # source -> host name
@@ -49,13 +57,16 @@ class HostPacer:
         return host
 
     @asynccontextmanager
-    async def slot(self, source, nbytes: int = 0):
-        """Hold one of the host's read-ahead slots for a request of `nbytes`."""
+    async def slot(self, source):
+        """Hold one of the host's read-ahead slots; the caller sets `.nbytes` on what it yields to
+        the bytes its request fetched (left at 0 when it found nothing to fetch)."""
         host = self._host(source)
         async with host.limiter:
-            began = self._began(host)
-            yield
-            self._ended(host, began, nbytes)
+            ticket = _Ticket(self._began(host))
+            try:
+                yield ticket
+            finally:
+                self._ended(host, ticket.began, ticket.nbytes)
 
     def observe(self, source, began: float, nbytes: int) -> None:
         """A reader's own request of `nbytes` that began at `began` (trio clock) just ended."""
@@ -73,7 +84,8 @@ class HostPacer:
         now = trio.current_time()
         host.active -= 1
         host.bytes += nbytes
-        host.part = nbytes if host.part == 0 else (host.part * 3 + nbytes) // 4
+        if nbytes:
+            host.part = nbytes if host.part == 0 else (host.part * 3 + nbytes) // 4
         if 0 < nbytes <= 2 * self.block_size:
             self._note_latency(host, now - began)
         if host.active == 0:

@@ -241,8 +241,9 @@ def _paced_scan(rtt: float, link: float, per_connection: float, max_parallel: in
             active -= 1
 
     async def part() -> None:
-        async with pacer.slot("u", 8 * MiB):
+        async with pacer.slot("u") as ticket:
             await request(8 * MiB)
+            ticket.nbytes = 8 * MiB
 
     async def main():
         for _ in range(3):  # a reader's own small requests tell the latency
