@@ -88,7 +88,11 @@ def main() -> int:
                 if spy is not None:
                     spy.send_signal(2)
                     spy.wait(30)
-                fetch = m.stats()["fetch"]
+                stats = m.stats()
+                fetch = stats["fetch"]
+                served = stats.get("served", {})
+                if served.get("reads"):
+                    print(f"  {served['reads']} reads of {served['bytes'] / served['reads'] / 1024:.0f} KiB on average")
                 print(f"  {fetch['requests']} requests, {fetch['bytes'] / max(fetch['requests'], 1) / 2**20:.1f} MiB "
                       f"on average; hosts {m.stats().get('hosts')}")
                 rates.append(size / seconds / 1e6)

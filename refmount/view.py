@@ -199,6 +199,7 @@ class RawView:
         self.small_chunk = cache.block_size // 4 if exact_small_reads else 0
         self._whole_sizes = SingleFlightLRU(1 << 62)  # url id -> size of the whole remote object (all kept)
         self.bytes_served = 0  # what readers got from remote objects (fetched / served = amplification)
+        self.reads_served = 0
 
     # -- visibility -------------------------------------------------------------------------------
 
@@ -258,6 +259,7 @@ class RawView:
             raise FetchError(f"{redact(self.refset.urls[uid])}: the object ends before byte {base + end} "
                              f"that key {self.refset.key(i)!r} refers to")
         self.bytes_served += end - offset
+        self.reads_served += 1
         return data
 
     async def read_all(self, i: int) -> bytes:
