@@ -17,6 +17,7 @@ from refmount.budget import MemoryBudget
 from refmount.cache import BlockCache
 from refmount.fetch.pieces import piece_sizes
 from refmount.view import ReadStreams
+from tests.conftest import run_refmount
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK = bytes(MiB)
@@ -179,6 +180,9 @@ def test_64_files_streaming_at_once_stay_within_the_memory_budget(mount, http_da
           f"(VmHWM {hwm:.0f}); budget peak {memory['peak'] / MiB:.1f} MiB, wasted {memory['prefetch_wasted']}, "
           f"fetched/served {stats['served']['amplification']}")
     assert memory["peak"] <= memory["budget"]
+    shown = run_refmount("stats", m.path).stdout  # what a user sees
+    for name in ("budget:", "used:", "inflight:", "prefetch_wasted:"):
+        assert name in shown
     # Loose: the budget, plus the pieces aiohttp and FUSE replies hold beyond it, over the baseline.
     assert hwm - baseline <= 32 + 64, (baseline, hwm)
 
