@@ -15,7 +15,10 @@ started INSIDE the namespace. From the host, at each RTT, with the contenders al
 - curl x1 and curl x8 (8 parallel ranged requests of eighths of the file).
 
 Prints, per RTT, MB/s median (min-max), CPU-s per GB (the daemon's, or the client processes') and the
-ratio to curl x8. Everything it creates (mounts, nginx, namespace, veth) is removed at exit, also on
+ratio to curl x8, and logs each refmount run's request count, mean request size and per-host pacing.
+A kernel without sch_netem (CONFIG_NET_SCH_NETEM unset, as on the 6.18 "fc" kernel this was written
+on) cannot delay packets: the benchmark then says so, measures RTT 0 through a tbf rate limit of
+1 Gbit/s and skips the other RTTs. Everything it creates (mounts, nginx, namespace, veth) is removed at exit, also on
 failure or a signal; bench_wan.sh adds a trap for a hard kill. --quick: smaller files, 2 runs.
 """
 
