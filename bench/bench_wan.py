@@ -186,8 +186,11 @@ class Bench:
             raise RuntimeError(f"read {nbytes} bytes, expected {expect}")
         return {"mbps": nbytes / seconds / MB, "cpu_s_per_gb": cpu / (nbytes / 1e9)}
 
+    def mounted(self, refs: str):
+        return bs.refmount_mounted(self.refs[refs], self.run_dir / "mnt-refmount", ["--view", "raw", *self.options])
+
     def refmount_dd(self) -> dict:
-        with bs.refmount_mounted(self.refs["big"], self.run_dir / "mnt-refmount", ["--view", "raw", *self.options]) as m:
+        with self.mounted("big") as m:
             bs.drop_caches()
             seconds, cpu, out = timed(f"dd if={m.path / 'big'} of=/dev/null bs=1M", lambda: m.pid)
             note_requests(m)
@@ -195,16 +198,16 @@ class Bench:
 
     def refmount_4(self) -> dict:
         quarter_mib = -(-self.big_size // 4 // (1 << 20))
-        with bs.refmount_mounted(self.refs["big"], self.run_dir / "mnt-refmount", ["--view", "raw", *self.options]) as m:
+        with self.mounted("big") as m:
             bs.drop_caches()
-            cmd = " & ".join(f"dd if={m.path / 'big'} of=/dev/null bs=1M skip={k * quarter_mib} count={quarter_mib}"
-                             for k in range(4)) + " & wait"
+            cmd = " & ".join(f"dd if={m.path / 'big'} of=/dev/null bs=1M skip={k * quarter_mib} "
+                             f"count={quarter_mib}" for k in range(4)) + " & wait"
             seconds, cpu, out = timed(cmd, lambda: m.pid)
             note_requests(m)
             return self.result(dd_bytes(out), seconds, cpu, self.big_size)
 
     def refmount_chunks(self) -> dict:
-        with bs.refmount_mounted(self.refs["chunks"], self.run_dir / "mnt-refmount", ["--view", "raw", *self.options]) as m:
+        with self.mounted("chunks") as m:
             listing = self.run_dir / "chunk-files"
             listing.write_text("\0".join(str(m.path / key) for key in self.chunks))
             bs.drop_caches()
@@ -233,8 +236,8 @@ class Bench:
 
     def fsspec_cat(self) -> dict:
         seconds_cpu = children_cpu_s()
-        done = subprocess.run([sys.executable, str(HERE / "bench_speed.py"), "--fsspec-child", str(self.refs["chunks"])],
-                              capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=True)
+        child = [sys.executable, str(HERE / "bench_speed.py"), "--fsspec-child", str(self.refs["chunks"])]
+        done = subprocess.run(child, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=True)
         cpu = children_cpu_s() - seconds_cpu  # includes the interpreter's start and imports: a little high
         result = json.loads(done.stdout.strip().splitlines()[-1])
         return self.result(result["bytes"], result["seconds"], cpu, self.chunk_bytes)
@@ -318,7 +321,8 @@ def main(argv=None) -> int:
     rtts = [float(x) for x in args.rtt.split(",")]
     deadline = time.monotonic() + args.max_minutes * 60
     args.workdir.mkdir(parents=True, exist_ok=True)
-    big = bs.generated(args.workdir / f"big_{sizes['big_mb']}MB.bin", lambda p: bs.write_big(p, sizes["big_mb"] * 1_000_000))
+    big = bs.generated(args.workdir / f"big_{sizes['big_mb']}MB.bin",
+                       lambda p: bs.write_big(p, sizes["big_mb"] * 1_000_000))
     chunks_nc = bs.generated(args.workdir / f"chunks_{sizes['chunk_steps']}.nc",
                              lambda p: bs.write_netcdf(p, sizes["chunk_steps"], 400, zlib=False))
     tag = str(os.getpid() % 100000)

@@ -76,7 +76,8 @@ def main() -> int:
                 bs.drop_caches()
                 spy = None
                 if args.profile and n == args.runs - 1:
-                    spy = subprocess.Popen([shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(m.pid), "--format", "raw", "--rate", "250",
+                    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+                    spy = subprocess.Popen([py_spy, "record", "--pid", str(m.pid), "--format", "raw", "--rate", "250",
                                             "--nonblocking", "--threads", "-o", str(args.profile)],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     time.sleep(1.0)
