@@ -3,9 +3,10 @@
 A fixed number of parallel requests is too few on a long fat link (one TCP stream reaches a third
 of 1 Gbit/s at 80 ms) and needlessly many on loopback. Per host we measure the throughput while
 requests are in flight (the best recent figure) and the latency (the quickest recent small
-request), and allow enough parts in flight to hold twice the bandwidth-delay product, plus one so
-that a faster link can show itself; never more than `max_parallel` (--connections). Readers'
-own requests are never held back here: only read-ahead waits.
+request), and allow enough parts in flight to hold twice the bandwidth-delay product, plus two so
+that a faster link can show itself, and at least one per sequential reader plus one; never more
+than `max_parallel` (--connections). Readers' own requests are never held back here: only
+read-ahead waits.
 
 Everything here runs on the trio thread.
 """
@@ -20,9 +21,10 @@ _INTERVAL = 0.25  # seconds over which throughput is measured
 
 
 class _Host:
-    __slots__ = ("limiter", "active", "busy_since", "busy", "bytes", "rate", "latency", "part")
+    __slots__ = ("limiter", "active", "busy_since", "busy", "bytes", "rate", "latency", "part", "wanted")
 
     def __init__(self, tokens: int) -> None:
+        self.wanted = tokens  # parts in flight that fill the link, by the last measurement
         self.limiter = trio.CapacityLimiter(tokens)
         self.active = 0
         self.busy_since = 0.0
@@ -47,6 +49,7 @@ class HostPacer:
         self.max_parallel = max(1, max_parallel)
         self.block_size = block_size
         self.start = min(start, self.max_parallel)
+        self.readers = 1
         self._hosts: dict[str, _Host] = {}
 
     def _host(self, source) -> _Host:
@@ -54,6 +57,7 @@ class HostPacer:
         host = self._hosts.get(name)
         if host is None:
             host = self._hosts[name] = _Host(self.start)
+            self._apply(host)
         return host
 
     @asynccontextmanager
@@ -102,12 +106,23 @@ class HostPacer:
         # The quickest recent one, drifting up slowly so that a changed route shows.
         host.latency = seconds if host.latency == 0 else min(seconds, host.latency * 1.05)
 
+    def note_readers(self, count: int) -> None:
+        """How many sequential readers are reading ahead now: each needs a part of its own in
+        flight, or it stalls waiting for its next part while the others' parts take the slots."""
+        if count != self.readers:
+            self.readers = count
+            for host in self._hosts.values():
+                self._apply(host)
+
     def _retarget(self, host: _Host) -> None:
         if host.latency == 0 or host.part == 0:
             return
         target = 2 * host.rate * host.latency  # bytes in flight to fill the link twice over
-        parts = int(target // host.part) + 2
-        host.limiter.total_tokens = max(2, min(self.max_parallel, parts))
+        host.wanted = int(target // host.part) + 2
+        self._apply(host)
+
+    def _apply(self, host: _Host) -> None:
+        host.limiter.total_tokens = max(1, min(self.max_parallel, max(host.wanted, self.readers + 1)))
 
     def statistics(self) -> dict:
         return {name: {"parallel": h.limiter.total_tokens, "in_flight": h.active,

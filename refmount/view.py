@@ -170,6 +170,9 @@ class ReadStreams:
             self._pruned = now
             for old in [s for s, seen in active.items() if now - seen > _ACTIVE]:
                 del active[old]
+        pacer = getattr(self.cache, "pacer", None)
+        if pacer is not None:
+            pacer.note_readers(len(active))
         return len(active)
 
     def _wasted(self, uid: int, index: int) -> None:

@@ -44,6 +44,11 @@ class Remote:
         return [BLOCK[:n] for n in piece_sizes(start, min(end, self.size), MiB)]
 
 
+def _clock():
+    """Virtual time: the same schedule however loaded the machine is."""
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
 async def scan(cache: BlockCache, streams: ReadStreams, uid, size: int, read: int = 128 * KiB) -> None:
     """One sequential reader, as the kernel asks: `read` bytes at a time."""
     for offset in range(0, size, read):
@@ -56,7 +61,7 @@ def test_a_scan_asks_for_growing_parts_several_at_once():
     remote = Remote(64 * MiB)
     cache = BlockCache(remote.fetch, block_size=MiB, capacity=256 * MiB)
     streams = ReadStreams(cache)
-    trio.run(scan, cache, streams, "u", 64 * MiB)
+    trio.run(scan, cache, streams, "u", 64 * MiB, clock=_clock())
     sizes = [end - start for _, start, end in remote.requests]
     assert sizes[0] == MiB  # the first request is small
     assert max(sizes) == 8 * MiB  # then they grow to 8 MiB parts
@@ -89,7 +94,7 @@ def test_many_streams_stay_within_the_budget_and_share_the_read_ahead():
                     nursery.start_soon(scan, cache, streams, uid, 16 * MiB, 256 * KiB)
             watcher.cancel_scope.cancel()
 
-    trio.run(main)
+    trio.run(main, clock=_clock())
     assert budget.peak <= budget.total
     assert most_ahead <= budget.prefetch_limit
     fetched = sum(end - start for _, start, end in remote.requests)
@@ -114,7 +119,7 @@ def test_read_ahead_evicted_unread_is_counted_and_stops_its_stream():
         await trio.sleep(0.05)
         return [r for r in remote.requests[before:] if r[0] == "scan"]
 
-    after = trio.run(main)
+    after = trio.run(main, clock=_clock())
     assert budget.prefetch_wasted > 0
     assert cache.statistics()["evictions"] > 0
     assert after == []  # that stream reads ahead no more
