@@ -53,6 +53,7 @@ class BlockCache:
         self._blocks: OrderedDict[tuple, bytes] = OrderedDict()
         self._inflight: dict[tuple, _Flight] = {}
         self._unread: set[tuple] = set()  # prefetched blocks nobody has read yet
+        self._queued: dict[tuple, int] = {}  # blocks of read-ahead parts not yet started -> the part's last
         self.on_wasted = None  # called with (source, index) when an unread prefetched block is evicted
         self.hits = 0
         self.misses = 0
@@ -145,6 +146,9 @@ class BlockCache:
         """Fetch blocks [first, last] unless cached or in flight, as one request (a read-ahead part;
         the caller sizes it), when the host's pacer lets it. Runs as a background task, so it must
         never raise: a failure here is retried (and reported) by the reader that needs it."""
+        queued = self._queued
+        for index in range(first, last + 1):
+            queued[(source, index)] = last
         try:
             if self.pacer is None:
                 await self._fetch_missing(source, first, last)
@@ -153,6 +157,10 @@ class BlockCache:
                     ticket.nbytes = await self._fetch_missing(source, first, last)
         except Exception:  # noqa: BLE001
             pass
+        finally:
+            for index in range(first, last + 1):
+                if queued.get((source, index)) == last:
+                    del queued[(source, index)]
 
     async def _fetch_missing(self, source, first: int, last: int) -> int:
         """Fetch those of blocks [first, last] that are neither cached nor in flight; the bytes fetched."""
@@ -183,6 +191,14 @@ class BlockCache:
             else:
                 missing.append(index)
         if missing:
+            # A reader that caught up with read-ahead still waiting for its turn (see pacer) takes
+            # the rest of that part along in its own request, rather than a block at a time.
+            part_last = self._queued.get((source, missing[-1]))
+            if part_last is not None:
+                for index in range(missing[-1] + 1, part_last + 1):
+                    if (source, index) in self._blocks or (source, index) in self._inflight:
+                        break
+                    missing.append(index)
             runs = _runs(missing, self.max_request_blocks)
             if len(runs) == 1:
                 found.update(await self._fetch_run(source, *runs[0]))
