@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import logging
 import sys
+from urllib.parse import urlsplit
 
+from refmount.budget import MemoryBudget
 from refmount.cache import BlockCache
 from refmount.errors import FetchError, RefmountError
 from refmount.fetch import Fetcher, RetryPolicy, check_protocols, reaches_local, redact
 from refmount.fetch.tls import set_ca_bundle
 from refmount.fs import Filesystem
+from refmount.pacer import HostPacer
 from refmount.refs import load_refs
 from refmount.refs.source import is_remote
 from refmount.view import RawView
@@ -108,8 +111,12 @@ def build_filesystem(opts):
     disk = None
     if opts.cache_dir:
         fetch, disk = disk_backed(fetch, fetcher, urls, opts)
-    cache = BlockCache(fetch, block_size=opts.block_size, capacity=opts.cache_size, max_request=8 << 20)
-    view = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
+    # One memory budget (--cache-size) for cached blocks, fetches in flight and read-ahead; read-ahead
+    # parts paced per host up to --connections at once.
+    budget = MemoryBudget(opts.cache_size)
+    pacer = HostPacer(lambda url_id: urlsplit(urls[url_id]).netloc, opts.connections, opts.block_size)
+    cache = BlockCache(fetch, block_size=opts.block_size, max_request=16 << 20, budget=budget, pacer=pacer)
+    view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
     if opts.view == "decoded":
         from refmount.decoded import DecodedView
 
@@ -120,7 +127,9 @@ def build_filesystem(opts):
 
     def stats() -> dict:
         out = {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
-               "keys": len(refset)}
+               "keys": len(refset), "memory": budget.statistics(), "hosts": pacer.statistics(),
+               "served": {"bytes": raw.bytes_served, "reads": raw.reads_served,
+                          "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3)}}
         if hasattr(view, "statistics"):
             out["decoded"] = view.statistics()
         if hasattr(refset, "statistics"):

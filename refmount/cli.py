@@ -142,10 +142,9 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "temporary mountpoint)")
     g = p.add_argument_group("caching")
     g.add_argument("--cache-size", type=parse_size, default="512M", metavar="SIZE",
-                   help="memory for cached remote blocks (default: 512M)")
+                   help="memory budget for cached blocks, requests in flight and read-ahead (default: 512M)")
     g.add_argument("--block-size", type=parse_block_size, default="1M", metavar="SIZE",
-                   help="size of a cached block and of the smallest remote request: a power of two from 4K "
-                        "to 64M (default: 1M)")
+                   help="size of a cached block, the unit of caching: a power of two from 4K to 64M (default: 1M)")
     g.add_argument("--decoded-cache-size", type=parse_size, default="256M", metavar="SIZE",
                    help="memory for decoded chunks in --view decoded (default: 256M)")
     g.add_argument("--no-prefetch", dest="prefetch", action="store_false",
@@ -165,8 +164,8 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stall-timeout", type=positive_float, default=10.0, metavar="SECONDS",
                    help="abandon and retry a connection that sends nothing for this long (default: 10)")
     g.add_argument("--connections", type=positive_int, default=8, metavar="N",
-                   help="parallel connections per host; one remote object gets at most three quarters of them "
-                        "(default: 8)")
+                   help="most parallel connections per host; read-ahead adapts below it, and one remote object "
+                        "gets at most three quarters of them (default: 8)")
     g.add_argument("--proxy", metavar="URL",
                    help="send http(s) target requests through this proxy (default: the HTTP_PROXY, HTTPS_PROXY "
                         "and NO_PROXY variables)")
