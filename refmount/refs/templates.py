@@ -10,11 +10,16 @@ Every jinja string goes through `Template`:
 from __future__ import annotations
 
 import ast
+import contextlib
+import functools
 import re
+import signal
+import threading
 
 import numpy as np
 from jinja2 import StrictUndefined, TemplateError
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2.compiler import CodeGenerator
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 from refmount.errors import RefsError, quote
 from refmount.refs.model import MAX_LENGTH
@@ -25,12 +30,210 @@ _ARITH_OPS = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.
 _MAX_DEPTH = 20  # nested calls of callable templates; deeper means a template calls itself
 
 
-class _Env(SandboxedEnvironment):
+MAX_RENDER_BYTES = 1 << 20  # one rendered key, url, offset or length; also any string made on the way
+MAX_ITEMS = 100_000  # items of a list made on the way (jinja's own range() limit)
+MAX_INT_BITS = 4096  # integers made on the way (offsets need 53 bits)
+RENDER_SECONDS = 2.0  # CPU time of one render (an ordinary one takes microseconds)
+_BIG_NUMBER = re.compile(r"\d{7,}|%[^a-zA-Z%]*\*|\{[^{}]*\{")  # widths >= 1e6, '*' widths, nested {} specs
+# str methods whose integer arguments size their result
+_SIZED_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
+# filters whose integer arguments size their result or their work
+_SIZED_FILTERS = {"center", "indent", "wordwrap", "truncate", "batch", "slice", "random", "filesizeformat"}
+
+
+class TemplateTooBig(RefsError):
+    """A render would make more than the sandbox allows; `Template.render` adds which template."""
+
+    def __init__(self, message: str, located: bool = False) -> None:
+        super().__init__(message)
+        self.located = located
+
+
+def _too_big(what: str):
+    raise TemplateTooBig(f"would make {what}")
+
+
+def _size(value, budget: int = MAX_ITEMS) -> int:
+    """Characters (strings) or items (containers, counted through nesting) of a value, giving up
+    once past `budget`: str() of a list shared with itself 40 times over would be 2**40 items."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, (list, tuple, dict, set, frozenset)):
+        total = len(value)
+        stack = [value.values() if isinstance(value, dict) else value]
+        while stack and total <= budget:
+            for item in stack.pop():
+                if isinstance(item, (list, tuple, dict, set, frozenset)):
+                    total += len(item)
+                    stack.append(item.values() if isinstance(item, dict) else item)
+                    if total > budget:
+                        break
+        return total
+    return 0
+
+
+def _kind(value) -> str:
+    if isinstance(value, (str, bytes)):
+        return f"a string of more than {MAX_RENDER_BYTES:,} characters"
+    return f"a {type(value).__name__} of more than {MAX_ITEMS:,} items"
+
+
+def _check_operands(*values) -> None:
+    for value in values:
+        if isinstance(value, (list, tuple, dict, set, frozenset)) and _size(value) > MAX_ITEMS:
+            _too_big(f"a value of more than {MAX_ITEMS:,} items")
+
+
+def _check_result(value):
+    if isinstance(value, (str, bytes)):
+        if len(value) > MAX_RENDER_BYTES:
+            _too_big(_kind(value))
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if value.bit_length() > MAX_INT_BITS:
+            _too_big(f"an integer of more than {MAX_INT_BITS} bits")
+    else:
+        _check_operands(value)
+    return value
+
+
+def _check_format(text) -> None:
+    if isinstance(text, str) and _BIG_NUMBER.search(text):
+        _too_big(f"a format with a width of a million or more, or one taken from an argument ({text[:40]!r})")
+
+
+def _safe_binop(op: str, left, right):
+    """The sizes an operator would make, checked before Python allocates them (C does the work,
+    so neither a signal nor a later check could stop it)."""
+    if op == "**" and isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
+        if left.bit_length() * right > MAX_INT_BITS:
+            _too_big(f"an integer of more than {MAX_INT_BITS} bits")
+    elif op == "*":
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, (str, bytes, list, tuple)) and isinstance(times, int) and times > 0:
+                if len(seq) * times > (MAX_RENDER_BYTES if isinstance(seq, (str, bytes)) else MAX_ITEMS):
+                    _too_big(_kind(seq))
+        if isinstance(left, int) and isinstance(right, int) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+            _too_big(f"an integer of more than {MAX_INT_BITS} bits")
+    elif op == "%" and isinstance(left, str):
+        _check_format(left)
+        _check_operands(right)
+        if isinstance(right, tuple):
+            _check_operands(*right)
+    elif op == "+":
+        if isinstance(left, (str, bytes, list, tuple)) and isinstance(right, type(left)):
+            if len(left) + len(right) > (MAX_RENDER_BYTES if isinstance(left, (str, bytes)) else MAX_ITEMS):
+                _too_big(_kind(left))
+    return _check_result(SandboxedEnvironment.default_binop_table[op](left, right))
+
+
+def _capped_join(parts) -> str:
+    """str.join for template output, `~` and {% set %} blocks, stopping once past the cap."""
+    out = []
+    total = 0
+    for part in parts:
+        if not isinstance(part, str):
+            _check_operands(part)
+            part = str(part)
+        total += len(part)
+        if total > MAX_RENDER_BYTES:
+            _too_big(f"output of more than {MAX_RENDER_BYTES:,} characters")
+        out.append(part)
+    return "".join(out)
+
+
+def _guard_filter(name: str, func):
+    """A filter with its arguments and result held to the sandbox's sizes."""
+
+    @functools.wraps(func)
+    def guarded(*args, **kwargs):
+        values = args[1:] if getattr(func, "jinja_pass_arg", None) is not None else args
+        _check_operands(*values, *kwargs.values())
+        if name in _SIZED_FILTERS and any(isinstance(v, int) and abs(v) > MAX_RENDER_BYTES
+                                          for v in (*values[1:], *kwargs.values())):
+            _too_big(f"a result of filter {name!r} sized over {MAX_RENDER_BYTES:,}")
+        if name == "format" and values:
+            _check_format(values[0])
+        if name == "replace" and len(values) >= 3 and isinstance(values[0], str):
+            if len(values[0]) * (len(str(values[2])) + 1) > MAX_RENDER_BYTES:
+                _too_big(f"a result of filter 'replace' of more than {MAX_RENDER_BYTES:,} characters")
+        if name == "join" and len(values) > 1 and hasattr(values[0], "__len__"):
+            if len(values[0]) * len(str(values[1])) > MAX_RENDER_BYTES:
+                _too_big(f"a result of filter 'join' of more than {MAX_RENDER_BYTES:,} characters")
+        return _check_result(func(*args, **kwargs))
+
+    return guarded
+
+
+class _CodeGenerator(CodeGenerator):
+    def visit_Concat(self, node, frame) -> None:  # `~`: through the capped join
+        self.write("environment.concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class _Env(ImmutableSandboxedEnvironment):
+    """jinja's sandbox (no private attributes, no mutation of lists and dicts), plus bounds on the
+    size of everything a template makes: operators, filters, method calls, `~` and the output."""
+
+    intercepted_binops = frozenset(("*", "**", "%", "+"))
+    code_generator_class = _CodeGenerator
+    concat = staticmethod(_capped_join)
+
     def __init__(self):
-        super().__init__(undefined=StrictUndefined, autoescape=False)
+        super().__init__(undefined=StrictUndefined, autoescape=False, finalize=_check_result)
+        for name in ("lipsum", "cycler", "joiner"):  # lipsum(n=10**6) writes without bound
+            self.globals.pop(name, None)
+        self.filters = {name: _guard_filter(name, f) for name, f in self.filters.items()}
+
+    def call_binop(self, context, operator, left, right):
+        return _safe_binop(operator, left, right)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
+        _check_operands(*args, *kwargs.values())
+        method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
+        owner = getattr(method, "__self__", None)
+        if isinstance(owner, str):
+            name = getattr(method, "__name__", "")
+            if name in _SIZED_METHODS and any(isinstance(v, int) and abs(v) > MAX_RENDER_BYTES for v in args):
+                _too_big(f"a result of str.{name} sized over {MAX_RENDER_BYTES:,}")
+            if name in ("format", "format_map"):
+                _check_format(owner)
+            if name == "replace" and len(args) >= 2 and len(owner) * (len(str(args[1])) + 1) > MAX_RENDER_BYTES:
+                _too_big(f"a result of str.replace of more than {MAX_RENDER_BYTES:,} characters")
+            if name == "join" and args and len(owner) * _size(args[0]) > MAX_RENDER_BYTES:
+                _too_big(f"a result of str.join of more than {MAX_RENDER_BYTES:,} characters")
+        return _check_result(super().call(__context, __obj, *args, **kwargs))
 
 
 _ENV = _Env()
+
+
+_cpu_limited = False
+
+
+@contextlib.contextmanager
+def _cpu_limit(seconds: float):
+    """Interrupt a render that runs longer than `seconds` of CPU (main thread only; the outermost
+    render of nested callable templates holds the one timer)."""
+    global _cpu_limited
+    if _cpu_limited or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _cpu_limited = True
+
+    def expired(signum, frame):
+        raise TemplateTooBig(f"takes more than {seconds:g} s")
+
+    previous = signal.signal(signal.SIGPROF, expired)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
+        _cpu_limited = False
 
 
 def _parse_expr(text: str) -> ast.AST | None:
@@ -109,11 +312,18 @@ class Template:
         context = self.templates.context()
         context.update(values)
         try:
-            return self._compiled().render(**context)
+            with _cpu_limit(RENDER_SECONDS):
+                return self._compiled().render(**context)
         except RecursionError:
             raise RefsError(f"{self.where}: template {quote(self.text)} is recursive") from None
+        except TemplateTooBig as e:
+            if e.located:  # from a callable template inside this one, which says where
+                raise
+            raise TemplateTooBig(f"{self.where}: template {quote(self.text)} refused: it {e}", located=True) from None
         except RefsError:
             raise
+        except MemoryError:
+            raise RefsError(f"{self.where}: template {quote(self.text)} ran out of memory") from None
         except Exception as e:  # the sandbox's SecurityError, undefined names, errors inside expressions
             raise RefsError(f"{self.where}: template {quote(self.text)} failed: {type(e).__name__}: {e}") from None
 
