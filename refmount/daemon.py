@@ -49,6 +49,8 @@ class MountOptions:
     prefetch: bool = True
     cache_dir: str | None = None
     disk_cache_size: int = 10 << 30
+    max_refs_size: int | None = None  # None: the machine's default (refs/limits.py)
+    load_timeout: float | None = 300.0
 
 
 # -- mount table helpers ----------------------------------------------------------------------------

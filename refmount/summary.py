@@ -40,7 +40,8 @@ def print_summary(opts) -> int:
 
     progress = load_progress()
     try:
-        refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys, progress=progress)
+        refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
+                           max_refs_size=opts.max_refs_size, load_timeout=opts.load_timeout, progress=progress)
     finally:
         if progress:
             progress.close()

@@ -39,7 +39,10 @@ def inline_bytes(key: str, value) -> bytes:
             except (binascii.Error, ValueError):
                 raise RefsError(f"key {quote(key)}: invalid base64 data") from None
         return value.encode("utf-8", "surrogatepass")
-    return orjson.dumps(value)
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as e:  # nested deeper than orjson writes (255 levels)
+        raise RefsError(f"key {quote(key)}: its JSON value cannot be stored: {e}") from None
 
 
 def _bad_int(value) -> bool:
@@ -219,7 +222,7 @@ def load_json(open_stream, builder: RefSetBuilder, *, piece_bytes: int = PIECE_B
     try:
         return _load(open_stream, builder, None, piece_bytes, progress, parallel)
     except _Restart as restart:
-        builder.__init__(builder.max_keys)
+        builder.__init__(builder.max_keys, builder.max_bytes)
         return _load(open_stream, builder, restart.version, piece_bytes, progress, parallel)
 
 
@@ -231,7 +234,8 @@ def _load(open_stream, builder, version, piece_bytes, progress, parallel) -> int
     with open_stream() as stream:
         workers = Workers(stream) if parallel else None
         try:
-            pieces = iter_pieces(stream, piece_bytes, progress, descend=version != 0, workers=workers)
+            pieces = iter_pieces(stream, piece_bytes, progress, descend=version != 0, workers=workers,
+                                 max_bytes=builder.max_bytes)
             for section, piece in pieces:
                 if section == "refs":
                     if version is None:

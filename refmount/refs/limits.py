@@ -58,6 +58,14 @@ class LoadTimeout(RefsError):
     pass
 
 
+class RefsTooBig(RefsError):
+    """More reference text than --max-refs-size; the loader names the file."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the reference set exceeds --max-refs-size {format_size(limit)} once decompressed")
+        self.limit = limit
+
+
 @contextlib.contextmanager
 def load_deadline(seconds: float | None):
     """Interrupt the load (RefsError) after `seconds`, wherever it is in Python code: parsing, a

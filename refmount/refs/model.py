@@ -20,6 +20,7 @@ from operator import itemgetter
 import numpy as np
 
 from refmount.errors import RefsError, quote
+from refmount.refs.limits import format_size
 from refmount.malloc import give_back_freed_memory
 
 INLINE = -1
@@ -180,15 +181,20 @@ class DirRegistry:
         found = self.ids.get(path)
         if found is not None:
             return found
-        parent_path, _, name = path.rpartition("/")
-        parent = self.id_for(parent_path)
-        new = len(self.paths)
-        self.paths.append(path)
-        self.parent.append(parent)
-        self.children.append({})
-        self.children[parent][name] = new
-        self.ids[path] = new
-        return new
+        missing = []  # a loop, not recursion: keys may be thousands of segments deep
+        while found is None:
+            missing.append(path)
+            path = path.rpartition("/")[0]
+            found = self.ids.get(path)
+        for path in reversed(missing):
+            new = len(self.paths)
+            self.paths.append(path)
+            self.parent.append(found)
+            self.children.append({})
+            self.children[found][path.rpartition("/")[2]] = new
+            self.ids[path] = new
+            found = new
+        return found
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -197,8 +203,10 @@ class DirRegistry:
 class RefSetBuilder:
     """Accumulates references in batches and freezes them into a `RefSet`."""
 
-    def __init__(self, max_keys: int | None = None) -> None:
+    def __init__(self, max_keys: int | None = None, max_bytes: int | None = None) -> None:
         self.max_keys = max_keys
+        self.max_bytes = max_bytes  # --max-refs-size: reference text read, and text that gen makes
+        self.generated_bytes = 0
         self.urls: list[str] = []
         self._url_ids: dict[str, int] = {}
         self.dirs = DirRegistry()
@@ -226,6 +234,15 @@ class RefSetBuilder:
             raise RefsError(
                 f"{what} would make {self.count + n:,} keys, more than --max-keys {self.max_keys:,}"
             )
+
+    def reserve_bytes(self, n: int, what: str, check_only: bool = False) -> None:
+        """Refuse before making them when generated keys and urls would exceed --max-refs-size
+        (`check_only`: an estimate, not counted)."""
+        if self.max_bytes is not None and self.generated_bytes + n > self.max_bytes:
+            raise RefsError(f"{what} would make {self.generated_bytes + n:,} bytes of keys and urls, more than "
+                            f"--max-refs-size {format_size(self.max_bytes)}")
+        if not check_only:
+            self.generated_bytes += n
 
     def add_batch(self, keys: list[str], url_ids, offsets, lengths, inline: dict[int, bytes] | None = None):
         """Add len(keys) references. `inline` maps positions within this batch to their bytes

@@ -25,6 +25,7 @@ import trio
 from refmount.errors import RefmountError, RefsError, quote
 from refmount.lru import SingleFlightLRU
 from refmount.refs.jsonrefs import add_mapping
+from refmount.refs.limits import RefsTooBig
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
 from refmount.refs.source import is_remote, local_path
 
@@ -50,14 +51,27 @@ class _Record:
     raw: dict[int, bytes]
 
 
-def _read_bytes(location: str, remote_options: dict) -> bytes:
+def _read_bytes(location: str, remote_options: dict, max_bytes: int | None = None) -> bytes:
+    """The file's bytes; RefsTooBig past `max_bytes` (read one more byte to know)."""
+    size = -1 if max_bytes is None else max_bytes + 1
     if not is_remote(location):
         with open(local_path(location), "rb") as f:
-            return f.read()
-    import fsspec
+            data = f.read(size)
+    else:
+        import fsspec
 
-    with fsspec.open(location, "rb", **remote_options) as f:
-        return f.read()
+        with fsspec.open(location, "rb", **remote_options) as f:
+            data = f.read(size)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise RefsTooBig(max_bytes)
+    return data
+
+
+def _dumps(key: str, value) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError as e:  # nested deeper than orjson writes (255 levels)
+        raise RefsError(f"key {quote(key)} in .zmetadata cannot be stored: {e}") from None
 
 
 def _join(root: str, *parts: str) -> str:
@@ -65,9 +79,9 @@ def _join(root: str, *parts: str) -> str:
 
 
 def load_parquet(location: str, *, remote_options: dict, max_keys: int | None = None,
-                 loaded_records: int = DEFAULT_LOADED_RECORDS) -> ParquetRefSet:
+                 loaded_records: int = DEFAULT_LOADED_RECORDS, max_bytes: int | None = None) -> ParquetRefSet:
     try:
-        raw = _read_bytes(_join(location, ".zmetadata"), remote_options)
+        raw = _read_bytes(_join(location, ".zmetadata"), remote_options, max_bytes)
     except FileNotFoundError:
         raise RefmountError(f"{quote(location)} is a directory without .zmetadata (not a Parquet reference set)") \
             from None
@@ -82,7 +96,7 @@ def load_parquet(location: str, *, remote_options: dict, max_keys: int | None = 
     record_size = zmeta.get("record_size")
     if type(record_size) is not int or record_size <= 0:
         raise RefsError(f"{quote(_join(location, '.zmetadata'))}: 'record_size' must be a positive integer")
-    metadata = {k: (v if isinstance(v, str) else orjson.dumps(v).decode()) for k, v in zmeta["metadata"].items()}
+    metadata = {k: (v if isinstance(v, str) else _dumps(k, v)) for k, v in zmeta["metadata"].items()}
     builder = RefSetBuilder(max_keys)
     add_mapping(builder, metadata)
     meta = builder.build()

@@ -27,6 +27,7 @@ from refmount.refs.model import MAX_LENGTH
 _BLOCK = re.compile(r"\{\{(.*?)\}\}", re.S)
 _ARITH_OPS = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.FloorDiv: np.floor_divide,
               ast.Mod: np.mod}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_DEPTH = 20  # nested calls of callable templates; deeper means a template calls itself
 
 
@@ -350,14 +351,34 @@ class Template:
 
     # -- whole-grid evaluation for gen ----------------------------------------------------------
 
-    def render_grid(self, grid: dict[str, np.ndarray], n: int) -> list[str]:
-        """Render for every point of a gen grid (`grid` maps each dimension to its n values)."""
+    def render_grid(self, grid: dict[str, np.ndarray], n: int, reserve=None) -> list[str]:
+        """Render for every point of a gen grid (`grid` maps each dimension to its n values).
+        `reserve(nbytes, check_only)` is told the text's size before it is made: exactly (an upper
+        bound) on the vectorised path; per rendered value, after a first estimate, through jinja."""
+        if n == 0:
+            return []
         arrays = self._grid_parts(grid, n)
         if arrays is None:
             names = list(grid)
             columns = [grid[k].tolist() for k in names]
-            return [self.render(**dict(zip(names, point))) for point in zip(*columns)] if names else \
-                [self.render()] * n
+            points = (dict(zip(names, point)) for point in zip(*columns)) if names else iter([{}])
+            first = self.render(**next(points))
+            if reserve:
+                reserve(len(first) * n, True)  # fail early on 100,000 urls of 100 KB each
+                reserve(len(first), False)
+            if not names:
+                return [first] * n
+            out = [first]
+            for values in points:
+                text = self.render(**values)
+                if reserve:
+                    reserve(len(text), False)
+                out.append(text)
+            return out
+        if reserve:
+            widths = [len(a) if isinstance(a, str) else max(len(str(np.min(a))), len(str(np.max(a))))
+                      for a in arrays]
+            reserve(sum(widths) * n, False)
         fmt = "".join(p.replace("{", "{{").replace("}", "}}") if isinstance(p, str) else "{}" for p in arrays)
         columns = [a.tolist() for a in arrays if not isinstance(a, str)]
         if not columns:
@@ -501,6 +522,8 @@ def dimension_values(name: str, spec, where: str) -> np.ndarray:
     """One gen dimension: {"start","stop","step"} (a Python range) or an explicit list."""
     if isinstance(spec, list):
         if spec and all(type(v) is int for v in spec):
+            if not all(_INT64_MIN <= v <= _INT64_MAX for v in spec):
+                raise RefsError(f"{where}: dimension {quote(name)} holds integers beyond 64 bits")
             return np.array(spec, dtype=np.int64)
         if all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in spec):
             return np.array(spec, dtype=object)
@@ -512,6 +535,8 @@ def dimension_values(name: str, spec, where: str) -> np.ndarray:
         start, stop, step = spec.get("start", 0), spec["stop"], spec.get("step", 1)
         if not all(type(v) is int for v in (start, stop, step)) or step == 0:
             raise RefsError(f"{where}: dimension {quote(name)} start/stop/step must be integers, step not 0")
+        if not all(_INT64_MIN <= v <= _INT64_MAX for v in (start, stop, step)):
+            raise RefsError(f"{where}: dimension {quote(name)} start/stop/step must fit in 64 bits")
         return np.arange(start, stop, step, dtype=np.int64)
     raise RefsError(f"{where}: dimension {quote(name)} must be a range object or a list")
 
@@ -540,7 +565,7 @@ def expand_gen(gens, templates: TemplateSet, builder) -> None:
         for name, spec in dims.items():
             if isinstance(spec, dict) and all(type(spec.get(k, 1)) is int for k in ("start", "stop", "step")) \
                     and spec.get("step", 1) != 0 and "stop" in spec:
-                sizes[name] = len(range(spec.get("start", 0), spec["stop"], spec.get("step", 1)))
+                sizes[name] = _range_size(spec.get("start", 0), spec["stop"], spec.get("step", 1))
             elif isinstance(spec, list):
                 sizes[name] = len(spec)
             else:
@@ -557,8 +582,14 @@ def expand_gen(gens, templates: TemplateSet, builder) -> None:
         def template(field):
             return Template(str(gen[field]), f"{where}.{field}", templates)
 
-        keys = template("key").render_grid(grid, n)
-        urls = template("url").render_grid(grid, n)
+        def reserve(nbytes: int, check_only: bool) -> None:
+            if check_only:
+                builder.reserve_bytes(nbytes, where, check_only=True)
+            else:
+                builder.reserve_bytes(nbytes, where)
+
+        keys = template("key").render_grid(grid, n, reserve)
+        urls = template("url").render_grid(grid, n, reserve)
         if "offset" in gen:
             offsets = template("offset").int_grid(grid, n)
             lengths = template("length").int_grid(grid, n)
@@ -566,6 +597,13 @@ def expand_gen(gens, templates: TemplateSet, builder) -> None:
             offsets = np.zeros(n, dtype=np.int64)
             lengths = np.full(n, -1, dtype=np.int64)
         builder.add_batch(keys, builder.url_ids(urls), offsets, lengths)
+
+
+def _range_size(start: int, stop: int, step: int) -> int:
+    """len(range(...)) without its limit of 2**63 (dimensions can be absurd)."""
+    if step > 0:
+        return max(0, (stop - start + step - 1) // step)
+    return max(0, (start - stop - step - 1) // -step)
 
 
 def _product_grid(values: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:
