@@ -385,10 +385,16 @@ def record_from_table(table, path: str, intern) -> _Record:
         col = column(name)
         if not (pa.types.is_integer(col.type) or pa.types.is_null(col.type) or pa.types.is_floating(col.type)):
             raise RefsError(f"Parquet record file {quote(path)}: column {name!r} has type {col.type}")
+        bad = RefsError(f"Parquet record file {quote(path)}: column {name!r} holds values that are not byte offsets "
+                        "(integers from 0 to 2**53)")
+        if pa.types.is_integer(col.type):  # range first: a float64 cast refuses integers past 2**53
+            low, high = (v.as_py() for v in pc.min_max(col).values())
+            if low is not None and (low < 0 or high >= MAX_LENGTH):
+                raise bad
+            return np.array(pc.fill_null(col, 0).cast(pa.int64()), dtype=np.int64)  # a writable copy
         values = pc.fill_null(col.cast(pa.float64()), 0).to_numpy(zero_copy_only=False)
         if len(values) and (values.min() < 0 or values.max() >= MAX_LENGTH or np.any(values != np.floor(values))):
-            raise RefsError(f"Parquet record file {quote(path)}: column {name!r} holds values that are not "
-                            "byte offsets")
+            raise bad
         return values.astype(np.int64)
 
     offsets = integers("offset")
