@@ -15,6 +15,7 @@ import orjson
 
 from refmount.errors import RefsError, quote
 from refmount.refs.jsonstream import PIECE_BYTES, Converted, iter_pieces
+from refmount.refs.limits import deadline_held
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSetBuilder
 from refmount.refs.rangescan import Ranges, scan_ranges
 from refmount.refs.templates import TemplateSet, expand_gen
@@ -184,7 +185,8 @@ class Workers:
         if cores < 2:
             return None
         processes = min(cores, 4)
-        self._pool = multiprocessing.get_context("fork").Pool(processes)
+        with deadline_held():
+            self._pool = multiprocessing.get_context("fork").Pool(processes)
         self.depth = processes * 4  # pieces in flight
         return self
 
@@ -196,8 +198,9 @@ class Workers:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+            with deadline_held():
+                self._pool.terminate()
+                self._pool.join()
 
 
 def _regular_file_size(stream) -> int | None:

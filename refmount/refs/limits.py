@@ -67,6 +67,20 @@ class RefsTooBig(RefsError):
 
 
 @contextlib.contextmanager
+def deadline_held():
+    """Hold the deadline's signal back while starting or stopping worker processes: interrupted
+    half way, they would be left running with no one to stop them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+
+
+@contextlib.contextmanager
 def load_deadline(seconds: float | None):
     """Interrupt the load (RefsError) after `seconds`, wherever it is in Python code: parsing, a
     template render loop, waiting for worker processes. Work in C that could run long (huge powers,
