@@ -9,11 +9,10 @@ Every jinja string goes through `Template`:
 
 from __future__ import annotations
 
+import _signal
 import ast
-import contextlib
 import functools
 import re
-import signal
 import threading
 
 import numpy as np
@@ -132,7 +131,7 @@ def _capped_join(parts) -> str:
     out = []
     total = 0
     for part in parts:
-        if not isinstance(part, str):
+        if part.__class__ is not str:
             _check_operands(part)
             part = str(part)
         total += len(part)
@@ -209,32 +208,29 @@ class _Env(ImmutableSandboxedEnvironment):
 
 
 _ENV = _Env()
+_MAIN = threading.main_thread()
 
 
-_cpu_limited = False
+def _render_expired(signum, frame):
+    raise TemplateTooBig(f"takes more than {RENDER_SECONDS:g} s")
 
 
-@contextlib.contextmanager
-def _cpu_limit(seconds: float):
-    """Interrupt a render that runs longer than `seconds` of CPU (main thread only; the outermost
-    render of nested callable templates holds the one timer)."""
-    global _cpu_limited
-    if _cpu_limited or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    _cpu_limited = True
+def _arm_cpu_limit():
+    """Interrupt a render that runs longer than RENDER_SECONDS of CPU: the previous SIGPROF handler
+    to give back to `_disarm_cpu_limit`, or None when not armed (not the main thread, or the
+    outermost render of nested callable templates holds the one timer). The C module's calls, as
+    the `signal` wrappers' enum conversions would cost more than a simple render."""
+    if _signal.getsignal(_signal.SIGPROF) is _render_expired or threading.current_thread() is not _MAIN:
+        return None
+    previous = _signal.signal(_signal.SIGPROF, _render_expired)
+    _signal.setitimer(_signal.ITIMER_PROF, RENDER_SECONDS)
+    return (previous,)
 
-    def expired(signum, frame):
-        raise TemplateTooBig(f"takes more than {seconds:g} s")
 
-    previous = signal.signal(signal.SIGPROF, expired)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, previous)
-        _cpu_limited = False
+def _disarm_cpu_limit(armed) -> None:
+    if armed is not None:
+        _signal.setitimer(_signal.ITIMER_PROF, 0)
+        _signal.signal(_signal.SIGPROF, armed[0])
 
 
 def _parse_expr(text: str) -> ast.AST | None:
@@ -312,9 +308,9 @@ class Template:
                 return simple
         context = self.templates.context()
         context.update(values)
+        armed = _arm_cpu_limit()
         try:
-            with _cpu_limit(RENDER_SECONDS):
-                return self._compiled().render(**context)
+            return self._compiled().render(**context)
         except RecursionError:
             raise RefsError(f"{self.where}: template {quote(self.text)} is recursive") from None
         except TemplateTooBig as e:
@@ -327,6 +323,8 @@ class Template:
             raise RefsError(f"{self.where}: template {quote(self.text)} ran out of memory") from None
         except Exception as e:  # the sandbox's SecurityError, undefined names, errors inside expressions
             raise RefsError(f"{self.where}: template {quote(self.text)} failed: {type(e).__name__}: {e}") from None
+        finally:
+            _disarm_cpu_limit(armed)
 
     def _render_simple(self, values) -> str | None:
         out = []
