@@ -294,3 +294,29 @@ def test_render_timer_and_deadline_do_not_outlive_the_load(tmp_path):
     assert (signal.getsignal(signal.SIGALRM), signal.getsignal(signal.SIGPROF)) == handlers
     time.sleep(0.6)  # a timer left armed would fire here
 
+
+
+@pytest.mark.parametrize("offsets", [[2**53, 0], [2**63 - 1, 0], [-1, 0], "uint64"], ids=["2**53", "2**63", "negative", "uint64"])
+def test_parquet_offsets_out_of_range_are_one_line(tmp_path, offsets):
+    """Record files load lazily: a bad one fails its reads with RefsError (EIO, one log line), not
+    pyarrow's ArrowInvalid from a float cast."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import trio
+
+    root = tmp_path / "bad.parq"
+    (root / "a").mkdir(parents=True)
+    (root / ".zmetadata").write_text(json.dumps({"record_size": 2, "metadata": {
+        "a/.zarray": {"shape": [2], "chunks": [1], "dtype": "<f4", "compressor": None, "filters": None,
+                      "fill_value": None, "order": "C", "zarr_format": 2}}}))
+    column = pa.array([2**64 - 1, 0], pa.uint64()) if offsets == "uint64" else pa.array(offsets, pa.int64())
+    pq.write_table(pa.table({"path": ["http://h/x"] * 2, "offset": column, "size": [4, 4]}), root / "a" / "refs.0.parq")
+    refset = load_refs(str(root))
+
+    async def read_target():
+        i = await refset.afind("a/0")
+        await refset.ensure(i)
+        return refset.target(i)
+
+    with pytest.raises(RefsError, match=r"refs\.0\.parq.*column 'offset' holds values that are not byte offsets"):
+        trio.run(read_target)
