@@ -320,3 +320,14 @@ def test_parquet_offsets_out_of_range_are_one_line(tmp_path, offsets):
 
     with pytest.raises(RefsError, match=r"refs\.0\.parq.*column 'offset' holds values that are not byte offsets"):
         trio.run(read_target)
+
+
+@pytest.mark.parametrize("template, expected", [
+    ("{{ '%03d' % 7 }}/2020010100", "007/2020010100"),  # long digit runs outside format specs are fine
+    ("{{ '{0}-{1:05d}'.format('a', 3) }}", "a-00003"),
+    ("{{ 'x%%1234567' % () }}", "x%1234567"),
+    ("{{ ('ab' * 3)|upper }}{{ [1, 2]|join('-') }}", "ABABAB1-2"),
+])
+def test_ordinary_templates_still_render(template, expected):
+    refset = refs_from_dict(_v1_url(template))
+    assert refset.ref(refset.find("a")).url == expected

@@ -34,7 +34,8 @@ MAX_RENDER_BYTES = 1 << 20  # one rendered key, url, offset or length; also any 
 MAX_ITEMS = 100_000  # items of a list made on the way (jinja's own range() limit)
 MAX_INT_BITS = 4096  # integers made on the way (offsets need 53 bits)
 RENDER_SECONDS = 2.0  # CPU time of one render (an ordinary one takes microseconds)
-_BIG_NUMBER = re.compile(r"\d{7,}|%[^a-zA-Z%]*\*|\{[^{}]*\{")  # widths >= 1e6, '*' widths, nested {} specs
+# in a format: a width or precision of a million or more, or one taken from an argument ('*', '{:{w}}')
+_BIG_WIDTH = re.compile(r"%(\([^)]*\))?[-+ #0]*(\d{7,}|\*|\d*\.(\d{7,}|\*))|\{[^{}]*:[^{}]*(\d{7,}|\{)")
 # str methods whose integer arguments size their result
 _SIZED_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
 # filters whose integer arguments size their result or their work
@@ -97,7 +98,7 @@ def _check_result(value):
 
 
 def _check_format(text) -> None:
-    if isinstance(text, str) and _BIG_NUMBER.search(text):
+    if isinstance(text, str) and _BIG_WIDTH.search(text.replace("%%", "")):
         _too_big(f"a format with a width of a million or more, or one taken from an argument ({text[:40]!r})")
 
 
