@@ -130,6 +130,11 @@ CASES = {
                          "{% endfor %}{{ ns.s }}"), [], ["1,048,576 characters"], 15),
     "shared-list": (_v1_url("{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = [ns.l, ns.l] %}"
                             "{% endfor %}{{ ns.l }}"), [], ["100,000 items"], 15),
+    "join-shared": (_v1_url("{% set s = 'a' * 1000000 %}{{ ([s] * 100000)|join }}"), [], ["joined string"], 15),
+    "format-widths": (_v1_url("{{ ('%999999s' * 1000) % ((1,) * 1000) }}"), [], ["formatted string"], 15),
+    "format-args": (_v1_url("{% set s = 'a' * 1000000 %}{{ '%s%s' % (s, s) }}"), [], ["formatted string"], 15),
+    "indent": (_v1_url("{{ ('\\n' * 100000)|indent(1000000) }}"), [], ["'indent'"], 15),
+    "expandtabs": (_v1_url("{{ ('\\t' * 100000).expandtabs(1000000) }}"), [], ["expandtabs"], 15),
     "spin": (_v1_url("{{ 1 }}{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"), [],
              ["url", "takes more than 2 s"], 20),
     "load-timeout": (_gen(url="{{ i }}" + SLOW_LOOP, dimensions={"i": {"stop": 1000}}), ["--load-timeout", "2"],
@@ -331,3 +336,18 @@ def test_parquet_offsets_out_of_range_are_one_line(tmp_path, offsets):
 def test_ordinary_templates_still_render(template, expected):
     refset = refs_from_dict(_v1_url(template))
     assert refset.ref(refset.find("a")).url == expected
+
+
+def test_memory_net_under_the_load(tmp_path):
+    """Whatever no check foresaw still cannot take the machine: past the load's budget an allocation
+    fails at once, and the limit is given back afterwards."""
+    import resource
+
+    from refmount.refs.limits import memory_limit
+
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    with memory_limit(64 << 20):
+        with pytest.raises(MemoryError):
+            bytearray(1 << 30)
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before
+    assert len(bytearray(256 << 20)) == 256 << 20

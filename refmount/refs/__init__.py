@@ -13,7 +13,7 @@ import orjson
 
 from refmount.errors import RefmountError, RefsError, quote
 from refmount.refs.limits import (DEFAULT_LOAD_TIMEOUT, RefsTooBig, default_max_keys, default_max_refs_size,
-                                  format_size, load_deadline)
+                                  format_size, load_deadline, memory_budget, memory_limit)
 from refmount.refs.model import INLINE, WHOLE_FILE, Ref, RefSet, RefSetBuilder
 from refmount.refs.source import is_parquet_location, open_reference_file
 
@@ -31,14 +31,14 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
     if max_refs_size is None:
         max_refs_size = default_max_refs_size()
     try:
-        with load_deadline(load_timeout):
+        with load_deadline(load_timeout), memory_limit(memory_budget(max_keys, max_refs_size)):
             return _load(location, remote_options, max_keys, progress, max_refs_size)
     except RefsTooBig as e:
         raise RefsError(f"reference file {quote(location)} exceeds --max-refs-size {format_size(e.limit)} once "
                         "decompressed (raise the option to load it)") from None
     except MemoryError:
-        raise RefsError(f"reference file {quote(location)} needs more memory than this machine has "
-                        f"(lower --max-refs-size {format_size(max_refs_size)} or --max-keys to refuse it early)") \
+        limits = f"--max-refs-size {format_size(max_refs_size)}" + (f", --max-keys {max_keys:,}" if max_keys else "")
+        raise RefsError(f"reference file {quote(location)} needs more memory than its limits allow ({limits})") \
             from None
     except RecursionError:  # a last resort: the loaders use loops, and name the key when they can
         raise RefsError(f"reference file {quote(location)} nests too deeply") from None

@@ -10,7 +10,7 @@ Defaults come from the memory available when refmount starts (measured on the lo
 from __future__ import annotations
 
 import contextlib
-import os
+import resource
 import signal
 import threading
 
@@ -64,6 +64,50 @@ class RefsTooBig(RefsError):
     def __init__(self, limit: int) -> None:
         super().__init__(f"the reference set exceeds --max-refs-size {format_size(limit)} once decompressed")
         self.limit = limit
+
+
+MEMORY_SLACK = 256 << 20  # the interpreter, numpy and parser buffers, beyond what the limits account for
+
+
+def memory_budget(max_keys: int | None, max_refs_size: int | None) -> int | None:
+    """What a load within the limits may allocate: the worst cost of the reference text plus that
+    of the keys (None: unlimited)."""
+    if max_keys is None or max_refs_size is None:
+        return None
+    return WORST_BYTES_PER_REFS_BYTE * max_refs_size + BYTES_PER_KEY * max_keys + MEMORY_SLACK
+
+
+def _data_in_use() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+@contextlib.contextmanager
+def memory_limit(budget: int | None):
+    """A net under every other check: allocations past `budget` more than the process has now fail
+    with MemoryError at once (RLIMIT_DATA; forked workers inherit it), instead of the machine
+    swapping. Restored afterwards, so that serving is not limited."""
+    if budget is None or not hasattr(resource, "RLIMIT_DATA"):
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = _data_in_use() + budget
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    if soft != resource.RLIM_INFINITY and soft <= limit:
+        yield  # already limited at least as tightly
+        return
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
 @contextlib.contextmanager

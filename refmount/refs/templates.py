@@ -35,6 +35,8 @@ MAX_ITEMS = 100_000  # items of a list made on the way (jinja's own range() limi
 MAX_INT_BITS = 4096  # integers made on the way (offsets need 53 bits)
 RENDER_SECONDS = 2.0  # CPU time of one render (an ordinary one takes microseconds)
 # in a format: a width or precision of a million or more, or one taken from an argument ('*', '{:{w}}')
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\d*)(?:\.(\d*))?")
+_BRACE_SPEC = re.compile(r"\{[^{}:]*:([^{}]*)\}")
 _BIG_WIDTH = re.compile(r"%(\([^)]*\))?[-+ #0]*(\d{7,}|\*|\d*\.(\d{7,}|\*))|\{[^{}]*:[^{}]*(\d{7,}|\{)")
 # str methods whose integer arguments size their result
 _SIZED_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
@@ -73,6 +75,38 @@ def _size(value, budget: int = MAX_ITEMS) -> int:
     return 0
 
 
+def _text_size(value, budget: int = MAX_RENDER_BYTES) -> int:
+    """About how long str(value) would be, giving up once past `budget` (strings inside containers
+    count, each time they are shared)."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if not isinstance(value, (list, tuple, dict, set, frozenset)):
+        return 8
+    total = 0
+    stack = [value]
+    while stack and total <= budget:
+        item = stack.pop()
+        if isinstance(item, (str, bytes)):
+            total += len(item) + 4
+        elif isinstance(item, dict):
+            total += 2
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            total += 2
+            stack.extend(item)
+        else:
+            total += 8
+    return total
+
+
+def _format_widths(text: str) -> int:
+    """The sum of the widths and precisions in a % or {} format (what they can add to the output)."""
+    text = text.replace("%%", "")
+    total = sum(int(n or 0) for m in _PERCENT_SPEC.finditer(text) for n in m.groups())
+    return total + sum(int(n) for m in _BRACE_SPEC.finditer(text) for n in re.findall(r"\d+", m.group(1)))
+
+
 def _kind(value) -> str:
     if isinstance(value, (str, bytes)):
         return f"a string of more than {MAX_RENDER_BYTES:,} characters"
@@ -97,9 +131,22 @@ def _check_result(value):
     return value
 
 
-def _check_format(text) -> None:
-    if isinstance(text, str) and _BIG_WIDTH.search(text.replace("%%", "")):
+def _check_format(text, *args) -> None:
+    """A % or {} format: widths from arguments refused, and the output's size bounded before it is made."""
+    if not isinstance(text, str):
+        return
+    if _BIG_WIDTH.search(text.replace("%%", "")):
         _too_big(f"a format with a width of a million or more, or one taken from an argument ({text[:40]!r})")
+    if len(text) + _format_widths(text) + sum(_text_size(a) for a in args) > MAX_RENDER_BYTES:
+        _too_big(f"a formatted string of more than {MAX_RENDER_BYTES:,} characters")
+
+
+def _check_join(items, separator) -> None:
+    if isinstance(items, (list, tuple)):
+        if _text_size(items) + len(items) * len(str(separator)) > MAX_RENDER_BYTES:
+            _too_big(f"a joined string of more than {MAX_RENDER_BYTES:,} characters")
+    elif hasattr(items, "__len__") and len(items) * (len(str(separator)) + 1) > MAX_RENDER_BYTES:
+        _too_big(f"a joined string of more than {MAX_RENDER_BYTES:,} characters")
 
 
 def _safe_binop(op: str, left, right):
@@ -116,10 +163,8 @@ def _safe_binop(op: str, left, right):
         if isinstance(left, int) and isinstance(right, int) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
             _too_big(f"an integer of more than {MAX_INT_BITS} bits")
     elif op == "%" and isinstance(left, str):
-        _check_format(left)
         _check_operands(right)
-        if isinstance(right, tuple):
-            _check_operands(*right)
+        _check_format(left, right)
     elif op == "+":
         if isinstance(left, (str, bytes, list, tuple)) and isinstance(right, type(left)):
             if len(left) + len(right) > (MAX_RENDER_BYTES if isinstance(left, (str, bytes)) else MAX_ITEMS):
@@ -153,13 +198,17 @@ def _guard_filter(name: str, func):
                                           for v in (*values[1:], *kwargs.values())):
             _too_big(f"a result of filter {name!r} sized over {MAX_RENDER_BYTES:,}")
         if name == "format" and values:
-            _check_format(values[0])
+            _check_format(values[0], *values[1:], *kwargs.values())
+        if name == "indent" and values and isinstance(values[0], str):
+            width = values[1] if len(values) > 1 else kwargs.get("width", 4)
+            width = len(width) if isinstance(width, str) else width
+            if isinstance(width, int) and len(values[0]) + abs(width) * (values[0].count("\n") + 1) > MAX_RENDER_BYTES:
+                _too_big(f"a result of filter 'indent' of more than {MAX_RENDER_BYTES:,} characters")
         if name == "replace" and len(values) >= 3 and isinstance(values[0], str):
             if len(values[0]) * (len(str(values[2])) + 1) > MAX_RENDER_BYTES:
                 _too_big(f"a result of filter 'replace' of more than {MAX_RENDER_BYTES:,} characters")
-        if name == "join" and len(values) > 1 and hasattr(values[0], "__len__"):
-            if len(values[0]) * len(str(values[1])) > MAX_RENDER_BYTES:
-                _too_big(f"a result of filter 'join' of more than {MAX_RENDER_BYTES:,} characters")
+        if name == "join" and values:
+            _check_join(values[0], values[1] if len(values) > 1 else kwargs.get("d", ""))
         return _check_result(func(*args, **kwargs))
 
     return guarded
@@ -200,11 +249,14 @@ class _Env(ImmutableSandboxedEnvironment):
             if name in _SIZED_METHODS and any(isinstance(v, int) and abs(v) > MAX_RENDER_BYTES for v in args):
                 _too_big(f"a result of str.{name} sized over {MAX_RENDER_BYTES:,}")
             if name in ("format", "format_map"):
-                _check_format(owner)
+                _check_format(owner, *args, *kwargs.values())
+            if name == "expandtabs" and args and isinstance(args[0], int) and \
+                    len(owner) + abs(args[0]) * owner.count("\t") > MAX_RENDER_BYTES:
+                _too_big(f"a result of str.expandtabs of more than {MAX_RENDER_BYTES:,} characters")
             if name == "replace" and len(args) >= 2 and len(owner) * (len(str(args[1])) + 1) > MAX_RENDER_BYTES:
                 _too_big(f"a result of str.replace of more than {MAX_RENDER_BYTES:,} characters")
-            if name == "join" and args and len(owner) * _size(args[0]) > MAX_RENDER_BYTES:
-                _too_big(f"a result of str.join of more than {MAX_RENDER_BYTES:,} characters")
+            if name == "join" and args:
+                _check_join(args[0], owner)
         return _check_result(super().call(__context, __obj, *args, **kwargs))
 
 
