@@ -129,14 +129,14 @@ CASES = {
     "doubling": (_v1_url("{% set ns = namespace(s='a') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}"
                          "{% endfor %}{{ ns.s }}"), [], ["1,048,576 characters"], 15),
     "shared-list": (_v1_url("{% set ns = namespace(l=[1]) %}{% for i in range(60) %}{% set ns.l = [ns.l, ns.l] %}"
-                            "{% endfor %}{{ ns.l }}"), [], ["100,000 items"], 15),
-    "join-shared": (_v1_url("{% set s = 'a' * 1000000 %}{{ ([s] * 100000)|join }}"), [], ["joined string"], 15),
+                            "{% endfor %}{{ ns.l }}"), [], ["1,048,576 characters"], 15),
+    "join-shared": (_v1_url("{% set s = 'a' * 1000000 %}{{ ([s] * 100000)|join }}"), [], ["join", "1,048,576 characters"], 15),
     "format-widths": (_v1_url("{{ ('%999999s' * 1000) % ((1,) * 1000) }}"), [], ["formatted string"], 15),
-    "format-args": (_v1_url("{% set s = 'a' * 1000000 %}{{ '%s%s' % (s, s) }}"), [], ["formatted string"], 15),
+    "format-args": (_v1_url("{% set s = 'a' * 1000000 %}{{ '%s%s' % (s, s) }}"), [], ["1,048,576 characters"], 15),
     "indent": (_v1_url("{{ ('\\n' * 100000)|indent(1000000) }}"), [], ["'indent'"], 15),
     "expandtabs": (_v1_url("{{ ('\\t' * 100000).expandtabs(1000000) }}"), [], ["expandtabs"], 15),
     "spin": (_v1_url("{{ 1 }}{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}"), [],
-             ["url", "takes more than 2 s"], 20),
+             ["url", "takes more than 2 s"], 30),
     "load-timeout": (_gen(url="{{ i }}" + SLOW_LOOP, dimensions={"i": {"stop": 1000}}), ["--load-timeout", "2"],
                      ["--load-timeout (2 s)"], 15),
     "gzip-string": (lambda p: _gzip_bomb(p, b'{"k": "', b"a", b'"}'), [], ["--max-refs-size 64M", "decompressed"], 20),

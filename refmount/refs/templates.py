@@ -56,25 +56,6 @@ def _too_big(what: str):
     raise TemplateTooBig(f"would make {what}")
 
 
-def _size(value, budget: int = MAX_ITEMS) -> int:
-    """Characters (strings) or items (containers, counted through nesting) of a value, giving up
-    once past `budget`: str() of a list shared with itself 40 times over would be 2**40 items."""
-    if isinstance(value, (str, bytes)):
-        return len(value)
-    if isinstance(value, (list, tuple, dict, set, frozenset)):
-        total = len(value)
-        stack = [value.values() if isinstance(value, dict) else value]
-        while stack and total <= budget:
-            for item in stack.pop():
-                if isinstance(item, (list, tuple, dict, set, frozenset)):
-                    total += len(item)
-                    stack.append(item.values() if isinstance(item, dict) else item)
-                    if total > budget:
-                        break
-        return total
-    return 0
-
-
 def _text_size(value, budget: int = MAX_RENDER_BYTES) -> int:
     """About how long str(value) would be, giving up once past `budget` (strings inside containers
     count, each time they are shared)."""
@@ -114,9 +95,11 @@ def _kind(value) -> str:
 
 
 def _check_operands(*values) -> None:
+    """Containers whose text would be too long (a list shared with itself 40 times over would be
+    2**40 items)."""
     for value in values:
-        if isinstance(value, (list, tuple, dict, set, frozenset)) and _size(value) > MAX_ITEMS:
-            _too_big(f"a value of more than {MAX_ITEMS:,} items")
+        if isinstance(value, (list, tuple, dict, set, frozenset)) and _text_size(value) > MAX_RENDER_BYTES:
+            _too_big(f"a {type(value).__name__} of more than {MAX_RENDER_BYTES:,} characters as text")
 
 
 def _check_result(value):
@@ -634,10 +617,7 @@ def expand_gen(gens, templates: TemplateSet, builder) -> None:
             return Template(str(gen[field]), f"{where}.{field}", templates)
 
         def reserve(nbytes: int, check_only: bool) -> None:
-            if check_only:
-                builder.reserve_bytes(nbytes, where, check_only=True)
-            else:
-                builder.reserve_bytes(nbytes, where)
+            builder.reserve_bytes(nbytes, where, check_only)
 
         keys = template("key").render_grid(grid, n, reserve)
         urls = template("url").render_grid(grid, n, reserve)
