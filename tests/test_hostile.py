@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -252,6 +253,24 @@ def test_keys_thousands_of_segments_deep_load(tmp_path):
     key = "/".join(["d"] * 3000) + "/f"
     refset = refs_from_dict({key: "x", "top": "y"})
     assert refset.find(key) >= 0 and len(refset.dirs) == 3001
+
+
+def test_a_key_990_segments_deep_mounts_and_reads(mount):
+    """(Was a RecursionError that failed the mount.) Past PATH_MAX, so walked one directory at a time."""
+    m = mount({"/".join(["d"] * 990) + "/f": "deep", "top": "y"}, "--view", "raw")
+    fd = os.open(m.path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(990):
+            inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        leaf = os.open("f", os.O_RDONLY, dir_fd=fd)
+        try:
+            assert os.read(leaf, 100) == b"deep"
+        finally:
+            os.close(leaf)
+    finally:
+        os.close(fd)
 
 
 def test_whitespace_and_long_strings_are_read_in_linear_time(tmp_path):
