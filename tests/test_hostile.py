@@ -155,6 +155,9 @@ CASES = {
     "deep-json": ('{"version": 1, "refs": {"ok": "x", "deep/key": ' + "[" * 5000 + "]" * 5000 + "}}", [],
                   ["'deep/key'", "1024 levels"], 15),
     "deep-inline": ('{"a": "x", "deep": ' + '{"x": ' * 300 + "1" + "}" * 300 + "}", [], ["'deep'", "Recursion"], 15),
+    "long-key": (json.dumps({"/".join(["d"] * 3000): "x"}), [], ["cannot be a path", "longer than 4096 bytes"], 15),
+    "deep-dirs": (json.dumps({f"k{i}/" + "/".join(["a"] * 2000): "x" for i in range(100)}), [],
+                  ["directory paths", "--max-refs-size 64M", "'k"], 15),
     "big-offset": ('{"k": ["http://h/x", 18446744073709551615, 1]}', [], ["'k'", "offset", "2**53"], 15),
     "negative-length": ('{"k": ["http://h/x", 0, -5]}', [], ["'k'", "length", "2**53"], 15),
 }
@@ -250,9 +253,11 @@ def test_load_timeout_stops_parallel_workers(tmp_path):
 
 
 def test_keys_thousands_of_segments_deep_load(tmp_path):
-    key = "/".join(["d"] * 3000) + "/f"
-    refset = refs_from_dict({key: "x", "top": "y"})
-    assert refset.find(key) >= 0 and len(refset.dirs) == 3001
+    key = "/".join(["d"] * 2000) + "/f"  # 4,001 bytes: up to PATH_MAX
+    refset = refs_from_dict({key: "x", "top": "y", "d/x": "z"})
+    assert refset.find(key) >= 0 and refset.find("d/x") >= 0 and len(refset.dirs) == 2001
+    with pytest.raises(RefsError, match="is both a file and a directory prefix"):
+        refs_from_dict({key: "x", key.rpartition("/")[0]: "y"})
 
 
 def test_a_key_990_segments_deep_mounts_and_reads(mount):

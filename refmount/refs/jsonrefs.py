@@ -118,11 +118,11 @@ def _add_ranges_fast(builder: RefSetBuilder, keys: list[str], values: list) -> b
     return True
 
 
-def convert_piece(text: bytes) -> tuple[str, object]:
+def convert_piece(text: bytes, max_bytes: int | None = None) -> tuple[str, object]:
     """Worker-process side of parallel loading: parse one piece of a refs object and convert it.
     ("ok", builder export) | ("bad", reason) for a piece that is not a run of whole members |
-    ("error", one-line message) for members that are malformed."""
-    builder = RefSetBuilder(None)
+    ("error", one-line message) for members that are malformed. `max_bytes`: --max-refs-size."""
+    builder = RefSetBuilder(None, max_bytes)
     ranges = scan_ranges(text)  # most pieces of a big set: no Python object per reference
     try:
         if ranges is not None:
@@ -143,7 +143,7 @@ def add_ranges(builder: RefSetBuilder, ranges: Ranges) -> None:
     builder.add_encoded(ranges.keys[:-1], ranges.count, url_ids, ranges.offsets, ranges.lengths)
 
 
-def convert_file_range(path: str, start: int, end: int) -> tuple[str, object]:
+def convert_file_range(path: str, start: int, end: int, max_bytes: int | None = None) -> tuple[str, object]:
     """`convert_piece` of bytes [start, end) of a plain local file, read by the worker itself."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -152,7 +152,7 @@ def convert_file_range(path: str, start: int, end: int) -> tuple[str, object]:
         os.close(fd)
     if len(text) != end - start:
         return "bad", "the file changed while loading"
-    return convert_piece(text)
+    return convert_piece(text, max_bytes)
 
 
 class Workers:
@@ -161,8 +161,9 @@ class Workers:
 
     piece_bytes = 1 << 20  # small pieces keep each worker's transient Python objects small
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream, max_bytes: int | None = None) -> None:
         self._pool = None
+        self._max_bytes = max_bytes
         self.depth = 0
         size = _regular_file_size(stream)
         # a big local file goes parallel at once; otherwise only after the object proves big
@@ -193,8 +194,8 @@ class Workers:
     def submit(self, window, start: int, end: int):
         """Convert bytes [start, end) of the stream that `window` reads."""
         if self._path is not None:
-            return self._pool.apply_async(convert_file_range, (self._path, start, end))
-        return self._pool.apply_async(convert_piece, (window.get(start, end),))
+            return self._pool.apply_async(convert_file_range, (self._path, start, end, self._max_bytes))
+        return self._pool.apply_async(convert_piece, (window.get(start, end), self._max_bytes))
 
     def close(self) -> None:
         if self._pool is not None:
@@ -235,7 +236,7 @@ def _load(open_stream, builder, version, piece_bytes, progress, parallel) -> int
     tentative_v0 = 0  # top-level members added as v0 refs before the version was known
     deferred_error = None
     with open_stream() as stream:
-        workers = Workers(stream) if parallel else None
+        workers = Workers(stream, builder.max_bytes) if parallel else None
         try:
             pieces = iter_pieces(stream, piece_bytes, progress, descend=version != 0, workers=workers,
                                  max_bytes=builder.max_bytes)
