@@ -17,7 +17,7 @@ import re
 
 import orjson
 
-from refmount.errors import RefsError
+from refmount.errors import RefsError, quote
 from refmount.refs.limits import RefsTooBig
 
 PIECE_BYTES = 4 << 20
@@ -166,7 +166,7 @@ def _too_deep(text: bytes, start: int) -> RefsError:
         key = orjson.loads(m.group(1)) if m else None
     except orjson.JSONDecodeError:
         key = None
-    where = f"key {key!r}" if isinstance(key, str) else f"a member near byte {start}"
+    where = f"key {quote(key)}" if isinstance(key, str) else f"a member near byte {start}"
     return RefsError(f"reference file nests JSON deeper than 1024 levels in {where}")
 
 
