@@ -95,7 +95,7 @@ def build_filesystem(opts):
     progress = load_progress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
-                           progress=progress)
+                           max_refs_size=opts.max_refs_size, load_timeout=opts.load_timeout, progress=progress)
     finally:
         if progress:
             progress.close()

@@ -109,7 +109,8 @@ def did_you_mean(word: str, choices) -> str:
 
 def add_mount_options(p: argparse.ArgumentParser) -> None:
     """Every option of `refmount mount` (also used by the fstab helper and the systemd config)."""
-    from refmount.refs import DEFAULT_MAX_KEYS
+    from refmount.refs import DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_KEYS, default_max_refs_size
+    from refmount.refs.limits import format_size
 
     p.add_argument("refs", metavar="REFS",
                    help="reference set: a JSON file (optionally .gz/.bz2/.xz/.zst), a Parquet reference "
@@ -185,7 +186,14 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-cross-host-redirects", action="store_true",
                    help="follow HTTP redirects to other hosts (default: refused)")
     g.add_argument("--max-keys", type=positive_int, default=DEFAULT_MAX_KEYS, metavar="N",
-                   help=f"refuse reference sets (or gen sections) with more keys than this (default: {DEFAULT_MAX_KEYS:,})")
+                   help="refuse reference sets (or gen sections) with more keys than this (default: half the "
+                        f"memory available at start / 350 bytes per key, here {DEFAULT_MAX_KEYS:,})")
+    g.add_argument("--max-refs-size", type=parse_size, default=None, metavar="SIZE",
+                   help="refuse reference files larger than this once decompressed, and gen sections that "
+                        "would make more text of keys and urls (default: a sixth of the memory available at "
+                        f"start, here {format_size(default_max_refs_size())})")
+    g.add_argument("--load-timeout", type=positive_float, default=DEFAULT_LOAD_TIMEOUT, metavar="SECONDS",
+                   help=f"give up loading the reference set after this long (default: {DEFAULT_LOAD_TIMEOUT:g})")
     g = p.add_argument_group("kernel tuning (root only)")
     g.add_argument("--no-tune-kernel", dest="tune_kernel", action="store_false",
                    help="leave the kernel readahead and FUSE max_background as they are")
@@ -240,6 +248,7 @@ def options_from_args(args):
         chars=args.chars,
         proxy=args.proxy, owner_pid=args.owner_pid,
         verify_remote=args.verify_remote, ca_bundle=args.ca_bundle,
+        max_refs_size=args.max_refs_size, load_timeout=args.load_timeout,
     )
 
 

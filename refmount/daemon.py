@@ -57,6 +57,8 @@ class MountOptions:
     owner_pid: int | None = None
     verify_remote: bool = False
     ca_bundle: str | None = None
+    max_refs_size: int | None = None  # None: the machine's default (refs/limits.py)
+    load_timeout: float | None = 300.0
 
 
 # -- mount table helpers ----------------------------------------------------------------------------

@@ -67,7 +67,8 @@ def _dry_run(opts) -> dict:
     set_ca_bundle(opts.ca_bundle)  # the reference file may be on https
     progress = load_progress()
     try:
-        refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys, progress=progress)
+        refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
+                           max_refs_size=opts.max_refs_size, load_timeout=opts.load_timeout, progress=progress)
     finally:
         if progress:
             progress.close()
