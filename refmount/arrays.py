@@ -246,10 +246,10 @@ def _plan(info: ArrayInfo, chars: str = "char", refset=None) -> None:
         out["fill_value"] = NC_DEFAULT_FILL[typed.str[1:]] if _may_miss_chunks(refset, info) else None
     elif typed is not None and fill_number(fill, typed) == 0:
         # A fill of 0 is what kerchunk reads from HDF5 for a file written without fill values (nccopy
-        # writes them so): there 0 is data, and a _FillValue of 0 would mask it. It stays the fill
-        # of missing chunks, as HDF5 gives them.
-        fill = None
-        info.notes.append("fill_value 0 not made a _FillValue (0 is data in files written without fill values)")
+        # writes them so): there 0 is data, and a _FillValue of 0 (or xarray, which masks fill_value)
+        # would mask it. Without a fill, netCDF-C reads missing chunks as 0, as HDF5 does.
+        fill = out["fill_value"] = None
+        info.notes.append("fill_value 0 not served (0 is data in files written without fill values)")
     info.zattrs, attr_notes = served_attributes(info.zattrs, typed, fill)
     info.notes.extend(attr_notes)
     if info.codecs:
@@ -299,15 +299,18 @@ def _longest_string(refset, info: ArrayInfo) -> tuple[int, str | None]:
         return 0, f"codecs {ids} are not one vlen-utf8/vlen-bytes filter of an inline reference set"
     codec = _codec(info.codecs[0])
     prefix = f"{info.path}/" if info.path else ""
-    longest = 1
+    longest, found = 1, False
     for i in refset.files_in(info.dir_id).tolist():
         if info.chunk_index(refset.key(i)[len(prefix):]) is None:
             continue
         data = refset.inline_data(i)
         if data is None:
             return 0, "chunks stored remotely (their longest string is not known at mount)"
+        found = True
         for item in codec.decode(data).ravel():
             longest = max(longest, len(item.encode("utf-8") if isinstance(item, str) else bytes(item)))
+    if not found:  # kerchunk wrote no chunk: the strings are unknown, not empty
+        return 0, "no chunk is referenced (the reference set does not hold the strings)"
     return longest, None
 
 
@@ -357,17 +360,20 @@ def _extend_never_written(arrays: list[ArrayInfo]) -> None:
     where it was never written; kerchunk gives a variable never written along it length 0. Such an
     array gets the dimension's length back, with no chunks: every value reads as fill."""
     visible = [info for info in arrays if not info.hidden_reason and info.out_zarray is not None]
-    longest: dict[str, int] = {}
+    longest: dict[tuple[str, str], int] = {}  # (group, dimension) -> length: only the array's own group
     for info in visible:
+        group = info.path.rpartition("/")[0]
         for name, size in zip(_dimensions(info) or [], info.out_zarray["shape"]):
-            longest[name] = max(longest.get(name, 0), size)
+            longest[group, name] = max(longest.get((group, name), 0), size)
     for info in visible:
         dims = _dimensions(info)
+        group = info.path.rpartition("/")[0]
         shape, chunks = info.out_zarray["shape"], info.out_zarray["chunks"]
-        if not dims or not any(size == 0 and longest[name] > 0 for name, size in zip(dims, shape)):
+        if not dims or not any(size == 0 and longest[group, name] > 0 for name, size in zip(dims, shape)):
             continue
-        info.out_zarray["shape"] = [longest[n] if size == 0 else size for n, size in zip(dims, shape)]
-        info.out_zarray["chunks"] = [min(c, longest[n]) if size == 0 else c for n, size, c in zip(dims, shape, chunks)]
+        info.out_zarray["shape"] = [longest[group, n] if size == 0 else size for n, size in zip(dims, shape)]
+        info.out_zarray["chunks"] = [min(c, longest[group, n]) if size == 0 else c
+                                     for n, size, c in zip(dims, shape, chunks)]
         info.out_chunk_shape = tuple(info.out_zarray["chunks"])
         if info.out_zarray.get("fill_value") is None and info.out_dtype.kind in "iuf":
             info.out_zarray["fill_value"] = NC_DEFAULT_FILL[info.out_dtype.str[1:]]

@@ -157,9 +157,6 @@ def served_attributes(zattrs: dict, dtype: np.dtype | None, fill) -> tuple[dict,
             del attrs[name]
             notes.append(f"attribute {name!r} left out: netCDF-C 4.9.0 cannot read {_kind(value)} attribute "
                          "(it fails the whole open); the raw view keeps it")
-    for name, value in attrs.items():
-        if value == " ":  # kerchunk writes an empty text attribute as one space (it cannot store "")
-            attrs[name] = ""
     packing_f4 = _packing_is_float32(attrs)
     hints = {HINT_49: {}, HINT_410: {}}
     for name, value in attrs.items():
