@@ -63,6 +63,14 @@ class Refs:
     def zarray(self, vpath: str) -> Optional[dict]:
         return self._json(f"{vpath}/.zarray")
 
+    def describe(self, vpath: str) -> str:
+        """What kerchunk wrote for an array, to tell the cause of a wrong value at a glance."""
+        z = self.zarray(vpath) or {}
+        prefix = f"{vpath}/"
+        chunks = sum(1 for k in self.refs if k.startswith(prefix) and not k[len(prefix):].startswith("."))
+        return (f"refs: dtype {z.get('dtype')!r} shape {z.get('shape')} fill_value {z.get('fill_value')!r}, "
+                f"{chunks} chunk refs")
+
 
 # ----------------------------------------------------------------------------- values
 
@@ -222,9 +230,13 @@ def _short(v, n: int = 80) -> str:
 # ----------------------------------------------------------------------------- per variable
 
 
-def compare_var(client: str, src, got, refs_attrs, zarray) -> Tuple[str, str, List[str]]:
-    """(class, reason, notes) of one variable present in both snapshots."""
+def compare_var(client: str, src, got, refs_attrs, zarray, values_undefined: bool = False
+                ) -> Tuple[str, str, List[str]]:
+    """(class, reason, notes) of one variable present in both snapshots. ``values_undefined``: the source
+    declares _NoFill, so its unwritten points are whatever the disk held; values are not compared."""
     notes: List[str] = []
+    if values_undefined:
+        notes.append("source has _NoFill: values not compared")
     if got.error:
         return ERROR, got.error, notes
     problems: List[str] = []
@@ -237,7 +249,7 @@ def compare_var(client: str, src, got, refs_attrs, zarray) -> Tuple[str, str, Li
             else:
                 notes.append("scalar served as [1]")
         sv, gv = src.values or [], got.values or []
-        if not _items_equal(sv, gv):
+        if not values_undefined and not _items_equal(sv, gv):
             problems.append(_first_item_difference(sv, gv))
     else:
         gvals, gshape, note = _squeeze_scalar(src.shape, got.values, got.shape)
@@ -248,6 +260,8 @@ def compare_var(client: str, src, got, refs_attrs, zarray) -> Tuple[str, str, Li
             graw = got.raw
         if tuple(src.shape) != gshape:
             problems.append(f"shape {tuple(got.shape)} != source {tuple(src.shape)}")
+        elif values_undefined:
+            pass
         elif client == "netcdf4":
             smask, gmask = np.ma.getmaskarray(src.values), np.ma.getmaskarray(gvals)
             if not np.array_equal(smask, gmask):
@@ -286,8 +300,9 @@ def group_label(gpath: str) -> str:
     return f"(attributes of /{gpath})"
 
 
-def compare_snapshots(client: str, src: dict, got: dict, refs: Refs) -> List[dict]:
-    """One row per source variable and per source group: {var, class, reason, notes}."""
+def compare_snapshots(client: str, src: dict, got: dict, refs: Refs, nofill=frozenset()) -> List[dict]:
+    """One row per source variable and per source group: {var, class, reason, notes}.
+    ``nofill``: paths of source variables with _NoFill (see compare_var)."""
     rows = []
     for gpath, sattrs in src["groups"].items():
         label = group_label(gpath)
@@ -318,7 +333,9 @@ def compare_snapshots(client: str, src: dict, got: dict, refs: Refs) -> List[dic
             else:
                 rows.append(dict(var=vpath, cls=HIDDEN, reason="", notes=[]))
             continue
-        cls, reason, notes = compare_var(client, sv, gv, refs.attrs(vpath), refs.zarray(vpath))
+        cls, reason, notes = compare_var(client, sv, gv, refs.attrs(vpath), refs.zarray(vpath), vpath in nofill)
+        if cls == WRONG:
+            notes.append(refs.describe(vpath))
         rows.append(dict(var=vpath, cls=cls, reason=reason, notes=notes))
     return rows
 

@@ -64,7 +64,7 @@ def kerchunk_translate(nc: Path):
     except Exception as e:  # noqa: BLE001 - kerchunk's failure is the result
         reason = f"kerchunk: {first_line(e)}"
     try:
-        with warnings.catch_warnings(record=True):
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             h5 = SingleHdf5ToZarr(str(nc), inline_threshold=0, error="warn")
             try:
@@ -74,9 +74,24 @@ def kerchunk_translate(nc: Path):
         for v in refs["refs"].values():
             if isinstance(v, list) and v and isinstance(v[0], str):
                 v[0] = str(nc.resolve())
+        # kerchunk's warning: "The following exception was caught and quashed ...\n<message>\n<traceback>"
+        messages = [str(w.message).splitlines() for w in caught]
+        refs["_kerchunk_failures"] = [m[1][:300] for m in messages if len(m) > 1 and "quashed" in m[0]]
         return refs, reason
     except Exception as e:  # noqa: BLE001
         return None, f"{reason} (and with error='warn': {first_line(e)})"
+
+
+def nofill_variables(nc: Path) -> set:
+    """Variables of the source declared _NoFill (``ncdump -hs``): their unwritten points are undefined."""
+    from tests.conformance.header import parse_header
+
+    proc = subprocess.run(["/usr/bin/ncdump", "-hs", str(nc)], capture_output=True, text=True,
+                          errors="surrogateescape", timeout=TOOL_TIMEOUT)
+    if proc.returncode != 0:
+        return set()
+    head = parse_header(proc.stdout)
+    return {p for p, v in head.variables.items() if v.attrs.get("_NoFill", ("", ()))[1] == ('"true"',)}
 
 
 def hidden_reason(log: str, vpath: str) -> str:
@@ -102,12 +117,19 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path) -> List[dict]:
     nc4_source = netcdf4_snapshot(nc, zarr=False)
     groups = list(nc4_source["groups"]) or [""]
     sources = {c: (nc4_source if c == "netcdf4" else snapshot(c, nc, False, groups)) for c in CLIENTS}
+    nofill = nofill_variables(nc)
     refs, kerchunk_failure = kerchunk_translate(nc)
     if refs is None:
         for client, src in sources.items():
             for vpath in src["vars"]:
                 add(client, dict(var=vpath, cls=UNTRANSLATABLE, reason=kerchunk_failure))
         return rows
+    failures = refs.pop("_kerchunk_failures", [])
+
+    def untranslatable_reason(vpath: str) -> str:
+        named = [f for f in failures if f"/{vpath} " in f or f"/{vpath}:" in f or f"'/{vpath}'" in f]
+        return f"kerchunk: {named[0]}" if named else (kerchunk_failure or "kerchunk wrote no array for it")
+
     refs_path = work / f"{variant}.json"
     refs_path.write_text(json.dumps(refs))
     ref_index = Refs(refs)
@@ -120,13 +142,13 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path) -> List[dict]:
             f.write(f"{m.proc.pid} {mnt}\n")
         for client in CLIENTS:
             got = snapshot(client, mnt, True, groups)
-            result = compare_snapshots(client, sources[client], got, ref_index)
+            result = compare_snapshots(client, sources[client], got, ref_index, nofill)
             copy_result = None
             for r in result:
                 extra = {}
                 if r["cls"] == HIDDEN and not r["var"].startswith("(") and not ref_index.has_array(r["var"]):
                     r["cls"] = UNTRANSLATABLE
-                    r["reason"] = kerchunk_failure or "kerchunk wrote no array for it"
+                    r["reason"] = untranslatable_reason(r["var"])
                 elif r["cls"] == HIDDEN:
                     r["reason"] = hidden_reason(m.log(), r["var"])
                 elif r["cls"] in (WRONG, ERROR):
@@ -136,7 +158,7 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path) -> List[dict]:
                                            timeout=TOOL_TIMEOUT)
                         copy_got = snapshot(client, copy, True, groups)
                         copy_result = {x["var"]: x for x in
-                                       compare_snapshots(client, sources[client], copy_got, ref_index)}
+                                       compare_snapshots(client, sources[client], copy_got, ref_index, nofill)}
                     c = copy_result.get(r["var"])
                     same = c is not None and c["cls"] == r["cls"] and c["reason"] == r["reason"]
                     extra["same_on_copy"] = same

@@ -68,9 +68,9 @@ def ncdump_snapshot(path: Path, zarr: bool) -> dict:
     out = {vpath: VarShot(type=hv.type, dims=hv.dims, attrs=dict(hv.attrs)) for vpath, hv in head.variables.items()}
     shot = {"vars": out, "groups": head.group_attrs, "error": None}
     proc = _run(target, [])
-    if proc is not None and proc.returncode == 0:
-        _fill_values(out, proc.stdout)
+    if proc is not None and proc.returncode == 0 and _fill_values(out, proc.stdout):
         return shot
+    # The whole dump failed (or holds data the parser does not read, e.g. compound values): one by one.
     for vpath, var in out.items():
         vproc = _run(target, ["-v", vpath])
         if vproc is None or vproc.returncode != 0:
@@ -95,16 +95,18 @@ def _ncdump_failure(proc) -> str:
     return f"ncdump exit {proc.returncode}: {msg}"[:300]
 
 
-def _fill_values(shots: Dict[str, VarShot], text: str) -> None:
+def _fill_values(shots: Dict[str, VarShot], text: str) -> bool:
     try:
         data = parse_ncdump(text)
     except ValueError as e:
         for shot in shots.values():
-            shot.error = f"ncdump output not parseable: {first_line(e)}"
-        return
+            shot.error = f"ncdump output not parseable by this harness: {first_line(e)}"
+        return False
     for vpath, shot in shots.items():
+        shot.error = None
         if vpath in data:
             shot.values = data[vpath].items
+    return True
 
 
 # ----------------------------------------------------------------------------- netCDF4-python
@@ -125,6 +127,20 @@ def attr_form(value) -> tuple:
     if dt.kind in "OUS":
         return (dt.kind, a.tolist())
     return (dt.str, a.astype(dt).reshape(-1).tolist())
+
+
+def json_attr_form(value) -> tuple:
+    """xarray's view of an attribute, compared by value only: Zarr keeps attributes as JSON, which has no
+    numeric types (a Zarr store opened by xarray gives Python ints, floats and lists for every variable)."""
+    if isinstance(value, (str, bytes)):
+        return attr_form(value)
+    a = np.asarray(value, dtype=object if isinstance(value, (list, tuple)) else None)
+    if a.dtype.kind in "biuf" or a.dtype.kind == "O":
+        try:
+            return ("number(s)", [x.item() if hasattr(x, "item") else x for x in a.reshape(-1).tolist()])
+        except (TypeError, ValueError):
+            pass
+    return attr_form(value)
 
 
 def _walk(ds, prefix=""):
@@ -191,7 +207,7 @@ def xarray_snapshot(path: Path, zarr: bool, group_paths: List[str]) -> dict:
             groups[gpath] = {"__error__": first_line(e)}
             continue
         with ds:
-            groups[gpath] = {a: attr_form(v) for a, v in ds.attrs.items()}
+            groups[gpath] = {a: json_attr_form(v) for a, v in ds.attrs.items()}
             for name, v in ds.variables.items():
                 vpath = f"{gpath}/{name}" if gpath else name
                 shot = VarShot()
@@ -200,7 +216,7 @@ def xarray_snapshot(path: Path, zarr: bool, group_paths: List[str]) -> dict:
                     shot.type = str(v.dtype)
                     shot.shape = tuple(v.shape)
                     shot.dims = tuple(v.dims)
-                    shot.attrs = {a: attr_form(x) for a, x in v.attrs.items()}
+                    shot.attrs = {a: json_attr_form(x) for a, x in v.attrs.items()}
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore")
                         shot.values = np.asarray(v.values)
