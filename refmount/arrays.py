@@ -8,7 +8,6 @@ array with the plan for the decoded view: the rewritten metadata, how chunks are
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import math
@@ -16,12 +15,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from refmount.ncattrs import served_attributes
 from refmount.refs import RefSet
 
 log = logging.getLogger("refmount")
 
 # Codec ids the netCDF4 wheel (netCDF-C 4.10.1) decodes with its bundled plugins (NOTES §2).
 NC410_CODECS = {"zlib", "gzip", "shuffle", "blosc", "zstd", "bz2"}
+CHAR_DTYPE_49 = "<U1"  # netCDF-C 4.9.x's own char dtype, one byte per character
+# A decoded chunk is held whole in memory: bigger ones (absurd chunk shapes) hide their array.
+MAX_CHUNK_BYTES = 1 << 30
 
 
 @dataclass
@@ -44,6 +47,7 @@ class ArrayInfo:
     out_chunk_shape: tuple = ()
     separator: str = "."
     renamed_dims: dict = field(default_factory=dict)
+    strlen: int = 0  # |Sn (n > 1) served as characters: the length of the added last dimension
 
     @property
     def name(self) -> str:
@@ -86,7 +90,7 @@ def _inline(refset: RefSet, key: str):
     return i, refset.inline_data(i)
 
 
-def scan_arrays(refset: RefSet) -> list[ArrayInfo]:
+def scan_arrays(refset: RefSet, chars: str = "ubyte") -> list[ArrayInfo]:
     arrays = []
     for d, path in enumerate(refset.dirs.paths):
         prefix = f"{path}/" if path else ""
@@ -102,9 +106,9 @@ def scan_arrays(refset: RefSet) -> list[ArrayInfo]:
             info.zarray = load_json_value(raw)
             _, attrs_raw = _inline(refset, prefix + ".zattrs")
             info.zattrs = load_json_value(attrs_raw) if attrs_raw else {}
-            _plan(info)
-        except (ValueError, TypeError, KeyError) as e:
-            info.hidden_reason = f"its metadata is malformed ({type(e).__name__}: {e})"
+            _plan(info, chars)
+        except (ValueError, TypeError, KeyError, RecursionError) as e:
+            info.hidden_reason = f"its metadata is malformed ({type(e).__name__}: {str(e)[:200]})"
         arrays.append(info)
     _rename_clashing_dimensions(arrays)
     return arrays
@@ -124,7 +128,7 @@ def _codec(config: dict):
     return numcodecs.get_codec(dict(config))
 
 
-def _plan(info: ArrayInfo) -> None:
+def _plan(info: ArrayInfo, chars: str = "ubyte") -> None:
     z = info.zarray
     if z.get("zarr_format", 2) != 2:
         raise ValueError(f"zarr_format {z.get('zarr_format')} is not 2")
@@ -145,10 +149,6 @@ def _plan(info: ArrayInfo) -> None:
         return
     if dtype.kind == "U":
         info.hidden_reason = f"dtype {z['dtype']} (UTF-32 strings): netCDF-C fails to open such arrays"
-        return
-    if dtype.kind == "S" and dtype.itemsize > 1:
-        info.hidden_reason = (f"fixed-length strings {z['dtype']} crash netCDF-C 4.9.0 "
-                              "(zarr and xarray read them in --view raw)")
         return
     if dtype.kind == "V":
         info.hidden_reason = f"dtype {z['dtype']} (raw bytes) is not a netCDF type"
@@ -173,9 +173,9 @@ def _plan(info: ArrayInfo) -> None:
         info.swap = True
         info.notes.append(f"big-endian {dtype.str} served as little-endian {out_dtype.str}")
     if dtype.kind == "S":
-        _plan_bytes_as_u1(info, out, dtype)
-        out_dtype = np.dtype("u1")
-    out["dtype"] = out_dtype.str
+        out_dtype = _plan_characters(info, out, dtype, chars)
+    out["dtype"] = CHAR_DTYPE_49 if out_dtype is None else out_dtype.str
+    out_dtype = out_dtype or np.dtype("u1")  # (the 4.9 char form is one byte per character too)
     if z.get("order", "C") == "F" and len(chunks) > 1:
         info.fortran = True
         info.notes.append("Fortran-order chunks served in C order")
@@ -200,26 +200,45 @@ def _plan(info: ArrayInfo) -> None:
             info.crop = tuple(crop)
             info.notes.append(f"chunks {chunks} cropped to the shape {new_chunks}")
         out["chunks"] = new_chunks
+    if info.strlen:
+        out["shape"] = list(out["shape"]) + [info.strlen]
+        out["chunks"] = list(out["chunks"]) + [info.strlen]
+        dims = info.zattrs.get("_ARRAY_DIMENSIONS")
+        if isinstance(dims, list):
+            info.zattrs = {**info.zattrs, "_ARRAY_DIMENSIONS": [*dims, f"string{info.strlen}"]}
     info.out_dtype = out_dtype
     info.out_chunk_shape = tuple(out["chunks"])
+    if info.out_chunk_bytes > MAX_CHUNK_BYTES:
+        info.hidden_reason = (f"its decoded chunks would be {info.out_chunk_bytes:,} bytes each, more than the "
+                              f"decoded view serves ({MAX_CHUNK_BYTES:,})")
+        return
     info.out_zarray = out
+    typed = out_dtype if dtype.kind in "biuf" else None  # characters get no _FillValue (NUL is theirs)
+    info.zattrs, attr_notes = served_attributes(info.zattrs, typed, out.get("fill_value"))
+    info.notes.extend(attr_notes)
     if info.codecs:
         info.notes.insert(0, "chunks decoded (" + "+".join(str(c.get("id")) for c in info.codecs) + ")")
 
 
-def _plan_bytes_as_u1(info: ArrayInfo, out: dict, dtype: np.dtype) -> None:
-    """|S1 (netCDF char) crashes netCDF-C 4.9.0 even in `ncdump -h`; the same bytes as unsigned
-    bytes read everywhere."""
-    fill = info.zarray.get("fill_value")
-    out["fill_value"] = None
-    if isinstance(fill, str):
-        try:
-            raw = base64.b64decode(fill)
-        except ValueError:
-            raw = b""
-        if len(raw) >= 1 and raw == raw[:1] * len(raw):
-            out["fill_value"] = raw[0]
-    info.notes.append(f"characters {dtype.str} served as |u1")
+def _plan_characters(info: ArrayInfo, out: dict, dtype: np.dtype, chars: str) -> np.dtype | None:
+    """Byte strings (netCDF char arrays are |S1; |Sn are fixed-length strings, served as characters
+    with a last dimension of length n, named string<n> as xarray does). No Zarr form of characters
+    reads as netCDF char in every netCDF-C (NOTES §6): 4.9.x reads only its own '<U1' holding one
+    byte per character, which netCDF-C >= 4.10 and zarr refuse; any '|S' dtype crashes 4.9.0's
+    ncdump for the whole dataset. `chars` picks the form: 'ubyte' (numbers every client reads),
+    'char' (text for netCDF-C 4.9.x only) or 'string' (the bytes as they are, for >= 4.10 and zarr).
+    Returns the served dtype (None for 4.9's char form)."""
+    if dtype.itemsize > 1 and chars != "string":
+        info.strlen = dtype.itemsize
+        info.notes.append(f"strings {dtype.str} served as characters with a last dimension string{dtype.itemsize}")
+    if chars == "string":
+        return dtype
+    out["fill_value"] = None  # a NUL fill byte would mask every padding NUL in xarray
+    if chars == "char":
+        info.notes.append("characters served as netCDF-C 4.9's char ('<U1', one byte each)")
+        return None
+    info.notes.append(f"characters {dtype.str} served as |u1 (--chars char or string for text)")
+    return np.dtype("u1")
 
 
 def _rename_clashing_dimensions(arrays: list[ArrayInfo]) -> None:

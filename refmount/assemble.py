@@ -12,6 +12,7 @@ from refmount.fs import Filesystem
 from refmount.refs import load_refs
 from refmount.refs.source import is_remote, protocol_of
 from refmount.view import RawView
+from refmount.consolidated import with_consolidated_metadata
 
 log = logging.getLogger("refmount")
 
@@ -109,9 +110,10 @@ def build_filesystem(opts):
     if opts.view == "decoded":
         from refmount.decoded import DecodedView
 
-        view = DecodedView(view, cache_size=opts.decoded_cache_size)
+        view = DecodedView(view, cache_size=opts.decoded_cache_size, chars=opts.chars)
     else:
         warn_raw_view(refset)
+        view = with_consolidated_metadata(view)
 
     def stats() -> dict:
         out = {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
@@ -124,4 +126,4 @@ def build_filesystem(opts):
             out["disk"] = disk.statistics()
         return out
 
-    return Filesystem(refset, view, stats=stats), fetcher
+    return Filesystem(view.refset, view, stats=stats), fetcher
