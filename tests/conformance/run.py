@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -102,11 +103,42 @@ def hidden_reason(log: str, vpath: str) -> str:
     return "no log line names it"
 
 
-def run_variant(cdl: str, variant: str, nc: Path, work: Path) -> List[dict]:
+def isolated_snapshot(client: str, path: Path, zarr: bool, groups: List[str], work: Path) -> dict:
+    """The snapshot taken in a child process: a client that crashes (netCDF-C aborts on some inputs)
+    becomes an error of the whole dataset for that client, named by its signal."""
+    import pickle
+
+    from tests.conformance.snapshot import without_paths
+
+    out = work / f"snap_{client}_{os.getpid()}_{time.monotonic_ns()}.pkl"
+    cmd = [sys.executable, "-m", "tests.conformance.run", "--snapshot", client, str(path),
+           "zarr" if zarr else "file", json.dumps(groups), str(out)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CDL_TIMEOUT / 3)
+    except subprocess.TimeoutExpired:
+        return {"vars": {}, "groups": {}, "error": f"{client} timed out"}
+    if proc.returncode < 0:
+        name = signal.Signals(-proc.returncode).name
+        return without_paths({"vars": {}, "groups": {}, "error": f"{client} crashed ({name})"}, path)
+    if proc.returncode != 0 or not out.exists():
+        return {"vars": {}, "groups": {}, "error": f"{client} exited {proc.returncode}: "
+                + (proc.stderr.strip().splitlines() or [""])[-1][:200]}
+    with open(out, "rb") as f:
+        return pickle.load(f)
+
+
+def run_variant(cdl: str, variant: str, nc: Path, work: Path, mount_args: List[str],
+                isolate: bool = False) -> List[dict]:
     from tests.conformance.compare import (ERROR, HIDDEN, UNTRANSLATABLE, WRONG, Refs,
                                            compare_snapshots)
-    from tests.conformance.snapshot import CLIENTS, netcdf4_snapshot, snapshot
+    from tests.conformance.snapshot import CLIENTS
+    from tests.conformance.snapshot import snapshot as in_process
     from tests.conftest import Mount
+
+    def snapshot(client, path, zarr, groups):
+        if isolate:
+            return isolated_snapshot(client, path, zarr, groups, work)
+        return in_process(client, path, zarr, groups)
 
     rows: List[dict] = []
 
@@ -114,7 +146,7 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path) -> List[dict]:
         rows.append(dict(cdl=cdl, variant=variant, client=client, var=r["var"], cls=r["cls"],
                          reason=r["reason"], notes=r.get("notes", []), **extra))
 
-    nc4_source = netcdf4_snapshot(nc, zarr=False)
+    nc4_source = snapshot("netcdf4", nc, False, [])
     groups = list(nc4_source["groups"]) or [""]
     sources = {c: (nc4_source if c == "netcdf4" else snapshot(c, nc, False, groups)) for c in CLIENTS}
     nofill = nofill_variables(nc)
@@ -134,7 +166,7 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path) -> List[dict]:
     refs_path.write_text(json.dumps(refs))
     ref_index = Refs(refs)
     mnt = work / f"mnt_{variant}"
-    m = Mount(refs_path, mnt, ["--view", "decoded"], log_path=work / f"mnt_{variant}.log")
+    m = Mount(refs_path, mnt, ["--view", "decoded", *mount_args], log_path=work / f"mnt_{variant}.log")
     copy = work / f"copy_{variant}"
     try:
         m.start()
@@ -177,17 +209,17 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path) -> List[dict]:
     return rows
 
 
-def run_one(cdl: str, work: Path) -> List[dict]:
+def run_one(cdl: str, work: Path, mount_args: List[str], isolate: bool = False) -> List[dict]:
     work.mkdir(parents=True, exist_ok=True)
     source = work / "source.nc"
     subprocess.run([NCGEN, "-k", "nc4", "-o", str(source), str(CDL_DIR / cdl)], check=True,
                    capture_output=True, timeout=TOOL_TIMEOUT)
-    rows = run_variant(cdl, "source", source, work)
+    rows = run_variant(cdl, "source", source, work, mount_args, isolate)
     deflated = work / "deflated.nc"
     proc = subprocess.run([NCCOPY, "-d4", "-s", str(source), str(deflated)], capture_output=True,
                           text=True, timeout=TOOL_TIMEOUT)
     if proc.returncode == 0:
-        rows += run_variant(cdl, "deflated", deflated, work)
+        rows += run_variant(cdl, "deflated", deflated, work, mount_args, isolate)
     else:
         rows.append(dict(cdl=cdl, variant="deflated", client="nccopy", var="*", cls="skipped",
                          reason=f"nccopy -d4 -s failed: {proc.stderr.strip()[:200]}", notes=[]))
@@ -215,9 +247,11 @@ def _cleanup(work: Path) -> None:
             force_unmount(mnt)
 
 
-def run_cdl_child(cdl: str, work: Path) -> List[dict]:
+def run_cdl_child(cdl: str, work: Path, mount_args: str = "", isolate: bool = False) -> List[dict]:
+    """One CDL in a child process; if a client crashes it, again with every client in its own process."""
     out = work / "rows.json"
-    cmd = [sys.executable, "-m", "tests.conformance.run", "--one", cdl, "--work", str(work)]
+    cmd = [sys.executable, "-m", "tests.conformance.run", "--one", cdl, "--work", str(work),
+           f"--mount-args={mount_args}"] + (["--isolate"] if isolate else [])
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CDL_TIMEOUT,
@@ -228,6 +262,9 @@ def run_cdl_child(cdl: str, work: Path) -> List[dict]:
         failure = f"harness child timed out after {CDL_TIMEOUT} s"
     finally:
         _cleanup(work)
+    if failure and not isolate and proc_crashed(failure):
+        shutil.rmtree(work, ignore_errors=True)
+        return run_cdl_child(cdl, work, mount_args, isolate=True)
     if failure or not out.exists():
         return [dict(cdl=cdl, variant="*", client="*", var="*", cls="error", reason=failure or "no rows",
                      notes=[], seconds=round(time.monotonic() - t0, 1))]
@@ -235,6 +272,10 @@ def run_cdl_child(cdl: str, work: Path) -> List[dict]:
     for r in rows:
         r["seconds"] = round(time.monotonic() - t0, 1)
     return rows
+
+
+def proc_crashed(failure: str) -> bool:
+    return failure.startswith("harness child exit -")
 
 
 def row_class(r: dict) -> str:
@@ -282,12 +323,26 @@ def main(argv=None) -> int:
     ap.add_argument("--slice", action="store_true", help="only the CI slice (tests/conformance/slice.txt)")
     ap.add_argument("--jobs", type=int, default=2, help="CDLs run in parallel (default 2)")
     ap.add_argument("--out", type=Path, help="write the JSON report here")
+    ap.add_argument("--mount-args", default="",
+                    help='extra options for refmount mount, e.g. --mount-args="--chars string"')
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--isolate", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--snapshot", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
+    if args.snapshot:
+        import pickle
+
+        from tests.conformance.snapshot import snapshot
+
+        client, path, zarr, groups, out = args.snapshot
+        shot = snapshot(client, Path(path), zarr == "zarr", json.loads(groups))
+        with open(out, "wb") as f:
+            pickle.dump(shot, f)
+        return 0
     if args.one:
-        rows = run_one(args.one, args.work)
+        rows = run_one(args.one, args.work, shlex.split(args.mount_args), args.isolate)
         (args.work / "rows.json").write_text(json.dumps(rows, indent=1, default=str))
         return 0
 
@@ -300,7 +355,7 @@ def main(argv=None) -> int:
     rows: List[dict] = []
     with tempfile.TemporaryDirectory(prefix="refmount-conformance-") as tmp:
         def one(n):
-            return run_cdl_child(n, Path(tmp) / n.replace("/", "__"))
+            return run_cdl_child(n, Path(tmp) / n.replace("/", "__"), args.mount_args)
 
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             for n, result in zip(names, pool.map(one, names)):
@@ -312,7 +367,7 @@ def main(argv=None) -> int:
     summary = summarise(rows)
     print(summary)
     if args.out:
-        args.out.write_text(json.dumps({"summary": summary, "cdls": names,
+        args.out.write_text(json.dumps({"summary": summary, "cdls": names, "mount_args": args.mount_args,
                                         "seconds": round(time.monotonic() - t0, 1), "rows": rows},
                                        indent=1, default=str))
     return 0
