@@ -25,9 +25,9 @@ from tests.support.clients import FILL, parse_cdl_number, unescape_cdl_string
 IDENTICAL, WRONG, LOST, ERROR, HIDDEN, UNTRANSLATABLE, SOURCE_UNREADABLE = (
     "identical", "wrong", "lost by kerchunk", "error", "hidden", "untranslatable", "source unreadable")
 
-# Attributes netCDF-C keeps to itself (HDF5 dimension scales, netCDF-4 bookkeeping).
-INTERNAL = {"REFERENCE_LIST", "CLASS", "DIMENSION_LIST", "NAME", "_Netcdf4Dimid", "_Netcdf4Coordinates",
-            "_nc3_strict", "_NCProperties"}
+# NCZarr's attribute type hints: each netCDF-C version hides its own spelling and shows the other one
+# as text. They say how to read the other attributes; one showing is a note, not a wrong attribute.
+NCZARR_HINTS = ("_NCZARR_ATTR", "_nczarr_attr")
 
 
 # ----------------------------------------------------------------------------- the refs JSON
@@ -189,12 +189,17 @@ def _refs_attr_matches_source(client: str, src_value, ref_value) -> bool:
 
 
 def attr_differences(client: str, src: dict, got: dict, refs_attrs: Optional[dict],
-                     zarray: Optional[dict]) -> Tuple[List[str], List[str]]:
-    """(refmount's differences, kerchunk's losses) between two attribute dicts."""
+                     zarray: Optional[dict], notes: Optional[list] = None) -> Tuple[List[str], List[str]]:
+    """(refmount's differences, kerchunk's losses) between two attribute dicts; a visible NCZarr hint
+    attribute goes to ``notes``."""
     wrong, lost = [], []
     refs_attrs = refs_attrs or {}
     for name in sorted(set(src) | set(got)):
         if name == "__error__":
+            continue
+        if name in NCZARR_HINTS and name not in src:
+            if notes is not None:
+                notes.append(f"NCZarr hint {name} visible as an attribute")
             continue
         s, g = src.get(name), got.get(name)
         if s is not None and g is not None and _equal_values(list(s), list(g)):
@@ -202,21 +207,21 @@ def attr_differences(client: str, src: dict, got: dict, refs_attrs: Optional[dic
         if g is None:  # missing on the mount
             if name not in refs_attrs:
                 if name == "_FillValue" and zarray and zarray.get("fill_value") is not None:
-                    lost.append(f"_FillValue missing (kerchunk moved it to .zarray fill_value={zarray['fill_value']!r})")
+                    lost.append(f"[kerchunk] _FillValue missing (moved to .zarray fill_value={zarray['fill_value']!r})")
                 else:
-                    lost.append(f"attribute {name!r} missing (not in the refs)")
+                    lost.append(f"[kerchunk] attribute {name!r} missing (not in the refs)")
             else:
                 wrong.append(f"attribute {name!r} missing (the refs have it)")
         elif s is None:  # extra on the mount
             if name in refs_attrs:
-                lost.append(f"extra attribute {name!r}={_short(g)} (kerchunk wrote it)")
+                lost.append(f"[kerchunk] extra attribute {name!r}={_short(g)} (kerchunk wrote it)")
             else:
                 wrong.append(f"extra attribute {name!r}={_short(g)} (refmount added it)")
         else:
             if name in refs_attrs and not _refs_attr_matches_source(client, s, refs_attrs[name]):
-                lost.append(f"attribute {name!r}: mount {_short(g)}, source {_short(s)} (refs hold {_short(refs_attrs[name])})")
+                lost.append(f"[kerchunk] attribute {name!r}: mount {_short(g)}, source {_short(s)} (refs hold {_short(refs_attrs[name])})")
             elif name in refs_attrs and s[0] != g[0]:
-                lost.append(f"attribute {name!r} type: mount {g[0]}, source {s[0]} (JSON carries no type)")
+                lost.append(f"[kerchunk] attribute {name!r} type: mount {g[0]}, source {s[0]} (JSON carries no type)")
             else:
                 wrong.append(f"attribute {name!r}: mount {_short(g)}, source {_short(s)}")
     return wrong, lost
@@ -287,7 +292,7 @@ def compare_var(client: str, src, got, refs_attrs, zarray, values_undefined: boo
                 problems.append(d)
         if tuple(src.dims) != tuple(got.dims) and not note:
             notes.append(f"dimensions {got.dims} != source {src.dims}")
-    wrong_attrs, lost = attr_differences(client, src.attrs, got.attrs, refs_attrs, zarray)
+    wrong_attrs, lost = attr_differences(client, src.attrs, got.attrs, refs_attrs, zarray, notes)
     problems += wrong_attrs
     if problems:
         return WRONG, "; ".join(problems + lost), notes
@@ -317,9 +322,10 @@ def compare_snapshots(client: str, src: dict, got: dict, refs: Refs, nofill=froz
         if "__error__" in gattrs:
             rows.append(dict(var=label, cls=ERROR, reason=gattrs["__error__"], notes=[]))
             continue
-        wrong, lost = attr_differences(client, sattrs, gattrs, refs.attrs(gpath), None)
+        notes: List[str] = []
+        wrong, lost = attr_differences(client, sattrs, gattrs, refs.attrs(gpath), None, notes)
         cls = WRONG if wrong else LOST if lost else IDENTICAL
-        rows.append(dict(var=label, cls=cls, reason="; ".join(wrong + lost), notes=[]))
+        rows.append(dict(var=label, cls=cls, reason="; ".join(wrong + lost), notes=notes))
     for vpath, sv in src["vars"].items():
         if sv.error:
             rows.append(dict(var=vpath, cls=SOURCE_UNREADABLE, reason=sv.error, notes=[]))

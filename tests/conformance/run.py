@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -301,19 +302,28 @@ def summarise(rows: List[dict]) -> str:
             f"({len(counted)} results): " + ", ".join(parts) + f"; {unread} not readable in the source")
 
 
+def cause(reason: str) -> str:
+    """A reason with its numbers and values taken out, so that results with one cause group together."""
+    first = reason.split("; ")[0]
+    first = re.sub(r"mount .*?, source .*", "mount X, source Y", first)
+    first = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", first)
+    return re.sub(r"\d+", "N", first)[:150]
+
+
 def table(rows: List[dict]) -> str:
-    """Every result that is not identical, grouped by class and reason."""
+    """Every result that is not identical, grouped by class, client and cause (with examples)."""
     by = defaultdict(list)
     for r in rows:
-        if r["cls"] in ("identical",):
+        if r["cls"] == "identical":
             continue
-        by[(row_class(r), r["client"], r["reason"])].append(r)
+        by[(row_class(r), r["client"], cause(r["reason"]))].append(r)
     lines = []
-    for (cls, client, reason), group in sorted(by.items(), key=lambda kv: (kv[0][0], -len(kv[1]), kv[0][1])):
-        where = ", ".join(sorted({f"{r['cdl']}:{r['var']}" + ("" if r["variant"] == "source" else " (deflated)")
-                                  for r in group})[:6])
-        more = "" if len(group) <= 6 else f" (+{len(group) - 6} more)"
-        lines.append(f"{cls:<22} {client:<8} {len(group):>4}  {reason[:160]}\n{'':<37}{where}{more}")
+    for (cls, client, why), group in sorted(by.items(), key=lambda kv: (kv[0][0], -len(kv[1]), kv[0][1])):
+        where = sorted({f"{r['cdl']}:{r['var']}" + ("" if r["variant"] == "source" else " (deflated)")
+                        for r in group})
+        more = "" if len(where) <= 4 else f" (+{len(where) - 4} more)"
+        lines.append(f"{cls:<20} {client:<8} {len(group):>4}  {why}\n{'':<35}e.g. {group[0]['reason'][:200]}"
+                     f"\n{'':<35}{', '.join(where[:4])}{more}")
     return "\n".join(lines)
 
 
