@@ -41,11 +41,11 @@ def check_targets(refset, opts) -> None:
 def warn_raw_view(refset) -> None:
     """The raw view shows compressed chunks as they are: say so, since netCDF-C without filter
     plugins (Debian's ncdump) would print garbage for them without any error."""
-    from refmount.arrays import scan_arrays
+    from refmount.arrays import listed, scan_arrays
 
     compressed = [a.name for a in scan_arrays(refset) if a.codecs]
     if compressed:
-        shown = ", ".join(compressed[:8]) + (f" and {len(compressed) - 8} more" if len(compressed) > 8 else "")
+        shown = listed(compressed)
         log.warning("raw view: arrays %s are compressed or filtered; netCDF-C without filter plugins (e.g. "
                     "Debian's ncdump) reads garbage from them - mount with --view decoded for ncdump", shown)
 

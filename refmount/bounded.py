@@ -57,11 +57,9 @@ def decode_bounded(codec, data, limit: int):
         return _incremental(lzma.LZMADecompressor(format=codec.format, filters=codec.filters), _raw(data), limit)
     if cid == "zstd":
         return _zstd(_raw(data), limit)
-    if cid == "blosc":
-        from numcodecs.blosc import cbuffer_sizes
-
-        _declared(cbuffer_sizes(data)[0], limit)
-    elif cid == "lz4":
+    if cid in ("blosc", "lz4"):
+        # blosc's 16-byte header holds the decoded size at bytes 4-7; numcodecs' lz4 prefixes it
         raw = _raw(data)
-        _declared(struct.unpack_from("<I", raw)[0] if len(raw) >= 4 else 0, limit)
+        at = 4 if cid == "blosc" else 0
+        _declared(struct.unpack_from("<I", raw, at)[0] if len(raw) >= at + 4 else 0, limit)
     return codec.decode(data)

@@ -78,12 +78,12 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="decoded (default): chunks decompressed and metadata rewritten so that any netCDF-C "
                         "(even without filter plugins) reads correct values; raw: every key's bytes exactly "
                         "as referenced")
-    g.add_argument("--chars", choices=("ubyte", "char", "string"), default="ubyte",
-                   help="how --view decoded serves netCDF char arrays and fixed-length strings (no Zarr form "
-                        "reads as char in every netCDF-C): ubyte (default: numbers every netCDF-C and zarr "
-                        "read), char (text for netCDF-C 4.9, e.g. Debian 12's ncdump; netCDF-C >= 4.10 and "
-                        "zarr cannot open such a dataset), string (the bytes as they are: text for netCDF-C "
-                        ">= 4.10 and zarr; crashes netCDF-C 4.9.0)")
+    g.add_argument("--chars", choices=("char", "string", "ubyte"), default="char",
+                   help="how --view decoded serves netCDF char arrays and strings (no Zarr form reads as char "
+                        "in every netCDF-C): char (default: text for netCDF-C 4.9, e.g. Debian 12's ncdump; "
+                        "netCDF-C >= 4.10 cannot open such a dataset and zarr cannot read those arrays), "
+                        "string (text for netCDF-C >= 4.10, e.g. netCDF4-python, and zarr/xarray; crashes "
+                        "netCDF-C 4.9), ubyte (the bytes as numbers, which every client reads)")
     g = p.add_argument_group("process")
     g.add_argument("-f", "--foreground", action="store_true",
                    help="stay attached to the terminal (for systemd and debugging) instead of daemonising")

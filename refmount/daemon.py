@@ -49,7 +49,7 @@ class MountOptions:
     prefetch: bool = True
     cache_dir: str | None = None
     disk_cache_size: int = 10 << 30
-    chars: str = "ubyte"
+    chars: str = "char"
 
 
 # -- mount table helpers ----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 import trio
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from refmount.arrays import ArrayInfo, _codec, dump_json, load_json_value, scan_arrays
+from refmount.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, dump_json, fixed_strings, load_json_value, scan_arrays
 from refmount.bounded import decode_bounded
 from refmount.consolidated import consolidated_metadata
 from refmount.errors import RefmountError
@@ -37,7 +37,7 @@ class DecodeError(RefmountError):
 class DecodedView:
     name = "decoded"
 
-    def __init__(self, raw, cache_size: int = 256 << 20, chars: str = "ubyte") -> None:
+    def __init__(self, raw, cache_size: int = 256 << 20, chars: str = "char") -> None:
         self.raw = raw
         self.refset = raw.refset
         self.arrays = scan_arrays(self.refset, chars)
@@ -88,6 +88,12 @@ class DecodedView:
                 i = self.refset.find(prefix + name)
                 if i >= 0 and i not in self._metadata and self.refset.inline_data(i) is not None:
                     self._rewrite_plain(i, name, prefix)
+        in_49_form = [a.name for a in self.arrays if not a.hidden_reason and a.out_zarray["dtype"] == CHAR_DTYPE_49]
+        if in_49_form:
+            log.warning("decoded view: character arrays %s are served in netCDF-C 4.9's char form (Debian 12's "
+                        "ncdump prints their text); netCDF-C >= 4.10 (netCDF4-python) cannot open this mount "
+                        "and zarr cannot read those arrays: mount with --chars string for them",
+                        listed(in_49_form))
         added[".zmetadata"] = b""  # filled in below, once every key has its index
         new = {k: v for k, v in added.items() if self.refset.find(k) < 0}
         self.refset = OverlayRefSet(self.refset, {**new, **dict.fromkeys(renames, b"")})
@@ -219,6 +225,8 @@ class DecodedView:
                 # no stage may grow past the chunk's size (filters such as fixedscaleoffset shrink
                 # it at most by 8x before the compressor, so 8x leaves them room)
                 data = decode_bounded(codec, data, 8 * expected)
+            if info.recode_from is not None:
+                data = fixed_strings(data, info.recode_from, info.dtype.itemsize)
             buffer = ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1)
         except Exception as e:
             raise DecodeError(f"chunk {key!r} could not be decoded: {type(e).__name__}: {e}") from None

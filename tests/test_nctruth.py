@@ -42,6 +42,10 @@ def source(tmp_path_factory):
         packed[:] = np.array([-9999, -9999, 2000, 3000, 4000], "i2")
         gappy = ds.createVariable("gappy", "f4", ("t",), fill_value=np.float32(-1), chunksizes=(10,))
         gappy[:10] = np.arange(10)  # chunks 1 and 2 are never written
+        ds.createVariable("nodata", "f4", ("x",))  # never written: reads as netCDF's default fill
+        ds.createVariable("inodata", "i4", ("x",))
+        small = ds.createVariable("small_int", "i1", ("x",))  # no _FillValue, every value written
+        small[:] = np.arange(5)
         station = ds.createVariable("station", "S1", ("x", "n"))
         station[:] = netCDF4.stringtochar(np.array(["ab", "cde", "", "fghi", "x"], "S4"))
         ds.title = "héllo °C"
@@ -62,7 +66,7 @@ def mounts(source, tmp_path_factory):
     refs.write_text(json.dumps(kerchunk_refs(source)))
     made = {}
     try:
-        for name, args in {"ubyte": [], "char": ["--chars", "char"], "string": ["--chars", "string"],
+        for name, args in {"default": [], "string": ["--chars", "string"], "ubyte": ["--chars", "ubyte"],
                            "raw": ["--view", "raw"]}.items():
             made[name] = Mount(refs, root / f"mnt_{name}", args).start()
         yield made
@@ -76,9 +80,9 @@ def _ncdump_vars(target, names):
 
 
 def test_ncdump_prints_fill_as_in_the_source(source, mounts):
-    names = ["tas", "packed", "gappy"]
+    names = ["tas", "packed", "gappy", "nodata", "inodata", "small_int"]
     want = _ncdump_vars(str(source), names)
-    got = _ncdump_vars(C.nczarr_url(mounts["ubyte"].path), names)
+    got = _ncdump_vars(C.nczarr_url(mounts["default"].path), names)
     for name in names:
         assert [x is C.FILL for x in got[name].items] == [x is C.FILL for x in want[name].items], name
         assert got[name].items == want[name].items, name
@@ -98,7 +102,7 @@ def _attribute_lines(cdl: str) -> set[str]:
 
 def test_ncdump_header_types_match_the_source(source, mounts):
     want = _attribute_lines(C.ncdump(str(source)))
-    got = _attribute_lines(C.ncdump(C.nczarr_url(mounts["ubyte"].path)))
+    got = _attribute_lines(C.ncdump(C.nczarr_url(mounts["default"].path)))
     want = {KERCHUNK_TYPE_LOSSES.get(line, line) for line in want if "_NCProperties" not in line}
     extra = {line for line in got - want if not line.split("=")[0].strip().endswith(":_nczarr_attr")}
     assert not want - got and not extra, f"missing {sorted(want - got)}, extra {sorted(extra)}"
@@ -106,9 +110,9 @@ def test_ncdump_header_types_match_the_source(source, mounts):
 
 
 def test_netcdf4_masks_and_unpacks_as_the_source(source, mounts):
-    url = C.nczarr_url(mounts["ubyte"].path)
+    url = C.nczarr_url(mounts["string"].path)  # netCDF-C >= 4.10 cannot open 4.9's char form
     with netCDF4.Dataset(source) as want, netCDF4.Dataset(url) as got:
-        for name in ("tas", "packed", "gappy"):
+        for name in ("tas", "packed", "gappy", "nodata", "inodata", "small_int"):
             a, b = want[name][:], got[name][:]
             assert a.dtype == b.dtype, name
             assert np.array_equal(np.ma.getmaskarray(a), np.ma.getmaskarray(b)), name
@@ -124,9 +128,9 @@ def test_xarray_masks_as_the_source(source, mounts):
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # consolidated metadata: no warning
-        got = xr.open_zarr(mounts["ubyte"].path)
+        got = xr.open_zarr(mounts["string"].path)
     with xr.open_dataset(source) as want, got:
-        for name in ("tas", "gappy"):
+        for name in ("tas", "gappy", "small_int"):  # (int8 stays int8: no fill to mask)
             assert got[name].dtype == want[name].dtype, name
             np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
         # xarray reads scale_factor from JSON as a Python float and so unpacks in float64 (the
@@ -138,7 +142,7 @@ def test_xarray_masks_as_the_source(source, mounts):
 
 
 def test_consolidated_metadata_matches_every_served_key(mounts):
-    for name in ("ubyte", "raw"):
+    for name in ("default", "raw"):
         root = mounts[name].path
         consolidated = json.loads((root / ".zmetadata").read_text())
         assert consolidated["zarr_consolidated_format"] == 1
@@ -148,7 +152,7 @@ def test_consolidated_metadata_matches_every_served_key(mounts):
 
 
 def test_netcdf_c_410_reads_consolidated(mounts, source):
-    url = f"file://{mounts['ubyte'].path}#mode=zarr,file,consolidated"
+    url = f"file://{mounts['string'].path}#mode=zarr,file,consolidated"
     with netCDF4.Dataset(url) as got, netCDF4.Dataset(source) as want:
         assert np.array_equal(np.ma.getmaskarray(got["tas"][:]), np.ma.getmaskarray(want["tas"][:]))
 
@@ -157,13 +161,13 @@ def test_chars_forms(mounts, source):
     with netCDF4.Dataset(source) as ds:
         text = [b"".join(row).decode() for row in ds["station"][:].filled(b"")]
     assert text == ["ab", "cde", "", "fghi", "x"]
-    # --chars char: Debian 12's ncdump prints the text, as for the source
-    dumped = _ncdump_vars(C.nczarr_url(mounts["char"].path), ["station"])["station"].items
+    # default (--chars char): Debian 12's ncdump prints the text, as for the source
+    dumped = _ncdump_vars(C.nczarr_url(mounts["default"].path), ["station"])["station"].items
     assert [s.decode() for s in dumped] == text
     # --chars string: netCDF-C 4.10 and zarr read the characters
     with netCDF4.Dataset(C.nczarr_url(mounts["string"].path)) as ds:
         assert ["".join(row) for row in ds["station"][:]] == text
-    # default: bytes as numbers, readable by everyone
+    # --chars ubyte: bytes as numbers, readable by everyone
     ubyte = _ncdump_vars(C.nczarr_url(mounts["ubyte"].path), ["station"])["station"].items
     assert bytes(ubyte).rstrip(b"\0") .split(b"\0")[0] == b"ab"
 
@@ -184,3 +188,50 @@ def test_fixed_strings_served_as_characters(mount):
     assert zarray["shape"] == [4, 5] and zarray["chunks"] == [2, 5]
     dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["s"])["s"].items
     assert dumped == [b"ab", b"hello", b"", b"xyzzy"]
+
+
+def test_variable_length_strings_served_fixed(tmp_path, mount):
+    """kerchunk inlines HDF5 strings as |O + vlen-utf8: served with the longest string's length."""
+    path = tmp_path / "s.nc"
+    words = ["one", "two", "three", "", "é"]
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("x", 5)
+        ds.createVariable("s", str, ("x",))[:] = np.array(words, object)
+    refs = kerchunk_refs(path)
+    mnt = mount(refs, "--chars", "string")
+    with netCDF4.Dataset(C.nczarr_url(mnt.path)) as ds:
+        assert list(ds["s"][:]) == words
+    mnt = mount(refs, "--chars", "char")
+    dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["s"])["s"].items
+    assert [b.decode() for b in dumped] == words
+
+
+def test_utf32_strings_served_as_utf8(mount):
+    import base64
+
+    data = np.array(["ab", "héllo", "", "€"], "<U5")
+    refs = {".zgroup": '{"zarr_format": 2}',
+            "u/.zarray": json.dumps({"zarr_format": 2, "shape": [4], "chunks": [4], "dtype": "<U5",
+                                     "compressor": None, "filters": None, "fill_value": None, "order": "C"}),
+            "u/.zattrs": '{"_ARRAY_DIMENSIONS": ["n"]}',
+            "u/0": "base64:" + base64.b64encode(data.tobytes()).decode()}
+    mnt = mount(refs, "--chars", "string")
+    with netCDF4.Dataset(C.nczarr_url(mnt.path)) as ds:
+        assert list(ds["u"][:]) == list(data)
+    mnt = mount(refs, "--chars", "char")
+    assert [b.decode() for b in _ncdump_vars(C.nczarr_url(mnt.path), ["u"])["u"].items] == list(data)
+
+
+def test_variable_never_written_along_the_unlimited_dimension(tmp_path, mount):
+    """kerchunk gives it length 0; netCDF gives it the dimension's length, all fill."""
+    path = tmp_path / "u.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("time", None)
+        ds.createVariable("t", "f8", ("time",))[:] = np.arange(6.0)
+        ds.createVariable("empty", "f4", ("time",), fill_value=np.float32(-9999))
+    mnt = mount(kerchunk_refs(path))
+    dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["empty"])["empty"].items
+    assert dumped == [C.FILL] * 6
+    with netCDF4.Dataset(path) as want:
+        assert _ncdump_vars(str(path), ["empty"])["empty"].items == dumped
+        assert want["empty"][:].mask.all() and len(want["empty"][:]) == 6
