@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from refmount.ncattrs import served_attributes
+from refmount.ncattrs import fill_number, served_attributes
 from refmount.refs import RefSet
 
 log = logging.getLogger("refmount")
@@ -244,6 +244,12 @@ def _plan(info: ArrayInfo, chars: str = "char", refset=None) -> None:
         # mask what the source does not.
         fill = None
         out["fill_value"] = NC_DEFAULT_FILL[typed.str[1:]] if _may_miss_chunks(refset, info) else None
+    elif typed is not None and fill_number(fill, typed) == 0:
+        # A fill of 0 is what kerchunk reads from HDF5 for a file written without fill values (nccopy
+        # writes them so): there 0 is data, and a _FillValue of 0 would mask it. It stays the fill
+        # of missing chunks, as HDF5 gives them.
+        fill = None
+        info.notes.append("fill_value 0 not made a _FillValue (0 is data in files written without fill values)")
     info.zattrs, attr_notes = served_attributes(info.zattrs, typed, fill)
     info.notes.extend(attr_notes)
     if info.codecs:
@@ -252,8 +258,6 @@ def _plan(info: ArrayInfo, chars: str = "char", refset=None) -> None:
 
 def _is_default_fill(fill, dtype: np.dtype) -> bool:
     """No fill, or netCDF's default fill for the type."""
-    from refmount.ncattrs import fill_number
-
     default = NC_DEFAULT_FILL.get(dtype.str[1:])
     if default is None:
         return False
@@ -369,6 +373,10 @@ def _extend_never_written(arrays: list[ArrayInfo]) -> None:
             info.out_zarray["fill_value"] = NC_DEFAULT_FILL[info.out_dtype.str[1:]]
         info.notes.append(f"never written along {', '.join(n for n, s in zip(dims, shape) if s == 0)}: "
                           "given that dimension's length, reading as fill")
+    for info in visible:
+        if 0 in info.out_zarray["shape"]:
+            info.hidden_reason = ("a dimension of length 0 (an unlimited dimension with no records): netCDF-C 4.9.0 "
+                                  "fails the whole open on such an array (the raw view keeps it)")
 
 
 def _rename_clashing_dimensions(arrays: list[ArrayInfo]) -> None:
