@@ -350,20 +350,49 @@ def table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
+def markdown(rows: List[dict], summary: str, mount_args: str) -> str:
+    """Every result that is not identical, one line each, grouped by class, client and cause."""
+    by = defaultdict(list)
+    for r in rows:
+        if r["cls"] != "identical":
+            by[(row_class(r), r["client"], cause(r["reason"]))].append(r)
+    out = ["# Conformance run: every result that is not identical", "",
+           f"`python -m tests.conformance.run{' --mount-args=' + repr(mount_args) if mount_args else ''}`", "",
+           f"    {summary}", ""]
+    for (cls, client, why), group in sorted(by.items(), key=lambda kv: (kv[0][0], -len(kv[1]), kv[0][1])):
+        out += [f"## {cls} · {client} · {len(group)} · {why}", "", "| file | variant | variable | reason |",
+                "|---|---|---|---|"]
+        for r in sorted(group, key=lambda r: (r["cdl"], r["var"], r["variant"])):
+            reason = r["reason"].replace("|", "\\|").replace("\n", " ")[:400]
+            out.append(f"| {r['cdl']} | {r['variant']} | {r['var']} | {reason} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.conformance.run", description=__doc__.split("\n\n")[0])
     ap.add_argument("cdl", nargs="*", help="CDL files relative to tests/conformance/cdl (default: all)")
     ap.add_argument("--slice", action="store_true", help="only the CI slice (tests/conformance/slice.txt)")
     ap.add_argument("--jobs", type=int, default=2, help="CDLs run in parallel (default 2)")
     ap.add_argument("--out", type=Path, help="write the JSON report here")
+    ap.add_argument("--markdown", type=Path, help="write every non-identical result as a Markdown table here")
     ap.add_argument("--mount-args", default="",
                     help='extra options for refmount mount, e.g. --mount-args="--chars string"')
+    ap.add_argument("--from-report", type=Path, help="print (and --markdown) an earlier --out report instead of running")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--isolate", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--snapshot", nargs=5, help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
+    if args.from_report:
+        report = json.loads(args.from_report.read_text())
+        rows = report["rows"]
+        print(table(rows))
+        print(summarise(rows))
+        if args.markdown:
+            args.markdown.write_text(markdown(rows, summarise(rows), report.get("mount_args", "")))
+        return 0
     if args.snapshot:
         import pickle
 
@@ -399,6 +428,8 @@ def main(argv=None) -> int:
     print(table(rows))
     summary = summarise(rows)
     print(summary)
+    if args.markdown:
+        args.markdown.write_text(markdown(rows, summary, args.mount_args))
     if args.out:
         args.out.write_text(json.dumps({"summary": summary, "cdls": names, "mount_args": args.mount_args,
                                         "seconds": round(time.monotonic() - t0, 1), "rows": rows},
