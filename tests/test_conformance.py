@@ -132,3 +132,10 @@ group: g {
     assert h.group_attrs[""] == {"title": ("char", ('"x, y; z"',)), "big": ("int64", ("3000000000LL",))}
     assert h.variables["g/t"].attrs == {"u": ("ubyte", ("7UB",))}
     assert h.group_attrs["g"] == {"names": ("string", ('"p"',))}
+
+
+def test_header_parser_reads_attributes_of_a_group_without_variables():
+    from tests.conformance.header import parse_header
+
+    h = parse_header('netcdf mm {\n\n// global attributes:\n\t\t:title = "example" ;\n}\n')
+    assert h.group_attrs[""] == {"title": ("char", ('"example"',))}

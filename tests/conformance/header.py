@@ -151,7 +151,7 @@ def parse_header(text: str) -> Header:
             section = None
             continue
         stmt, i = _statements(toks, i)
-        if section != "variables" or not stmt:
+        if section not in (None, "variables") or not stmt:  # a group with no variables: attributes only
             continue
         eq = next((k for k, s in enumerate(stmt) if s.kind == "punct" and s.text == "="), None)
         if eq is None:  # a variable declaration: TYPE NAME [( d1, d2 )]
