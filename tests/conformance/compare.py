@@ -1,0 +1,353 @@
+"""Compare one client's snapshot of the mount with its snapshot of the source file.
+
+Per variable (and per group, for group attributes) the outcome is one of
+- ``identical``;
+- ``wrong``: values, mask, type, shape or an attribute differ and refmount is to blame;
+- ``lost by kerchunk``: only attributes differ, and the reference set itself already lacks or changed
+  them (checked in the refs JSON) -- something refmount could restore, not a wrong value;
+- ``error``: the client raises (or ncdump fails) on the mount;
+- ``hidden``: the variable is absent from the mount;
+- ``untranslatable``: kerchunk did not translate the variable;
+- ``source unreadable``: the client cannot read the variable in the source file either (not counted).
+The caller refines errors and wrong results with the ``cp -r`` proof and hidden ones with the log.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from tests.support.clients import FILL, parse_cdl_number, unescape_cdl_string
+
+IDENTICAL, WRONG, LOST, ERROR, HIDDEN, UNTRANSLATABLE, SOURCE_UNREADABLE = (
+    "identical", "wrong", "lost by kerchunk", "error", "hidden", "untranslatable", "source unreadable")
+
+# NCZarr's attribute type hints: each netCDF-C version hides its own spelling and shows the other one
+# as text. They say how to read the other attributes; one showing is a note, not a wrong attribute.
+NCZARR_HINTS = ("_NCZARR_ATTR", "_nczarr_attr")
+
+
+# ----------------------------------------------------------------------------- the refs JSON
+
+
+class Refs:
+    """The kerchunk reference set, to tell what kerchunk itself lost from what refmount changed."""
+
+    def __init__(self, refs: dict):
+        self.refs = refs.get("refs", refs)
+
+    def _json(self, key: str):
+        v = self.refs.get(key)
+        if v is None:
+            return None
+        if isinstance(v, (dict, list)):
+            return v
+        if isinstance(v, bytes):
+            v = v.decode()
+        if isinstance(v, str) and v.startswith("base64:"):
+            import base64
+
+            v = base64.b64decode(v[7:]).decode()
+        return json.loads(v)
+
+    def has_array(self, vpath: str) -> bool:
+        return f"{vpath}/.zarray" in self.refs
+
+    def attrs(self, path: str) -> Optional[dict]:
+        """The .zattrs of an array or group ('' = root), or None if there is none."""
+        return self._json(f"{path}/.zattrs" if path else ".zattrs")
+
+    def zarray(self, vpath: str) -> Optional[dict]:
+        return self._json(f"{vpath}/.zarray")
+
+    def describe(self, vpath: str) -> str:
+        """What kerchunk wrote for an array, to tell the cause of a wrong value at a glance."""
+        z = self.zarray(vpath) or {}
+        prefix = f"{vpath}/"
+        chunks = sum(1 for k in self.refs if k.startswith(prefix) and not k[len(prefix):].startswith("."))
+        return (f"refs: dtype {z.get('dtype')!r} shape {z.get('shape')} fill_value {z.get('fill_value')!r}, "
+                f"{chunks} chunk refs")
+
+
+# ----------------------------------------------------------------------------- values
+
+
+def _equal_arrays(a, b) -> bool:
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return False
+    if a.dtype.kind in "mM" and b.dtype.kind in "mM":
+        return bool(np.array_equal(a.view("i8"), b.view("i8")))
+    if a.dtype.kind in "fc" and b.dtype.kind in "fc":
+        return bool(np.array_equal(a, b, equal_nan=True))
+    if a.dtype.kind == "O" or b.dtype.kind == "O":
+        return _equal_values(a.tolist(), b.tolist())
+    try:
+        return bool(np.array_equal(a, b))
+    except TypeError:
+        return _equal_values(a.tolist(), b.tolist())
+
+
+def _equal_values(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_equal_values(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return _equal_arrays(a, b)
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return False
+
+
+def _squeeze_scalar(src_shape, values, shape) -> Tuple[object, tuple, Optional[str]]:
+    """A scalar served as shape [1] (the decoded view's rule) compares as the scalar it holds."""
+    if tuple(src_shape) == () and tuple(shape) == (1,):
+        return (values.reshape(()) if isinstance(values, np.ndarray) else values), (), "scalar served as [1]"
+    return values, tuple(shape), None
+
+
+def _items_equal(a: list, b: list) -> bool:
+    if len(a) != len(b):
+        return False
+    if a == b:  # fast path (FILL is one object; only NaNs need the slow path)
+        return True
+    for x, y in zip(a, b):
+        if x is FILL or y is FILL:
+            if x is not y:
+                return False
+        elif not _equal_values(x, y):
+            return False
+    return True
+
+
+def _first_item_difference(a: list, b: list) -> str:
+    if len(a) != len(b):
+        return f"{len(b)} values printed, source has {len(a)}"
+    for k, (x, y) in enumerate(zip(a, b)):
+        same = (x is FILL and y is FILL) or (x is not FILL and y is not FILL and _equal_values(x, y))
+        if not same:
+            show = lambda v: "_" if v is FILL else repr(v)  # noqa: E731
+            n = sum(1 for p, q in zip(a, b) if not ((p is FILL and q is FILL) or (
+                p is not FILL and q is not FILL and _equal_values(p, q))))
+            return f"{n} of {len(a)} values differ, first at {k}: mount {show(y)}, source {show(x)}"
+    return "values differ"
+
+
+def _array_difference(src, got, what: str) -> Optional[str]:
+    src, got = np.asarray(src), np.asarray(got)
+    if src.shape != got.shape:
+        return f"{what}: shape {got.shape} != source {src.shape}"
+    if _equal_arrays(src, got):
+        return None
+    try:
+        if src.dtype.kind in "fc" and got.dtype.kind in "fc":
+            bad = ~((src == got) | (np.isnan(src) & np.isnan(got)))
+        else:
+            bad = np.asarray(src != got)
+        idx = np.argwhere(bad.reshape(src.shape)) if bad.shape == src.shape else []
+        if len(idx):
+            t = tuple(int(i) for i in idx[0])
+            return f"{what}: {len(idx)} of {src.size} values differ, first at {t}: mount {got[t]!r}, source {src[t]!r}"
+    except (TypeError, ValueError):
+        pass
+    return f"{what}: values differ"
+
+
+# ----------------------------------------------------------------------------- attributes
+
+
+def _refs_attr_matches_source(client: str, src_value, ref_value) -> bool:
+    """Does the refs JSON hold the source's attribute value (ignoring its type, which JSON cannot hold)?"""
+    if client == "ncdump":
+        atype, toks = src_value
+        try:
+            if atype in ("char", "string"):
+                vals = [unescape_cdl_string(t).decode("utf-8", "replace") for t in toks]
+                joined = "".join(vals)
+                return ref_value == joined or ref_value == vals or ref_value == vals[:1] * len(vals)
+            nums = [parse_cdl_number(t) for t in toks]
+        except (ValueError, IndexError):
+            return False
+    else:
+        kind, v = src_value
+        if kind in ("str", "bytes"):
+            return ref_value == v or ref_value == [v]
+        nums = v
+    ref = ref_value if isinstance(ref_value, list) else [ref_value]
+    if len(ref) != len(nums):
+        return False
+    def num(x):
+        if isinstance(x, str):
+            return {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.get(x, x)
+        return x
+    return _equal_values([num(x) for x in ref], list(nums))
+
+
+def attr_differences(client: str, src: dict, got: dict, refs_attrs: Optional[dict],
+                     zarray: Optional[dict], notes: Optional[list] = None) -> Tuple[List[str], List[str]]:
+    """(refmount's differences, kerchunk's losses) between two attribute dicts; a visible NCZarr hint
+    attribute goes to ``notes``."""
+    wrong, lost = [], []
+    refs_attrs = refs_attrs or {}
+    for name in sorted(set(src) | set(got)):
+        if name == "__error__":
+            continue
+        if name in NCZARR_HINTS and name not in src:
+            if notes is not None:
+                notes.append(f"NCZarr hint {name} visible as an attribute")
+            continue
+        s, g = src.get(name), got.get(name)
+        if s is not None and g is not None and _equal_values(list(s), list(g)):
+            continue
+        if g is None:  # missing on the mount
+            if name not in refs_attrs:
+                if name == "_FillValue" and zarray and zarray.get("fill_value") is not None:
+                    lost.append(f"[kerchunk] _FillValue missing (moved to .zarray fill_value={zarray['fill_value']!r})")
+                else:
+                    lost.append(f"[kerchunk] attribute {name!r} missing (not in the refs)")
+            else:
+                wrong.append(f"attribute {name!r} missing (the refs have it)")
+        elif s is None:  # extra on the mount
+            if name in refs_attrs:
+                lost.append(f"[kerchunk] extra attribute {name!r}={_short(g)} (kerchunk wrote it)")
+            else:
+                wrong.append(f"extra attribute {name!r}={_short(g)} (refmount added it)")
+        else:
+            if name in refs_attrs and not _refs_attr_matches_source(client, s, refs_attrs[name]):
+                lost.append(f"[kerchunk] attribute {name!r}: mount {_short(g)}, source {_short(s)} (refs hold {_short(refs_attrs[name])})")
+            elif name in refs_attrs and s[0] != g[0]:
+                lost.append(f"[kerchunk] attribute {name!r} type: mount {g[0]}, source {s[0]} (JSON carries no type)")
+            else:
+                wrong.append(f"attribute {name!r}: mount {_short(g)}, source {_short(s)}")
+    return wrong, lost
+
+
+def _short(v, n: int = 80) -> str:
+    text = repr(v)
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+# ----------------------------------------------------------------------------- per variable
+
+
+def compare_var(client: str, src, got, refs_attrs, zarray, values_undefined: bool = False
+                ) -> Tuple[str, str, List[str]]:
+    """(class, reason, notes) of one variable present in both snapshots. ``values_undefined``: the source
+    declares _NoFill, so its unwritten points are whatever the disk held; values are not compared."""
+    notes: List[str] = []
+    if values_undefined:
+        notes.append("source has _NoFill: values not compared")
+    if got.error:
+        return ERROR, got.error, notes
+    problems: List[str] = []
+    if src.type != got.type:
+        problems.append(f"type {got.type} != source {src.type}")
+    if client == "ncdump":
+        if tuple(src.dims) != tuple(got.dims):
+            if not (src.dims == () and len(got.dims) == 1):
+                notes.append(f"dimensions {got.dims} != source {src.dims}")
+            else:
+                notes.append("scalar served as [1]")
+        sv, gv = src.values or [], got.values or []
+        if not values_undefined and not _items_equal(sv, gv):
+            problems.append(_first_item_difference(sv, gv))
+    else:
+        gvals, gshape, note = _squeeze_scalar(src.shape, got.values, got.shape)
+        if note:
+            notes.append(note)
+            graw = got.raw.reshape(()) if isinstance(got.raw, np.ndarray) else got.raw
+        else:
+            graw = got.raw
+        if tuple(src.shape) != gshape:
+            problems.append(f"shape {tuple(got.shape)} != source {tuple(src.shape)}")
+        elif values_undefined:
+            pass
+        elif client == "netcdf4":
+            smask, gmask = np.ma.getmaskarray(src.values), np.ma.getmaskarray(gvals)
+            if not np.array_equal(smask, gmask):
+                k = int(np.count_nonzero(smask != gmask))
+                problems.append(f"mask: {k} of {smask.size} points differ (mount masks "
+                                f"{int(gmask.sum())}, source {int(smask.sum())})")
+            else:
+                sd = np.ma.getdata(src.values)[~smask] if smask.ndim else (
+                    np.ma.getdata(src.values) if not smask else np.array([]))
+                gd = np.ma.getdata(gvals)[~gmask] if gmask.ndim else (
+                    np.ma.getdata(gvals) if not gmask else np.array([]))
+                d = _array_difference(sd, gd, "masked values")
+                if d:
+                    problems.append(d)
+            d = _array_difference(src.raw, graw, "raw values")
+            if d:
+                problems.append(d)
+            if np.asarray(src.raw).dtype != np.asarray(graw).dtype:
+                problems.append(f"raw dtype {np.asarray(graw).dtype} != source {np.asarray(src.raw).dtype}")
+        else:
+            d = _array_difference(src.values, gvals, "values")
+            if d:
+                problems.append(d)
+        if tuple(src.dims) != tuple(got.dims) and not note:
+            notes.append(f"dimensions {got.dims} != source {src.dims}")
+    wrong_attrs, lost = attr_differences(client, src.attrs, got.attrs, refs_attrs, zarray, notes)
+    problems += wrong_attrs
+    if problems:
+        return WRONG, "; ".join(problems + lost), notes
+    if lost:
+        return LOST, "; ".join(lost), notes
+    return IDENTICAL, "", notes
+
+
+def group_label(gpath: str) -> str:
+    return f"(attributes of /{gpath})"
+
+
+def compare_snapshots(client: str, src: dict, got: dict, refs: Refs, nofill=frozenset()) -> List[dict]:
+    """One row per source variable and per source group: {var, class, reason, notes}.
+    ``nofill``: paths of source variables with _NoFill (see compare_var)."""
+    rows = []
+    for gpath, sattrs in src["groups"].items():
+        label = group_label(gpath)
+        if "__error__" in sattrs:
+            rows.append(dict(var=label, cls=SOURCE_UNREADABLE, reason=sattrs["__error__"], notes=[]))
+            continue
+        gattrs = got["groups"].get(gpath)
+        if gattrs is None:
+            cls, reason = (ERROR, got["error"]) if got["error"] else (HIDDEN, "group absent from the mount")
+            rows.append(dict(var=label, cls=cls, reason=reason, notes=[]))
+            continue
+        if "__error__" in gattrs:
+            rows.append(dict(var=label, cls=ERROR, reason=gattrs["__error__"], notes=[]))
+            continue
+        notes: List[str] = []
+        wrong, lost = attr_differences(client, sattrs, gattrs, refs.attrs(gpath), None, notes)
+        cls = WRONG if wrong else LOST if lost else IDENTICAL
+        rows.append(dict(var=label, cls=cls, reason="; ".join(wrong + lost), notes=notes))
+    for vpath, sv in src["vars"].items():
+        if sv.error:
+            rows.append(dict(var=vpath, cls=SOURCE_UNREADABLE, reason=sv.error, notes=[]))
+            continue
+        gv = got["vars"].get(vpath)
+        if gv is None:
+            gpath = vpath.rpartition("/")[0]
+            gerr = got["groups"].get(gpath, {}).get("__error__")
+            if got["error"] or gerr:
+                rows.append(dict(var=vpath, cls=ERROR, reason=got["error"] or gerr, notes=[]))
+            else:
+                rows.append(dict(var=vpath, cls=HIDDEN, reason="", notes=[]))
+            continue
+        cls, reason, notes = compare_var(client, sv, gv, refs.attrs(vpath), refs.zarray(vpath), vpath in nofill)
+        if cls == WRONG:
+            notes.append(refs.describe(vpath))
+        rows.append(dict(var=vpath, cls=cls, reason=reason, notes=notes))
+    return rows
+
+
+def same_outcome(a: List[dict], b: List[dict]) -> Dict[str, bool]:
+    """Per variable: do two comparisons (mount and its cp -r copy) give the same class and reason?"""
+    bmap = {r["var"]: r for r in b}
+    return {r["var"]: (r["var"] in bmap and bmap[r["var"]]["cls"] == r["cls"]
+                       and bmap[r["var"]]["reason"] == r["reason"]) for r in a}
