@@ -10,6 +10,7 @@ from refmount.errors import FetchError, RefmountError
 from refmount.fetch import Fetcher, RetryPolicy, check_protocols, redact
 from refmount.fs import Filesystem
 from refmount.refs import load_refs
+from refmount.refs.icechunk import version_from_options
 from refmount.refs.source import is_remote, protocol_of
 from refmount.view import RawView
 
@@ -47,6 +48,17 @@ def warn_raw_view(refset) -> None:
         shown = ", ".join(compressed[:8]) + (f" and {len(compressed) - 8} more" if len(compressed) > 8 else "")
         log.warning("raw view: arrays %s are compressed or filtered; netCDF-C without filter plugins (e.g. "
                     "Debian's ncdump) reads garbage from them - mount with --view decoded for ncdump", shown)
+
+
+def v2_view(raw: RawView) -> RawView:
+    """The raw view the decoded view builds on: a Zarr v3 set (Icechunk, VirtualiZarr) is first given
+    its Zarr v2 form (refmount.zarr3), with the same bytes behind its chunks."""
+    from refmount.zarr3 import is_v3, v2_refset
+
+    if not is_v3(raw.refset):
+        return raw
+    return RawView(v2_refset(raw.refset), raw.fetcher, raw.cache, prefetch=raw.prefetch,
+                   exact_small_reads=raw.small_chunk > 0)
 
 
 def load_progress():
@@ -88,7 +100,7 @@ def build_filesystem(opts):
     progress = load_progress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
-                           progress=progress)
+                           progress=progress, version=version_from_options(opts))
     finally:
         if progress:
             progress.close()
@@ -104,12 +116,17 @@ def build_filesystem(opts):
     disk = None
     if opts.cache_dir:
         fetch, disk = disk_backed(fetch, fetcher, urls, opts)
+    if getattr(refset, "checksums", None):  # Icechunk virtual chunks: is each object the committed version?
+        from refmount.checksums import verified_fetch
+
+        fetch = verified_fetch(fetch, fetcher, urls, refset.checksums)
     cache = BlockCache(fetch, block_size=opts.block_size, capacity=opts.cache_size, max_request=8 << 20)
     view = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
     if opts.view == "decoded":
         from refmount.decoded import DecodedView
 
-        view = DecodedView(view, cache_size=opts.decoded_cache_size)
+        view = DecodedView(v2_view(view), cache_size=opts.decoded_cache_size)
+        refset = view.refset  # (a Zarr v3 set is shown through its v2 form)
     else:
         warn_raw_view(refset)
 

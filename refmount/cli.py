@@ -128,6 +128,16 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="leave the kernel readahead and FUSE max_background as they are")
     g.add_argument("--read-ahead", type=parse_size, default="1M", metavar="SIZE",
                    help="kernel readahead for the mount when tuning (default: 1M)")
+    add_version_options(p.add_argument_group("Icechunk repositories"))
+
+
+def add_version_options(g) -> None:
+    """--branch/--tag/--snapshot (mount and inspect)."""
+    g.add_argument("--branch", metavar="NAME",
+                   help="mount the snapshot this branch points at when mounting (default: main); the mount stays "
+                        "on that snapshot, mount again to see later commits")
+    g.add_argument("--tag", metavar="NAME", help="mount the snapshot of this tag")
+    g.add_argument("--snapshot", metavar="ID", help="mount this snapshot id")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--remote-options", type=parse_json_object, default={}, metavar="JSON",
                    help="as for mount")
+    add_version_options(p)
     return parser
 
 
@@ -171,6 +182,7 @@ def options_from_args(args):
         log_level=args.log_level, log_file=args.log_file, tune_kernel=args.tune_kernel,
         read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
+        branch=args.branch, tag=args.tag, snapshot=args.snapshot,
     )
 
 
@@ -222,6 +234,12 @@ def _expand_config(argv: list[str]) -> list[str]:
     return [argv[0], *options, *rest, *positionals]
 
 
+def _version(args):
+    from refmount.refs.icechunk import version_from_options
+
+    return version_from_options(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -251,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "inspect":
             from refmount.inspect import run_inspect
 
-            return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json)
+            return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json,
+                               version=_version(args))
     except RefmountError as e:
         sys.stderr.write(f"refmount: {e}\n")
         return 1

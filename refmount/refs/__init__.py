@@ -19,10 +19,15 @@ __all__ = ["INLINE", "WHOLE_FILE", "Ref", "RefSet", "load_refs", "refs_from_dict
 
 
 def load_refs(location: str, *, remote_options: dict | None = None, max_keys: int | None = DEFAULT_MAX_KEYS,
-              progress=None) -> RefSet:
-    """Load the reference set at `location` (path or url). Errors are one-line `RefmountError`s."""
+              progress=None, version=None) -> RefSet:
+    """Load the reference set at `location` (path or url). Errors are one-line `RefmountError`s.
+    `version` (refs.icechunk.Version) picks an Icechunk repository's branch, tag or snapshot."""
     from refmount.refs.jsonrefs import load_json
+    from refmount.refs.icechunk import is_icechunk_location, load_icechunk, reject_version
 
+    if is_icechunk_location(location, remote_options, version):
+        return load_icechunk(location, remote_options=remote_options, version=version, max_keys=max_keys)
+    reject_version(location, version)
     if is_parquet_location(location, remote_options):
         from refmount.refs.parquet import load_parquet
 
