@@ -37,10 +37,12 @@ def summarize(refset) -> dict:
 def print_summary(opts) -> int:
     from refmount.assemble import check_targets, load_progress
     from refmount.refs import load_refs
+    from refmount.refs.icechunk import version_from_options
 
     progress = load_progress()
     try:
-        refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys, progress=progress)
+        refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys, progress=progress,
+                           version=version_from_options(opts))
     finally:
         if progress:
             progress.close()

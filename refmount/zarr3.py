@@ -194,6 +194,15 @@ def v2_metadata(meta: dict) -> tuple[dict, dict]:
     if separator == "/":
         zarray["dimension_separator"] = "/"
     attrs = decoded_attribute_fill(dict(meta.get("attributes") or {}), dtype)
+    # v3 keeps apart the bytes of a missing chunk (fill_value) and the CF marker of a missing value
+    # (the _FillValue attribute); v2 clients (xarray, netCDF-C) take fill_value as both. So the v2
+    # fill_value is the CF one (or none), and missing chunks whose v3 fill differs are served as
+    # explicit chunks of it (`_fill_chunks`).
+    fill = attrs.get("_FillValue")
+    if isinstance(fill, (int, float)) and not isinstance(fill, bool) and dtype.kind in "iuf":
+        zarray["fill_value"] = "NaN" if fill != fill else fill
+    elif dtype.kind in "biufc":
+        zarray["fill_value"] = None
     names = meta.get("dimension_names")
     if names and len(names) == len(shape) and all(isinstance(n, str) and n for n in names):
         attrs["_ARRAY_DIMENSIONS"] = list(names)
@@ -267,6 +276,7 @@ def v2_refset(refset: RefSet) -> RefSet:
         metadata[base + ".zarray"] = json.dumps(zarray, allow_nan=True).encode()
         metadata[base + ".zattrs"] = json.dumps(zattrs, allow_nan=True).encode()
         found = list(_array_chunks(refset, path, meta, len(zarray["shape"]), zarray.get("dimension_separator", ".")))
+        _fill_chunks(builder, base, meta, zarray, [name for _, name in found])
         if found:
             indexes = np.array([i for i, _ in found], np.int64)
             keys = [base + name for _, name in found]
@@ -281,6 +291,44 @@ def v2_refset(refset: RefSet) -> RefSet:
         if hasattr(refset, name):
             setattr(out, name, getattr(refset, name))
     return out
+
+
+def _same_fill(a, b) -> bool:
+    return a == b or (a in ("NaN", None) or a != a) and (b in ("NaN",) or b != b) and a is not None
+
+
+def _fill_chunks(builder: RefSetBuilder, base: str, meta: dict, zarray: dict, present: list[str]) -> None:
+    """Missing chunks read as the v3 fill_value; when the v2 fill_value differs, serve them as inline
+    chunks of the v3 fill, encoded once with the array's codecs."""
+    v3_fill = v2_fill(meta.get("fill_value"), np.dtype(zarray["dtype"]))
+    shape, chunks = zarray["shape"], zarray["chunks"]
+    grid = [math.ceil(s / c) if c else 0 for s, c in zip(shape, chunks)]
+    total = math.prod(grid)
+    if _same_fill(zarray["fill_value"], v3_fill) or len(present) >= total or v3_fill is None:
+        return
+    name = base.rstrip("/") or "/"
+    if total > 10_000_000 or any(f["id"] == ShardCodec.codec_id for f in zarray["filters"] or []):
+        log.warning("decoded view: array %s: its missing chunks read as %r, not the Zarr fill value %r",
+                    name, zarray["fill_value"], v3_fill)
+        return
+    import numcodecs
+
+    dtype = np.dtype(zarray["dtype"])
+    data = np.full(chunks, float("nan") if v3_fill == "NaN" else v3_fill, dtype).tobytes()
+    for config in zarray["filters"] or []:
+        data = numcodecs.get_codec(dict(config)).encode(data)
+    data = bytes(ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1))
+    sep = zarray.get("dimension_separator", ".")
+    have = set(present)
+    keys = []
+    for index in np.ndindex(*grid):
+        key = sep.join(map(str, index))
+        if key not in have:
+            keys.append(base + key)
+    n = len(keys)
+    builder.add_batch(keys, np.full(n, INLINE, np.int32), np.zeros(n, np.int64), np.full(n, len(data), np.int64),
+                      dict.fromkeys(range(n), data))
+    log.info("decoded view: array %s: %d missing chunks served as chunks of the Zarr fill value %r", name, n, v3_fill)
 
 
 # -- codecs the decoded view uses for v3 chunk layouts ------------------------------------------------

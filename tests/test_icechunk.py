@@ -57,7 +57,7 @@ def make_file(path, k: int, air_offset: float = 0.0) -> None:
         prcp.scale_factor = 0.1
         prcp[:] = (np.arange(STEPS * NLAT * NLON).reshape(STEPS, NLAT, NLON) * 7 + k) % 300
         prcp[1, 2, 3] = np.ma.masked
-        count = ds.createVariable("count", "i4", ("time", "lat"), endian="big", chunksizes=(2, NLAT))
+        count = ds.createVariable("count", ">i4", ("time", "lat"), endian="big", chunksizes=(2, NLAT))
         count[:] = np.arange(STEPS * NLAT).reshape(STEPS, NLAT) * 1000 + k
 
 
@@ -128,15 +128,20 @@ def sources(tmp_path_factory):
                "native": native, "oracle": concatenated_oracle(paths), "decoded": source_dataset(paths)}
 
 
-def repo_values(path, server=None) -> dict:
-    """Every array as zarr reads it from the repository through icechunk itself (the raw oracle)."""
+def repo_values(path) -> dict:
+    """Every array as zarr reads it from the repository through icechunk itself (the raw oracle of a
+    native repository; icechunk 1.x cannot read our virtual one: it drops the port of virtual urls)."""
     import zarr
 
-    storage = icechunk.local_filesystem_storage(str(path))
-    kwargs = {"authorize_virtual_chunk_access": {server.url + "/": None}} if server else {}
-    session = icechunk.Repository.open(storage, **kwargs).readonly_session("main")
+    session = icechunk.Repository.open(icechunk.local_filesystem_storage(str(path))).readonly_session("main")
     group = zarr.open_group(session.store, mode="r")
     return {name: group[name][...] for name in group.array_keys()}
+
+
+def raw_oracle(sources, kind) -> dict:
+    if kind == "native":
+        return repo_values(sources["native"])
+    return {name: values for name, (values, _) in sources["oracle"].items()}  # the source files' stored values
 
 
 def assert_decoded_clients(mnt, sources) -> None:
@@ -171,7 +176,8 @@ def assert_raw_clients(mnt, expected: dict, sources) -> None:
     assert sorted(group.array_keys()) == sorted(expected)
     for name, values in expected.items():
         got = group[name][...]
-        assert got.dtype == values.dtype and np.array_equal(got, values, equal_nan=True), f"zarr {name}"
+        assert got.dtype.kind == values.dtype.kind and got.dtype.itemsize == values.dtype.itemsize, f"zarr {name}"
+        assert np.array_equal(got, values, equal_nan=True), f"zarr {name}"
     opened = xr.open_zarr(str(mnt), zarr_format=3, consolidated=False)
     for name in VARIABLES:
         np.testing.assert_array_equal(opened[name].values, sources["decoded"][name].values, err_msg=f"xarray {name}")
@@ -193,7 +199,7 @@ def test_icechunk_decoded_view(mount, sources, kind):
 def test_icechunk_raw_view(mount, sources, kind):
     m = mount(sources[kind], "--view", "raw")
     assert json.loads((m / "air" / "zarr.json").read_text())["zarr_format"] == 3
-    assert_raw_clients(m.path, repo_values(sources[kind], sources["server"] if kind == "virtual" else None), sources)
+    assert_raw_clients(m.path, raw_oracle(sources, kind), sources)
 
 
 def test_kinds_of_chunks(sources):
@@ -234,16 +240,17 @@ def test_snapshot_is_frozen_and_versions(mount, sources, tmp_path):
     with netCDF4.Dataset(nczarr_url(before.path)) as ds:
         ds.set_auto_maskandscale(False)
         assert np.array_equal(ds["air"][...], original)
-    assert np.array_equal(zarr.open_group(str(before_raw.path), mode="r")["air"][...],
-                          sources["decoded"]["air"].values, equal_nan=True)
+    assert np.array_equal(zarr.open_group(str(before_raw.path), mode="r")["air"][...], original)
     after = mount(repo_path, "--view", "raw")
     assert (zarr.open_group(str(after.path), mode="r")["air"][...] == 7.5).all()
     for args in (["--snapshot", first], ["--tag", "v1"]):
         old = mount(repo_path, "--view", "raw", *args)
-        assert np.array_equal(zarr.open_group(str(old.path), mode="r")["air"][...],
-                              sources["decoded"]["air"].values, equal_nan=True), args
+        assert np.array_equal(zarr.open_group(str(old.path), mode="r")["air"][...], original), args
+    (tmp_path / "unused").mkdir()
     bad = run_refmount("mount", "--foreground", "--branch", "nope", repo_path, tmp_path / "unused")
     assert bad.returncode != 0 and "branch 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+    dry = run_refmount("mount", "--dry-run", "--tag", "v1", repo_path, tmp_path / "unused")
+    assert dry.returncode == 0, dry.stderr
 
 
 def test_changed_virtual_object_is_eio(mount, tmp_path):
@@ -260,6 +267,7 @@ def test_changed_virtual_object_is_eio(mount, tmp_path):
             os.utime(data / name, (committed.timestamp() - 60, committed.timestamp() - 60))
         virtual_repo(tmp_path / "repo", server, names, last_updated_at=committed)
         make_file(data / "b.nc", 1, air_offset=1.0)  # same layout, other values
+        os.utime(data / "b.nc", (committed.timestamp() + 5, committed.timestamp() + 5))
         m = mount(tmp_path / "repo", "--view", "raw")
         first = (m / "air" / "c" / "0" / "0" / "0").read_bytes()
         assert len(first) > 0
@@ -284,7 +292,7 @@ def test_v3_reference_set(mount, sources, tmp_path):
     path = tmp_path / "v3.json"
     path.write_text(json.dumps({"version": 1, "refs": refs}))
     raw = mount(path, "--view", "raw")
-    assert_raw_clients(raw.path, repo_values(sources["virtual"], sources["server"]), sources)
+    assert_raw_clients(raw.path, raw_oracle(sources, "virtual"), sources)
     decoded = mount(path)
     assert_decoded_clients(decoded.path, sources)
 

@@ -332,6 +332,7 @@ def _add_array_chunks(builder: RefSetBuilder, files: RepoFiles, array: _Array, b
     for k in np.flatnonzero(inline_count >= 0).tolist():
         a = int(inline_start[k])
         inline[k] = bytes(mem[a : a + int(inline_count[k])])
+        lengths[k] = len(inline[k])
 
     native = cols.field(4)
     has_native = np.flatnonzero(native > 0)
