@@ -8,20 +8,29 @@ array with the plan for the decoded view: the rewritten metadata, how chunks are
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from numcodecs.compat import ensure_contiguous_ndarray
 
+from refmount.ncattrs import served_attributes
 from refmount.refs import RefSet
 
 log = logging.getLogger("refmount")
 
 # Codec ids the netCDF4 wheel (netCDF-C 4.10.1) decodes with its bundled plugins (NOTES §2).
 NC410_CODECS = {"zlib", "gzip", "shuffle", "blosc", "zstd", "bz2"}
+# netCDF-C's default fill values (netCDF4.default_fillvals): what a missing value reads as when a
+# variable has no _FillValue, and what netCDF-C masks then.
+NC_DEFAULT_FILL = {"i1": -127, "u1": 255, "i2": -32767, "u2": 65535, "i4": -2147483647, "u4": 4294967295,
+                   "i8": -9223372036854775806, "u8": 18446744073709551614,
+                   "f4": 9.969209968386869e36, "f8": 9.969209968386869e36}
+CHAR_DTYPE_49 = "<U1"  # netCDF-C 4.9.x's own char dtype, one byte per character
+# A decoded chunk is held whole in memory: bigger ones (absurd chunk shapes) hide their array.
+MAX_CHUNK_BYTES = 1 << 30
 
 
 @dataclass
@@ -44,6 +53,8 @@ class ArrayInfo:
     out_chunk_shape: tuple = ()
     separator: str = "."
     renamed_dims: dict = field(default_factory=dict)
+    strlen: int = 0  # |Sn (n > 1) served as characters: the length of the added last dimension
+    recode_from: np.dtype | None = None  # |O or <U strings, served as the fixed-length UTF-8 `dtype`
 
     @property
     def name(self) -> str:
@@ -55,7 +66,7 @@ class ArrayInfo:
 
     @property
     def transforms_chunks(self) -> bool:
-        return bool(self.codecs) or self.swap or self.fortran or self.crop is not None
+        return bool(self.codecs) or self.swap or self.fortran or self.crop is not None or self.recode_from is not None
 
     @property
     def out_chunk_bytes(self) -> int:
@@ -67,6 +78,11 @@ class ArrayInfo:
         if len(parts) != max(len(self.chunk_shape), 1) or not all(p.isdigit() for p in parts):
             return None
         return tuple(int(p) for p in parts)
+
+
+def listed(names: list[str], shown: int = 8) -> str:
+    """Array names for a log line: the first few, then how many more."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def load_json_value(data: bytes):
@@ -86,7 +102,7 @@ def _inline(refset: RefSet, key: str):
     return i, refset.inline_data(i)
 
 
-def scan_arrays(refset: RefSet) -> list[ArrayInfo]:
+def scan_arrays(refset: RefSet, chars: str = "char") -> list[ArrayInfo]:
     arrays = []
     for d, path in enumerate(refset.dirs.paths):
         prefix = f"{path}/" if path else ""
@@ -102,9 +118,9 @@ def scan_arrays(refset: RefSet) -> list[ArrayInfo]:
             info.zarray = load_json_value(raw)
             _, attrs_raw = _inline(refset, prefix + ".zattrs")
             info.zattrs = load_json_value(attrs_raw) if attrs_raw else {}
-            _plan(info)
-        except (ValueError, TypeError, KeyError) as e:
-            info.hidden_reason = f"its metadata is malformed ({type(e).__name__}: {e})"
+            _plan(info, chars, refset)
+        except (ValueError, TypeError, KeyError, RecursionError) as e:
+            info.hidden_reason = f"its metadata is malformed ({type(e).__name__}: {str(e)[:200]})"
         arrays.append(info)
     _rename_clashing_dimensions(arrays)
     return arrays
@@ -124,7 +140,7 @@ def _codec(config: dict):
     return numcodecs.get_codec(dict(config))
 
 
-def _plan(info: ArrayInfo) -> None:
+def _plan(info: ArrayInfo, chars: str = "char", refset=None) -> None:
     z = info.zarray
     if z.get("zarr_format", 2) != 2:
         raise ValueError(f"zarr_format {z.get('zarr_format')} is not 2")
@@ -141,15 +157,19 @@ def _plan(info: ArrayInfo) -> None:
         info.hidden_reason = "structured (compound) dtype: netCDF-C cannot read it from Zarr"
         return
     if dtype.kind == "O":
-        info.hidden_reason = "object dtype (variable-length strings): netCDF-C fails to open such arrays"
-        return
-    if dtype.kind == "U":
-        info.hidden_reason = f"dtype {z['dtype']} (UTF-32 strings): netCDF-C fails to open such arrays"
-        return
-    if dtype.kind == "S" and dtype.itemsize > 1:
-        info.hidden_reason = (f"fixed-length strings {z['dtype']} crash netCDF-C 4.9.0 "
-                              "(zarr and xarray read them in --view raw)")
-        return
+        longest, why = _longest_string(refset, info) if refset is not None else (0, "no reference set")
+        if why:
+            info.hidden_reason = f"variable-length strings: {why}"
+            return
+        info.notes.append(f"variable-length strings served as fixed-length UTF-8 (|S{longest}, the longest)")
+    elif dtype.kind == "U":
+        longest = dtype.itemsize  # n characters: 4n bytes of UTF-32, and at most 4n of UTF-8
+        info.notes.append(f"UTF-32 strings {dtype.str} served as fixed-length UTF-8 (|S{longest})")
+    if dtype.kind in "OU":
+        info.recode_from = dtype
+        info.dtype = dtype = np.dtype(f"S{longest}")
+        if chars == "string" and "_Encoding" not in info.zattrs:
+            info.zattrs = {**info.zattrs, "_Encoding": "utf-8"}  # xarray then gives str, as for the source
     if dtype.kind == "V":
         info.hidden_reason = f"dtype {z['dtype']} (raw bytes) is not a netCDF type"
         return
@@ -173,9 +193,9 @@ def _plan(info: ArrayInfo) -> None:
         info.swap = True
         info.notes.append(f"big-endian {dtype.str} served as little-endian {out_dtype.str}")
     if dtype.kind == "S":
-        _plan_bytes_as_u1(info, out, dtype)
-        out_dtype = np.dtype("u1")
-    out["dtype"] = out_dtype.str
+        out_dtype = _plan_characters(info, out, dtype, chars)
+    out["dtype"] = CHAR_DTYPE_49 if out_dtype is None else out_dtype.str
+    out_dtype = out_dtype or np.dtype("u1")  # (the 4.9 char form is one byte per character too)
     if z.get("order", "C") == "F" and len(chunks) > 1:
         info.fortran = True
         info.notes.append("Fortran-order chunks served in C order")
@@ -200,26 +220,123 @@ def _plan(info: ArrayInfo) -> None:
             info.crop = tuple(crop)
             info.notes.append(f"chunks {chunks} cropped to the shape {new_chunks}")
         out["chunks"] = new_chunks
+    if info.strlen:
+        out["shape"] = list(out["shape"]) + [info.strlen]
+        out["chunks"] = list(out["chunks"]) + [info.strlen]
+        dims = info.zattrs.get("_ARRAY_DIMENSIONS")
+        if isinstance(dims, list):
+            info.zattrs = {**info.zattrs, "_ARRAY_DIMENSIONS": [*dims, f"string{info.strlen}"]}
     info.out_dtype = out_dtype
     info.out_chunk_shape = tuple(out["chunks"])
+    if info.out_chunk_bytes > MAX_CHUNK_BYTES:
+        info.hidden_reason = (f"its decoded chunks would be {info.out_chunk_bytes:,} bytes each, more than the "
+                              f"decoded view serves ({MAX_CHUNK_BYTES:,})")
+        return
     info.out_zarray = out
+    # characters get no _FillValue (NUL is theirs), nor do booleans (a fill of false would mask every false)
+    typed = out_dtype if dtype.kind in "iuf" else None
+    fill = out.get("fill_value")
+    if typed is not None and _is_default_fill(fill, typed):
+        # netCDF's default fill needs no _FillValue (netCDF-C applies it by itself, and the source
+        # had none: kerchunk writes HDF5's fill, which is netCDF's default when the variable has no
+        # _FillValue). In .zarray it matters only for missing chunks; elsewhere it would make xarray
+        # mask what the source does not.
+        fill = None
+        out["fill_value"] = NC_DEFAULT_FILL[typed.str[1:]] if _may_miss_chunks(refset, info) else None
+    info.zattrs, attr_notes = served_attributes(info.zattrs, typed, fill)
+    info.notes.extend(attr_notes)
     if info.codecs:
         info.notes.insert(0, "chunks decoded (" + "+".join(str(c.get("id")) for c in info.codecs) + ")")
 
 
-def _plan_bytes_as_u1(info: ArrayInfo, out: dict, dtype: np.dtype) -> None:
-    """|S1 (netCDF char) crashes netCDF-C 4.9.0 even in `ncdump -h`; the same bytes as unsigned
-    bytes read everywhere."""
-    fill = info.zarray.get("fill_value")
-    out["fill_value"] = None
-    if isinstance(fill, str):
-        try:
-            raw = base64.b64decode(fill)
-        except ValueError:
-            raw = b""
-        if len(raw) >= 1 and raw == raw[:1] * len(raw):
-            out["fill_value"] = raw[0]
-    info.notes.append(f"characters {dtype.str} served as |u1")
+def _is_default_fill(fill, dtype: np.dtype) -> bool:
+    """No fill, or netCDF's default fill for the type."""
+    from refmount.ncattrs import fill_number
+
+    default = NC_DEFAULT_FILL.get(dtype.str[1:])
+    if default is None:
+        return False
+    number = fill_number(fill, dtype)
+    return number is None and fill is None or number == fill_number(default, dtype)
+
+
+def count_chunks(refset, info: ArrayInfo) -> tuple[int, int]:
+    """(chunk keys present, chunks the grid has) of an array of an eager reference set. Every file
+    of the array's directory (and, for the "/" separator, its subdirectories) that is not metadata
+    counts as a chunk: a count per directory, not a look at each key (a mount may have millions)."""
+    shape, chunks = info.zarray.get("shape", []), info.zarray.get("chunks", [])
+    expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunks) if c) if shape else 1
+    prefix = f"{info.path}/" if info.path else ""
+    present = 0
+    for d, path in enumerate(refset.dirs.paths):
+        if d == info.dir_id or (prefix and path.startswith(prefix)):
+            present += refset.file_count(d)
+    present -= sum(refset.find(prefix + name) >= 0 for name in (".zarray", ".zattrs", ".zgroup", ".zmetadata"))
+    return present, expected
+
+
+def _may_miss_chunks(refset, info: ArrayInfo) -> bool:
+    if refset is None or getattr(refset, "lazy", False):
+        return True  # a Parquet set's rows load on demand: assume some are empty
+    present, expected = count_chunks(refset, info)
+    return present < expected
+
+
+VLEN_CODECS = ("vlen-utf8", "vlen-bytes")
+
+
+def _longest_string(refset, info: ArrayInfo) -> tuple[int, str | None]:
+    """The longest UTF-8 string of an object array whose chunks are all inline (kerchunk inlines
+    HDF5 strings): the fixed length to serve it with. (0, reason) when that cannot be known without
+    fetching, or the codecs are not string codecs."""
+    ids = [c.get("id") for c in info.codecs]
+    if len(ids) != 1 or ids[0] not in VLEN_CODECS or getattr(refset, "lazy", False):
+        return 0, f"codecs {ids} are not one vlen-utf8/vlen-bytes filter of an inline reference set"
+    codec = _codec(info.codecs[0])
+    prefix = f"{info.path}/" if info.path else ""
+    longest = 1
+    for i in refset.files_in(info.dir_id).tolist():
+        if info.chunk_index(refset.key(i)[len(prefix):]) is None:
+            continue
+        data = refset.inline_data(i)
+        if data is None:
+            return 0, "chunks stored remotely (their longest string is not known at mount)"
+        for item in codec.decode(data).ravel():
+            longest = max(longest, len(item.encode("utf-8") if isinstance(item, str) else bytes(item)))
+    return longest, None
+
+
+def fixed_strings(values, source: np.dtype, length: int) -> bytes:
+    """Decoded strings (an object array, or the bytes of a <U array) as NUL-padded fixed-length
+    UTF-8 bytes; a string longer than `length` is an error, never cut short."""
+    if source.kind == "U":
+        values = ensure_contiguous_ndarray(values).view(np.uint8).view(source)
+    encoded = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in np.asarray(values).ravel()]
+    if any(len(v) > length for v in encoded):
+        raise ValueError(f"a string is longer than the {length} bytes served")
+    return np.array(encoded, dtype=f"S{length}").tobytes()
+
+
+def _plan_characters(info: ArrayInfo, out: dict, dtype: np.dtype, chars: str) -> np.dtype | None:
+    """Byte strings (netCDF char arrays are |S1; |Sn are fixed-length strings, served as characters
+    with a last dimension of length n, named string<n> as xarray does). No Zarr form of characters
+    reads as netCDF char in every netCDF-C (NOTES §6): 4.9.x reads only its own '<U1' holding one
+    byte per character, which netCDF-C >= 4.10 and zarr refuse; any '|S' dtype crashes 4.9.0's
+    ncdump for the whole dataset. `chars` picks the form: 'ubyte' (numbers every client reads),
+    'char' (text for netCDF-C 4.9.x only), 'string' (the bytes as they are, for >= 4.10 and zarr) or
+    'ubyte' (numbers every client reads).
+    Returns the served dtype (None for 4.9's char form)."""
+    if dtype.itemsize > 1 and chars != "string":
+        info.strlen = dtype.itemsize
+        info.notes.append(f"strings {dtype.str} served as characters with a last dimension string{dtype.itemsize}")
+    if chars == "string":
+        return dtype
+    out["fill_value"] = None  # a NUL fill byte would mask every padding NUL in xarray
+    if chars == "char":
+        info.notes.append("characters served as netCDF-C 4.9's char ('<U1', one byte each)")
+        return None
+    info.notes.append(f"characters {dtype.str} served as |u1 numbers (--chars ubyte)")
+    return np.dtype("u1")
 
 
 def _rename_clashing_dimensions(arrays: list[ArrayInfo]) -> None:
@@ -259,7 +376,7 @@ def raw_verdicts(info: ArrayInfo) -> tuple[str, str]:
     z = info.zarray
     if not z:
         return "unknown", "unknown"
-    dtype = info.dtype
+    dtype = info.dtype if info.recode_from is None else info.recode_from
     problems_49, problems_410 = [], []
     if info.codecs:
         problems_49.append("garbage: compressed/filtered and 4.9.0 has no filters")
@@ -285,5 +402,11 @@ def raw_verdicts(info: ArrayInfo) -> tuple[str, str]:
         ("no: " + "; ".join(problems_410)) if problems_410 else "yes"
 
 
-def decoded_verdict(info: ArrayInfo) -> str:
-    return f"hidden: {info.hidden_reason}" if info.hidden_reason else "yes"
+def decoded_verdicts(info: ArrayInfo) -> tuple[str, str]:
+    """(netCDF-C 4.9.0, netCDF-C >= 4.10) verdicts for the decoded view in its default --chars form."""
+    if info.hidden_reason:
+        return (f"hidden: {info.hidden_reason}",) * 2
+    if info.dtype is not None and info.dtype.kind == "S":
+        return ("yes, characters as numbers (--chars char: text)",
+                "yes, characters as numbers (--chars string: text)")
+    return "yes", "yes"

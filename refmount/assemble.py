@@ -13,6 +13,7 @@ from refmount.refs import load_refs
 from refmount.refs.icechunk import version_from_options
 from refmount.refs.source import is_remote, protocol_of
 from refmount.view import RawView
+from refmount.consolidated import with_consolidated_metadata
 
 log = logging.getLogger("refmount")
 
@@ -41,11 +42,11 @@ def check_targets(refset, opts) -> None:
 def warn_raw_view(refset) -> None:
     """The raw view shows compressed chunks as they are: say so, since netCDF-C without filter
     plugins (Debian's ncdump) would print garbage for them without any error."""
-    from refmount.arrays import scan_arrays
+    from refmount.arrays import listed, scan_arrays
 
     compressed = [a.name for a in scan_arrays(refset) if a.codecs]
     if compressed:
-        shown = ", ".join(compressed[:8]) + (f" and {len(compressed) - 8} more" if len(compressed) > 8 else "")
+        shown = listed(compressed)
         log.warning("raw view: arrays %s are compressed or filtered; netCDF-C without filter plugins (e.g. "
                     "Debian's ncdump) reads garbage from them - mount with --view decoded for ncdump", shown)
 
@@ -125,10 +126,11 @@ def build_filesystem(opts):
     if opts.view == "decoded":
         from refmount.decoded import DecodedView
 
-        view = DecodedView(v2_view(view), cache_size=opts.decoded_cache_size)
+        view = DecodedView(v2_view(view), cache_size=opts.decoded_cache_size, chars=opts.chars)
         refset = view.refset  # (a Zarr v3 set is shown through its v2 form)
     else:
         warn_raw_view(refset)
+        view = with_consolidated_metadata(view)
 
     def stats() -> dict:
         out = {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
@@ -141,4 +143,4 @@ def build_filesystem(opts):
             out["disk"] = disk.statistics()
         return out
 
-    return Filesystem(refset, view, stats=stats), fetcher
+    return Filesystem(view.refset, view, stats=stats), fetcher

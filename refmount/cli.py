@@ -78,6 +78,12 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="decoded (default): chunks decompressed and metadata rewritten so that any netCDF-C "
                         "(even without filter plugins) reads correct values; raw: every key's bytes exactly "
                         "as referenced")
+    g.add_argument("--chars", choices=("char", "string", "ubyte"), default="char",
+                   help="how --view decoded serves netCDF char arrays and strings (no Zarr form reads as char "
+                        "in every netCDF-C): char (default: text for netCDF-C 4.9, e.g. Debian 12's ncdump; "
+                        "netCDF-C >= 4.10 cannot open such a dataset and zarr cannot read those arrays), "
+                        "string (text for netCDF-C >= 4.10, e.g. netCDF4-python, and zarr/xarray; crashes "
+                        "netCDF-C 4.9), ubyte (the bytes as numbers, which every client reads)")
     g = p.add_argument_group("process")
     g.add_argument("-f", "--foreground", action="store_true",
                    help="stay attached to the terminal (for systemd and debugging) instead of daemonising")
@@ -182,6 +188,7 @@ def options_from_args(args):
         log_level=args.log_level, log_file=args.log_file, tune_kernel=args.tune_kernel,
         read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
+        chars=args.chars,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
     )
 

@@ -49,6 +49,7 @@ class MountOptions:
     prefetch: bool = True
     cache_dir: str | None = None
     disk_cache_size: int = 10 << 30
+    chars: str = "char"
     branch: str | None = None  # Icechunk: which version to mount (one of branch, tag, snapshot)
     tag: str | None = None
     snapshot: str | None = None

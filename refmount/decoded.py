@@ -19,9 +19,13 @@ import numpy as np
 import trio
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from refmount.arrays import ArrayInfo, _codec, dump_json, load_json_value, scan_arrays
+from refmount.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, dump_json, fixed_strings, load_json_value, scan_arrays
+from refmount.bounded import decode_bounded
+from refmount.consolidated import consolidated_metadata
 from refmount.errors import RefmountError
 from refmount.lru import SingleFlightLRU
+from refmount.ncattrs import served_attributes
+from refmount.overlay import OverlayRefSet
 
 log = logging.getLogger("refmount")
 
@@ -33,10 +37,10 @@ class DecodeError(RefmountError):
 class DecodedView:
     name = "decoded"
 
-    def __init__(self, raw, cache_size: int = 256 << 20) -> None:
+    def __init__(self, raw, cache_size: int = 256 << 20, chars: str = "char") -> None:
         self.raw = raw
         self.refset = raw.refset
-        self.arrays = scan_arrays(self.refset)
+        self.arrays = scan_arrays(self.refset, chars)
         self._by_dir: dict[int, ArrayInfo] = {a.dir_id: a for a in self.arrays}
         self._hidden_dirs: set[int] = set()
         self._hidden_prefixes: list[str] = []
@@ -44,13 +48,19 @@ class DecodedView:
         self._chunks: dict[int, ArrayInfo] = {}  # array dir id -> info, for arrays whose chunks change
         self._decoded = SingleFlightLRU(cache_size, weigh=len)  # key index -> decoded chunk
         self._codecs: dict[int, list] = {}
+        self._renamed: dict[int, int] = {}  # added chunk key index -> the key it serves
+        self._renamed_away: set[int] = set()  # chunk keys served under another name
         self._plan()
 
     # -- set-up -----------------------------------------------------------------------------------
 
     def _plan(self) -> None:
         dirs = self.refset.dirs
+        added: dict[str, bytes] = {}  # metadata keys the set lacks
+        renames: dict[str, int] = {}  # chunk keys of arrays given a last dimension -> the key served
         for info in self.arrays:
+            if info.strlen and getattr(self.refset, "lazy", False):
+                info.hidden_reason = "strings served as characters need their chunk keys renamed, not done for Parquet sets"
             if info.hidden_reason:
                 log.warning("decoded view: hiding array %s: %s", info.name, info.hidden_reason)
                 self._hide_tree(info.dir_id)
@@ -60,7 +70,9 @@ class DecodedView:
             prefix = f"{info.path}/" if info.path else ""
             self._set_metadata(prefix + ".zarray", info.out_zarray)
             if info.zattrs or self.refset.find(prefix + ".zattrs") >= 0:
-                self._set_metadata(prefix + ".zattrs", info.zattrs)
+                self._set_metadata(prefix + ".zattrs", info.zattrs, added)
+            if info.strlen:
+                renames.update(self._strlen_chunk_names(info))
             if info.transforms_chunks:
                 self._chunks[info.dir_id] = info
                 self._codecs[info.dir_id] = [_codec(c) for c in info.codecs]
@@ -68,13 +80,54 @@ class DecodedView:
                     for d, path in enumerate(dirs.paths):
                         if path.startswith(prefix):
                             self._by_dir.setdefault(d, info)
-        # every other JSON metadata key: re-emitted as UTF-8 without \u escapes
+        # every other JSON metadata key: re-emitted as UTF-8 without \u escapes, group attributes
+        # typed as for arrays
         for d, path in enumerate(dirs.paths):
             prefix = f"{path}/" if path else ""
-            for name in (".zgroup", ".zattrs", ".zmetadata"):
+            for name in (".zgroup", ".zattrs"):
                 i = self.refset.find(prefix + name)
                 if i >= 0 and i not in self._metadata and self.refset.inline_data(i) is not None:
-                    self._rewrite_plain(i, name)
+                    self._rewrite_plain(i, name, prefix)
+        in_49_form = [a.name for a in self.arrays if not a.hidden_reason and a.out_zarray["dtype"] == CHAR_DTYPE_49]
+        if in_49_form:
+            log.warning("decoded view: character arrays %s are served in netCDF-C 4.9's char form (Debian 12's "
+                        "ncdump prints their text); netCDF-C >= 4.10 (netCDF4-python) cannot open this mount "
+                        "and zarr cannot read those arrays: mount with --chars string for them",
+                        listed(in_49_form))
+        added[".zmetadata"] = b""  # filled in below, once every key has its index
+        new = {k: v for k, v in added.items() if self.refset.find(k) < 0}
+        self.refset = OverlayRefSet(self.refset, {**new, **dict.fromkeys(renames, b"")})
+        for key, data in added.items():
+            self._metadata[self.refset.find(key)] = data
+        for key, i in renames.items():
+            self._renamed[self.refset.find(key)] = i
+        self._renamed_away = set(renames.values())
+        self._metadata[self.refset.find(".zmetadata")] = consolidated_metadata(self.refset, self._served_json)
+
+    def _strlen_chunk_names(self, info: ArrayInfo) -> dict[str, int]:
+        """Chunk keys of an array served with an added last dimension: key "1.2" answers as "1.2.0"."""
+        prefix = f"{info.path}/" if info.path else ""
+        names = {}
+        for d, path in enumerate(self.refset.dirs.paths):
+            if d != info.dir_id and not (prefix and path.startswith(prefix)):
+                continue
+            for i in self.refset.files_in(d).tolist():
+                name = self.refset.key(i)[len(prefix):]
+                if info.chunk_index(name) is not None:
+                    names[f"{prefix}{name}{info.separator}0"] = i
+        return names
+
+    def _served_json(self, i: int):
+        """The metadata value served for key index i (None: hidden, or not inline JSON)."""
+        if self.hidden(i):
+            return None
+        data = self._metadata.get(i)
+        if data is None:
+            data = self.refset.inline_data(i)
+        try:
+            return load_json_value(data) if data else None
+        except ValueError:
+            return None
 
     def _hide_tree(self, dir_id: int) -> None:
         path = self.refset.dirs.paths[dir_id]
@@ -87,35 +140,23 @@ class DecodedView:
         self._hidden_dirs.add(dir_id)
         self._hidden_prefixes.append(path + "/")
 
-    def _set_metadata(self, key: str, value) -> None:
+    def _set_metadata(self, key: str, value, added: dict | None = None) -> None:
         i = self.refset.find(key)
         if i >= 0:
             self._metadata[i] = dump_json(value)
+        elif added is not None:
+            added[key] = dump_json(value)
 
-    def _rewrite_plain(self, i: int, name: str) -> None:
+    def _rewrite_plain(self, i: int, name: str, prefix: str) -> None:
         try:
             value = load_json_value(self.refset.inline_data(i))
-        except ValueError:
+        except (ValueError, RecursionError):
             return  # not JSON: serve it as it is
-        if name == ".zmetadata" and isinstance(value.get("metadata"), dict):
-            value = {**value, "metadata": self._consolidated(value["metadata"])}
+        if name == ".zattrs" and isinstance(value, dict):
+            value, notes = served_attributes(value, None, None)
+            for note in notes:
+                log.info("decoded view: group %s: %s", prefix.rstrip("/") or "/", note)
         self._metadata[i] = dump_json(value)
-
-    def _consolidated(self, metadata: dict) -> dict:
-        """Apply the same rewrites inside consolidated metadata, dropping hidden arrays."""
-        out = {}
-        for key, value in metadata.items():
-            path, _, name = key.rpartition("/")
-            d = self.refset.dirs.ids.get(path)
-            if d is not None and d in self._hidden_dirs:
-                continue
-            info = self._by_dir.get(d) if d is not None else None
-            if info is not None and info.path == path and name == ".zarray":
-                value = info.out_zarray
-            elif info is not None and info.path == path and name == ".zattrs":
-                value = info.zattrs
-            out[key] = value
-        return out
 
     # -- visibility -------------------------------------------------------------------------------
 
@@ -126,7 +167,7 @@ class DecodedView:
         return any(path.startswith(prefix) for prefix in self._hidden_prefixes)
 
     def hidden(self, i: int) -> bool:
-        if self._metadata.get(i) == b"":
+        if self._metadata.get(i) == b"" or i in self._renamed_away:
             return True
         return bool(self._hidden_dirs) and self.hidden_dir(self.refset.dir_id(i))
 
@@ -141,6 +182,7 @@ class DecodedView:
         return info if info.chunk_index(name) is not None else None
 
     def known_size(self, i: int) -> int | None:
+        i = self._renamed.get(i, i)
         meta = self._metadata.get(i)
         if meta is not None:
             return len(meta)
@@ -151,9 +193,10 @@ class DecodedView:
 
     async def size(self, i: int) -> int:
         known = self.known_size(i)
-        return known if known is not None else await self.raw.size(i)
+        return known if known is not None else await self.raw.size(self._renamed.get(i, i))
 
     async def read(self, i: int, offset: int, size: int) -> bytes:
+        i = self._renamed.get(i, i)
         meta = self._metadata.get(i)
         if meta is not None:
             return meta[offset : offset + size]
@@ -176,13 +219,17 @@ class DecodedView:
         """Runs in a worker thread: codecs in reverse, then swap/reorder/crop. Exact size or error."""
         key = self.refset.key(i)
         data = raw
+        expected = int(np.prod(info.chunk_shape or (1,))) * info.dtype.itemsize
         try:
             for codec in reversed(self._codecs[info.dir_id]):
-                data = codec.decode(data)
+                # no stage may grow past the chunk's size (filters such as fixedscaleoffset shrink
+                # it at most by 8x before the compressor, so 8x leaves them room)
+                data = decode_bounded(codec, data, 8 * expected)
+            if info.recode_from is not None:
+                data = fixed_strings(data, info.recode_from, info.dtype.itemsize)
             buffer = ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1)
         except Exception as e:
             raise DecodeError(f"chunk {key!r} could not be decoded: {type(e).__name__}: {e}") from None
-        expected = int(np.prod(info.chunk_shape or (1,))) * info.dtype.itemsize
         if buffer.nbytes != expected:
             raise DecodeError(f"chunk {key!r} decoded to {buffer.nbytes} bytes, expected {expected}")
         if not (info.swap or info.fortran or info.crop is not None):
@@ -201,6 +248,7 @@ class DecodedView:
     # -- extended attributes ----------------------------------------------------------------------
 
     def xattrs(self, i: int) -> dict[str, str]:
+        i = self._renamed.get(i, i)
         attrs = self.raw.xattrs(i)
         info = self._chunk_info(i)
         if info is not None and info.codecs:

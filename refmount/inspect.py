@@ -5,33 +5,25 @@ from __future__ import annotations
 import json
 import math
 
-from refmount.arrays import decoded_verdict, raw_verdicts, scan_arrays
+from refmount.arrays import count_chunks, decoded_verdicts, raw_verdicts, scan_arrays
 from refmount.refs import load_refs
 from refmount.refs.model import each_file
 
 
 def _chunk_counts(refset, info) -> tuple[int, int]:
-    """(present, missing) chunk keys of an array (Parquet sets: counted in inspect_parquet)."""
-    shape, chunks = info.zarray.get("shape", []), info.zarray.get("chunks", [])
-    expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunks) if c) if shape else 1
-    if getattr(refset, "lazy", False):  # Parquet: read the array's record files
+    """(present, missing) chunk keys of an array (Parquet sets: their record files are read)."""
+    if getattr(refset, "lazy", False):
         import trio
+
+        shape, chunks = info.zarray.get("shape", []), info.zarray.get("chunks", [])
+        expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunks) if c) if shape else 1
 
         async def count() -> int:
             return sum([1 async for _, i in each_file(refset, info.dir_id) if i >= refset.meta.capacity])
 
         present = trio.run(count)
         return present, max(expected - present, 0)
-    present = 0
-    prefix = f"{info.path}/" if info.path else ""
-    for d, path in enumerate(refset.dirs.paths):
-        if d != info.dir_id and not (prefix and path.startswith(prefix)):
-            continue
-        base = len(prefix.encode())
-        for i in refset.files_in(d).tolist():
-            name = refset.key_bytes(i)[base:].decode("utf-8", "replace")
-            if info.chunk_index(name) is not None:
-                present += 1
+    present, expected = count_chunks(refset, info)
     return present, max(expected - present, 0)
 
 
@@ -41,7 +33,7 @@ def inspect_refs(refset, zarr3: bool = False) -> list[dict]:
     for info in scan_arrays(refset):
         present, missing = _chunk_counts(refset, info)
         raw49, raw410 = raw_verdicts(info) if not zarr3 else ("no: Zarr v3 (netCDF-C reads Zarr v2 only)",) * 2
-        decoded = decoded_verdict(info)
+        decoded49, decoded410 = decoded_verdicts(info)
         rows.append({
             "array": info.name,
             "dtype": info.zarray.get("dtype"),
@@ -51,7 +43,7 @@ def inspect_refs(refset, zarr3: bool = False) -> list[dict]:
             "chunks_present": present,
             "chunks_missing": missing,
             "raw": {"netcdf-c 4.9.0": raw49, "netcdf-c >= 4.10": raw410},
-            "decoded": {"netcdf-c 4.9.0": decoded, "netcdf-c >= 4.10": decoded},
+            "decoded": {"netcdf-c 4.9.0": decoded49, "netcdf-c >= 4.10": decoded410},
             "decoded_changes": info.notes,
         })
     return rows

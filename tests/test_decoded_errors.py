@@ -51,7 +51,9 @@ def test_odd_arrays_are_hidden_not_fatal(mount):
         "weird/0": "yy",
     }
     mnt = mount(refs)
-    assert sorted(p.name for p in mnt.path.iterdir()) == [".zgroup", "ok"]
+    assert sorted(p.name for p in mnt.path.iterdir()) == [".zgroup", ".zmetadata", "ok"]
+    consolidated = json.loads((mnt / ".zmetadata").read_text())["metadata"]
+    assert sorted(consolidated) == [".zgroup", "ok/.zarray", "ok/.zattrs"]  # hidden arrays left out
     log = mnt.log()
     assert "hiding array vlen" in log and "hiding array weird" in log and "no-such-codec" in log
 
@@ -68,3 +70,22 @@ def test_inspect_reports_codecs_and_compatibility(tmp_path, datasets):
     assert "cropped" in " ".join(t3["decoded_changes"])
     human = run_refmount("inspect", refs).stdout
     assert "t3:" in human and "decoded" in human and "netcdf-c 4.9.0" in human
+
+
+def test_decompression_bomb_is_eio_without_inflating(mount):
+    """A chunk declared as 8,000 bytes that inflates to 256 MiB: EIO, and the daemon never holds it."""
+    bomb = zlib.compress(bytes(256 << 20), 9)
+    refs = {
+        ".zgroup": '{"zarr_format": 2}',
+        "a/.zarray": _array([2000], [2000], {"id": "zlib", "level": 1}),
+        "a/0": "base64:" + base64.b64encode(bomb).decode(),
+    }
+    mnt = mount(refs)
+    for _ in range(3):
+        with pytest.raises(OSError) as e:
+            (mnt / "a" / "0").read_bytes()
+        assert e.value.errno == errno.EIO
+    status = open(f"/proc/{mnt.proc.pid}/status").read()
+    peak_kib = int(status.split("VmHWM:")[1].split()[0])
+    assert peak_kib < 200 << 10, f"daemon peak RSS {peak_kib} KiB"
+    assert "more than the expected" in mnt.log()

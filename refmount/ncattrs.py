@@ -1,0 +1,181 @@
+"""Attributes as netCDF-C reads them from a ``.zattrs`` file (the decoded view's metadata).
+
+kerchunk moves a variable's ``_FillValue`` into ``.zarray`` ``fill_value`` and writes every
+attribute as plain JSON, so the netCDF type of an attribute is lost. netCDF-C then guesses a type
+from the JSON, and each version guesses differently (measured, NOTES §6):
+
+- 4.9.0 gives an integer the smallest type that holds it (7 -> byte, 200 -> ubyte), every float
+  double, and types a numeric list by its first element ([1, 2.5] -> bytes 1, 2);
+- 4.10.x gives integers int (int64 when needed) and floats double;
+- ncdump 4.9.0 prints ``_`` only when ``_FillValue`` has the variable's own type; 4.10 converts it.
+
+NCZarr's type hints fix the types, but each version reads only its own spelling and shows the other
+one as an ordinary attribute: 4.9.x reads ``_NCZARR_ATTR``, 4.10.x ``_nczarr_attr`` (both
+``{"types": {name: dtype}}``). So a hint is written for a version only when that version would
+otherwise get a type wrong, and only for types we know:
+
+- ``_FillValue`` (added from ``fill_value`` when absent), ``missing_value`` and ``valid_*`` have the
+  variable's type (CF) whenever their values fit it exactly;
+- a float that is exactly a float32 with a shorter float32 spelling (0.10000000149011612) was a
+  float32 (kerchunk writes float32 attributes that way);
+- other integers are int, or int64/uint64 when they do not fit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+HINT_49 = "_NCZARR_ATTR"  # read (and hidden) by netCDF-C 4.9.x
+HINT_410 = "_nczarr_attr"  # read (and hidden) by netCDF-C >= 4.10
+HINT_KEYS = (HINT_49, HINT_410)
+# CF: these have the data type of the variable (the packed type for packed data).
+VARIABLE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_range")
+PACKING = ("scale_factor", "add_offset")  # CF: both have the type of the unpacked data
+_SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_INT_LADDER_49 = [np.dtype(t) for t in ("i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8")]
+
+
+def fill_number(fill, dtype: np.dtype):
+    """A .zarray fill_value as a Python number of the array's type (None if not numeric)."""
+    if isinstance(fill, str):
+        fill = _SPECIAL_FLOATS.get(fill)
+    if fill is None or isinstance(fill, (list, dict)):
+        return None
+    if dtype.kind == "b" or isinstance(fill, bool):
+        return int(bool(fill))
+    if dtype.kind in "iu":
+        return int(fill) if float(fill).is_integer() else None
+    if dtype.kind == "f":
+        return float(np.asarray(fill, dtype=dtype))
+    return None
+
+
+def _numbers(value) -> list | None:
+    """The value as a list of numbers (bools excluded), or None for anything else."""
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in items):
+        return None
+    return items
+
+
+def _is_float32(x: float) -> bool:
+    """x is exactly a float32 whose own shortest spelling is shorter: it was written from one."""
+    if not math.isfinite(x) or x == 0:
+        return False
+    f = np.float32(x)
+    return float(f) == x and len(repr(float(f))) > len(str(f))
+
+
+def _fits(items: list, dtype: np.dtype) -> bool:
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return all(float(v).is_integer() and info.min <= v <= info.max for v in items)
+    if dtype.kind == "f":
+        if dtype.itemsize >= 8:
+            return True
+        return all(not math.isfinite(v) or abs(v) <= float(np.finfo(np.float32).max) for v in items)
+    return False
+
+
+def _own_type(items: list) -> np.dtype:
+    if any(isinstance(v, float) for v in items):
+        return np.dtype("f4") if all(_is_float32(v) for v in items if isinstance(v, float)) and \
+            all(isinstance(v, float) for v in items) else np.dtype("f8")
+    if all(-(2**31) <= v < 2**31 for v in items):
+        return np.dtype("i4")
+    if all(-(2**63) <= v < 2**63 for v in items):
+        return np.dtype("i8")
+    return np.dtype("u8")
+
+
+def _packing_is_float32(attrs: dict) -> bool:
+    """scale_factor and add_offset share the unpacked type: float32 when one of them is evidently
+    float32 and the other is exactly a float32 too (add_offset 10.0 is both)."""
+    values = [v for name in PACKING if (v := attrs.get(name)) is not None]
+    items = [x for v in values for x in (_numbers(v) or [None])]
+    if not items or None in items:
+        return False
+    exact = all(float(np.float32(x)) == x for x in items)
+    return exact and any(isinstance(x, float) and _is_float32(x) for x in items)
+
+
+def _kind(value) -> str:
+    return "a null" if value is None else "an empty list" if value == [] else "a list of strings"
+
+
+def _guess_49(items: list) -> np.dtype:
+    """4.9.0 types a list by its first element (and fails the open if a later one does not fit)."""
+    if isinstance(items[0], float):
+        return np.dtype("f8")
+    for dtype in _INT_LADDER_49:
+        if _fits(items[:1], dtype):
+            return dtype if _fits(items, dtype) else np.dtype("O")
+    return np.dtype("f8")
+
+
+def _guess_410(items: list) -> np.dtype:
+    if isinstance(items[0], float):
+        return np.dtype("f8")
+    return np.dtype("i4") if all(-(2**31) <= v < 2**31 for v in items) else np.dtype("i8")
+
+
+def _type_name(dtype: np.dtype) -> str:
+    return dtype.newbyteorder("<").str if dtype.itemsize > 1 else dtype.str
+
+
+def _cast(items: list, dtype: np.dtype) -> list:
+    if dtype.kind == "f":
+        return [float(np.asarray(v, dtype=dtype)) for v in items]
+    return [int(v) for v in items]
+
+
+def served_attributes(zattrs: dict, dtype: np.dtype | None, fill) -> tuple[dict, list[str]]:
+    """The .zattrs that netCDF-C reads faithfully for an array of `dtype` with .zarray `fill`
+    (dtype None: a group). Returns (attributes, notes for the mount log)."""
+    attrs = {k: v for k, v in zattrs.items() if k not in HINT_KEYS}
+    given = {key: dict(zattrs[key].get("types", {})) if isinstance(zattrs.get(key), dict) else {}
+             for key in HINT_KEYS}
+    notes = []
+    numeric = dtype is not None and dtype.kind in "biuf"
+    if numeric and "_FillValue" not in attrs:
+        number = fill_number(fill, dtype)
+        if number is not None:
+            attrs["_FillValue"] = number
+    for name, value in list(attrs.items()):
+        if name == "_ARRAY_DIMENSIONS":
+            continue
+        # netCDF-C 4.9.0 fails the whole open on a list of strings or an empty list, whatever the
+        # hints say; null is dropped by 4.9.0 and read as the text "null" by 4.10
+        if value is None or value == [] or isinstance(value, list) and any(isinstance(v, str) for v in value):
+            del attrs[name]
+            notes.append(f"attribute {name!r} left out: netCDF-C 4.9.0 cannot read {_kind(value)} attribute "
+                         "(it fails the whole open); the raw view keeps it")
+    for name, value in attrs.items():
+        if value == " ":  # kerchunk writes an empty text attribute as one space (it cannot store "")
+            attrs[name] = ""
+    packing_f4 = _packing_is_float32(attrs)
+    hints = {HINT_49: {}, HINT_410: {}}
+    for name, value in attrs.items():
+        items = _numbers(value)
+        if items is None:
+            continue
+        served_type = dtype.newbyteorder("=") if numeric and dtype.kind != "b" else np.dtype("u1")
+        if numeric and name in VARIABLE_TYPED and _fits(items, served_type):
+            wanted = served_type
+        elif packing_f4 and name in PACKING:
+            wanted = np.dtype("f4")
+        else:
+            wanted = _own_type(items)
+        items = _cast(items, wanted)
+        attrs[name] = items if isinstance(value, list) else items[0]
+        if _guess_49(items) != wanted:
+            hints[HINT_49][name] = _type_name(wanted)
+        if _guess_410(items) != wanted and name != "_FillValue":  # 4.10 converts _FillValue itself
+            hints[HINT_410][name] = _type_name(wanted)
+    for key in HINT_KEYS:
+        types = {**hints[key], **given[key]}
+        if types:
+            attrs[key] = {"types": types}
+    return attrs, notes
