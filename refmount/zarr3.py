@@ -43,12 +43,12 @@ _NO_CHUNK = 2**64 - 1
 
 
 def is_v3(refset) -> bool:
-    """A reference set whose metadata is Zarr v3 (a root zarr.json, or any zarr.json without .z* keys)."""
+    """A reference set whose metadata is Zarr v3 (a zarr.json at the root or in a top-level directory)."""
     if getattr(refset, "lazy", False):
         return False
     if refset.find("zarr.json") >= 0:
         return True
-    return any(refset.find(f"{p}/zarr.json") >= 0 for p in refset.dirs.paths[1:64])
+    return any(refset.find(f"{name}/zarr.json") >= 0 for name in refset.dirs.children[0])
 
 
 # -- metadata --------------------------------------------------------------------------------------
@@ -293,8 +293,12 @@ def v2_refset(refset: RefSet) -> RefSet:
     return out
 
 
+def _is_nan(value) -> bool:
+    return value == "NaN" or (isinstance(value, float) and value != value)
+
+
 def _same_fill(a, b) -> bool:
-    return a == b or (a in ("NaN", None) or a != a) and (b in ("NaN",) or b != b) and a is not None
+    return a == b or (_is_nan(a) and _is_nan(b))
 
 
 def _fill_chunks(builder: RefSetBuilder, base: str, meta: dict, zarray: dict, present: list[str]) -> None:

@@ -216,6 +216,15 @@ def test_kinds_of_chunks(sources):
     assert any(native.ref(native.find(f"{n}/c/0")).is_inline for n in ("lat", "lon", "time"))
 
 
+def test_repository_over_http(mount, sources):
+    """A repository served over HTTP: its snapshot, manifests and native chunk objects are fetched."""
+    with RangeServer(sources["native"]) as server:
+        m = mount(server.url + "/", "--view", "raw")
+        assert_raw_clients(m.path, raw_oracle(sources, "native"), sources)
+        paths = [path for _, path, _ in server.stats["log"]]
+        assert any(p.startswith("/snapshots/") for p in paths) and any(p.startswith("/chunks/") for p in paths)
+
+
 def test_snapshot_is_frozen_and_versions(mount, sources, tmp_path):
     """A commit after mounting does not change the mount; --snapshot and --tag pick versions; a new
     mount moves forward."""
