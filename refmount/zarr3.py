@@ -11,7 +11,7 @@ The decoded view then treats it like any kerchunk set: it decodes chunks with th
 swaps byte order, and applies the netCDF rules for fills, chars and strings.
 
 Codecs: ``bytes`` (endianness), ``transpose``, ``gzip``, ``zstd``, ``blosc``, ``crc32c``,
-``numcodecs.*`` (as the numcodecs codec of that id), and ``sharding_indexed``, served with the shard
+``vlen-utf8``/``vlen-bytes``, ``numcodecs.*`` (as the numcodecs codec of that id), and ``sharding_indexed``, served with the shard
 as the v2 chunk (decoded by `ShardCodec`: index, then each inner chunk). Any other codec becomes the
 id ``zarr3.<name>``, which no codec registry knows, so the decoded view hides that array with one
 log line naming it.
@@ -165,6 +165,9 @@ def codec_chain(codecs: list[dict], data_type, chunk_shape: list[int], fill) -> 
                         "codecs": config.get("codecs", []), "index_codecs": config.get("index_codecs", []),
                         "index_location": config.get("index_location", "end"), "data_type": data_type,
                         "fill_value": fill})
+    elif kind in ("vlen-utf8", "vlen-bytes"):  # the same layout as numcodecs' codecs of those ids
+        dtype = np.dtype("|O")
+        filters.append({"id": kind})
     else:
         return numpy_dtype(data_type), [{"id": f"zarr3.{kind}"}], order
     filters += [_bytes_codec(c) for c in bytes_to_bytes]
