@@ -109,6 +109,9 @@ class TableColumns:
     def __init__(self, buf: bytes, vector_pos: int) -> None:
         self.buf = buf
         self.u8 = np.frombuffer(buf, np.uint8)
+        # FlatBuffers align every scalar to its size (the buffer is padded to its largest alignment),
+        # so a column of them is one fancy index into a view of that width.
+        self._views = {w: np.frombuffer(buf, f"<u{w}", count=len(buf) // w) for w in (2, 4, 8)}
         n = _U32.unpack_from(buf, vector_pos)[0] if vector_pos else 0
         self.n = n
         elements = vector_pos + 4 + 4 * np.arange(n, dtype=np.int64)
@@ -121,17 +124,43 @@ class TableColumns:
             raise FormatError("field outside the buffer")
         return self.u8[positions[:, None] + np.arange(width)]
 
+    def _aligned(self, p: np.ndarray, width: int) -> np.ndarray:
+        view = self._views[width]
+        if len(p) and not (p.min() >= 0 and p.max() + width <= len(self.u8)):
+            raise FormatError("field outside the buffer")
+        if len(p) and (p % width).any():  # not as the format promises: read byte by byte
+            return self._gather(p, width).view(view.dtype).reshape(-1)
+        return view[p // width]
+
     def u16(self, p):
-        return self._gather(p, 2).view("<u2").reshape(-1).astype(np.int64)
+        return self._aligned(p, 2).astype(np.int64)
 
     def u32(self, p):
-        return self._gather(p, 4).view("<u4").reshape(-1).astype(np.int64)
+        return self._aligned(p, 4).astype(np.int64)
 
     def i32(self, p):
-        return self._gather(p, 4).view("<i4").reshape(-1).astype(np.int64)
+        return self._aligned(p, 4).view("<i4").astype(np.int64)
 
     def u64(self, p):
-        return self._gather(p, 8).view("<u8").reshape(-1)
+        return self._aligned(p, 8)
+
+    def strings(self, start: np.ndarray, count: np.ndarray) -> tuple[list[bytes], np.ndarray]:
+        """The distinct byte strings at (start, count), and each one's index in that list."""
+        n = len(start)
+        if n == 0:
+            return [], np.zeros(0, np.int64)
+        longest = int(count.max())
+        rows = np.zeros((n, longest + 4), np.uint8)  # the bytes, zero-padded, then the length
+        if int((start + count).max()) > len(self.u8) or start.min() < 0:
+            raise FormatError("string outside the buffer")
+        for c in range(longest):  # column by column: memory stays a few n-sized arrays
+            has = count > c
+            rows[has, c] = self.u8[start[has] + c]
+        rows[:, longest:] = count.astype("<u4").view(np.uint8).reshape(n, 4)
+        keyed = np.ascontiguousarray(rows).view(np.dtype((np.void, longest + 4))).reshape(-1)
+        _, first_of, inverse = np.unique(keyed, return_index=True, return_inverse=True)
+        distinct = [bytes(self.u8[int(start[k]) : int(start[k]) + int(count[k])]) for k in first_of.tolist()]
+        return distinct, inverse.reshape(-1)
 
     def field(self, index: int) -> np.ndarray:
         """Absolute position of field `index` in each table; 0 where absent."""

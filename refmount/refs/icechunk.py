@@ -306,6 +306,44 @@ class _Checksums:
             self.by_url[url] = ("modified", min(old[1], new[1]))  # the strictest bound
 
 
+def _decimal_columns(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ASCII digits of non-negative ints, right-aligned in a fixed width, and which bytes are digits."""
+    width = len(str(int(values.max()))) if len(values) else 1
+    powers = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
+    digits = (values[:, None] // powers % 10 + 48).astype(np.uint8)
+    used = np.maximum((values[:, None] >= powers).sum(axis=1), 1)
+    return digits, np.arange(width) >= width - used[:, None]
+
+
+def chunk_key_batches(prefix: str, coords: np.ndarray, separator: str):
+    """The keys prefix + coords joined by `separator`, rendered with numpy, as (NUL-joined UTF-8 keys,
+    first, stop) runs whose keys share a directory (so that the builder needs no per-key work)."""
+    n, ndim = coords.shape
+    pieces = [np.frombuffer(prefix.encode(), np.uint8)[None, :].repeat(n, 0)]
+    masks = [np.ones(pieces[0].shape, bool)]
+    sep = np.frombuffer(separator.encode(), np.uint8)
+    for j in range(ndim):
+        if j:
+            pieces.append(sep[None, :].repeat(n, 0))
+            masks.append(np.ones((n, len(sep)), bool))
+        digits, used = _decimal_columns(coords[:, j])
+        pieces.append(digits)
+        masks.append(used)
+    pieces.append(np.zeros((n, 1), np.uint8))  # the NUL after each key
+    masks.append(np.ones((n, 1), bool))
+    keep = np.concatenate(masks, axis=1)
+    blob = np.concatenate(pieces, axis=1)[keep].tobytes()
+    ends = np.cumsum(keep.sum(axis=1))  # just past each key's NUL
+    if separator == "/" and ndim > 1:
+        change = np.flatnonzero((coords[1:, :-1] != coords[:-1, :-1]).any(axis=1)) + 1
+        bounds = [0, *change.tolist(), n] if len(change) < n // 4 else [0, n]
+    else:
+        bounds = [0, n]
+    for first, stop in zip(bounds[:-1], bounds[1:]):
+        start = int(ends[first - 1]) if first else 0
+        yield blob[start : int(ends[stop - 1]) - 1], first, stop
+
+
 def _add_array_chunks(builder: RefSetBuilder, files: RepoFiles, array: _Array, buf: bytes, vector_pos: int,
                       allowed_prefixes: list[str], checksums: _Checksums) -> int:
     cols = TableColumns(buf, vector_pos)
@@ -317,12 +355,6 @@ def _add_array_chunks(builder: RefSetBuilder, files: RepoFiles, array: _Array, b
     if (index_count != array.ndim).any() and not (array.ndim == 0 and (index_count <= 0).all()):
         raise RefsError(f"array {quote(array.path or '/')}: a manifest chunk index does not have "
                         f"{array.ndim} dimensions")
-    if array.ndim:
-        coords = cols.u32((index_start[:, None] + 4 * np.arange(array.ndim)).reshape(-1)).reshape(n, array.ndim)
-        sep = array.separator
-        keys = [array.key_prefix + sep.join(map(str, row)) for row in coords.tolist()]
-    else:
-        keys = [array.scalar_key] * n
     offsets = cols.scalar_u64(2).astype(np.int64)
     lengths = cols.scalar_u64(3).astype(np.int64)
     url_ids = np.full(n, INLINE, np.int32)
@@ -344,25 +376,35 @@ def _add_array_chunks(builder: RefSetBuilder, files: RepoFiles, array: _Array, b
     loc_start, loc_count = cols.vectors(5)
     virtual = np.flatnonzero(loc_count >= 0)
     if len(virtual):
-        urls = [bytes(mem[a : a + c]).decode("utf-8") for a, c in zip(loc_start[virtual].tolist(),
-                                                                       loc_count[virtual].tolist())]
-        resolved = {url: container_url(url, allowed_prefixes, array.path) for url in dict.fromkeys(urls)}
-        urls = [resolved[url] for url in urls]
-        url_ids[virtual] = builder.url_ids(urls)
+        distinct, which = cols.strings(loc_start[virtual], loc_count[virtual])
+        urls = [container_url(raw.decode("utf-8"), allowed_prefixes, array.path) for raw in distinct]
+        url_ids[virtual] = builder.url_ids(urls)[which]
+        modified = cols.scalar_u32(7)[virtual]
+        dated = modified > 0
+        if dated.any():
+            oldest = np.full(len(urls), np.iinfo(np.int64).max, np.int64)
+            np.minimum.at(oldest, which[dated], modified[dated])
+            for j in np.flatnonzero(oldest < np.iinfo(np.int64).max).tolist():
+                checksums.add(urls[j], None, int(oldest[j]))
         etag_start, etag_count = cols.vectors(6)
-        modified = cols.scalar_u32(7)
-        for k, url in zip(virtual.tolist(), urls):
-            etag = None
-            if etag_count[k] > 0:
-                a = int(etag_start[k])
-                etag = bytes(mem[a : a + int(etag_count[k])]).decode("utf-8", "replace")
-            checksums.add(url, etag, int(modified[k]))
+        for k in np.flatnonzero(etag_count[virtual] > 0).tolist():
+            a, c = int(etag_start[virtual[k]]), int(etag_count[virtual[k]])
+            checksums.add(urls[which[k]], bytes(mem[a : a + c]).decode("utf-8", "replace"), 0)
 
     neither = (url_ids == INLINE) & (inline_count < 0)
     if neither.any():
         k = int(np.flatnonzero(neither)[0])
-        raise RefsError(f"chunk {quote(keys[k])}: its manifest entry is neither inline, native nor virtual")
-    builder.add_batch(keys, url_ids, offsets, lengths, inline)
+        raise RefsError(f"array {quote(array.path or '/')}: manifest entry {k} is neither inline, native nor virtual")
+    if array.ndim == 0:
+        builder.add_batch([array.scalar_key] * n, url_ids, offsets, lengths, inline)
+        return n
+    coords = cols.u32((index_start[:, None] + 4 * np.arange(array.ndim)).reshape(-1)).reshape(n, array.ndim)
+    inline_at = np.array(sorted(inline), np.int64)
+    for encoded, first, stop in chunk_key_batches(array.key_prefix, coords, array.separator):
+        lo, hi = np.searchsorted(inline_at, [first, stop])
+        batch_inline = {k - first: inline[k] for k in inline_at[lo:hi].tolist()}
+        builder.add_encoded(encoded, stop - first, url_ids[first:stop], offsets[first:stop], lengths[first:stop],
+                            batch_inline)
     return n
 
 
