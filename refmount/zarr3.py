@@ -223,8 +223,22 @@ def _chunk_layout(meta: dict) -> tuple[str, str]:
     return "c", config.get("separator", "/")
 
 
+def _leading_coordinates(rel_dir: str, head: str, sep: str) -> list[str] | None:
+    """The chunk coordinates a subdirectory of an array stands for ("c/3/1" -> ["3", "1"]), or None."""
+    if sep != "/":
+        return None
+    parts = rel_dir.split("/")
+    if head:
+        if parts[0] != head:
+            return None
+        parts = parts[1:]
+    return parts if all(p.isdigit() for p in parts) else None
+
+
 def _array_chunks(refset: RefSet, path: str, meta: dict, ndim: int, v2_separator: str):
-    """(key index, v2 chunk name) of every chunk of one array."""
+    """(NUL-joined UTF-8 v2 keys, key indexes) batches of every chunk of one array. The keys of a chunk
+    subdirectory ("c/3/1/<last>") are renamed in one step per directory; the array's own directory
+    (the scalar "c", or "c.0.1"/v2 "0.1" names) key by key."""
     base = f"{path}/" if path else ""
     head, sep = _chunk_layout(meta)
     start = head + sep if head else ""
@@ -232,17 +246,34 @@ def _array_chunks(refset: RefSet, path: str, meta: dict, ndim: int, v2_separator
     for d, dir_path in enumerate(refset.dirs.paths):
         if d != array_dir and not dir_path.startswith(base):  # (a root array: every directory)
             continue
-        for i in refset.files_in(d).tolist():
-            rel = refset.key(i)[len(base):]
+        files = refset.files_in(d)
+        if not len(files):
+            continue
+        names = refset.names(files, d)
+        leading = _leading_coordinates(dir_path[len(base):], head, sep) if d != array_dir else None
+        if leading is not None and len(leading) + 1 == ndim:
+            joined = b"\x00".join(names)
+            if joined.replace(b"\x00", b"").isdigit() and b"\x00\x00" not in joined and all(names[:1]):
+                prefix = (base + "".join(p + v2_separator for p in leading)).encode()
+                yield prefix + (b"\x00" + prefix).join(names), files
+                continue
+        keys, found = [], []
+        for i, name in zip(files.tolist(), names):
+            rel = dir_path[len(base):] + "/" + name.decode("utf-8", "replace") if d != array_dir \
+                else name.decode("utf-8", "replace")
             if ndim == 0:
                 if rel == (head or "0"):
-                    yield i, "0"
+                    keys.append(base + "0")
+                    found.append(i)
                 continue
             if not rel.startswith(start):
                 continue
             parts = rel[len(start):].split(sep)
             if len(parts) == ndim and all(p.isdigit() for p in parts):
-                yield i, v2_separator.join(parts)
+                keys.append(base + v2_separator.join(parts))
+                found.append(i)
+        if keys:
+            yield "\x00".join(keys).encode(), np.array(found, np.int64)
 
 
 def v2_refset(refset: RefSet) -> RefSet:
@@ -278,14 +309,14 @@ def v2_refset(refset: RefSet) -> RefSet:
             continue
         metadata[base + ".zarray"] = json.dumps(zarray, allow_nan=True).encode()
         metadata[base + ".zattrs"] = json.dumps(zattrs, allow_nan=True).encode()
-        found = list(_array_chunks(refset, path, meta, len(zarray["shape"]), zarray.get("dimension_separator", ".")))
-        _fill_chunks(builder, base, meta, zarray, [name for _, name in found])
-        if found:
-            indexes = np.array([i for i, _ in found], np.int64)
-            keys = [base + name for _, name in found]
-            inline = {k: refset.inline_data(int(i)) for k, i in enumerate(indexes.tolist())
-                      if refset.url_id[i] == INLINE}
-            builder.add_batch(keys, refset.url_id[indexes], refset.offset[indexes], refset.length[indexes], inline)
+        batches = list(_array_chunks(refset, path, meta, len(zarray["shape"]), zarray.get("dimension_separator", ".")))
+        for encoded, indexes in batches:
+            inline = {int(k): refset.inline_data(int(indexes[k]))
+                      for k in np.flatnonzero(refset.url_id[indexes] == INLINE)}
+            builder.add_encoded(encoded, len(indexes), refset.url_id[indexes], refset.offset[indexes],
+                                refset.length[indexes], inline)
+        _fill_chunks(builder, base, meta, zarray, sum(len(ix) for _, ix in batches),
+                     lambda: {key[len(base):] for encoded, _ in batches for key in encoded.decode().split("\x00")})
     keys = list(metadata)
     builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
                       np.array([len(metadata[k]) for k in keys], np.int64), dict(enumerate(metadata.values())))
@@ -304,14 +335,14 @@ def _same_fill(a, b) -> bool:
     return a == b or (_is_nan(a) and _is_nan(b))
 
 
-def _fill_chunks(builder: RefSetBuilder, base: str, meta: dict, zarray: dict, present: list[str]) -> None:
+def _fill_chunks(builder: RefSetBuilder, base: str, meta: dict, zarray: dict, present: int, present_names) -> None:
     """Missing chunks read as the v3 fill_value; when the v2 fill_value differs, serve them as inline
     chunks of the v3 fill, encoded once with the array's codecs."""
     v3_fill = v2_fill(meta.get("fill_value"), np.dtype(zarray["dtype"]))
     shape, chunks = zarray["shape"], zarray["chunks"]
     grid = [math.ceil(s / c) if c else 0 for s, c in zip(shape, chunks)]
     total = math.prod(grid)
-    if _same_fill(zarray["fill_value"], v3_fill) or len(present) >= total or v3_fill is None:
+    if _same_fill(zarray["fill_value"], v3_fill) or present >= total or v3_fill is None:
         return
     name = base.rstrip("/") or "/"
     if total > 10_000_000 or any(f["id"] == ShardCodec.codec_id for f in zarray["filters"] or []):
@@ -329,7 +360,7 @@ def _fill_chunks(builder: RefSetBuilder, base: str, meta: dict, zarray: dict, pr
     except Exception:  # a codec that is not available here hides the array anyway
         return
     sep = zarray.get("dimension_separator", ".")
-    have = set(present)
+    have = present_names()
     keys = []
     for index in np.ndindex(*grid):
         key = sep.join(map(str, index))
