@@ -71,7 +71,7 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("refs", metavar="REFS",
                    help="reference set: a JSON file (optionally .gz/.bz2/.xz/.zst), a Parquet reference "
-                        "directory, or an http(s)://, s3://, ... url of either")
+                        "directory, an Icechunk repository, or an http(s)://, s3://, ... url of one")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     g = p.add_argument_group("view")
     g.add_argument("--view", choices=("decoded", "raw"), default="decoded",
