@@ -71,6 +71,17 @@ def is_mounted(path: Path) -> bool:
         return any(line.split()[4] == target for line in f)
 
 
+def answers(path: Path) -> bool:
+    """Mounted and serving (the daemon has answered its own readiness stat too: a SIGTERM while that
+    stat is pending can leave the daemon stuck on it)."""
+    if not is_mounted(path):
+        return False
+    try:
+        return os.stat(path).st_ino == 1
+    except OSError:
+        return False
+
+
 def memory(pid: int) -> dict:
     out = {}
     with open(f"/proc/{pid}/status") as f:
@@ -89,13 +100,14 @@ def probe(source: Path, mnt: Path, args: list[str]) -> dict:
                             stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = t0 + 600
-        while not is_mounted(mnt):
+        while not answers(mnt):
             if proc.poll() is not None:
                 raise RuntimeError(f"mount failed: {mnt.with_name('mount.log').read_text()[-2000:]}")
             if time.monotonic() > deadline:
                 raise RuntimeError("mount did not become ready in 600 s")
             time.sleep(0.01)
         elapsed = time.monotonic() - t0
+        time.sleep(1)  # (let the daemon finish starting up before it is stopped)
         mem = memory(proc.pid)
         return {"mount_s": elapsed, "peak_mb": mem["VmHWM"], "rss_mb": mem["VmRSS"]}
     finally:
