@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from refmount.ncattrs import served_attributes
+from refmount.ncattrs import fill_number, served_attributes
 from refmount.refs import RefSet
 
 log = logging.getLogger("refmount")
@@ -122,6 +122,7 @@ def scan_arrays(refset: RefSet, chars: str = "char") -> list[ArrayInfo]:
         except (ValueError, TypeError, KeyError, RecursionError) as e:
             info.hidden_reason = f"its metadata is malformed ({type(e).__name__}: {str(e)[:200]})"
         arrays.append(info)
+    _extend_never_written(arrays)
     _rename_clashing_dimensions(arrays)
     return arrays
 
@@ -243,6 +244,12 @@ def _plan(info: ArrayInfo, chars: str = "char", refset=None) -> None:
         # mask what the source does not.
         fill = None
         out["fill_value"] = NC_DEFAULT_FILL[typed.str[1:]] if _may_miss_chunks(refset, info) else None
+    elif typed is not None and fill_number(fill, typed) == 0:
+        # A fill of 0 is what kerchunk reads from HDF5 for a file written without fill values (nccopy
+        # writes them so): there 0 is data, and a _FillValue of 0 would mask it. It stays the fill
+        # of missing chunks, as HDF5 gives them.
+        fill = None
+        info.notes.append("fill_value 0 not made a _FillValue (0 is data in files written without fill values)")
     info.zattrs, attr_notes = served_attributes(info.zattrs, typed, fill)
     info.notes.extend(attr_notes)
     if info.codecs:
@@ -251,8 +258,6 @@ def _plan(info: ArrayInfo, chars: str = "char", refset=None) -> None:
 
 def _is_default_fill(fill, dtype: np.dtype) -> bool:
     """No fill, or netCDF's default fill for the type."""
-    from refmount.ncattrs import fill_number
-
     default = NC_DEFAULT_FILL.get(dtype.str[1:])
     if default is None:
         return False
@@ -339,6 +344,41 @@ def _plan_characters(info: ArrayInfo, out: dict, dtype: np.dtype, chars: str) ->
         return None
     info.notes.append(f"characters {dtype.str} served as |u1 numbers (--chars ubyte)")
     return np.dtype("u1")
+
+
+def _dimensions(info: ArrayInfo) -> list[str] | None:
+    dims = info.zattrs.get("_ARRAY_DIMENSIONS")
+    shape = info.out_zarray["shape"]
+    if not isinstance(dims, list) or len(dims) != len(shape) or not all(isinstance(d, str) for d in dims):
+        return None
+    return [d.rsplit("/", 1)[-1] for d in dims]
+
+
+def _extend_never_written(arrays: list[ArrayInfo]) -> None:
+    """netCDF's unlimited dimension is as long as its longest variable, and a variable reads fill
+    where it was never written; kerchunk gives a variable never written along it length 0. Such an
+    array gets the dimension's length back, with no chunks: every value reads as fill."""
+    visible = [info for info in arrays if not info.hidden_reason and info.out_zarray is not None]
+    longest: dict[str, int] = {}
+    for info in visible:
+        for name, size in zip(_dimensions(info) or [], info.out_zarray["shape"]):
+            longest[name] = max(longest.get(name, 0), size)
+    for info in visible:
+        dims = _dimensions(info)
+        shape, chunks = info.out_zarray["shape"], info.out_zarray["chunks"]
+        if not dims or not any(size == 0 and longest[name] > 0 for name, size in zip(dims, shape)):
+            continue
+        info.out_zarray["shape"] = [longest[n] if size == 0 else size for n, size in zip(dims, shape)]
+        info.out_zarray["chunks"] = [min(c, longest[n]) if size == 0 else c for n, size, c in zip(dims, shape, chunks)]
+        info.out_chunk_shape = tuple(info.out_zarray["chunks"])
+        if info.out_zarray.get("fill_value") is None and info.out_dtype.kind in "iuf":
+            info.out_zarray["fill_value"] = NC_DEFAULT_FILL[info.out_dtype.str[1:]]
+        info.notes.append(f"never written along {', '.join(n for n, s in zip(dims, shape) if s == 0)}: "
+                          "given that dimension's length, reading as fill")
+    for info in visible:
+        if 0 in info.out_zarray["shape"]:
+            info.hidden_reason = ("a dimension of length 0 (an unlimited dimension with no records): netCDF-C 4.9.0 "
+                                  "fails the whole open on such an array (the raw view keeps it)")
 
 
 def _rename_clashing_dimensions(arrays: list[ArrayInfo]) -> None:

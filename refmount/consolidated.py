@@ -92,7 +92,7 @@ def with_consolidated_metadata(raw):
     from refmount.arrays import load_json_value
 
     refset = raw.refset
-    if getattr(refset, "lazy", False) or refset.find(".zmetadata") >= 0:
+    if refset.find(".zmetadata") >= 0:
         return raw
 
     def served_json(i: int):

@@ -79,10 +79,16 @@ def _fits(items: list, dtype: np.dtype) -> bool:
     return False
 
 
+def _float32_values(items: list) -> bool:
+    """Every value is exactly a float32 and one at least was evidently written from one (0.0 or
+    1.0 alone prove nothing)."""
+    return all(float(np.float32(x)) == x or not math.isfinite(x) for x in items) and any(
+        isinstance(x, float) and _is_float32(x) for x in items)
+
+
 def _own_type(items: list) -> np.dtype:
     if any(isinstance(v, float) for v in items):
-        return np.dtype("f4") if all(_is_float32(v) for v in items if isinstance(v, float)) and \
-            all(isinstance(v, float) for v in items) else np.dtype("f8")
+        return np.dtype("f4") if _float32_values(items) else np.dtype("f8")
     if all(-(2**31) <= v < 2**31 for v in items):
         return np.dtype("i4")
     if all(-(2**63) <= v < 2**63 for v in items):
@@ -95,10 +101,7 @@ def _packing_is_float32(attrs: dict) -> bool:
     float32 and the other is exactly a float32 too (add_offset 10.0 is both)."""
     values = [v for name in PACKING if (v := attrs.get(name)) is not None]
     items = [x for v in values for x in (_numbers(v) or [None])]
-    if not items or None in items:
-        return False
-    exact = all(float(np.float32(x)) == x for x in items)
-    return exact and any(isinstance(x, float) and _is_float32(x) for x in items)
+    return bool(items) and None not in items and _float32_values(items)
 
 
 def _kind(value) -> str:
@@ -116,9 +119,11 @@ def _guess_49(items: list) -> np.dtype:
 
 
 def _guess_410(items: list) -> np.dtype:
+    """4.10 types a list by its first element too: int (int64 when needed) or double."""
     if isinstance(items[0], float):
         return np.dtype("f8")
-    return np.dtype("i4") if all(-(2**31) <= v < 2**31 for v in items) else np.dtype("i8")
+    first = np.dtype("i4") if -(2**31) <= items[0] < 2**31 else np.dtype("i8")
+    return first if _fits(items, first) else np.dtype("O")
 
 
 def _type_name(dtype: np.dtype) -> str:

@@ -9,6 +9,7 @@ The source is an ordinary CF file written by netCDF4-python, kerchunked as users
 from __future__ import annotations
 
 import json
+import subprocess
 import warnings
 
 import netCDF4
@@ -220,3 +221,38 @@ def test_utf32_strings_served_as_utf8(mount):
         assert list(ds["u"][:]) == list(data)
     mnt = mount(refs, "--chars", "char")
     assert [b.decode() for b in _ncdump_vars(C.nczarr_url(mnt.path), ["u"])["u"].items] == list(data)
+
+
+def test_variable_never_written_along_the_unlimited_dimension(tmp_path, mount):
+    """kerchunk gives it length 0; netCDF gives it the dimension's length, all fill."""
+    path = tmp_path / "u.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("time", None)
+        ds.createVariable("t", "f8", ("time",))[:] = np.arange(6.0)
+        ds.createVariable("empty", "f4", ("time",), fill_value=np.float32(-9999))
+    mnt = mount(kerchunk_refs(path))
+    dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["empty"])["empty"].items
+    assert dumped == [C.FILL] * 6
+    with netCDF4.Dataset(path) as want:
+        assert _ncdump_vars(str(path), ["empty"])["empty"].items == dumped
+        assert want["empty"][:].mask.all() and len(want["empty"][:]) == 6
+
+
+def test_zero_fill_and_empty_dimensions(tmp_path, mount):
+    """nccopy writes files without fill values: kerchunk then reports HDF5's fill 0, which must not
+    mask real zeros. An array with a 0-length dimension everywhere is hidden (it would make ncdump
+    4.9.0 fail the whole dataset), with a log line."""
+    path = tmp_path / "z.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("x", 4)
+        ds.createDimension("rec", None)
+        ds.createVariable("precip", "f4", ("x",))[:] = [0.0, 1.5, 0.0, 2.0]
+        ds.createVariable("norecords", "f4", ("rec",))
+    nofill = tmp_path / "nofill.nc"
+    subprocess.run(["nccopy", "-d4", "-s", str(path), str(nofill)], check=True)
+    refs = kerchunk_refs(nofill)
+    zarray = json.loads(refs["refs"]["precip/.zarray"])
+    refs["refs"]["precip/.zarray"] = json.dumps({**zarray, "fill_value": 0})  # as kerchunk gives some nccopy'd arrays
+    mnt = mount(refs)
+    assert _ncdump_vars(C.nczarr_url(mnt.path), ["precip"])["precip"].items == [0.0, 1.5, 0.0, 2.0]
+    assert not (mnt / "norecords").exists() and "hiding array norecords" in mnt.log()
