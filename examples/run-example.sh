@@ -50,6 +50,7 @@ else
   exit 1
 fi
 
+step "$refmount" list
 step "$refmount" stats "$mnt"
 step "$refmount" umount "$mnt"
 echo

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 import sys
+from urllib.parse import urlsplit
 
+from refmount.budget import MemoryBudget
 from refmount.cache import BlockCache
 from refmount.errors import FetchError, RefmountError
-from refmount.fetch import Fetcher, RetryPolicy, check_protocols, redact
+from refmount.fetch import Fetcher, RetryPolicy, check_protocols, reaches_local, redact
+from refmount.fetch.tls import set_ca_bundle
 from refmount.fs import Filesystem
+from refmount.pacer import HostPacer
 from refmount.refs import load_refs
 from refmount.refs.icechunk import version_from_options
-from refmount.refs.source import is_remote, protocol_of
+from refmount.refs.source import is_remote
 from refmount.view import RawView
 from refmount.consolidated import with_consolidated_metadata
 
@@ -22,16 +26,17 @@ def check_targets(refset, opts) -> None:
     """Apply the protocol policy to every target url: now for eager sets, and for lazy (Parquet)
     sets also to each url as its record file loads. The policy is --allow-protocols if given, else
     everything except local files when the reference set itself is remote (a downloaded set must
-    not read /etc/shadow through us)."""
+    not read /etc/shadow through us). "Local" is what a protocol reaches, not its name: `local://`,
+    `memory://`, `simplecache::` chains and unknown protocols count as local (fetch/protocols.py)."""
     allowed = opts.allow_protocols
 
     def check(url: str) -> None:
         if allowed is not None:
             check_protocols([url], allowed)
-        elif is_remote(opts.refs) and protocol_of(url) == "file":
+        elif is_remote(opts.refs) and reaches_local(url):
             raise RefmountError(
-                f"the remote reference set points at local file {redact(url)!r}; this is refused by default "
-                "(add 'file' to --allow-protocols to allow it)")
+                f"the remote reference set points at {redact(url)!r}, which can reach local files; this is refused "
+                "by default (add 'file' to --allow-protocols to allow it)")
 
     for url in refset.urls:
         check(url)
@@ -98,17 +103,19 @@ def disk_backed(fetch, fetcher, urls, opts):
 
 
 def build_filesystem(opts):
+    set_ca_bundle(opts.ca_bundle)
     progress = load_progress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
-                           progress=progress, version=version_from_options(opts))
+                           max_refs_size=opts.max_refs_size, load_timeout=opts.load_timeout, progress=progress,
+                           version=version_from_options(opts))
     finally:
         if progress:
             progress.close()
     check_targets(refset, opts)
     policy = RetryPolicy(read_timeout=opts.read_timeout, stall_timeout=opts.stall_timeout)
     fetcher = Fetcher(policy=policy, remote_options=opts.remote_options, connections_per_host=opts.connections,
-                      allow_cross_host_redirects=opts.allow_cross_host_redirects)
+                      allow_cross_host_redirects=opts.allow_cross_host_redirects, verify_remote=opts.verify_remote)
     urls = refset.urls
 
     async def fetch(url_id, start, end):
@@ -121,20 +128,27 @@ def build_filesystem(opts):
         from refmount.checksums import verified_fetch
 
         fetch = verified_fetch(fetch, fetcher, urls, refset.checksums)
-    cache = BlockCache(fetch, block_size=opts.block_size, capacity=opts.cache_size, max_request=8 << 20)
-    view = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
+    # One memory budget (--cache-size) for cached blocks, fetches in flight and read-ahead; read-ahead
+    # parts paced per host up to --connections at once.
+    budget = MemoryBudget(opts.cache_size)
+    pacer = HostPacer(lambda url_id: urlsplit(urls[url_id]).netloc, opts.connections, opts.block_size)
+    cache = BlockCache(fetch, block_size=opts.block_size, max_request=16 << 20, budget=budget, pacer=pacer)
+    view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
     if opts.view == "decoded":
         from refmount.decoded import DecodedView
 
-        view = DecodedView(v2_view(view), cache_size=opts.decoded_cache_size, chars=opts.chars)
-        refset = view.refset  # (a Zarr v3 set is shown through its v2 form)
+        view = raw = v2_view(raw)  # (a Zarr v3 set is shown through its v2 form)
+        view = DecodedView(raw, cache_size=opts.decoded_cache_size, chars=opts.chars)
+        refset = view.refset
     else:
         warn_raw_view(refset)
         view = with_consolidated_metadata(view)
 
     def stats() -> dict:
         out = {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
-               "keys": len(refset)}
+               "keys": len(refset), "memory": budget.statistics(), "hosts": pacer.statistics(),
+               "served": {"bytes": raw.bytes_served, "reads": raw.reads_served,
+                          "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3)}}
         if hasattr(view, "statistics"):
             out["decoded"] = view.statistics()
         if hasattr(refset, "statistics"):

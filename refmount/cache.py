@@ -5,8 +5,15 @@ The cache never knows about HTTP: it is built from a fetch function
 the block size (shorter only at the end of the object), and a block size. Blocks are addressed by
 (source, index), exact ranges (`read_exact`) by (source, start, end). A read of [start, end)
 gathers its blocks, fetching the missing ones with one request per run of neighbouring blocks
-(coalescing), each block fetched by exactly one task while others wait on it (single-flight). A
-cache hit never waits behind an unrelated fetch.
+(coalescing), each block fetched by exactly one task while others wait on it (single-flight): a
+reader whose blocks lie inside a bigger request under way (a read-ahead part) waits for that
+request instead of issuing its own. A cache hit never waits behind an unrelated fetch.
+
+The block size is the unit of caching only; how much one request asks for is up to the caller
+(read-ahead asks for parts of many blocks). Memory is counted in a `MemoryBudget` shared with the
+read-ahead: room for a fetch is made (by eviction) before it starts, so cached plus in-flight bytes
+stay within the budget. Prefetched blocks evicted before anyone read them are counted as wasted
+and reported to `on_wasted(source, index)` (the read-ahead stops the stream that asked for them).
 
 Everything here runs on the trio thread, so plain dicts need no locks.
 """
@@ -14,65 +21,86 @@ Everything here runs on the trio thread, so plain dicts need no locks.
 from __future__ import annotations
 
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import asynccontextmanager
 
 import trio
+
+from refmount.budget import MemoryBudget
 
 
 class _Flight:
     """One in-progress fetch of a run of blocks; waiters sleep on `done`."""
 
-    __slots__ = ("done", "blocks", "error")
+    __slots__ = ("done", "blocks", "error", "reserved")
 
     def __init__(self) -> None:
         self.done = trio.Event()
-        self.blocks: dict[int, bytes] = {}
+        self.blocks: dict = {}
         self.error: BaseException | None = None
+        self.reserved = 0  # budget bytes held for what it may still bring
 
 
 class BlockCache:
     def __init__(self, fetch, *, block_size: int = 1 << 20, capacity: int = 512 << 20,
-                 max_request: int = 16 << 20) -> None:
+                 max_request: int = 16 << 20, budget: MemoryBudget | None = None, pacer=None) -> None:
         if block_size <= 0 or capacity < 0:
             raise ValueError("block_size must be positive and capacity non-negative")
         self._fetch = fetch
         self.block_size = block_size
-        self.capacity = capacity
+        self.budget = budget or MemoryBudget(capacity)
+        self.pacer = pacer  # paces read-ahead requests per host (refmount.pacer), or None
         self.max_request_blocks = max(1, max_request // block_size)
         self._blocks: OrderedDict[tuple, bytes] = OrderedDict()
-        self._bytes = 0
         self._inflight: dict[tuple, _Flight] = {}
+        self._unread: set[tuple] = set()  # prefetched blocks nobody has read yet
+        self._queued: dict[tuple, int] = {}  # blocks of read-ahead parts not yet started -> the part's last
+        self.on_wasted = None  # called with (source, index) when an unread prefetched block is evicted
         self.hits = 0
         self.misses = 0
         self.evictions = 0
 
+    @property
+    def capacity(self) -> int:
+        return self.budget.total
+
     def __repr__(self) -> str:
-        return (f"<BlockCache block_size={self.block_size} {self._bytes}/{self.capacity} bytes, "
+        return (f"<BlockCache block_size={self.block_size} {self.budget.cached}/{self.capacity} bytes, "
                 f"{len(self._blocks)} blocks, hits={self.hits} misses={self.misses}>")
 
     def statistics(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions,
-                "blocks": len(self._blocks), "bytes": self._bytes, "capacity": self.capacity,
-                "inflight": len(self._inflight)}
+                "blocks": len(self._blocks), "bytes": self.budget.cached, "capacity": self.capacity,
+                "inflight": len(set(map(id, self._inflight.values())))}
 
-    async def read(self, source, start: int, end: int) -> bytes:
-        """Bytes [start, end) of `source`; shorter only if the object ends first."""
+    async def read(self, source, start: int, end: int):
+        """Bytes [start, end) of `source`; shorter only if the object ends first. A slice of one
+        block comes back as a memoryview of it (no copy); a read across blocks is joined."""
         if end <= start:
             return b""
         bs = self.block_size
         first, last = start // bs, (end - 1) // bs
+        if first == last:
+            block = self.cached(source, first)
+            if block is not None:  # the common case: no task, no dict
+                self.hits += 1
+            else:
+                block = (await self._gather(source, first, first)).get(first, b"")
+            lo = start - first * bs
+            if lo == 0 and end - start >= len(block):
+                return block
+            return memoryview(block)[lo : end - first * bs]
         blocks = await self._gather(source, first, last)
         parts = []
         for index in range(first, last + 1):
             block = blocks.get(index, b"")
             lo = max(start - index * bs, 0)
             hi = min(end - index * bs, bs)
-            parts.append(block[lo:hi])
+            parts.append(memoryview(block)[lo:hi])
             if len(block) < bs:  # the object ends in this block
                 break
-        return b"".join(parts) if len(parts) != 1 else parts[0]
+        return b"".join(parts)
 
-    async def read_exact(self, source, start: int, end: int) -> bytes:
+    async def read_exact(self, source, start: int, end: int):
         """Bytes [start, end) as one request of their own rather than whole blocks (unless the blocks
         holding them are cached already): a random read of a small chunk must not pull in, and keep,
         a whole block around it. Cached and single-flight like blocks."""
@@ -95,27 +123,56 @@ class BlockCache:
             if key in flight.blocks:
                 return flight.blocks[key]
         self.misses += 1
-        with self._flight([key]) as flight:
+        async with self._flight([key], end - start) as flight:
+            began = trio.current_time()
             pieces = await self._fetch(source, start, end)
+            self._landed(flight)
+            if self.pacer is not None:
+                self.pacer.observe(source, began, sum(map(len, pieces)))
             data = flight.blocks[key] = pieces[0] if len(pieces) == 1 else b"".join(pieces)
             self._store(key, data)
         return data
 
     def cached(self, source, index: int) -> bytes | None:
-        block = self._blocks.get((source, index))
+        key = (source, index)
+        block = self._blocks.get(key)
         if block is not None:
-            self._blocks.move_to_end((source, index))
+            self._blocks.move_to_end(key)
+            if key in self._unread:
+                self._unread.discard(key)
         return block
 
     async def prefetch(self, source, first: int, last: int) -> None:
-        """Fetch blocks [first, last] unless cached or in flight. Runs as a background task, so it
-        must never raise: a failure here is retried (and reported) by the reader that needs it."""
+        """Fetch blocks [first, last] unless cached or in flight, as one request (a read-ahead part;
+        the caller sizes it), when the host's pacer lets it. Runs as a background task, so it must
+        never raise: a failure here is retried (and reported) by the reader that needs it."""
+        queued = self._queued
+        for index in range(first, last + 1):
+            queued[(source, index)] = last
         try:
-            await self._gather(source, first, last, count=False)
+            if self.pacer is None:
+                await self._fetch_missing(source, first, last)
+            else:
+                async with self.pacer.slot(source) as ticket:
+                    ticket.nbytes = await self._fetch_missing(source, first, last)
         except Exception:  # noqa: BLE001
             pass
+        finally:
+            for index in range(first, last + 1):
+                if queued.get((source, index)) == last:
+                    del queued[(source, index)]
 
-    async def _gather(self, source, first: int, last: int, count: bool = True) -> dict[int, bytes]:
+    async def _fetch_missing(self, source, first: int, last: int) -> int:
+        """Fetch those of blocks [first, last] that are neither cached nor in flight; the bytes fetched."""
+        missing = [i for i in range(first, last + 1)
+                   if (source, i) not in self._blocks and (source, i) not in self._inflight]
+        fetched = 0
+        if missing:
+            for run in _runs(missing, self.max_request_blocks):
+                fetched += sum(map(len, (await self._fetch_run(source, *run, prefetched=True)).values()))
+        return fetched
+
+    async def _gather(self, source, first: int, last: int) -> dict[int, bytes]:
         found: dict[int, bytes] = {}
         waits: list[tuple[int, _Flight]] = []
         missing: list[int] = []
@@ -123,19 +180,25 @@ class BlockCache:
             block = self.cached(source, index)
             if block is not None:
                 found[index] = block
-                if count:
-                    self.hits += 1
+                self.hits += 1
                 if len(block) < self.block_size:
                     break  # end of object: nothing exists beyond
                 continue
-            if count:
-                self.misses += 1
+            self.misses += 1
             flight = self._inflight.get((source, index))
             if flight is not None:
                 waits.append((index, flight))
             else:
                 missing.append(index)
         if missing:
+            # A reader that caught up with read-ahead still waiting for its turn (see pacer) takes
+            # the rest of that part along in its own request, rather than a block at a time.
+            part_last = self._queued.get((source, missing[-1]))
+            if part_last is not None:
+                for index in range(missing[-1] + 1, part_last + 1):
+                    if (source, index) in self._blocks or (source, index) in self._inflight:
+                        break
+                    missing.append(index)
             runs = _runs(missing, self.max_request_blocks)
             if len(runs) == 1:
                 found.update(await self._fetch_run(source, *runs[0]))
@@ -148,57 +211,91 @@ class BlockCache:
             if flight.error is not None:
                 if isinstance(flight.error, trio.Cancelled):
                     # The fetching reader was interrupted; fetch it ourselves.
-                    found.update(await self._gather(source, index, index, count=False))
+                    found.update(await self._gather(source, index, index))
                     continue
                 raise flight.error
-            if index in flight.blocks:
-                found[index] = flight.blocks[index]
-            else:  # the flight ended at the end of the object before this block
+            block = flight.blocks.get(index)
+            if block is None:  # the flight ended at the end of the object before this block
                 found[index] = b""
+                continue
+            found[index] = block
+            self._unread.discard((source, index))
         return found
 
     async def _fetch_into(self, found: dict, source, first: int, last: int) -> None:
         found.update(await self._fetch_run(source, first, last))
 
-    async def _fetch_run(self, source, first: int, last: int) -> dict[int, bytes]:
+    async def _fetch_run(self, source, first: int, last: int, prefetched: bool = False) -> dict[int, bytes]:
         bs = self.block_size
-        with self._flight([(source, i) for i in range(first, last + 1)]) as flight:
-            for index, block in enumerate(await self._fetch(source, first * bs, (last + 1) * bs), first):
-                flight.blocks[index] = block
-                self._store((source, index), block)
+        keys = [(source, i) for i in range(first, last + 1)]
+        async with self._flight(keys, len(keys) * bs) as flight:
+            blocks = flight.blocks
+            began = trio.current_time()
+            pieces = await self._fetch(source, first * bs, (last + 1) * bs)
+            self._landed(flight)
+            if self.pacer is not None and not prefetched:
+                self.pacer.observe(source, began, sum(map(len, pieces)))
+            for index, block in enumerate(pieces, first):
+                blocks[index] = block
+                if self._store((source, index), block) and prefetched:
+                    self._unread.add((source, index))
                 if len(block) < bs:
                     break
-        return flight.blocks
+        return blocks
 
-    @contextmanager
-    def _flight(self, keys: list):
-        """One fetch for `keys`: waiters find it in `_inflight` until it ends, then see its blocks
-        or its error."""
+    @asynccontextmanager
+    async def _flight(self, keys: list, nbytes: int):
+        """One fetch for `keys` of at most `nbytes`: waiters find it in `_inflight` until it ends,
+        then see its blocks or its error. Its bytes are claimed from the budget (waiting while other
+        fetches hold it) and room is made for them before the fetch starts."""
         flight = _Flight()
         for key in keys:
             self._inflight[key] = flight
         try:
+            await self.budget.start_fetch(nbytes)
+            flight.reserved = nbytes
+            self._evict()
+            self.budget.note_cached()
             yield flight
         except BaseException as e:
             flight.error = e
             raise
         finally:
+            self._landed(flight)
             for key in keys:
                 self._inflight.pop(key, None)
             flight.done.set()
 
-    def _store(self, key, block: bytes) -> None:
-        if self.capacity == 0 or len(block) > self.capacity:
-            return
+    def _landed(self, flight: _Flight) -> None:
+        """The fetch's bytes are here: they count as cached from now on, not as in flight."""
+        self.budget.end_fetch(flight.reserved)
+        flight.reserved = 0
+
+    def _store(self, key, block: bytes) -> bool:
+        budget = self.budget
+        if len(block) > budget.total:
+            return False
         old = self._blocks.pop(key, None)
         if old is not None:
-            self._bytes -= len(old)
+            budget.cached -= len(old)
         self._blocks[key] = block
-        self._bytes += len(block)
-        while self._bytes > self.capacity:
-            _, evicted = self._blocks.popitem(last=False)
-            self._bytes -= len(evicted)
+        budget.cached += len(block)
+        self._evict()
+        budget.note_cached()
+        return key in self._blocks
+
+    def _evict(self) -> None:
+        budget = self.budget
+        blocks = self._blocks
+        while budget.cached + budget.inflight > budget.total and blocks:
+            key, evicted = blocks.popitem(last=False)
+            budget.cached -= len(evicted)
             self.evictions += 1
+            if key in self._unread:
+                self._unread.discard(key)
+                budget.prefetch_wasted += 1
+                if self.on_wasted is not None:
+                    self.on_wasted(*key)
 
 
 def _runs(indexes: list[int], max_len: int) -> list[tuple[int, int]]:

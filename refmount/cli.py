@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
+import os
 import re
 import sys
 
@@ -53,25 +55,67 @@ def _positive(cast, what: str):
     return parse
 
 
+MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 4 << 10, 64 << 20
+
+
+def parse_block_size(text: str) -> int:
+    """A power of two from 4K to 64M: blocks tile remote objects and the kernel's pages."""
+    size = parse_size(text)
+    if size < MIN_BLOCK_SIZE or size > MAX_BLOCK_SIZE or size & (size - 1):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a power of two from 4K to 64M")
+    return size
+
+
 positive_float = _positive(float, "a positive number of seconds")
 positive_int = _positive(int, "a positive integer")
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports mistakes as one line naming the option, exit status 2."""
+    """argparse that reports mistakes as one line naming the option, exit status 2. Abbreviations
+    are off (a typo must not silently pick an option), and an unknown option gets a "did you mean"."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
+        unknown = re.match(r"unrecognized arguments: (.*)", message)
+        if unknown:
+            message = self._explain_unknown(unknown.group(1).split())
         sys.stderr.write(f"refmount: {message} (see '{self.prog} --help')\n")
         raise SystemExit(EXIT_USAGE)
+
+    def _explain_unknown(self, words: list[str]) -> str:
+        options = [w.split("=", 1)[0] for w in words if w.startswith("-")]
+        if not options:
+            return f"unexpected argument {words[0]!r}"
+        bad = options[0]
+        return f"unknown option {bad!r}" + did_you_mean(bad, self._all_options())
+
+    def _all_options(self) -> list[str]:
+        names = []
+        for action in self._actions:
+            names += action.option_strings
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    names += [n for a in sub._actions for n in a.option_strings]
+        return names
+
+
+def did_you_mean(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def add_mount_options(p: argparse.ArgumentParser) -> None:
     """Every option of `refmount mount` (also used by the fstab helper and the systemd config)."""
-    from refmount.refs import DEFAULT_MAX_KEYS
+    from refmount.refs import DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_KEYS, default_max_refs_size
+    from refmount.refs.limits import format_size
 
     p.add_argument("refs", metavar="REFS",
                    help="reference set: a JSON file (optionally .gz/.bz2/.xz/.zst), a Parquet reference "
-                        "directory, an Icechunk repository, or an http(s)://, s3://, ... url of one")
+                        "directory, an Icechunk repository, an http(s)://, s3://, ... url of either, or - for JSON "
+                        "on stdin")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     g = p.add_argument_group("view")
     g.add_argument("--view", choices=("decoded", "raw"), default="decoded",
@@ -90,14 +134,19 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                    help="log verbosity (default: info)")
     g.add_argument("--log-file", metavar="PATH",
-                   help="append logs here; default: stderr in the foreground, syslog/journal in the background")
+                   help="append logs here; default: stderr in the foreground; in the background syslog (the "
+                        "journal) if /dev/log exists, else $XDG_STATE_HOME/refmount/MOUNTPOINT.log "
+                        "(/var/log/refmount/ for root). The mount prints where its log goes")
     g.add_argument("--dry-run", action="store_true",
                    help="load and validate the reference set, print a summary, and exit without mounting")
+    g.add_argument("--owner-pid", type=positive_int, metavar="PID",
+                   help="unmount when process PID exits (refmount.mount() in Python passes its own PID for a "
+                        "temporary mountpoint)")
     g = p.add_argument_group("caching")
     g.add_argument("--cache-size", type=parse_size, default="512M", metavar="SIZE",
-                   help="memory for cached remote blocks (default: 512M)")
-    g.add_argument("--block-size", type=parse_size, default="1M", metavar="SIZE",
-                   help="size of a cached block and of the smallest remote request (default: 1M)")
+                   help="memory budget for cached blocks, requests in flight and read-ahead (default: 512M)")
+    g.add_argument("--block-size", type=parse_block_size, default="1M", metavar="SIZE",
+                   help="size of a cached block, the unit of caching: a power of two from 4K to 64M (default: 1M)")
     g.add_argument("--decoded-cache-size", type=parse_size, default="256M", metavar="SIZE",
                    help="memory for decoded chunks in --view decoded (default: 256M)")
     g.add_argument("--no-prefetch", dest="prefetch", action="store_false",
@@ -117,7 +166,17 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stall-timeout", type=positive_float, default=10.0, metavar="SECONDS",
                    help="abandon and retry a connection that sends nothing for this long (default: 10)")
     g.add_argument("--connections", type=positive_int, default=8, metavar="N",
-                   help="parallel connections per host (default: 8)")
+                   help="most parallel connections per host; read-ahead adapts below it, and one remote object "
+                        "gets at most three quarters of them (default: 8)")
+    g.add_argument("--proxy", metavar="URL",
+                   help="send http(s) target requests through this proxy (default: the HTTP_PROXY, HTTPS_PROXY "
+                        "and NO_PROXY variables)")
+    g.add_argument("--verify-remote", action="store_true",
+                   help="http(s): make every ranged request conditional on the version first seen (If-Match with its "
+                        "ETag, else If-Unmodified-Since), so the server itself refuses bytes of a replaced object")
+    g.add_argument("--ca-bundle", metavar="PATH",
+                   help="trust the certificate authorities in PATH for https (default: REQUESTS_CA_BUNDLE, "
+                        "CURL_CA_BUNDLE, SSL_CERT_FILE, then the system store; AWS_CA_BUNDLE for s3)")
     g = p.add_argument_group("security")
     g.add_argument("--allow-other", action="store_true",
                    help="let other users read the mount (needs user_allow_other in /etc/fuse.conf unless root); "
@@ -128,7 +187,14 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-cross-host-redirects", action="store_true",
                    help="follow HTTP redirects to other hosts (default: refused)")
     g.add_argument("--max-keys", type=positive_int, default=DEFAULT_MAX_KEYS, metavar="N",
-                   help=f"refuse reference sets (or gen sections) with more keys than this (default: {DEFAULT_MAX_KEYS:,})")
+                   help="refuse reference sets (or gen sections) with more keys than this (default: half the "
+                        f"memory available at start / 350 bytes per key, here {DEFAULT_MAX_KEYS:,})")
+    g.add_argument("--max-refs-size", type=parse_size, default=None, metavar="SIZE",
+                   help="refuse reference files larger than this once decompressed, and gen sections that "
+                        "would make more text of keys and urls (default: a sixth of the memory available at "
+                        f"start, here {format_size(default_max_refs_size())})")
+    g.add_argument("--load-timeout", type=positive_float, default=DEFAULT_LOAD_TIMEOUT, metavar="SECONDS",
+                   help=f"give up loading the reference set after this long (default: {DEFAULT_LOAD_TIMEOUT:g})")
     g = p.add_argument_group("kernel tuning (root only)")
     g.add_argument("--no-tune-kernel", dest="tune_kernel", action="store_false",
                    help="leave the kernel readahead and FUSE max_background as they are")
@@ -165,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print live counters of the daemon serving MOUNTPOINT.")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p = sub.add_parser("list", help="list live refmount mounts",
+                       description="List every live refmount mount: mountpoint, reference set, view, PID, log.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p = sub.add_parser("inspect", help="report each array's codecs and which netCDF-C versions can read it",
                        description="Report, for each array of REFS: dtype, shape, chunks, codecs, present and "
                                    "missing chunks, and whether netCDF-C 4.9.0 and >= 4.10 can read it per view.")
@@ -180,7 +249,7 @@ def options_from_args(args):
     from refmount.daemon import MountOptions
 
     return MountOptions(
-        refs=args.refs, mountpoint=args.mountpoint, view=args.view, foreground=args.foreground,
+        refs="/dev/stdin" if args.refs == "-" else args.refs, mountpoint=args.mountpoint, view=args.view, foreground=args.foreground,
         cache_size=args.cache_size, block_size=args.block_size, remote_options=args.remote_options,
         read_timeout=args.read_timeout, stall_timeout=args.stall_timeout, connections=args.connections,
         allow_other=args.allow_other, allow_protocols=args.allow_protocols,
@@ -189,6 +258,9 @@ def options_from_args(args):
         read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
         chars=args.chars,
+        proxy=args.proxy, owner_pid=args.owner_pid,
+        verify_remote=args.verify_remote, ca_bundle=args.ca_bundle,
+        max_refs_size=args.max_refs_size, load_timeout=args.load_timeout,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
     )
 
@@ -256,32 +328,46 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "mount":
-            from refmount import daemon
-
-            opts = options_from_args(args)
-            if args.dry_run:
-                from refmount.summary import print_summary
-
-                return print_summary(opts)
-            return daemon.mount(opts)
-        if args.command == "umount":
-            from refmount.daemon import umount
-
-            return umount(args.mountpoint, lazy=args.lazy)
-        if args.command == "stats":
-            from refmount.summary import print_stats
-
-            return print_stats(args.mountpoint, as_json=args.json)
-        if args.command == "inspect":
-            from refmount.inspect import run_inspect
-
-            return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json,
-                               version=_version(args))
+        status = _run(args)
+        sys.stdout.flush()  # a closed pipe shows up here, inside the handler below, not at exit
+        return status
     except RefmountError as e:
         sys.stderr.write(f"refmount: {e}\n")
         return 1
     except KeyboardInterrupt:
         sys.stderr.write("refmount: interrupted\n")
         return 130
+    except BrokenPipeError:  # `refmount stats MNT | head`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so that the exit-time flush fails silently too
+        return 141
+
+
+def _run(args) -> int:
+    if args.command == "mount":
+        from refmount import daemon
+
+        opts = options_from_args(args)
+        if args.dry_run:
+            from refmount.summary import print_summary
+
+            return print_summary(opts)
+        return daemon.mount(opts)
+    if args.command == "umount":
+        from refmount.daemon import umount
+
+        return umount(args.mountpoint, lazy=args.lazy)
+    if args.command == "stats":
+        from refmount.summary import print_stats
+
+        return print_stats(args.mountpoint, as_json=args.json)
+    if args.command == "inspect":
+        from refmount.inspect import run_inspect
+
+        return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json,
+                           version=_version(args))
+    if args.command == "list":
+        from refmount.summary import print_list
+
+        return print_list(as_json=args.json)
     return 0

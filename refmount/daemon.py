@@ -8,10 +8,13 @@ systemd (`--foreground`, Type=notify) readiness is also sent as READY=1.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import logging.handlers
 import os
+import re
+import select
 import signal
 import socket
 import subprocess
@@ -50,6 +53,12 @@ class MountOptions:
     cache_dir: str | None = None
     disk_cache_size: int = 10 << 30
     chars: str = "char"
+    proxy: str | None = None
+    owner_pid: int | None = None
+    verify_remote: bool = False
+    ca_bundle: str | None = None
+    max_refs_size: int | None = None  # None: the machine's default (refs/limits.py)
+    load_timeout: float | None = 300.0
     branch: str | None = None  # Icechunk: which version to mount (one of branch, tag, snapshot)
     tag: str | None = None
     snapshot: str | None = None
@@ -57,23 +66,47 @@ class MountOptions:
 
 # -- mount table helpers ----------------------------------------------------------------------------
 
-def mount_entry(mountpoint: str) -> dict | None:
-    """The /proc/self/mountinfo entry for `mountpoint`, if something is mounted there."""
-    target = os.path.abspath(mountpoint)
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal (\\040)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_table() -> list[dict]:
+    """/proc/self/mountinfo as a list of entries, in mount order."""
     try:
         with open("/proc/self/mountinfo") as f:
             lines = f.read().splitlines()
     except OSError:
-        return None
-    found = None
+        return []
+    entries = []
     for line in lines:
         fields = line.split()
         sep = fields.index("-")
-        point = fields[4].encode().decode("unicode_escape")
-        if point == target:
-            found = {"point": point, "fstype": fields[sep + 1], "source": fields[sep + 2],
-                     "major_minor": fields[2]}
+        entries.append({"point": _unescape(fields[4]), "fstype": fields[sep + 1], "source": _unescape(fields[sep + 2]),
+                        "major_minor": fields[2], "super_options": fields[sep + 3] if len(fields) > sep + 3 else ""})
+    return entries
+
+
+def mount_entry(mountpoint: str) -> dict | None:
+    """The /proc/self/mountinfo entry for `mountpoint`, if something is mounted there."""
+    target = os.path.abspath(mountpoint)
+    found = None
+    for entry in mount_table():
+        if entry["point"] == target:
+            found = entry
     return found
+
+
+def refmount_mounts() -> list[dict]:
+    """The entries of live refmount mounts (the last mount on each point), with the owner's uid."""
+    last = {e["point"]: e for e in mount_table()}
+    mounts = []
+    for entry in last.values():
+        if entry["fstype"] != "fuse.refmount":
+            continue
+        owner = re.search(r"user_id=(\d+)", entry["super_options"])
+        mounts.append({**entry, "owner": int(owner.group(1)) if owner else None})
+    return mounts
 
 
 def _is_dead_fuse_mount(mountpoint: str) -> bool:
@@ -105,49 +138,173 @@ def preflight(opts: MountOptions) -> None:
     if not os.path.isdir(mnt):
         what = "does not exist" if not os.path.exists(mnt) else "is not a directory"
         raise RefmountError(f"mountpoint {quote(mnt)} {what}")
-    if mount_entry(mnt) is not None:
+    entry = mount_entry(mnt)
+    if entry is not None:
         raise RefmountError(f"mountpoint {quote(mnt)} is already a mount point (refmount umount it first)")
+    try:
+        if os.listdir(mnt):
+            raise RefmountError(f"mountpoint {quote(mnt)} is not empty (its files would be hidden; use an empty directory)")
+    except PermissionError:
+        raise RefmountError(f"mountpoint {quote(mnt)} is not readable by you") from None
     if not os.path.exists("/dev/fuse"):
         raise RefmountError("/dev/fuse is missing: FUSE is not available here (modprobe fuse; install fuse3)")
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        raise RefmountError("/dev/fuse is not accessible to you (Debian's udev rules make it mode 0666; "
+                            "ask your administrator)")
+    if opts.allow_other and os.geteuid() != 0 and not user_allow_other():
+        raise RefmountError("--allow-other needs 'user_allow_other' in /etc/fuse.conf for users other than root "
+                            "(ask your administrator), or mount without --allow-other")
+    refuse_data_file(opts.refs)
+
+
+def user_allow_other(conf: str = "/etc/fuse.conf") -> bool:
+    try:
+        with open(conf) as f:
+            return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
+_DATA_MAGIC = {b"\x89HDF\r\n\x1a\n": "an HDF5/netCDF-4", b"CDF\x01": "a netCDF-3", b"CDF\x02": "a netCDF-3 (64-bit offset)",
+               b"CDF\x05": "a netCDF-3 (CDF-5)"}
+
+
+def refuse_data_file(refs: str) -> None:
+    """A netCDF or HDF5 file given as REFS: say what to do instead of "not valid JSON"."""
+    from refmount.refs.source import is_remote, local_path
+
+    if is_remote(refs) or not os.path.isfile(local_path(refs)):
+        return
+    try:
+        with open(local_path(refs), "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return  # the loader reports it
+    for magic, kind in _DATA_MAGIC.items():
+        if head.startswith(magic):
+            raise RefmountError(f"{quote(refs)} is {kind} file, not a reference set: make references for it "
+                                "first, e.g. with kerchunk (see README, 'Making references')")
+
+
+def check_remote_options(urls, remote_options: dict) -> None:
+    """Create each target filesystem (other than http, which has its own client) now, so that an
+    option the installed backend does not know fails the mount in one line, not the first read."""
+    from refmount.refs.source import protocol_of
+
+    protocols = {protocol_of(u) for u in urls} - {"http", "https", "file", "local"}
+    if not protocols:
+        return
+    import fsspec
+
+    for protocol in sorted(protocols):
+        try:  # the same arguments as the fetcher's backend (fetch/fsspec_backend.py) will use
+            fs = fsspec.filesystem(protocol, skip_instance_cache=True, **remote_options)
+            connect = getattr(fs, "connect", None)  # s3fs checks its session arguments only here
+            if callable(connect) and hasattr(fs, "set_session"):
+                connect()
+        except ImportError as e:
+            raise RefmountError(f"protocol {protocol!r} is not available: {e}") from None
+        except (TypeError, ValueError) as e:
+            bad = re.search(r"unexpected keyword argument '([^']+)'", str(e))
+            backend = fsspec.get_filesystem_class(protocol).__module__.split(".")[0]
+            if bad:
+                raise RefmountError(f"--remote-options: {backend} does not accept {bad.group(1)!r}") from None
+            raise RefmountError(f"--remote-options for {protocol}://: {e}") from None
 
 
 # -- logging ---------------------------------------------------------------------------------------
 
-def setup_logging(level: str, log_file: str | None) -> None:
-    root = logging.getLogger("refmount")
-    root.setLevel(getattr(logging, level.upper()))
-    root.handlers.clear()
+def syslog_socket() -> str | None:
+    """The syslog socket (the journal's, under systemd) a background daemon logs to, if one listens.
+    REFMOUNT_SYSLOG_SOCKET names another path, or none when empty (tests; hosts whose syslog listens
+    elsewhere)."""
+    path = os.environ.get("REFMOUNT_SYSLOG_SOCKET", "/dev/log")
+    if not path or not os.path.exists(path):
+        return None
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):  # a socket nobody listens on counts as none
+        with socket.socket(socket.AF_UNIX, kind) as probe:
+            try:
+                probe.connect(path)
+                return path
+            except OSError:
+                continue
+    return None
+
+
+def log_directory() -> str:
+    """Where per-mount log files go when there is no syslog: $REFMOUNT_LOG_DIR if set, else
+    /var/log/refmount for root, else the user's XDG state directory."""
+    if os.environ.get("REFMOUNT_LOG_DIR"):
+        return os.environ["REFMOUNT_LOG_DIR"]
+    if os.geteuid() == 0:
+        return "/var/log/refmount"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "refmount")
+
+
+def default_log_file(mountpoint: str) -> str:
+    """One file per mountpoint, named like systemd names mount units: /mnt/era5 -> mnt-era5.log."""
+    name = os.path.abspath(mountpoint).strip("/").replace("/", "-") or "root"
+    return os.path.join(log_directory(), name + ".log")
+
+
+def log_destination(opts: MountOptions) -> tuple[str | None, str]:
+    """(syslog socket or None, what to tell the user) for a background daemon: --log-file if given,
+    else syslog when present, else a per-mount file (created here, so a failure is a mount error)."""
+    if opts.log_file:
+        return None, opts.log_file
+    socket_path = syslog_socket()
+    if socket_path:
+        return socket_path, "syslog (journalctl -t refmount)"
+    path = default_log_file(opts.mountpoint)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise RefmountError(f"cannot write the log file {quote(path)}: {e.strerror} (choose one with --log-file)") from None
+    return None, path
+
+
+_FILE_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+
+
+def setup_logging(level: str, log_file: str | None, syslog: str | None = None, also_stderr: bool = False) -> None:
+    """Log to `log_file` or the `syslog` socket (and then to stderr too, warnings only, with
+    `also_stderr`), else to stderr."""
+    handlers: list[logging.Handler] = []
+    if syslog:
+        handler: logging.Handler = logging.handlers.SysLogHandler(address=syslog)
+        handler.setFormatter(logging.Formatter("refmount[%(process)d]: %(levelname)s: %(message)s"))
+        handlers.append(handler)
     if log_file:
-        handler: logging.Handler = logging.FileHandler(log_file)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    else:
+        handler = logging.FileHandler(log_file)
+        handler.setFormatter(logging.Formatter(_FILE_FORMAT))
+        handlers.append(handler)
+    if also_stderr or not handlers:
         handler = logging.StreamHandler(sys.stderr)
+        if handlers:  # the file or syslog has everything; the terminal only what needs attention
+            handler.setLevel(logging.WARNING)
         # journald adds its own timestamps; a terminal user wants short lines
         handler.setFormatter(logging.Formatter("refmount: %(levelname)s: %(message)s"))
-    root.addHandler(handler)
+        handlers.append(handler)
+    root = logging.getLogger("refmount")
+    root.setLevel(getattr(logging, level.upper()))
+    root.handlers[:] = handlers
     root.propagate = False
 
 
-def _detach(log_file: str | None) -> None:
+def _detach() -> None:
     """After readiness a background daemon lets go of the terminal (or the pipe of whoever started
-    it, which would otherwise never see EOF) and logs to syslog (the journal) instead."""
+    it, which would otherwise never see EOF); its log goes on in its file, or to syslog."""
     devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
     os.close(devnull)
-    if log_file:
-        return
     root = logging.getLogger("refmount")
-    root.handlers.clear()
-    if os.path.exists("/dev/log"):
-        try:
-            handler = logging.handlers.SysLogHandler(address="/dev/log")
-            handler.setFormatter(logging.Formatter("refmount[%(process)d]: %(levelname)s: %(message)s"))
-            root.addHandler(handler)
-            return
-        except OSError:
-            pass
-    root.addHandler(logging.NullHandler())
+    for handler in list(root.handlers):
+        if type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)
 
 
 # -- systemd ---------------------------------------------------------------------------------------
@@ -177,17 +334,18 @@ def mount(opts: MountOptions) -> int:
     if opts.foreground:
         setup_logging(opts.log_level, opts.log_file)
         return serve(opts, ready=None)
+    syslog, shown = log_destination(opts)
+    log_file = None if syslog else shown
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the daemon
         os.close(read_fd)
-        os.setsid()
+        os.setsid()  # its own process group: an interrupted mount kills it and its loader workers at once
         status = 1
         try:
-            setup_logging(opts.log_level, opts.log_file)
-            devnull = os.open(os.devnull, os.O_RDWR)
-            os.dup2(devnull, 0)
-            status = serve(opts, ready=write_fd)
+            # until ready, the user also sees warnings on the terminal
+            setup_logging(opts.log_level, log_file, syslog, also_stderr=True)
+            status = serve(opts, ready=write_fd, log_shown=shown)
         except RefmountError as e:
             _report(write_fd, f"ERR {e}")
         except BaseException as e:  # never let a traceback escape a forked child
@@ -195,23 +353,82 @@ def mount(opts: MountOptions) -> int:
         finally:
             os._exit(status)
     os.close(write_fd)
-    message = _read_report(read_fd)
-    os.close(read_fd)
+    try:
+        with _signals_interrupt():
+            message = _read_report(read_fd)
+    except KeyboardInterrupt:
+        _abandon(pid, opts.mountpoint)
+        raise
+    finally:
+        os.close(read_fd)
     if message.startswith("OK"):
+        sys.stderr.write(f"refmount: mounted {shown_refs(opts.refs)} on {opts.mountpoint}; log: {shown}\n")
         return 0
     if message.startswith("ERR "):
+        os.waitpid(pid, 0)
         raise RefmountError(message[4:])
     os.waitpid(pid, 0)
     raise RefmountError("the refmount daemon exited before the mount was ready (run with --foreground to see why)")
 
 
-def _report(fd: int | None, message: str) -> None:
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGTERM and SIGHUP interrupt the waiting CLI like Ctrl-C does, so that it can clean up."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    signals = (signal.SIGTERM, signal.SIGHUP)
+    saved = [signal.signal(s, interrupt) for s in signals]
+    try:
+        yield
+    finally:
+        for s, handler in zip(signals, saved):
+            signal.signal(s, handler)
+
+
+def _reaped(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _abandon(pid: int, mountpoint: str) -> None:
+    """The user gave up on a mount still loading: end the daemon's whole process group (it and its
+    loader workers), and remove a mount it may have made in the meantime."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            break
+        if _reaped(pid, 5.0):
+            break
+    entry = mount_entry(mountpoint)
+    if entry is not None and entry["fstype"] == "fuse.refmount":
+        _fusermount(["-u", "-z", mountpoint])
+
+
+def _parent_gone(fd: int | None) -> bool:
+    """Whether the CLI that waits on the ready pipe has gone away (its read end closed)."""
     if fd is None:
-        return
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
+
+
+def _report(fd: int | None, message: str) -> bool:
+    """Send one line to the waiting CLI; False if nobody is waiting any more."""
+    if fd is None:
+        return True
     try:
         os.write(fd, (message.replace("\n", " ") + "\n").encode())
+        return True
     except OSError:
-        pass
+        return False
 
 
 def _read_report(fd: int) -> str:
@@ -226,7 +443,22 @@ def _read_report(fd: int) -> str:
     return b"".join(chunks).decode(errors="replace").strip()
 
 
-def serve(opts: MountOptions, ready: int | None) -> int:
+def shown_refs(refs: str) -> str:
+    """The reference set as `refmount list`, findmnt and df show it: urls as given, paths absolute."""
+    from refmount.refs.source import is_remote, local_path
+
+    if refs == "/dev/stdin":
+        return "stdin"
+    return refs if is_remote(refs) else os.path.abspath(local_path(refs))
+
+
+def fsname_option(refs: str) -> str:
+    """The mount's source as findmnt and df show it: the reference set. libfuse splits options at
+    commas, so those (and backslashes) are escaped."""
+    return "fsname=" + refs.replace("\\", "\\\\").replace(",", "\\,")
+
+
+def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -> int:
     """Load, mount and serve until unmounted or signalled. Runs in the daemon process."""
     import pyfuse3
     import trio
@@ -234,11 +466,18 @@ def serve(opts: MountOptions, ready: int | None) -> int:
     from refmount.assemble import build_filesystem
     from refmount.fuse_ops import FuseOperations
 
+    if opts.proxy:  # the http(s) targets' client follows the usual variables (aiohttp trust_env)
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+            os.environ[name] = opts.proxy
     fs, fetcher = build_filesystem(opts)
+    check_remote_options(fs.refset.urls, opts.remote_options)
+    fs.mount_info = {"refs": shown_refs(opts.refs), "log": log_shown or opts.log_file or "stderr"}
     operations = FuseOperations(fs)
-    fuse_options = {"fsname=refmount", "subtype=refmount", "ro", "default_permissions", "noatime"}
+    fuse_options = {fsname_option(shown_refs(opts.refs)), "subtype=refmount", "ro", "default_permissions", "noatime"}
     if opts.allow_other:
         fuse_options.add("allow_other")
+    if _parent_gone(ready):  # interrupted while loading: never mount behind the user's back
+        raise RefmountError("the mount was interrupted")
     try:
         pyfuse3.init(operations, opts.mountpoint, fuse_options)
     except RuntimeError as e:
@@ -248,6 +487,8 @@ def serve(opts: MountOptions, ready: int | None) -> int:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_announce_ready, opts, ready, lambda: fetcher.import_backends(fs.refset.urls))
             nursery.start_soon(_stop_on_signals, nursery)
+            if opts.owner_pid:
+                nursery.start_soon(_unmount_when_gone, opts.owner_pid)
             await pyfuse3.main(min_tasks=4, max_tasks=256)
             nursery.cancel_scope.cancel()
         await fetcher.aclose()
@@ -264,6 +505,7 @@ def serve(opts: MountOptions, ready: int | None) -> int:
 async def _announce_ready(opts: MountOptions, ready: int | None, then=None) -> None:
     """Report readiness once the mount answers a stat (which our own main loop serves), then do
     `then()` in a thread: work that need not delay readiness (its errors show up later, in use)."""
+    import pyfuse3
     import trio
 
     from refmount.tuning import tune_kernel
@@ -282,17 +524,42 @@ async def _announce_ready(opts: MountOptions, ready: int | None, then=None) -> N
         await trio.sleep(0.01)
     if opts.tune_kernel:
         tune_kernel(opts.mountpoint, opts.read_ahead_kb, opts.max_background)
-    log.info("mounted %s on %s (view: %s)", opts.refs, opts.mountpoint, opts.view)
+    if ready is not None and not _report(ready, "OK"):  # the CLI gave up waiting: undo the mount
+        log.warning("mount of %s on %s was interrupted: unmounting", opts.refs, opts.mountpoint)
+        pyfuse3.terminate()
+        return
+    log.info("mounted %s on %s (view: %s)", shown_refs(opts.refs), opts.mountpoint, opts.view)
     sd_notify("READY=1")
     if ready is not None:
-        _report(ready, "OK")
         os.close(ready)
-        _detach(opts.log_file)
+        _detach()
     if then is not None:
         try:
             await trio.to_thread.run_sync(then)
         except Exception as e:
             log.debug("after readiness: %s", e)
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process `pid` (None if it does not exist): a PID alone may be reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+async def _unmount_when_gone(pid: int, interval: float = 0.5) -> None:
+    """--owner-pid: unmount once that process has exited (a Jupyter kernel killed on restart, a
+    script that crashed before it could unmount)."""
+    import pyfuse3
+    import trio
+
+    started = _process_start(pid)
+    while started is not None and _process_start(pid) == started:
+        await trio.sleep(interval)
+    log.info("process %d, the owner of this mount, has exited: unmounting", pid)
+    pyfuse3.terminate()
 
 
 async def _stop_on_signals(nursery) -> None:
@@ -308,11 +575,24 @@ async def _stop_on_signals(nursery) -> None:
 
 # -- unmounting -------------------------------------------------------------------------------------
 
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"user {pwd.getpwuid(uid).pw_name!r} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
 def umount(mountpoint: str, lazy: bool = False, timeout: float = 10.0) -> int:
     """Unmount whether or not the daemon is alive; wait for a live daemon to exit."""
     entry = mount_entry(mountpoint)
     if entry is None:
         raise RefmountError(f"{quote(mountpoint)} is not mounted")
+    owner = re.search(r"user_id=(\d+)", entry["super_options"])
+    if os.geteuid() != 0 and owner and int(owner.group(1)) != os.getuid():
+        raise RefmountError(f"{quote(mountpoint)} was mounted by {_user_name(int(owner.group(1)))}; only they "
+                            "(or root) can unmount it")
     pid = None
     if not _is_dead_fuse_mount(mountpoint):
         try:

@@ -1,12 +1,15 @@
 """A persistent cache of remote blocks on local disk (`--cache-dir`), kept across remounts.
 
-Layout: DIR/refmount-cache-v1/<aa>/<object id>/<block index>, where the object id hashes the url,
+Layout: DIR/refmount-cache-v2/<aa>/<object id>/<block index>, where the object id hashes the url,
 the object's validator (a strong ETag, else size and Last-Modified) and the block size: a changed
 remote object gets new names, so its new bytes are never mixed with cached bytes of the old version.
-Objects without a validator are not cached on disk at all.
+Objects without a validator are not cached on disk at all. Only bytes of responses that matched that
+validator are stored (the HTTP backend refuses any other response). Directories of older layouts
+(refmount-cache-v1) are ignored.
 
-Each block file is a 16-byte header (magic, CRC-32 of the data, data length) and the data; a block
-that fails the check is deleted and fetched again. The total is bounded by `--disk-cache-size`,
+Each block file is a 32-byte header (magic, CRC-32 of the data, data length, and a tag that hashes
+the url, validator and block index the block belongs to) and the data; a block that fails the check
+(corrupt, or a file moved or copied to another block's name) is deleted and fetched again. The total is bounded by `--disk-cache-size`,
 evicting the least recently used blocks; file mtimes carry that order across remounts. A disk that
 fills up (or turns read-only) degrades to memory-only caching with one warning, never an error.
 
@@ -33,9 +36,10 @@ from refmount.errors import RefmountError
 
 log = logging.getLogger("refmount")
 
-LAYOUT = "refmount-cache-v1"
-_HEADER = struct.Struct("<4sIQ")  # magic, crc32, data length
-_MAGIC = b"RMB1"
+LAYOUT = "refmount-cache-v2"
+_HEADER = struct.Struct("<4sIQ16s")  # magic, crc32, data length, tag of (object id, block index)
+HEADER_SIZE = _HEADER.size
+_MAGIC = b"RMB2"
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 _MAX_PENDING_WRITES = 256 << 20  # past this, blocks are not written (a slow disk must not eat memory)
 
@@ -78,6 +82,11 @@ class DiskCache:
     def _relative(self, obj: str, index: int) -> str:
         return f"{obj[:2]}/{obj}/{index}"
 
+    @staticmethod
+    def _tag(obj: str, index: int) -> bytes:
+        """What a block file must say it holds: this object (url, validator, block size) and index."""
+        return hashlib.blake2b(f"{obj}\0{index}".encode(), digest_size=16).digest()
+
     # -- blocks (worker threads) ------------------------------------------------------------------
 
     def load(self, obj: str, index: int) -> bytes | None:
@@ -89,10 +98,10 @@ class DiskCache:
         except OSError:
             self.misses += 1
             return None
-        magic, crc, length, data, extra = b"", 0, 0, b"", b""
+        magic, crc, length, tag, data, extra = b"", 0, 0, b"", b"", b""
         try:
             header = os.pread(fd, _HEADER.size, 0)
-            magic, crc, length = _HEADER.unpack(header) if len(header) == _HEADER.size else (b"", 0, 0)
+            magic, crc, length, tag = _HEADER.unpack(header) if len(header) == _HEADER.size else (b"", 0, 0, b"")
             data = os.pread(fd, length, _HEADER.size) if magic == _MAGIC and length <= self.block_size else b""
             extra = os.pread(fd, 1, _HEADER.size + length) if data else b""
             os.utime(fd)  # recency survives a remount
@@ -103,6 +112,11 @@ class DiskCache:
         if magic != _MAGIC or len(data) != length or extra or zlib.crc32(data) != crc:
             self.corrupt += 1
             log.warning("disk cache: block %s failed its checksum; dropped and fetched again", path)
+            self._forget(rel)
+            return None
+        if tag != self._tag(obj, index):
+            self.corrupt += 1
+            log.warning("disk cache: block %s belongs to another object or block; dropped and fetched again", path)
             self._forget(rel)
             return None
         self.hits += 1
@@ -121,9 +135,9 @@ class DiskCache:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
-                header = _HEADER.pack(_MAGIC, zlib.crc32(data), len(data))
+                header = _HEADER.pack(_MAGIC, zlib.crc32(data), len(data), self._tag(obj, index))
                 if os.writev(fd, [header, data]) != len(header) + len(data):
-                    raise OSError(errno.ENOSPC, "short write")
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a full disk writes short
             finally:
                 os.close(fd)
             os.replace(temporary, path)  # readers see the whole block or none of it

@@ -59,6 +59,7 @@ class Filesystem:
         self.gid = os.getgid()
         self.mtime_ns = time.time_ns()
         self.stats = stats or (lambda: {})
+        self.mount_info: dict[str, str] = {}  # shown as root xattrs: refs, log (for `refmount list`)
         self._subdir_names = [sorted(children) for children in self.dirs.children]
         self._may_hide = not getattr(view, "hides_nothing", False)  # a view may promise to hide no key
 
@@ -197,7 +198,8 @@ class Filesystem:
     async def xattrs(self, ino: int) -> dict[str, str]:
         if ino == ROOT_INODE:
             return {XATTR_PREFIX + "stats": json.dumps(self.stats(), sort_keys=True),
-                    XATTR_PREFIX + "pid": str(os.getpid()), XATTR_PREFIX + "view": self.view.name}
+                    XATTR_PREFIX + "pid": str(os.getpid()), XATTR_PREFIX + "view": self.view.name,
+                    **{XATTR_PREFIX + name: value for name, value in self.mount_info.items()}}
         if self._dir_of_ino(ino) is not None:
             return {}
         i = await self._key_of_ino(ino)

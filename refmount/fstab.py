@@ -20,13 +20,43 @@ GENERIC = {"ro", "rw", "defaults", "auto", "noauto", "user", "nouser", "users", 
            "strictatime", "sync", "async", "loop"}
 
 
+REMOUNT = "remount is not supported; unmount and mount again"
+
+
+class OptionError(Exception):
+    pass
+
+
+def mount_option_names() -> set[str]:
+    """The long options `refmount mount` accepts, e.g. '--cache-size'."""
+    import argparse
+
+    from refmount.cli import _Parser, add_mount_options
+
+    parser = _Parser(prog="mount.fuse.refmount", add_help=False)
+    add_mount_options(parser)
+    return {name for action in parser._actions for name in action.option_strings if name.startswith("--")
+            and not isinstance(action, argparse._HelpAction)}
+
+
 def options_to_args(options: str) -> list[str]:
+    """-o items as CLI options. An unknown one is refused here, by its own name, before the CLI
+    could mistake its value for a positional (and blame the mountpoint)."""
+    from refmount.cli import did_you_mean
+
+    known = None
     args: list[str] = []
     for item in filter(None, (o.strip() for o in options.split(","))):
         name, has_value, value = item.partition("=")
+        if name == "remount":
+            raise OptionError(REMOUNT)
         if name in GENERIC or name.startswith(("x-", "comment", "fsname", "subtype")):
             continue
         flag = "--" + name.replace("_", "-")
+        known = known or mount_option_names()
+        if flag not in known:
+            spelled = {f[2:].replace("-", "_") for f in known}
+            raise OptionError(f"unknown mount option {name!r}" + did_you_mean(name, spelled))
         args += [flag, value] if has_value else [flag]
     return args
 
@@ -50,10 +80,17 @@ def main(argv: list[str] | None = None) -> int:
         else:
             positional.append(arg)
         i += 1
+    if any("remount" in o.split(",") for o in options):  # mount(8) may pass only the mountpoint
+        sys.stderr.write(f"refmount: {REMOUNT}\n")
+        return 2
     if len(positional) != 2:
         sys.stderr.write("usage: mount.fuse.refmount REFS MOUNTPOINT [-o OPTIONS]\n")
         return 2
-    extra = [a for o in options for a in options_to_args(o)]
+    try:
+        extra = [a for o in options for a in options_to_args(o)]
+    except OptionError as e:
+        sys.stderr.write(f"refmount: {e}\n")
+        return 2
     return cli_main(["mount", *extra, *positional])
 
 

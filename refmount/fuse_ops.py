@@ -21,6 +21,11 @@ from refmount.fs import FILE_MODE, Attributes, Filesystem, FsError
 log = logging.getLogger("refmount")
 
 
+# what each handler does, as the log line names it ("stat of air/0.0.0 failed: ...")
+_ACTIONS = {"read": "read", "getattr": "stat", "lookup": "stat", "open": "open", "getxattr": "getxattr",
+            "readdir": "listing", "opendir": "listing", "access": "access"}
+
+
 def _reply(handler):
     @functools.wraps(handler)
     async def wrapper(self, *args):
@@ -32,7 +37,8 @@ def _reply(handler):
             raise pyfuse3.FUSEError(e.errno) from None
         except RefmountError as e:  # fetch and decode failures: the reader gets EIO, the log says why
             self.failed_reads += 1
-            log.error("read of %s failed: %s", self.fs.key_of(args[0]) if args else "?", e)
+            log.error("%s of %s failed: %s", _ACTIONS.get(handler.__name__, handler.__name__),
+                      self._subject(handler.__name__, args), e)
             raise pyfuse3.FUSEError(errno.EIO) from None
         except (trio.Cancelled, KeyboardInterrupt):
             raise
@@ -56,6 +62,16 @@ class FuseOperations(pyfuse3.Operations):
         super().__init__()
         self.fs = fs
         self.failed_reads = 0
+
+    def _subject(self, handler_name: str, args) -> str:
+        """The key a failed request was about, for its log line (a lookup names the child it stats)."""
+        if not args:
+            return "?"
+        if handler_name == "lookup":
+            parent = self.fs.key_of(args[0]).strip("/")
+            name = args[1].decode("utf-8", "replace")
+            return f"{parent}/{name}" if parent else name
+        return self.fs.key_of(args[0])
 
     def _entry(self, a: Attributes) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()

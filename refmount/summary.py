@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections import Counter
@@ -35,19 +36,16 @@ def summarize(refset) -> dict:
 
 
 def print_summary(opts) -> int:
-    from refmount.assemble import check_targets, load_progress
-    from refmount.refs import load_refs
-    from refmount.refs.icechunk import version_from_options
-
-    progress = load_progress()
+    """`--dry-run`: everything a mount would check, then a summary. Never a traceback: anything
+    unexpected is one line too."""
     try:
-        refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys, progress=progress,
-                           version=version_from_options(opts))
-    finally:
-        if progress:
-            progress.close()
-    check_targets(refset, opts)
-    s = summarize(refset)
+        s = _dry_run(opts)
+    except RefmountError:
+        raise
+    except RecursionError:
+        raise RefmountError(f"{quote(opts.refs)}: too deeply nested to load (keys with very many path segments, or nested JSON)") from None
+    except Exception as e:
+        raise RefmountError(f"cannot check {quote(opts.refs)}: {type(e).__name__}: {e}") from None
     print(f"{opts.refs}: valid reference set")
     keys = f"{s['keys']:,}" if isinstance(s["keys"], int) else s["keys"]
     print(f"  keys:             {keys} ({s['range_keys']:,} byte ranges, {s['whole_file_keys']:,} whole "
@@ -59,12 +57,104 @@ def print_summary(opts) -> int:
     return 0
 
 
+def _dry_run(opts) -> dict:
+    from refmount.assemble import check_targets, load_progress
+    from refmount.daemon import check_remote_options, refuse_data_file
+    from refmount.fetch.tls import set_ca_bundle
+    from refmount.refs import load_refs
+    from refmount.refs.icechunk import version_from_options
+
+    refuse_data_file(opts.refs)
+    set_ca_bundle(opts.ca_bundle)  # the reference file may be on https
+    progress = load_progress()
+    try:
+        refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
+                           max_refs_size=opts.max_refs_size, load_timeout=opts.load_timeout, progress=progress,
+                           version=version_from_options(opts))
+    finally:
+        if progress:
+            progress.close()
+    check_targets(refset, opts)
+    check_remote_options(refset.urls, opts.remote_options)
+    return summarize(refset)
+
+
 def read_stats(mountpoint: str) -> dict:
+    from refmount.daemon import mount_entry
+
+    entry = mount_entry(mountpoint)
+    if entry is None or entry["fstype"] != "fuse.refmount":
+        raise RefmountError(f"{quote(mountpoint)} is not a refmount mount (see 'refmount list')")
     try:
         raw = os.getxattr(mountpoint, "user.refmount.stats")
     except OSError as e:
-        raise RefmountError(f"{quote(mountpoint)} is not a live refmount mount ({e.strerror})") from None
+        raise RefmountError(f"{quote(mountpoint)} is a refmount mount that does not answer ({e.strerror}); "
+                            "its daemon may have died: refmount umount it") from None
     return json.loads(raw)
+
+
+def live_mounts(timeout: float = 2.0) -> list[dict]:
+    """Every refmount mount in this mount namespace, with what its daemon says about itself. A daemon
+    that does not answer within `timeout` (stopped, or hung) is shown as such instead of hanging us."""
+    import threading
+    import time
+
+    from refmount.daemon import refmount_mounts
+
+    entries = refmount_mounts()
+    answers: dict[int, dict] = {}
+
+    def ask(n: int, entry: dict) -> None:
+        answers[n] = _ask_mount(entry)
+
+    # daemon threads: a getxattr stuck in a hung FUSE daemon must not keep this process alive
+    threads = [threading.Thread(target=ask, args=(n, e), daemon=True) for n, e in enumerate(entries)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [answers.get(n) or {**_unknown(e), "state": "not answering"} for n, e in enumerate(entries)]
+
+
+def _unknown(entry: dict) -> dict:
+    return {"mountpoint": entry["point"], "refs": entry["source"], "view": "?", "pid": None, "log": "?",
+            "owner": entry.get("owner"), "state": "live"}
+
+
+def _ask_mount(entry: dict) -> dict:
+    info = _unknown(entry)
+    point = entry["point"]
+    try:
+        info["pid"] = int(os.getxattr(point, "user.refmount.pid"))
+        info["view"] = os.getxattr(point, "user.refmount.view").decode()
+        info["refs"] = os.getxattr(point, "user.refmount.refs").decode()
+        info["log"] = os.getxattr(point, "user.refmount.log").decode()
+    except OSError as e:
+        if e.errno in (errno.ENOTCONN, errno.ECONNABORTED):
+            info["state"] = "dead"
+        elif e.errno == errno.EACCES:
+            info["state"] = "not yours"  # another user's mount without --allow-other
+    except ValueError:
+        pass
+    return info
+
+
+def print_list(as_json: bool = False) -> int:
+    mounts = live_mounts()
+    if as_json:
+        print(json.dumps(mounts, indent=2))
+        return 0
+    if not mounts:
+        print("no refmount mounts")
+        return 0
+    notes = {"dead": "  (dead: refmount umount it)", "not answering": "  (its daemon does not answer)",
+             "not yours": "  (another user's)"}
+    for m in mounts:
+        state = notes.get(m["state"], "")
+        print(f"{m['mountpoint']}{state}\n  refs: {m['refs']}\n  view: {m['view']}\n  pid:  {m['pid']}\n"
+              f"  log:  {m['log']}")
+    return 0
 
 
 def print_stats(mountpoint: str, as_json: bool = False) -> int:
@@ -86,4 +176,4 @@ def _print_tree(value: dict, depth: int) -> None:
             print("  " * depth + f"{key}: {shown}")
 
 
-__all__ = ["summarize", "print_summary", "print_stats", "read_stats"]
+__all__ = ["summarize", "print_summary", "print_stats", "read_stats", "live_mounts", "print_list"]

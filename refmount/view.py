@@ -11,11 +11,38 @@ from collections import OrderedDict
 
 import trio
 
+from refmount.budget import MemoryBudget
 from refmount.cache import BlockCache
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, redact
 from refmount.lru import SingleFlightLRU
 from refmount.refs import INLINE, WHOLE_FILE, RefSet
+
+
+_ACTIVE = 1.0  # seconds since its last read for which a stream counts as reading
+
+
+class _Stream:
+    """One sequential reader of a remote file, as ReadStreams sees it."""
+
+    __slots__ = ("begin", "reached", "window", "next_block", "last_start", "in_a_row", "key_end", "crossings",
+                 "scanning", "stopped")
+
+    def __init__(self, start: int, end: int, key_end: int, window: int) -> None:
+        self.begin = start
+        self.reached = end  # the furthest byte read
+        self.window = window  # bytes to keep fetched (or in flight) ahead of `reached`
+        self.next_block = -1  # the first block not yet asked for ahead (-1: none asked)
+        self.last_start = start
+        self.in_a_row = 0  # reads in a row that went on from the one before
+        self.key_end = key_end  # where the key of its last read ends
+        self.crossings = 0  # times it went on from one key into another
+        self.scanning = False  # its last read continued a scan
+        self.stopped = False  # its read-ahead was evicted unread: read ahead no more
+
+    def lead(self, block_size: int) -> int:
+        """Bytes asked for ahead of the reader (what its read-ahead holds of the budget)."""
+        return max(self.next_block * block_size - self.reached, 0)
 
 
 class ReadStreams:
@@ -24,58 +51,138 @@ class ReadStreams:
     big file.
 
     Each remote file keeps a few streams (parallel readers walking different parts of it). A read
-    continues a stream when it starts after the stream's last read did and at most `gap` past
-    where the stream has got to (chunks of a netCDF-4 file sit between small metadata blocks; the
-    kernel's readahead requests may arrive out of order); the stream's window then doubles, from
-    two blocks up to `max_window`. Any other read starts a new stream, replacing the oldest, whose
-    read-ahead stays within the key it read. The blocks ahead are fetched by background tasks
-    through the same single-flight cache."""
+    continues a stream when it starts after the stream's last read did, and within `gap` of where
+    the stream has got to (chunks of a netCDF-4 file sit between small metadata blocks; the kernel's
+    readahead requests may arrive out of order, or overlap). The stream's
+    window then doubles, from two blocks up to `max_window`. Any other read starts a new stream,
+    replacing the oldest, whose read-ahead stays within the key it read.
+
+    Requests grow with the window: the stream asks for what it lacks of its window once that is at
+    least a part (the window, at most `max_part`), as parts of up to `max_part` fetched in parallel,
+    so a long scan keeps several big requests in flight (the bandwidth-delay product) while its
+    first requests stay small. All streams together claim at most the memory budget's read-ahead
+    share; a stream whose read-ahead is evicted unread stops reading ahead. The parts are fetched by
+    background tasks through the same single-flight cache."""
 
     def __init__(self, cache: BlockCache, gap: int = 64 << 10, max_window: int = 64 << 20,
-                 streams: int = 8, files: int = 4096) -> None:
+                 streams: int = 8, files: int = 4096, max_part: int = 8 << 20) -> None:
         self.cache = cache
         self.gap = gap
+        self.proof = cache.block_size // 4
         self.max_window = max_window
+        self.max_part = max(max_part, cache.block_size)
         self.streams = streams
         self.files = files
-        # url id -> streams: [end reached, window, last block fetched ahead, start of the last read,
-        # reads in a row that went on from the one before]
-        self._files: OrderedDict[int, list[list[int]]] = OrderedDict()
+        self.budget = getattr(cache, "budget", None) or MemoryBudget(1 << 62)
+        if hasattr(cache, "on_wasted"):
+            cache.on_wasted = self._wasted
+        self._files: OrderedDict[int, list[_Stream]] = OrderedDict()  # url id -> its streams
+        self._active: dict[_Stream, float] = {}  # streams reading ahead -> when they last did
+        self._pruned = 0.0
 
     def on_read(self, uid: int, start: int, end: int, key_end: int, limit: int | None,
                 prefetch: bool = True, small: bool = False) -> bool:
         """Record a read of [start, end) of remote file `uid` (of a key ending at `key_end`) and
-        fetch ahead, up to `limit` if the remote file's end is known. A read that starts a stream
-        fetches ahead only within its key; for a `small` chunk, only a stream that went on twice in
-        a row reads ahead (random small reads do land right after another now and then). True if
-        the read continued a scan."""
+        fetch ahead, up to `limit` if the remote file's end is known. A stream that has not gone on
+        from one key into the next fetches ahead only within its key; for a `small` read, only a
+        stream that went on twice in a row reads ahead. True if the read continued a scan of the
+        remote file (one that crossed keys, or went on within a key that ends at `limit`)."""
         bs = self.cache.block_size
+        budget = self.budget
         streams = self._files.pop(uid, None) or []
         for stream in streams:
-            if stream[3] < start <= stream[0] + self.gap:
-                stream[1] = min(max(stream[1] * 2, 2 * bs), self.max_window)
-                stream[0] = max(stream[0], end)
-                stream[3] = start
-                stream[4] += 1
-                prefetch = prefetch and (not small or stream[4] >= 2)
-                scan = True
+            # A proven scan may see the kernel's readahead requests arrive out of order: one a little
+            # ahead continues it, one behind (inside what it read) is part of it, not a new stream.
+            ahead = max(self.gap, 2 * bs) if stream.scanning else self.gap
+            if stream.scanning and stream.begin <= start < stream.last_start and end <= stream.reached:
+                self._files[uid] = streams
+                return True
+            if stream.last_start < start and stream.reached - self.gap <= start <= stream.reached + ahead:
+                budget.ahead -= stream.lead(bs)
+                stream.window = min(max(stream.window * 2, 2 * bs), self.max_window)
+                stream.reached = max(stream.reached, end)
+                stream.last_start = start
+                stream.in_a_row += 1
+                if key_end != stream.key_end:
+                    stream.key_end = key_end
+                    stream.crossings += 1
+                # Random small reads do land next to another now and then, and the kernel splits one
+                # around pages it has: small reads are a scan once two went on from the one before,
+                # across keys or over more than `proof` bytes.
+                proven = not small or (stream.in_a_row >= 2 and (stream.crossings >= 2
+                                                                  or stream.reached - stream.begin > self.proof))
+                # A reader walking through one key is no scan of the remote file until it goes on
+                # into the next key: till then it reads ahead within its key only.
+                scan = stream.scanning = proven and (stream.crossings > 0 or key_end == limit)
+                if not stream.crossings:
+                    limit = key_end
+                prefetch = prefetch and proven
+                budget.ahead += stream.lead(bs)
                 break
         else:
-            stream = [end, 2 * bs, -1, start, 0]
-            streams = streams[len(streams) + 1 - self.streams :] + [stream]
+            stream = _Stream(start, end, key_end, 2 * bs)
+            if len(streams) >= self.streams:
+                for old in streams[: len(streams) + 1 - self.streams]:
+                    budget.ahead -= old.lead(bs)
+                streams = streams[len(streams) + 1 - self.streams :]
+            streams.append(stream)
             limit = key_end  # one read is no scan yet: read ahead within its key only
             prefetch = prefetch and not small
             scan = False
         self._files[uid] = streams
         if len(self._files) > self.files:
-            self._files.popitem(last=False)
-        stop = end + stream[1] if limit is None else min(limit, end + stream[1])
-        first = max(end // bs, stream[2] + 1)
-        last = (stop - 1) // bs
-        if prefetch and stop > end and first <= last:
-            stream[2] = last
-            trio.lowlevel.spawn_system_task(self.cache.prefetch, uid, first, last)
+            for old in self._files.popitem(last=False)[1]:
+                budget.ahead -= old.lead(bs)
+        if prefetch and not stream.stopped:
+            self._read_ahead(uid, stream, end, limit)
         return scan
+
+    def _read_ahead(self, uid: int, stream: _Stream, end: int, limit: int | None) -> None:
+        bs = self.cache.block_size
+        budget = self.budget
+        stop = end + stream.window if limit is None else min(limit, end + stream.window)
+        first = max(end // bs, stream.next_block)
+        last = (stop - 1) // bs
+        if stop <= end or first > last:
+            return
+        lacking = (last - first + 1) * bs
+        part = min(stream.window, self.max_part)
+        # Wait until a whole part is lacking, unless the reader has caught up or the end is near.
+        if lacking < part and first * bs > end and (limit is None or stop < limit):
+            return
+        budget.ahead -= stream.lead(bs)
+        # Within the read-ahead share of the budget, split fairly among the streams reading now.
+        share = budget.prefetch_limit // self._scanning(stream)
+        last = min(last, (stream.reached + min(budget.prefetch_room(), share)) // bs - 1)
+        part_blocks = max(part // bs, 1)
+        while first <= last:
+            part_last = min(first + part_blocks - 1, last)
+            trio.lowlevel.spawn_system_task(self.cache.prefetch, uid, first, part_last)
+            first = stream.next_block = part_last + 1
+        budget.ahead += stream.lead(bs)
+
+    def _scanning(self, stream: _Stream) -> int:
+        """How many streams read ahead within the last `_ACTIVE` seconds (this one included)."""
+        now = trio.current_time()
+        active = self._active
+        active[stream] = now
+        if now - self._pruned > _ACTIVE / 4:
+            self._pruned = now
+            for old in [s for s, seen in active.items() if now - seen > _ACTIVE]:
+                del active[old]
+        pacer = getattr(self.cache, "pacer", None)
+        if pacer is not None:
+            pacer.note_readers(len(active))
+        return len(active)
+
+    def _wasted(self, uid: int, index: int) -> None:
+        """Block `index` of `uid`, read ahead, was evicted unread: stop the stream that asked for it."""
+        bs = self.cache.block_size
+        for stream in self._files.get(uid, ()):
+            if stream.reached // bs <= index < stream.next_block and not stream.stopped:
+                self.budget.ahead -= stream.lead(bs)
+                stream.stopped = True
+                stream.next_block = stream.reached // bs  # its lead no longer counts
 
 
 class RawView:
@@ -94,6 +201,8 @@ class RawView:
         # only, so with it every read goes by blocks.)
         self.small_chunk = cache.block_size // 4 if exact_small_reads else 0
         self._whole_sizes = SingleFlightLRU(1 << 62)  # url id -> size of the whole remote object (all kept)
+        self.bytes_served = 0  # what readers got from remote objects (fetched / served = amplification)
+        self.reads_served = 0
 
     # -- visibility -------------------------------------------------------------------------------
 
@@ -121,8 +230,9 @@ class RawView:
 
     # -- bytes ------------------------------------------------------------------------------------
 
-    async def read(self, i: int, offset: int, size: int) -> bytes:
-        """Exactly the file's bytes [offset, offset+size) clipped to its size, or FetchError."""
+    async def read(self, i: int, offset: int, size: int):
+        """Exactly the file's bytes [offset, offset+size) clipped to its size, or FetchError: bytes,
+        or a memoryview of a cached block (a FUSE reply needs no copy)."""
         uid, base, ref_length = self.refset.target(i)
         if uid == INLINE:
             return self.refset.inline_data(i)[offset : offset + size]
@@ -133,23 +243,31 @@ class RawView:
         whole = ref_length == WHOLE_FILE
         if whole:
             base = 0
-        small = not whole and length <= self.small_chunk
+            small = end - offset <= self.small_chunk  # a small read of a big object
+        else:
+            small = length <= self.small_chunk  # a small chunk
         # Seen on arrival (the kernel's readahead requests may finish out of order).
         # Read-ahead stops at the end of the remote object once a response has told its size.
         limit = base + length if whole else self.fetcher.known_size(self.refset.urls[uid])
         scan = self.streams.on_read(uid, base + offset, base + end, base + length, limit,
                                     prefetch=self.prefetch, small=small)
         if small and not scan:
-            data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
+            if whole:
+                data = await self.cache.read_exact(uid, offset, end)
+            else:
+                data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
         else:
             data = await self.cache.read(uid, base + offset, base + end)
         if len(data) != end - offset:
             raise FetchError(f"{redact(self.refset.urls[uid])}: the object ends before byte {base + end} "
                              f"that key {self.refset.key(i)!r} refers to")
+        self.bytes_served += end - offset
+        self.reads_served += 1
         return data
 
     async def read_all(self, i: int) -> bytes:
-        return await self.read(i, 0, await self.size(i))
+        data = await self.read(i, 0, await self.size(i))
+        return data if isinstance(data, bytes) else bytes(data)
 
     # -- extended attributes ----------------------------------------------------------------------
 

@@ -39,6 +39,20 @@ def _fuse_available():
         pytest.fail(f"FUSE is required for refmount's tests: {problem}", pytrace=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _daemon_logs_in_tmp(tmp_path_factory):
+    """Background daemons of the tests log under a temporary directory, not /var/log or the journal."""
+    saved = {k: os.environ.get(k) for k in ("REFMOUNT_LOG_DIR", "REFMOUNT_SYSLOG_SOCKET")}
+    os.environ["REFMOUNT_LOG_DIR"] = str(tmp_path_factory.mktemp("daemon-logs"))
+    os.environ["REFMOUNT_SYSLOG_SOCKET"] = ""
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def is_mounted(path) -> bool:
     target = os.path.abspath(path)
     with open("/proc/self/mountinfo") as f:

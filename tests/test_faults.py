@@ -126,7 +126,8 @@ def test_remote_refs_cannot_read_local_files_by_default(tmp_path, http_data):
 def test_allow_protocols_refuses_others(tmp_path):
     refs = tmp_path / "r.json"
     refs.write_text('{"a": ["s3://bucket/key", 0, 1]}')
-    result = run_refmount("mount", "--allow-protocols", "https", refs, tmp_path)
+    (tmp_path / "m").mkdir()  # an empty mountpoint: a non-empty one is refused before loading
+    result = run_refmount("mount", "--allow-protocols", "https", refs, tmp_path / "m")
     assert result.returncode != 0 and "'s3'" in result.stderr and "s3://bucket/key" in result.stderr
 
 

@@ -4,46 +4,58 @@
 - http:// and https://  -> `HttpBackend` (aiohttp on the asyncio loop thread);
 - anything else         -> `FsspecBackend` (fsspec's async filesystems, `--remote-options`).
 
-Callers are trio tasks; the asyncio side is reached through `run_on_asyncio`.
+Callers are trio tasks; the asyncio side is reached through `run_on_asyncio`. A remote url whose
+fetch just failed fails at once for a few seconds (the kernel retries a failed read immediately; that
+retry must not get a second --read-timeout). Target protocols are classified in protocols.py.
 """
 
 from __future__ import annotations
 
+import time
+
 import trio
 
-from refmount.errors import RefmountError
+from refmount.errors import FetchError, RefmountError
 from refmount.fetch.bridge import asyncio_loop, run_on_asyncio
 from refmount.fetch.local import LocalBackend
+from refmount.fetch.protocols import is_local_protocol, protocol_chain, reaches_local
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import FetchStats, redact
 from refmount.refs.source import protocol_of
 
-__all__ = ["Fetcher", "RetryPolicy", "FetchStats", "redact", "check_protocols"]
+__all__ = ["Fetcher", "RetryPolicy", "FetchStats", "redact", "check_protocols", "reaches_local"]
 
 
 def check_protocols(urls, allowed: set[str] | None) -> None:
-    """Refuse a reference set whose targets use a protocol outside the allow-list."""
+    """Refuse a reference set whose targets use a protocol outside the allow-list: each protocol of
+    an url chain must be listed, or reach local files (any alias of them, see protocols.py) while
+    'file' is listed."""
     if allowed is None:
         return
     for url in urls:
-        proto = protocol_of(url)
-        if proto not in allowed:
-            raise RefmountError(
-                f"target {redact(url)!r} uses protocol {proto!r}, which --allow-protocols does not include "
-                f"(allowed: {', '.join(sorted(allowed))})")
+        for proto in protocol_chain(url):
+            if proto not in allowed and not (is_local_protocol(proto) and "file" in allowed):
+                raise RefmountError(
+                    f"target {redact(url)!r} uses protocol {proto!r}, which --allow-protocols does not include "
+                    f"(allowed: {', '.join(sorted(allowed))})")
 
 
 class Fetcher:
     def __init__(self, *, policy: RetryPolicy | None = None, remote_options: dict | None = None,
-                 connections_per_host: int = 8, allow_cross_host_redirects: bool = False) -> None:
+                 connections_per_host: int = 8, allow_cross_host_redirects: bool = False,
+                 verify_remote: bool = False) -> None:
+        from refmount.fetch.tls import ssl_setting
+
         self.policy = policy or RetryPolicy()
         self.remote_options = remote_options or {}
         self.stats = FetchStats()
         self.local = LocalBackend(self.stats)
         self._http_options = dict(connections_per_host=connections_per_host,
                                   allow_cross_host_redirects=allow_cross_host_redirects,
-                                  headers=self.remote_options.get("headers"))
+                                  headers=self.remote_options.get("headers"), verify_remote=verify_remote,
+                                  ssl=ssl_setting(self.remote_options))
         self._remotes: dict = {}  # protocol -> backend, made on first use (aiohttp alone takes 0.1 s to import)
+        self._failed: dict[str, tuple[float, str]] = {}  # url -> (when, message) of its last failure
         self._loop = None
 
     def _backend(self, url: str):
@@ -86,7 +98,24 @@ class Fetcher:
         backend = self._backend(url)
         if backend is self.local:
             return await trio.to_thread.run_sync(self.local.read, url, start, end, piece, abandon_on_cancel=True)
-        return await run_on_asyncio(backend.read(url, start, end, piece), self._asyncio())
+        return await self._remembering_failure(url, backend.read(url, start, end, piece))
+
+    async def _remembering_failure(self, url: str, coro):
+        """Run a remote operation, but fail at once if the url failed a moment ago: the kernel retries
+        a failed read straight away, and that retry must not start a whole new --read-timeout."""
+        failed = self._failed.get(url)
+        if failed is not None:
+            ago = time.monotonic() - failed[0]
+            if ago < min(self.policy.failure_memory, max(1.0, self.policy.read_timeout)):
+                coro.close()
+                self.stats.errors += 1
+                raise FetchError(f"{failed[1]} ({ago:.1f}s ago; not retried yet)")
+            del self._failed[url]
+        try:
+            return await run_on_asyncio(coro, self._asyncio())
+        except FetchError as e:
+            self._failed[url] = (time.monotonic(), str(e))
+            raise
 
     def known_size(self, url: str) -> int | None:
         """The size of `url` if an earlier request told it (no I/O), else None."""
@@ -96,7 +125,7 @@ class Fetcher:
         backend = self._backend(url)
         if backend is self.local:
             return await trio.to_thread.run_sync(self.local.size, url, abandon_on_cancel=True)
-        return await run_on_asyncio(backend.size(url), self._asyncio())
+        return await self._remembering_failure(url, backend.size(url))
 
     async def identity(self, url: str) -> str | None:
         """A validator naming this version of a remote object (for the disk cache), or None when

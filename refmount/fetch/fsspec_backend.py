@@ -9,6 +9,25 @@ from refmount.errors import FetchError, RefmountError
 from refmount.fetch.pieces import split
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import FetchStats, redact
+from refmount.fetch.tls import certificate_problem
+
+
+def _with_ca_bundle(protocol: str, options: dict) -> dict:
+    """For s3: --ca-bundle, and {"ssl": false} as botocore's verify=False (s3fs would ignore "ssl"),
+    unless the options name their own "verify"; without --ca-bundle botocore reads AWS_CA_BUNDLE."""
+    from refmount.fetch.tls import explicit_ca_bundle
+
+    client_kwargs = options.get("client_kwargs") or {}
+    if protocol not in ("s3", "s3a") or "verify" in client_kwargs:
+        return options
+    if options.get("ssl") is False:
+        verify = False
+    elif explicit_ca_bundle() is not None:
+        verify = explicit_ca_bundle()
+    else:
+        return options
+    options = {key: value for key, value in options.items() if key != "ssl"}
+    return {**options, "client_kwargs": {**client_kwargs, "verify": verify}}
 
 
 class FsspecBackend:
@@ -20,6 +39,7 @@ class FsspecBackend:
         self.protocol = protocol
         self.policy = policy
         self.stats = stats
+        options = _with_ca_bundle(protocol, options)
         try:
             self.fs = fsspec.filesystem(protocol, **options)
         except (ImportError, ValueError) as e:
@@ -42,6 +62,10 @@ class FsspecBackend:
                 self.stats.errors += 1
                 raise FetchError(f"{redact(url)}: {type(e).__name__}: {e}") from None
             except Exception as e:  # each backend raises its own error types
+                tls = certificate_problem(e)
+                if tls is not None:  # a certificate does not get better by asking again
+                    self.stats.errors += 1
+                    raise FetchError(f"{tls} for {redact(url)}") from None
                 reason = f"{type(e).__name__}: {e}"
             delay = self.policy.backoff(attempt)
             if loop.time() + delay >= started + self.policy.read_timeout or attempt >= self.policy.max_attempts:

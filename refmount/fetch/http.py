@@ -1,14 +1,27 @@
 """HTTP(S) byte ranges through one pooled, keep-alive aiohttp session, with verification and retries.
 
-Every answer is checked before its bytes are used: a 206 must carry exactly the Content-Range that
-was asked for (clipped at the end of the object) and exactly that many bytes; a 200 to a ranged
-request (a server ignoring Range) is sliced; the object's validator (ETag, else size) must not
-change while mounted, so bytes of two versions are never mixed.
+Every answer is checked before its bytes are used:
+- no Content-Encoding but identity (we ask for identity: a gzipped body is not the object's bytes);
+- a 206 must carry exactly the Content-Range asked for (clipped at the end of the object), a
+  Content-Length that agrees, and a body that ends exactly there;
+- a 200 to a ranged request (a server ignoring Range) is sliced, and the connection closed as soon
+  as the wanted bytes are in (never a download of the rest);
+- every validator the server gives (ETag, Last-Modified, size) must equal the first one seen for
+  the url, on every response, so bytes of two versions are never mixed. With `verify_remote`, ranged
+  requests are also conditional (If-Match / If-Unmodified-Since) and a 412 means "changed".
+
+What no client can detect: a server that gives no validator at all and replaces an object with
+one of the same size, or a server that lies in its validators.
+
+Redirects: same host only (unless allowed); never from https to http nor to another scheme; the
+user's headers (--remote-options "headers", e.g. Authorization) go only to the original origin.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import re
 import time
 from urllib.parse import urljoin, urlsplit
@@ -16,12 +29,16 @@ from urllib.parse import urljoin, urlsplit
 import aiohttp
 
 from refmount.errors import FetchError, RemoteChanged
-from refmount.fetch.pieces import piece_sizes
+from refmount.fetch.pieces import piece_sizes, split
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import FetchStats, redact
+from refmount.fetch.tls import certificate_problem
+
+log = logging.getLogger("refmount")
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _MAX_REDIRECTS = 5
+_REDIRECTS = (301, 302, 303, 307, 308)
 
 
 class _Retry(Exception):
@@ -32,27 +49,48 @@ class _Retry(Exception):
         self.retry_after = retry_after
 
 
+class _Version:
+    """The validators first seen for a url; any later response must agree with each one it gives."""
+
+    __slots__ = ("etag", "modified", "size")
+
+    def __init__(self, etag: str | None, modified: str | None, size: int | None) -> None:
+        self.etag, self.modified, self.size = etag, modified, size
+
+
 class HttpBackend:
     def __init__(self, policy: RetryPolicy, stats: FetchStats, *, connections_per_host: int = 8,
-                 allow_cross_host_redirects: bool = False, headers: dict | None = None):
+                 allow_cross_host_redirects: bool = False, headers: dict | None = None,
+                 verify_remote: bool = False, ssl=True):
         self.policy = policy
         self.stats = stats
         self.connections_per_host = connections_per_host
         self.allow_cross_host_redirects = allow_cross_host_redirects
-        self.headers = headers or {}
+        self.headers = dict(headers or {})
+        self.verify_remote = verify_remote
+        self.ssl = ssl  # an SSLContext, or False ({"ssl": false} in --remote-options)
         self._session: aiohttp.ClientSession | None = None
-        self._validators: dict[str, tuple[str | None, int | None]] = {}
+        self._versions: dict[str, _Version] = {}
         self._sizes: dict[str, int] = {}
-        self._modified: dict[str, str] = {}
+        # One slow object must not take every connection of its host: each url gets at most three
+        # quarters of them (the rest stay free for other objects; one big object still gets most).
+        self._per_object = max(1, connections_per_host - max(1, connections_per_host // 4))
+        self._object_slots: dict[str, list] = {}  # url -> [semaphore, users]
+        self._range_ignored: set[str] = set()  # hosts warned about
+        self._whole_only: set[str] = set()  # urls whose server answered a ranged GET with the whole object
+        self._honours_range: set[str] = set()  # urls that have answered 206
+        self._ignored_count: dict[str, int] = {}  # url -> 200s to ranged GETs
+        self._downloads: dict[str, _SharedDownload] = {}  # url -> the whole-object download reads may join
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.connections_per_host,
-                                             keepalive_timeout=60, ttl_dns_cache=300)
+                                             keepalive_timeout=60, ttl_dns_cache=300, ssl=self.ssl)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.policy.connect_timeout,
                                             sock_read=self.policy.stall_timeout)
-            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout,
-                                                  headers=self.headers, auto_decompress=False)
+            self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                                  headers={"Accept-Encoding": "identity"},
+                                                  trust_env=True)  # HTTP(S)_PROXY, NO_PROXY, --proxy
         return self._session
 
     async def close(self) -> None:
@@ -69,7 +107,8 @@ class HttpBackend:
 
     def known_size(self, url: str) -> int | None:
         """The object's size if a response has told it already (no I/O)."""
-        return self._sizes.get(url) or self._validators.get(url, (None, None))[1]
+        version = self._versions.get(url)
+        return self._sizes.get(url) or (version.size if version else None)
 
     async def size(self, url: str) -> int:
         if url not in self._sizes:
@@ -80,48 +119,93 @@ class HttpBackend:
         """What names this version of the object: a strong ETag, else its size and Last-Modified;
         None when the server gives neither (one HEAD per url, shared with size())."""
         size = await self.size(url)
-        etag = self._validators.get(url, (None, None))[0]
+        version = self._versions.get(url)
+        etag = version.etag if version else None
         if etag and not etag.startswith("W/"):  # a weak ETag does not promise identical bytes
             return f"etag {etag}"
-        modified = self._modified.get(url)
+        modified = version.modified if version else None
         return f"size {size} modified {modified}" if modified else None
 
     # -- one attempt -----------------------------------------------------------------------------
 
     async def _request(self, url: str, method: str, headers: dict):
-        """Issue a request, following same-host redirects only (unless allowed)."""
+        """Issue a request, following redirects by our policy: same host only (unless allowed), never
+        to another scheme or from https down to http, and the user's headers only to the original
+        scheme and host."""
         session = self._session_now()
+        origin = _origin(url)
         for _ in range(_MAX_REDIRECTS + 1):
-            resp = await session.request(method, url, headers=headers, allow_redirects=False)
-            if resp.status not in (301, 302, 303, 307, 308):
+            sent = {**(self.headers if _origin(url) == origin else {}), **headers, "Accept-Encoding": "identity"}
+            resp = await session.request(method, url, headers=sent, allow_redirects=False)
+            if resp.status not in _REDIRECTS:
                 return resp
             target = urljoin(url, resp.headers.get("Location", ""))
             resp.release()
-            if urlsplit(target).netloc != urlsplit(url).netloc and not self.allow_cross_host_redirects:
+            here, there = urlsplit(url), urlsplit(target)
+            if there.scheme not in ("http", "https"):
+                raise FetchError(f"{redact(url)}: redirect to {redact(target)} refused (not http or https)")
+            if here.scheme == "https" and there.scheme == "http":
+                raise FetchError(f"{redact(url)}: redirect from https down to http {redact(target)} refused")
+            if _host(here) != _host(there) and not self.allow_cross_host_redirects:
                 raise FetchError(f"{redact(url)}: redirect to another host {redact(target)} refused "
                                  "(--allow-cross-host-redirects allows it)")
             url = target
         raise FetchError(f"{redact(url)}: too many redirects")
 
+    @contextlib.asynccontextmanager
+    async def _object_slot(self, url: str):
+        entry = self._object_slots.get(url)
+        if entry is None:
+            entry = self._object_slots[url] = [asyncio.Semaphore(self._per_object), 0]
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._object_slots[url]
+
+    def _conditions(self, url: str) -> dict:
+        """With --verify-remote: ask the server itself to refuse (412) if the object is not the
+        version we first saw."""
+        version = self._versions.get(url)
+        if not self.verify_remote or version is None:
+            return {}
+        if version.etag and not version.etag.startswith("W/"):
+            return {"If-Match": version.etag}
+        if version.modified:
+            return {"If-Unmodified-Since": version.modified}
+        return {}
+
     async def _get_range(self, url: str, start: int, end: int, piece: int) -> list[bytes]:
         if end <= start:
             return []
         t0 = time.monotonic()
-        resp = await self._request(url, "GET", {"Range": f"bytes={start}-{end - 1}"})
-        async with resp:
-            self.stats.requests += 1
-            status = resp.status
-            if status == 206:
-                pieces = await self._read_206(url, resp, start, end, piece)
-            elif status == 200:
-                pieces = await self._read_200_sliced(url, resp, start, end, piece)
-            elif status == 416:
-                total = _total_from(resp.headers.get("Content-Range", ""))
-                if total is not None and start < total:
-                    raise _Retry(f"416 for a range inside the object ({total} bytes)")
-                pieces = []
-            else:
-                self._raise_for_status(url, resp)
+        if url in self._whole_only:
+            pieces = await self._shared_read(url, start, end, piece)
+            self.stats.record(sum(map(len, pieces)), time.monotonic() - t0)
+            return pieces
+        async with self._object_slot(url):
+            resp = await self._request(url, "GET", {"Range": f"bytes={start}-{end - 1}", **self._conditions(url)})
+            async with resp:
+                self.stats.requests += 1
+                status = resp.status
+                if status == 206:
+                    self._honours_range.add(url)
+                    pieces = await self._read_206(url, resp, start, end, piece)
+                elif status == 200:
+                    pieces = await self._read_200_sliced(url, resp, start, end, piece)
+                elif status == 416:
+                    total = _total_from(resp.headers.get("Content-Range", ""))
+                    if total is not None and start < total:
+                        raise _Retry(f"416 for a range inside the object ({total} bytes)")
+                    pieces = []
+                elif status == 412 and self._conditions(url):
+                    raise RemoteChanged(f"{redact(url)}: the remote object changed while mounted "
+                                        f"(the server refused {', '.join(self._conditions(url))} with 412)")
+                else:
+                    self._raise_for_status(url, resp)
         self.stats.record(sum(map(len, pieces)), time.monotonic() - t0)
         return pieces
 
@@ -131,51 +215,87 @@ class HttpBackend:
             raise _Retry("206 without a valid Content-Range")
         first, last = int(m.group(1)), int(m.group(2))
         total = None if m.group(3) == "*" else int(m.group(3))
-        self._check_validator(url, resp, total)
+        self._check_response(url, resp, total)
         want_last = end - 1 if total is None else min(end, total) - 1
         if first != start or last != want_last:
             raise _Retry(f"Content-Range {m.group(0)!r} does not match the requested bytes={start}-{end - 1}")
-        return await _read_pieces(resp, start, last + 1, piece)
+        if resp.content_length is not None and resp.content_length != last - first + 1:
+            raise _Retry(f"206 with Content-Length {resp.content_length} for Content-Range {m.group(0)!r}")
+        pieces = await _read_pieces(resp, start, last + 1, piece)
+        if await resp.content.read(1):  # the body must end where its Content-Range says
+            raise _Retry(f"206 body longer than its Content-Range {m.group(0)!r}")
+        return pieces
 
     async def _read_200_sliced(self, url, resp, start, end, piece) -> list[bytes]:
-        """The server ignored Range: stream the body, keeping only the wanted slice."""
-        self._check_validator(url, resp, resp.content_length)
-        if resp.content_length is not None and start >= resp.content_length:
-            return []
-        skipped = 0
-        while skipped < start:
-            chunk = await resp.content.read(min(start - skipped, 1 << 20))
-            if not chunk:
+        """The server ignored Range: stream the body up to the wanted end, keep only the wanted slice,
+        then close the connection rather than download the rest."""
+        self._check_response(url, resp, resp.content_length)
+        self._note_range_ignored(url)
+        try:
+            if resp.content_length is not None and start >= resp.content_length:
                 return []
-            skipped += len(chunk)
-        if resp.content_length is not None:
-            end = min(end, resp.content_length)
-        return await _read_pieces(resp, start, end, piece, allow_eof=resp.content_length is None)
+            skipped = 0
+            while skipped < start:
+                chunk = await resp.content.read(min(start - skipped, 1 << 20))
+                if not chunk:
+                    return []
+                skipped += len(chunk)
+            if resp.content_length is not None:
+                end = min(end, resp.content_length)
+            return await _read_pieces(resp, start, end, piece, allow_eof=resp.content_length is None)
+        finally:
+            resp.close()  # the rest of the body is not wanted: drop the connection
+
+    def _note_range_ignored(self, url: str) -> None:
+        """After a second 200 to a ranged GET, and none 206 ever (a lone 200 may be a fault), later reads
+        of `url` share whole-object downloads; one warning per host."""
+        if url in self._honours_range:
+            return
+        self._ignored_count[url] = self._ignored_count.get(url, 0) + 1
+        if self._ignored_count[url] < 2:
+            return
+        self._whole_only.add(url)
+        host = _host(urlsplit(url))
+        if host not in self._range_ignored:
+            self._range_ignored.add(host)
+            log.warning("%s ignores Range requests (answers 200 with the whole object): reads download the "
+                        "object up to the bytes they need, sharing one download where they can", host)
+
+    async def _shared_read(self, url: str, start: int, end: int, piece: int) -> list[bytes]:
+        """A read of an object whose server ignores Range: join the download of the whole object
+        under way if it has not passed `start` yet, else start one."""
+        download = self._downloads.get(url)
+        if download is None or not download.can_join(start):
+            download = self._downloads[url] = _SharedDownload(self, url)
+        return split(await download.wait_for(start, end), start, piece)
 
     async def _probe_size(self, url: str) -> int:
-        resp = await self._request(url, "HEAD", {})
-        async with resp:
-            self.stats.requests += 1
-            if resp.status == 200 and resp.content_length is not None:
-                self._check_validator(url, resp, resp.content_length)
-                return resp.content_length
-            if resp.status not in (200, 405, 501):
-                self._raise_for_status(url, resp)
-        # No usable HEAD: a one-byte GET tells the size through Content-Range.
-        resp = await self._request(url, "GET", {"Range": "bytes=0-0"})
-        async with resp:
-            self.stats.requests += 1
-            if resp.status == 206:
-                total = _total_from(resp.headers.get("Content-Range", ""))
-                if total is not None:
-                    self._check_validator(url, resp, total)
-                    return total
-            elif resp.status == 416:
-                return 0
-            elif resp.status == 200 and resp.content_length is not None:
-                return resp.content_length
-            else:
-                self._raise_for_status(url, resp)
+        async with self._object_slot(url):
+            resp = await self._request(url, "HEAD", {})
+            async with resp:
+                self.stats.requests += 1
+                if resp.status == 200 and resp.content_length is not None:
+                    self._check_response(url, resp, resp.content_length)
+                    return resp.content_length
+                if resp.status not in (200, 405, 501):
+                    self._raise_for_status(url, resp)
+            # No usable HEAD: a one-byte GET tells the size through Content-Range.
+            resp = await self._request(url, "GET", {"Range": "bytes=0-0"})
+            async with resp:
+                self.stats.requests += 1
+                if resp.status == 206:
+                    total = _total_from(resp.headers.get("Content-Range", ""))
+                    if total is not None:
+                        self._check_response(url, resp, total)
+                        return total
+                elif resp.status == 416:
+                    return 0
+                elif resp.status == 200 and resp.content_length is not None:
+                    self._check_response(url, resp, resp.content_length)
+                    resp.close()
+                    return resp.content_length
+                else:
+                    self._raise_for_status(url, resp)
         raise FetchError(f"{redact(url)}: the server does not tell the object's size")
 
     def _raise_for_status(self, url: str, resp) -> None:
@@ -184,21 +304,26 @@ class HttpBackend:
             raise _Retry(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
         raise FetchError(f"{redact(url)}: HTTP {status} {resp.reason or ''}".rstrip())
 
-    def _check_validator(self, url: str, resp, total: int | None) -> None:
-        etag = resp.headers.get("ETag")
-        if "Last-Modified" in resp.headers:
-            self._modified.setdefault(url, resp.headers["Last-Modified"])
-        seen = self._validators.get(url)
+    def _check_response(self, url: str, resp, total: int | None) -> None:
+        """Refuse an encoded body, and any validator that differs from the first one seen."""
+        encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("identity", ""):
+            raise _Retry(f"the server sent a body with Content-Encoding {encoding!r}, not the object's bytes")
+        etag, modified = resp.headers.get("ETag"), resp.headers.get("Last-Modified")
+        seen = self._versions.get(url)
         if seen is None:
-            self._validators[url] = (etag, total)
+            self._versions[url] = _Version(etag, modified, total)
             return
-        old_etag, old_total = seen
-        if (etag and old_etag and etag != old_etag) or (total is not None and old_total is not None
-                                                          and total != old_total):
-            raise RemoteChanged(f"{redact(url)}: the remote object changed while mounted "
-                                f"(ETag {old_etag} -> {etag}, size {old_total} -> {total})")
-        if old_etag is None and etag or old_total is None and total is not None:
-            self._validators[url] = (old_etag or etag, old_total if old_total is not None else total)
+        for name, old, new in (("ETag", seen.etag, etag), ("Last-Modified", seen.modified, modified),
+                               ("size", seen.size, total)):
+            if name == "ETag" and old and new:  # a proxy may weaken a strong ETag; the tag itself must stay
+                old, new = old.removeprefix("W/"), new.removeprefix("W/")
+            if old is not None and new is not None and old != new:
+                raise RemoteChanged(f"{redact(url)}: the remote object changed while mounted "
+                                    f"({name} {old} -> {new})")
+        seen.etag = seen.etag or etag
+        seen.modified = seen.modified or modified
+        seen.size = seen.size if seen.size is not None else total
 
     # -- retries --------------------------------------------------------------------------------
 
@@ -216,6 +341,12 @@ class HttpBackend:
             except FetchError:
                 self.stats.errors += 1
                 raise
+            except aiohttp.ClientConnectorCertificateError as e:
+                self.stats.errors += 1  # a certificate does not get better by asking again
+                raise FetchError(f"{certificate_problem(e) or 'TLS error'} for {redact(url)}") from None
+            except aiohttp.NonHttpUrlClientError as e:
+                self.stats.errors += 1
+                raise FetchError(f"{redact(url)}: {e}") from None
             except (_Retry, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
                 reason, retry_after = _describe(e)
             delay = policy.backoff(attempt, retry_after)
@@ -225,6 +356,97 @@ class HttpBackend:
                                  f"{loop.time() - started:.1f}s; last error: {reason}")
             self.stats.retries += 1
             await asyncio.sleep(delay)
+
+
+class _SharedDownload:
+    """One GET of a whole object (from a server that ignores Range) feeding every read that joined
+    it before the stream passed its start. It reads only as far as its readers need, then closes the
+    connection; a reader that gives up leaves, and the download stops when no reader is left."""
+
+    def __init__(self, backend: HttpBackend, url: str) -> None:
+        self.backend, self.url = backend, url
+        self.pos = 0
+        self.size: int | None = None
+        self.done = False
+        self.readers: list[list] = []  # [start, end, parts, future]
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def can_join(self, start: int) -> bool:
+        return not self.done and start >= self.pos
+
+    async def wait_for(self, start: int, end: int) -> bytes:
+        if self.size is not None:
+            end = min(end, self.size)
+        reader = [start, end, [], asyncio.get_running_loop().create_future()]
+        if end <= start:
+            return b""
+        self.readers.append(reader)
+        try:
+            return await reader[3]
+        finally:
+            if reader in self.readers:
+                self.readers.remove(reader)
+
+    async def _run(self) -> None:
+        backend, error = self.backend, None
+        try:
+            async with backend._object_slot(self.url):
+                resp = await backend._request(self.url, "GET", {})
+                async with resp:
+                    backend.stats.requests += 1
+                    if resp.status != 200:
+                        backend._raise_for_status(self.url, resp)
+                        raise _Retry(f"HTTP {resp.status} to a plain GET")
+                    backend._check_response(self.url, resp, resp.content_length)
+                    self.size = resp.content_length
+                    self._clip()
+                    while self.readers:
+                        chunk = await resp.content.read(1 << 20)
+                        if not chunk:
+                            break
+                        self._feed(chunk)
+                    resp.close()  # the rest is not wanted: drop the connection
+        except BaseException as e:  # noqa: BLE001 - handed to every reader, which retries or fails
+            error = e
+        finally:
+            self.done = True
+            if backend._downloads.get(self.url) is self:
+                del backend._downloads[self.url]
+            for start, end, parts, future in self.readers:
+                if future.done():
+                    continue
+                if error is None and self.size is None:  # no Content-Length: the body's end is the object's
+                    future.set_result(b"".join(parts))
+                else:
+                    future.set_exception(error if isinstance(error, Exception)
+                                         else _Retry(f"body ended after {self.pos} bytes"))
+
+    def _clip(self) -> None:
+        for reader in self.readers:
+            reader[1] = min(reader[1], self.size) if self.size is not None else reader[1]
+            if reader[1] <= reader[0] and not reader[3].done():
+                reader[3].set_result(b"")
+
+    def _feed(self, chunk: bytes) -> None:
+        lo, hi = self.pos, self.pos + len(chunk)
+        self.pos = hi
+        for start, end, parts, future in self.readers:
+            if future.done() or hi <= start or lo >= end:
+                continue
+            parts.append(chunk[max(start, lo) - lo:min(end, hi) - lo])
+            if hi >= end:
+                future.set_result(b"".join(parts))
+        self.readers = [r for r in self.readers if not r[3].done()]
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, _host(parts)
+
+
+def _host(parts) -> str:
+    """host:port without user info (credentials in the url are not part of where it goes)."""
+    return parts.netloc.rpartition("@")[2].lower()
 
 
 async def _read_pieces(resp, start: int, end: int, piece: int, allow_eof: bool = False) -> list[bytes]:

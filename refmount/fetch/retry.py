@@ -16,6 +16,7 @@ class RetryPolicy:
     backoff_base: float = 0.05
     backoff_max: float = 2.0
     max_attempts: int = 20
+    failure_memory: float = 5.0  # seconds a url that just gave up fails at once (the kernel retries reads)
 
     def backoff(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to wait before attempt `attempt` (1-based count of failures so far):

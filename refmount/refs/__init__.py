@@ -1,6 +1,8 @@
 """Reference-set loaders: JSON (v0/v1, optionally compressed, local or remote) and Parquet.
 
 Everything is parsed once, at mount time, into a compact `RefSet`; reads never look at strings again.
+Every load is bounded (refs/limits.py): keys (--max-keys), reference text once decompressed and text
+that `gen` makes (--max-refs-size), and time (--load-timeout).
 """
 
 from __future__ import annotations
@@ -10,18 +12,40 @@ import io
 import orjson
 
 from refmount.errors import RefmountError, RefsError, quote
+from refmount.refs.limits import (DEFAULT_LOAD_TIMEOUT, RefsTooBig, default_max_keys, default_max_refs_size,
+                                  format_size, load_deadline, memory_budget, memory_limit)
 from refmount.refs.model import INLINE, WHOLE_FILE, Ref, RefSet, RefSetBuilder
 from refmount.refs.source import is_parquet_location, open_reference_file
 
-DEFAULT_MAX_KEYS = 100_000_000
+DEFAULT_MAX_KEYS = default_max_keys()  # from the memory available at start (refs/limits.py)
 
-__all__ = ["INLINE", "WHOLE_FILE", "Ref", "RefSet", "load_refs", "refs_from_dict", "DEFAULT_MAX_KEYS"]
+__all__ = ["INLINE", "WHOLE_FILE", "Ref", "RefSet", "load_refs", "refs_from_dict", "DEFAULT_MAX_KEYS",
+           "DEFAULT_LOAD_TIMEOUT", "default_max_refs_size"]
 
 
 def load_refs(location: str, *, remote_options: dict | None = None, max_keys: int | None = DEFAULT_MAX_KEYS,
-              progress=None, version=None) -> RefSet:
+              progress=None, max_refs_size: int | None = None, load_timeout: float | None = DEFAULT_LOAD_TIMEOUT,
+              version=None) -> RefSet:
     """Load the reference set at `location` (path or url). Errors are one-line `RefmountError`s.
+    `max_refs_size` None means the machine's default; `load_timeout` None or 0 means no limit.
     `version` (refs.icechunk.Version) picks an Icechunk repository's branch, tag or snapshot."""
+    if max_refs_size is None:
+        max_refs_size = default_max_refs_size()
+    try:
+        with load_deadline(load_timeout), memory_limit(memory_budget(max_keys, max_refs_size)):
+            return _load(location, remote_options, max_keys, progress, max_refs_size, version)
+    except RefsTooBig as e:
+        raise RefsError(f"reference file {quote(location)} exceeds --max-refs-size {format_size(e.limit)} once "
+                        "decompressed (raise the option to load it)") from None
+    except MemoryError:
+        limits = f"--max-refs-size {format_size(max_refs_size)}" + (f", --max-keys {max_keys:,}" if max_keys else "")
+        raise RefsError(f"reference file {quote(location)} needs more memory than its limits allow ({limits})") \
+            from None
+    except RecursionError:  # a last resort: the loaders use loops, and name the key when they can
+        raise RefsError(f"reference file {quote(location)} nests too deeply") from None
+
+
+def _load(location, remote_options, max_keys, progress, max_refs_size, version=None):
     from refmount.refs.jsonrefs import load_json
     from refmount.refs.icechunk import is_icechunk_location, load_icechunk, reject_version
 
@@ -31,8 +55,9 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
     if is_parquet_location(location, remote_options):
         from refmount.refs.parquet import load_parquet
 
-        return load_parquet(location, remote_options=remote_options or {}, max_keys=max_keys)
-    builder = RefSetBuilder(max_keys)
+        return load_parquet(location, remote_options=remote_options or {}, max_keys=max_keys,
+                            max_bytes=max_refs_size)
+    builder = RefSetBuilder(max_keys, max_refs_size)
     try:
         load_json(lambda: open_reference_file(location, remote_options), builder, progress=progress)
         return builder.build()
@@ -42,12 +67,13 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
         raise RefsError(f"cannot read reference file {quote(location)}: {type(e).__name__}: {e}") from None
 
 
-def refs_from_dict(refs: dict, *, max_keys: int | None = DEFAULT_MAX_KEYS, piece_bytes: int | None = None) -> RefSet:
+def refs_from_dict(refs: dict, *, max_keys: int | None = DEFAULT_MAX_KEYS, piece_bytes: int | None = None,
+                   max_refs_size: int | None = None) -> RefSet:
     """Load an in-memory reference dict (tests, examples) through the same streaming parser."""
     from refmount.refs.jsonrefs import load_json
 
     text = orjson.dumps(refs)
-    builder = RefSetBuilder(max_keys)
+    builder = RefSetBuilder(max_keys, max_refs_size)
     kwargs = {"piece_bytes": piece_bytes} if piece_bytes else {}
     load_json(lambda: io.BytesIO(text), builder, **kwargs)
     return builder.build()

@@ -15,6 +15,7 @@ import orjson
 
 from refmount.errors import RefsError, quote
 from refmount.refs.jsonstream import PIECE_BYTES, Converted, iter_pieces
+from refmount.refs.limits import deadline_held
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSetBuilder
 from refmount.refs.rangescan import Ranges, scan_ranges
 from refmount.refs.templates import TemplateSet, expand_gen
@@ -39,7 +40,10 @@ def inline_bytes(key: str, value) -> bytes:
             except (binascii.Error, ValueError):
                 raise RefsError(f"key {quote(key)}: invalid base64 data") from None
         return value.encode("utf-8", "surrogatepass")
-    return orjson.dumps(value)
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as e:  # nested deeper than orjson writes (255 levels)
+        raise RefsError(f"key {quote(key)}: its JSON value cannot be stored: {e}") from None
 
 
 def _bad_int(value) -> bool:
@@ -114,11 +118,11 @@ def _add_ranges_fast(builder: RefSetBuilder, keys: list[str], values: list) -> b
     return True
 
 
-def convert_piece(text: bytes) -> tuple[str, object]:
+def convert_piece(text: bytes, max_bytes: int | None = None) -> tuple[str, object]:
     """Worker-process side of parallel loading: parse one piece of a refs object and convert it.
     ("ok", builder export) | ("bad", reason) for a piece that is not a run of whole members |
-    ("error", one-line message) for members that are malformed."""
-    builder = RefSetBuilder(None)
+    ("error", one-line message) for members that are malformed. `max_bytes`: --max-refs-size."""
+    builder = RefSetBuilder(None, max_bytes)
     ranges = scan_ranges(text)  # most pieces of a big set: no Python object per reference
     try:
         if ranges is not None:
@@ -139,7 +143,7 @@ def add_ranges(builder: RefSetBuilder, ranges: Ranges) -> None:
     builder.add_encoded(ranges.keys[:-1], ranges.count, url_ids, ranges.offsets, ranges.lengths)
 
 
-def convert_file_range(path: str, start: int, end: int) -> tuple[str, object]:
+def convert_file_range(path: str, start: int, end: int, max_bytes: int | None = None) -> tuple[str, object]:
     """`convert_piece` of bytes [start, end) of a plain local file, read by the worker itself."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
@@ -148,7 +152,7 @@ def convert_file_range(path: str, start: int, end: int) -> tuple[str, object]:
         os.close(fd)
     if len(text) != end - start:
         return "bad", "the file changed while loading"
-    return convert_piece(text)
+    return convert_piece(text, max_bytes)
 
 
 class Workers:
@@ -157,8 +161,9 @@ class Workers:
 
     piece_bytes = 1 << 20  # small pieces keep each worker's transient Python objects small
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream, max_bytes: int | None = None) -> None:
         self._pool = None
+        self._max_bytes = max_bytes
         self.depth = 0
         size = _regular_file_size(stream)
         # a big local file goes parallel at once; otherwise only after the object proves big
@@ -181,20 +186,22 @@ class Workers:
         if cores < 2:
             return None
         processes = min(cores, 4)
-        self._pool = multiprocessing.get_context("fork").Pool(processes)
+        with deadline_held():
+            self._pool = multiprocessing.get_context("fork").Pool(processes)
         self.depth = processes * 4  # pieces in flight
         return self
 
     def submit(self, window, start: int, end: int):
         """Convert bytes [start, end) of the stream that `window` reads."""
         if self._path is not None:
-            return self._pool.apply_async(convert_file_range, (self._path, start, end))
-        return self._pool.apply_async(convert_piece, (window.get(start, end),))
+            return self._pool.apply_async(convert_file_range, (self._path, start, end, self._max_bytes))
+        return self._pool.apply_async(convert_piece, (window.get(start, end), self._max_bytes))
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+            with deadline_held():
+                self._pool.terminate()
+                self._pool.join()
 
 
 def _regular_file_size(stream) -> int | None:
@@ -219,7 +226,7 @@ def load_json(open_stream, builder: RefSetBuilder, *, piece_bytes: int = PIECE_B
     try:
         return _load(open_stream, builder, None, piece_bytes, progress, parallel)
     except _Restart as restart:
-        builder.__init__(builder.max_keys)
+        builder.__init__(builder.max_keys, builder.max_bytes)
         return _load(open_stream, builder, restart.version, piece_bytes, progress, parallel)
 
 
@@ -229,9 +236,10 @@ def _load(open_stream, builder, version, piece_bytes, progress, parallel) -> int
     tentative_v0 = 0  # top-level members added as v0 refs before the version was known
     deferred_error = None
     with open_stream() as stream:
-        workers = Workers(stream) if parallel else None
+        workers = Workers(stream, builder.max_bytes) if parallel else None
         try:
-            pieces = iter_pieces(stream, piece_bytes, progress, descend=version != 0, workers=workers)
+            pieces = iter_pieces(stream, piece_bytes, progress, descend=version != 0, workers=workers,
+                                 max_bytes=builder.max_bytes)
             for section, piece in pieces:
                 if section == "refs":
                     if version is None:

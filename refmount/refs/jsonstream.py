@@ -17,7 +17,8 @@ import re
 
 import orjson
 
-from refmount.errors import RefsError
+from refmount.errors import RefsError, quote
+from refmount.refs.limits import RefsTooBig
 
 PIECE_BYTES = 4 << 20
 READ_BYTES = 1 << 20  # small reads: growing the window by big chunks costs fresh pages every time
@@ -33,8 +34,10 @@ class _Window:
     Over a plain file (`seekable`: stream positions are file offsets) the window can jump: while
     worker processes read their own pieces, the parent only looks at the bytes around each cut."""
 
-    def __init__(self, stream, read_bytes: int = READ_BYTES, seekable: bool = False) -> None:
+    def __init__(self, stream, read_bytes: int = READ_BYTES, seekable: bool = False,
+                 max_bytes: int | None = None) -> None:
         self._stream = stream
+        self._max_bytes = max_bytes
         self._read_bytes = read_bytes
         self._seekable = seekable
         self._step = read_bytes
@@ -56,6 +59,8 @@ class _Window:
             return False
         self.data += chunk
         self.consumed = max(self.consumed, self.end)
+        if self._max_bytes is not None and self.consumed > self._max_bytes:
+            raise RefsTooBig(self._max_bytes)
         return True
 
     def skim_to(self, pos: int) -> None:
@@ -103,6 +108,7 @@ class _Window:
             m = _WS.match(self.data, pos - self.base)
             if m.end() < len(self.data) or not self._read_more():
                 return self.base + m.end()
+            pos = self.base + m.end()  # go on from there: a gigabyte of spaces is read once
 
     def search(self, pattern: re.Pattern, pos: int) -> int | None:
         """Absolute start of the first match at or after `pos`, loading data as needed."""
@@ -112,6 +118,13 @@ class _Window:
             # a match ending at the buffer's end might be cut short: only trust it with more data
             if m and (m.end() < len(self.data) or self.eof):
                 return self.base + m.start()
+            # search again only where a match could still start: at this match, or at the last
+            # ',' (each pattern starts with one), so that a gigabyte-long string is scanned once
+            if m:
+                pos = self.base + m.start()
+            else:
+                last = self.data.rfind(b",", max(pos - self.base, 0))
+                pos = self.base + (last if last >= 0 else len(self.data))
             if not self._read_more():
                 return None
 
@@ -126,6 +139,35 @@ def _malformed(window: _Window, pos: int, detail: str = "") -> RefsError:
     if window.eof and pos >= window.end - 1:
         return RefsError(f"reference file is not valid JSON: it ends early (truncated?){where}")
     return RefsError(f"reference file is not valid JSON{where}{': ' + detail if detail else ''}")
+
+
+_MEMBER_KEY = re.compile(rb'[ \t\r\n]*("(?:[^"\\]|\\.)*")')
+_MAX_TRIES = 64
+
+
+def _too_deep(text: bytes, start: int) -> RefsError:
+    """orjson's depth limit (1024) was hit in `text`, a run of members starting at absolute position
+    `start`: name the member, found as the last candidate cut before which the text parses."""
+    key_at = 0
+    limit = len(text)
+    for _ in range(_MAX_TRIES):
+        cut = text.rfind(b",", 0, limit)
+        if cut <= 0:
+            break
+        try:
+            orjson.loads(b"{" + text[:cut] + b"}")
+        except orjson.JSONDecodeError:
+            limit = cut
+            continue
+        key_at = cut + 1
+        break
+    m = _MEMBER_KEY.match(text, key_at)
+    try:
+        key = orjson.loads(m.group(1)) if m else None
+    except orjson.JSONDecodeError:
+        key = None
+    where = f"key {quote(key)}" if isinstance(key, str) else f"a member near byte {start}"
+    return RefsError(f"reference file nests JSON deeper than 1024 levels in {where}")
 
 
 class Converted:
@@ -217,6 +259,8 @@ def iter_object(window: _Window, pos: int, piece_bytes: int, on_piece=None, work
                     raise _malformed(window, s + e2.pos, str(e2)) from None  # pragma: no cover
                 window.forget_before(close)
                 return close + 1
+            if e.msg.startswith("depth limit"):  # more data cannot help; say which member
+                raise _too_deep(window.get(s, stop), s) from None
             if cut is None:  # no further place to cut: the text itself is broken
                 raise _malformed(window, s + max(e.pos - 1, 0), str(e).split(":")[0]) from None
             step = (stop - s) * 2  # cut fell inside a value: try a cut twice as far on
@@ -230,11 +274,13 @@ def iter_object(window: _Window, pos: int, piece_bytes: int, on_piece=None, work
         window.forget_before(s)
 
 
-def iter_pieces(stream, piece_bytes: int = PIECE_BYTES, progress=None, descend: bool = True, workers=None):
+def iter_pieces(stream, piece_bytes: int = PIECE_BYTES, progress=None, descend: bool = True, workers=None,
+                max_bytes: int | None = None):
     """Yield ("top", dict) for top-level members and ("refs", dict) for members of a top-level
-    "refs" object, without holding the whole text or its Python form in memory."""
+    "refs" object, without holding the whole text or its Python form in memory. More than
+    `max_bytes` of text (whitespace too) raises RefsTooBig as soon as it has been read."""
     window = _Window(stream, read_bytes=max(READ_BYTES, piece_bytes),
-                     seekable=workers is not None and workers.reads_itself)
+                     seekable=workers is not None and workers.reads_itself, max_bytes=max_bytes)
     start = window.skip_ws(0)
     first = window.char(start)
     if first != b"{":

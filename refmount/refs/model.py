@@ -20,12 +20,14 @@ from operator import itemgetter
 import numpy as np
 
 from refmount.errors import RefsError, quote
+from refmount.refs.limits import format_size
 from refmount.malloc import give_back_freed_memory
 
 INLINE = -1
 WHOLE_FILE = -1
 MAX_LENGTH = 2**53  # offsets and lengths beyond this cannot come from honest JSON (float precision)
 MAX_NAME_BYTES = 255
+MAX_KEY_BYTES = 4096  # PATH_MAX: a longer path cannot be opened; and each key's directories cost its length squared
 _first = itemgetter(0)
 
 
@@ -56,6 +58,8 @@ def key_problem(key: str) -> str | None:
         return "contains a NUL byte"
     if key.startswith("/"):
         return "starts with '/'"
+    if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+        return f"is longer than {MAX_KEY_BYTES} bytes"
     for segment in key.split("/"):
         if segment == "":
             return "has an empty path segment"
@@ -128,7 +132,9 @@ def _finalise(h):
 
 
 def key_hash(encoded: bytes) -> int:
-    """The hash of one key's UTF-8 bytes, as `key_hashes` computes it."""
+    """The hash of one key's UTF-8 bytes, as `key_hashes` computes it (which is faster for long keys)."""
+    if len(encoded) > 512:
+        return int(key_hashes(encoded, np.array([len(encoded)], np.int64))[0])
     h = 0
     for byte in reversed(encoded):
         h = (h * _P + byte) & _MASK64
@@ -168,9 +174,14 @@ async def each_file(refset, dir_id: int, start: int = 0):
 
 
 class DirRegistry:
-    """Directory paths that keys imply. Id 0 is the root (path '')."""
+    """Directory paths that keys imply. Id 0 is the root (path ''). A quarter of `max_refs_size`
+    bounds the text of all paths, which costs about three times that in memory (distinct deep keys
+    imply many long ones: 1,000 keys of 2,000 segments, 4 GB)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_refs_size: int | None = None) -> None:
+        self.max_refs_size = max_refs_size
+        self.max_bytes = None if max_refs_size is None else max_refs_size // 4
+        self.path_bytes = 0
         self.paths: list[str] = [""]
         self.parent: list[int] = [0]
         self.ids: dict[str, int] = {"": 0}
@@ -180,15 +191,24 @@ class DirRegistry:
         found = self.ids.get(path)
         if found is not None:
             return found
-        parent_path, _, name = path.rpartition("/")
-        parent = self.id_for(parent_path)
-        new = len(self.paths)
-        self.paths.append(path)
-        self.parent.append(parent)
-        self.children.append({})
-        self.children[parent][name] = new
-        self.ids[path] = new
-        return new
+        missing = []  # a loop, not recursion: keys may be thousands of segments deep
+        while found is None:
+            missing.append(path)
+            path = path.rpartition("/")[0]
+            found = self.ids.get(path)
+        self.path_bytes += sum(map(len, missing))
+        if self.max_bytes is not None and self.path_bytes > self.max_bytes:
+            raise RefsError(f"the keys imply more than {format_size(self.max_bytes)} of directory paths (a quarter "
+                            f"of --max-refs-size {format_size(self.max_refs_size)}), at {quote(missing[0])}")
+        for path in reversed(missing):
+            new = len(self.paths)
+            self.paths.append(path)
+            self.parent.append(found)
+            self.children.append({})
+            self.children[found][path.rpartition("/")[2]] = new
+            self.ids[path] = new
+            found = new
+        return found
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -197,11 +217,13 @@ class DirRegistry:
 class RefSetBuilder:
     """Accumulates references in batches and freezes them into a `RefSet`."""
 
-    def __init__(self, max_keys: int | None = None) -> None:
+    def __init__(self, max_keys: int | None = None, max_bytes: int | None = None) -> None:
         self.max_keys = max_keys
+        self.max_bytes = max_bytes  # --max-refs-size: reference text read, and text that gen makes
+        self.generated_bytes = 0
         self.urls: list[str] = []
         self._url_ids: dict[str, int] = {}
-        self.dirs = DirRegistry()
+        self.dirs = DirRegistry(max_bytes)
         self._batches: list[tuple] = []
         self._inline: dict[int, bytes] = {}
         self.count = 0
@@ -227,6 +249,15 @@ class RefSetBuilder:
                 f"{what} would make {self.count + n:,} keys, more than --max-keys {self.max_keys:,}"
             )
 
+    def reserve_bytes(self, n: int, what: str, check_only: bool = False) -> None:
+        """Refuse before making them when generated keys and urls would exceed --max-refs-size
+        (`check_only`: an estimate, not counted)."""
+        if self.max_bytes is not None and self.generated_bytes + n > self.max_bytes:
+            raise RefsError(f"{what} would make {self.generated_bytes + n:,} bytes of keys and urls, more than "
+                            f"--max-refs-size {format_size(self.max_bytes)}")
+        if not check_only:
+            self.generated_bytes += n
+
     def add_batch(self, keys: list[str], url_ids, offsets, lengths, inline: dict[int, bytes] | None = None):
         """Add len(keys) references. `inline` maps positions within this batch to their bytes
         (their url id must be INLINE). Offsets and lengths must already be validated integers."""
@@ -243,6 +274,8 @@ class RefSetBuilder:
         # Byte lengths from the NULs between the keys (checked above: no key holds one).
         between = np.flatnonzero(np.frombuffer(encoded, dtype=np.uint8) == 0)
         key_len = np.diff(np.concatenate(([-1], between, [len(encoded)]))) - 1
+        if int(key_len.max()) > MAX_KEY_BYTES:
+            _check_keys(b"", 0, keys or encoded.decode("utf-8", "surrogatepass").split("\x00"))
         blob = encoded.replace(b"\x00", b"")
         hashes = key_hashes(blob, key_len)
         dir_ids = self._dir_ids(encoded, n)
@@ -409,9 +442,20 @@ class RefSet:
         return dir_of
 
     def _check_dir_file_clashes(self) -> None:
-        for path in self.dirs.paths[1:]:
-            if self.find(path) >= 0:
-                raise RefsError(f"key {quote(path)} is both a file and a directory prefix")
+        """No key may also be a directory. Only directories holding both files and directories are
+        looked at, from whichever side is smaller (a chain of thousands of directories costs nothing)."""
+        for parent, children in enumerate(self.dirs.children):
+            files = self.file_count(parent) if children else 0
+            if not files:
+                continue
+            prefix = self.dirs.paths[parent] + "/" if parent else ""
+            if len(children) <= files:
+                clashes = [name for name in children if self.find(prefix + name) >= 0]
+            else:
+                names = {n.decode("utf-8", "surrogatepass") for n in self.names(self.files_in(parent), parent)}
+                clashes = [name for name in children if name in names]
+            if clashes:
+                raise RefsError(f"key {quote(prefix + clashes[0])} is both a file and a directory prefix")
 
     # -- keys -----------------------------------------------------------------------------------
 

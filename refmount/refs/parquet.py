@@ -25,8 +25,9 @@ import trio
 from refmount.errors import RefmountError, RefsError, quote
 from refmount.lru import SingleFlightLRU
 from refmount.refs.jsonrefs import add_mapping
+from refmount.refs.limits import RefsTooBig
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
-from refmount.refs.source import is_remote, local_path
+from refmount.refs.source import fsspec_options, is_remote, local_path
 
 MISSING = -2  # url id of a row that holds no reference
 DEFAULT_LOADED_RECORDS = 128  # as fsspec's LazyReferenceMapper
@@ -50,14 +51,27 @@ class _Record:
     raw: dict[int, bytes]
 
 
-def _read_bytes(location: str, remote_options: dict) -> bytes:
+def _read_bytes(location: str, remote_options: dict, max_bytes: int | None = None) -> bytes:
+    """The file's bytes; RefsTooBig past `max_bytes` (read one more byte to know)."""
+    size = -1 if max_bytes is None else max_bytes + 1
     if not is_remote(location):
         with open(local_path(location), "rb") as f:
-            return f.read()
-    import fsspec
+            data = f.read(size)
+    else:
+        import fsspec
 
-    with fsspec.open(location, "rb", **remote_options) as f:
-        return f.read()
+        with fsspec.open(location, "rb", **fsspec_options(location, remote_options)) as f:
+            data = f.read(size)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise RefsTooBig(max_bytes)
+    return data
+
+
+def _dumps(key: str, value) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError as e:  # nested deeper than orjson writes (255 levels)
+        raise RefsError(f"key {quote(key)} in .zmetadata cannot be stored: {e}") from None
 
 
 def _join(root: str, *parts: str) -> str:
@@ -65,9 +79,9 @@ def _join(root: str, *parts: str) -> str:
 
 
 def load_parquet(location: str, *, remote_options: dict, max_keys: int | None = None,
-                 loaded_records: int = DEFAULT_LOADED_RECORDS) -> ParquetRefSet:
+                 loaded_records: int = DEFAULT_LOADED_RECORDS, max_bytes: int | None = None) -> ParquetRefSet:
     try:
-        raw = _read_bytes(_join(location, ".zmetadata"), remote_options)
+        raw = _read_bytes(_join(location, ".zmetadata"), remote_options, max_bytes)
     except FileNotFoundError:
         raise RefmountError(f"{quote(location)} is a directory without .zmetadata (not a Parquet reference set)") \
             from None
@@ -82,7 +96,7 @@ def load_parquet(location: str, *, remote_options: dict, max_keys: int | None = 
     record_size = zmeta.get("record_size")
     if type(record_size) is not int or record_size <= 0:
         raise RefsError(f"{quote(_join(location, '.zmetadata'))}: 'record_size' must be a positive integer")
-    metadata = {k: (v if isinstance(v, str) else orjson.dumps(v).decode()) for k, v in zmeta["metadata"].items()}
+    metadata = {k: (v if isinstance(v, str) else _dumps(k, v)) for k, v in zmeta["metadata"].items()}
     builder = RefSetBuilder(max_keys)
     add_mapping(builder, metadata)
     meta = builder.build()
@@ -334,7 +348,7 @@ def _open_for_arrow(path: str, remote_options: dict):
         return local_path(path)
     import fsspec
 
-    return fsspec.open(path, "rb", **remote_options).open()
+    return fsspec.open(path, "rb", **fsspec_options(path, remote_options)).open()
 
 
 def _check_columns(names: set[str], path: str) -> None:
@@ -371,10 +385,16 @@ def record_from_table(table, path: str, intern) -> _Record:
         col = column(name)
         if not (pa.types.is_integer(col.type) or pa.types.is_null(col.type) or pa.types.is_floating(col.type)):
             raise RefsError(f"Parquet record file {quote(path)}: column {name!r} has type {col.type}")
+        bad = RefsError(f"Parquet record file {quote(path)}: column {name!r} holds values that are not byte offsets "
+                        "(integers from 0 to 2**53)")
+        if pa.types.is_integer(col.type):  # range first: a float64 cast refuses integers past 2**53
+            low, high = (v.as_py() for v in pc.min_max(col).values())
+            if low is not None and (low < 0 or high >= MAX_LENGTH):
+                raise bad
+            return np.array(pc.fill_null(col, 0).cast(pa.int64()), dtype=np.int64)  # a writable copy
         values = pc.fill_null(col.cast(pa.float64()), 0).to_numpy(zero_copy_only=False)
         if len(values) and (values.min() < 0 or values.max() >= MAX_LENGTH or np.any(values != np.floor(values))):
-            raise RefsError(f"Parquet record file {quote(path)}: column {name!r} holds values that are not "
-                            "byte offsets")
+            raise bad
         return values.astype(np.int64)
 
     offsets = integers("offset")

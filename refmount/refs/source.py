@@ -48,14 +48,90 @@ def _open_raw(location: str, remote_options: dict):
             raise RefmountError(f"cannot read reference file {quote(location)}: {e.strerror}") from None
     import fsspec
 
+    from refmount.fetch.stats import redact
+    from refmount.fetch.tls import certificate_problem
+
     try:
-        return fsspec.open(location, "rb", **remote_options).open()
-    except FileNotFoundError:
-        raise RefmountError(f"reference file {quote(location)} was not found on its server") from None
-    except ImportError as e:
-        raise RefmountError(f"cannot open {quote(location)}: {e}") from None
+        return fsspec.open(location, "rb", **fsspec_options(location, remote_options)).open()
+    except RefmountError:
+        raise
     except Exception as e:  # network errors of every kind from every fsspec backend
-        raise RefmountError(f"cannot fetch reference file {quote(location)}: {type(e).__name__}: {e}") from None
+        refused = _cause(e, RedirectRefused)
+        if refused is not None:
+            raise RefmountError(f"reference file {redact(location)!r}: {refused}") from None
+        tls = certificate_problem(e)
+        if tls is not None:
+            raise RefmountError(f"{tls} for reference file {redact(location)!r}") from None
+        if isinstance(e, FileNotFoundError):  # fsspec's http raises this for connection failures too
+            reason = _connection_failure(e)
+            if reason:
+                raise RefmountError(f"cannot reach the server of reference file {quote(redact(location))}: "
+                                    f"{reason}") from None
+            raise RefmountError(f"reference file {quote(redact(location))} was not found on its server") from None
+        if isinstance(e, ImportError):
+            raise RefmountError(f"cannot open {quote(redact(location))}: {e}") from None
+        raise RefmountError(f"cannot fetch reference file {quote(redact(location))}: {type(e).__name__}: {e}") from None
+
+
+class RedirectRefused(RefmountError):
+    """A redirect of the reference file that our policy does not follow."""
+
+
+def fsspec_options(location: str, remote_options: dict) -> dict:
+    """fsspec's options for the reference file. For http(s): the same certificate authorities as for
+    targets, and the same redirect policy (same scheme and host only: the user's headers, e.g.
+    Authorization, must not reach another host, and https must not turn into http)."""
+    if protocol_of(location) not in ("http", "https"):
+        return remote_options
+    import aiohttp
+
+    from refmount.fetch.tls import ssl_setting
+
+    async def on_redirect(session, context, params) -> None:
+        from urllib.parse import urljoin, urlsplit
+
+        here = urlsplit(str(params.url))
+        there = urlsplit(urljoin(str(params.url), params.response.headers.get("Location", "")))
+        if (here.scheme, here.netloc) != (there.scheme, there.netloc):
+            raise RedirectRefused(f"redirect from {here.scheme}://{here.netloc} to {there.scheme}://{there.netloc} "
+                                  "refused (only redirects within the same scheme and host are followed)")
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_redirect.append(on_redirect)
+    client_kwargs = dict(remote_options.get("client_kwargs") or {})
+    client_kwargs["trace_configs"] = [*client_kwargs.get("trace_configs", []), trace]
+    return {**remote_options, "ssl": ssl_setting(remote_options), "client_kwargs": client_kwargs}
+
+
+def _cause(error: BaseException | None, kind: type):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, kind):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _connection_failure(error: BaseException) -> str | None:
+    """Why a connection failed, if the cause chain of `error` says so (else None: truly not found)."""
+    import socket
+
+    chain = []
+    cause = error.__cause__ or error.__context__
+    while cause is not None and len(chain) < 10:
+        chain.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    for cause in chain:
+        if isinstance(cause, socket.gaierror):
+            host = next((getattr(c, "host", None) for c in chain if getattr(c, "host", None)), None)
+            return "cannot resolve host" + (f" {host!r}" if host else "") + f" ({cause.strerror})"
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+    for cause in chain:
+        if isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError):
+            return f"{type(cause).__name__}: {cause}"
+    return None
 
 
 def compression_of(location: str, head: bytes) -> str | None:

@@ -9,12 +9,16 @@ Every jinja string goes through `Template`:
 
 from __future__ import annotations
 
+import _signal
 import ast
+import functools
 import re
+import threading
 
 import numpy as np
 from jinja2 import StrictUndefined, TemplateError
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2.compiler import CodeGenerator
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 from refmount.errors import RefsError, quote
 from refmount.refs.model import MAX_LENGTH
@@ -22,15 +26,247 @@ from refmount.refs.model import MAX_LENGTH
 _BLOCK = re.compile(r"\{\{(.*?)\}\}", re.S)
 _ARITH_OPS = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.FloorDiv: np.floor_divide,
               ast.Mod: np.mod}
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_DEPTH = 20  # nested calls of callable templates; deeper means a template calls itself
 
 
-class _Env(SandboxedEnvironment):
+MAX_RENDER_BYTES = 1 << 20  # one rendered key, url, offset or length; also any string made on the way
+MAX_ITEMS = 100_000  # items of a list made on the way (jinja's own range() limit)
+MAX_INT_BITS = 4096  # integers made on the way (offsets need 53 bits)
+RENDER_SECONDS = 2.0  # CPU time of one render (an ordinary one takes microseconds)
+# in a format: a width or precision of a million or more, or one taken from an argument ('*', '{:{w}}')
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\d*)(?:\.(\d*))?")
+_BRACE_SPEC = re.compile(r"\{[^{}:]*:([^{}]*)\}")
+_BIG_WIDTH = re.compile(r"%(\([^)]*\))?[-+ #0]*(\d{7,}|\*|\d*\.(\d{7,}|\*))|\{[^{}]*:[^{}]*(\d{7,}|\{)")
+# str methods whose integer arguments size their result
+_SIZED_METHODS = {"center", "ljust", "rjust", "zfill", "expandtabs"}
+# filters whose integer arguments size their result or their work
+_SIZED_FILTERS = {"center", "indent", "wordwrap", "truncate", "batch", "slice", "random", "filesizeformat"}
+
+
+class TemplateTooBig(RefsError):
+    """A render would make more than the sandbox allows; `Template.render` adds which template."""
+
+    def __init__(self, message: str, located: bool = False) -> None:
+        super().__init__(message)
+        self.located = located
+
+
+def _too_big(what: str):
+    raise TemplateTooBig(f"would make {what}")
+
+
+def _text_size(value, budget: int = MAX_RENDER_BYTES) -> int:
+    """About how long str(value) would be, giving up once past `budget` (strings inside containers
+    count, each time they are shared)."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if not isinstance(value, (list, tuple, dict, set, frozenset)):
+        return 8
+    total = 0
+    stack = [value]
+    while stack and total <= budget:
+        item = stack.pop()
+        if isinstance(item, (str, bytes)):
+            total += len(item) + 4
+        elif isinstance(item, dict):
+            total += 2
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            total += 2
+            stack.extend(item)
+        else:
+            total += 8
+    return total
+
+
+def _format_widths(text: str) -> int:
+    """The sum of the widths and precisions in a % or {} format (what they can add to the output)."""
+    text = text.replace("%%", "")
+    total = sum(int(n or 0) for m in _PERCENT_SPEC.finditer(text) for n in m.groups())
+    return total + sum(int(n) for m in _BRACE_SPEC.finditer(text) for n in re.findall(r"\d+", m.group(1)))
+
+
+def _kind(value) -> str:
+    if isinstance(value, (str, bytes)):
+        return f"a string of more than {MAX_RENDER_BYTES:,} characters"
+    return f"a {type(value).__name__} of more than {MAX_ITEMS:,} items"
+
+
+def _check_operands(*values) -> None:
+    """Containers whose text would be too long (a list shared with itself 40 times over would be
+    2**40 items)."""
+    for value in values:
+        if isinstance(value, (list, tuple, dict, set, frozenset)) and _text_size(value) > MAX_RENDER_BYTES:
+            _too_big(f"a {type(value).__name__} of more than {MAX_RENDER_BYTES:,} characters as text")
+
+
+def _check_result(value):
+    if isinstance(value, (str, bytes)):
+        if len(value) > MAX_RENDER_BYTES:
+            _too_big(_kind(value))
+    elif isinstance(value, int) and not isinstance(value, bool):
+        if value.bit_length() > MAX_INT_BITS:
+            _too_big(f"an integer of more than {MAX_INT_BITS} bits")
+    else:
+        _check_operands(value)
+    return value
+
+
+def _check_format(text, *args) -> None:
+    """A % or {} format: widths from arguments refused, and the output's size bounded before it is made."""
+    if not isinstance(text, str):
+        return
+    if _BIG_WIDTH.search(text.replace("%%", "")):
+        _too_big(f"a format with a width of a million or more, or one taken from an argument ({text[:40]!r})")
+    if len(text) + _format_widths(text) + sum(_text_size(a) for a in args) > MAX_RENDER_BYTES:
+        _too_big(f"a formatted string of more than {MAX_RENDER_BYTES:,} characters")
+
+
+def _check_join(items, separator) -> None:
+    if isinstance(items, (list, tuple)):
+        if _text_size(items) + len(items) * len(str(separator)) > MAX_RENDER_BYTES:
+            _too_big(f"a joined string of more than {MAX_RENDER_BYTES:,} characters")
+    elif hasattr(items, "__len__") and len(items) * (len(str(separator)) + 1) > MAX_RENDER_BYTES:
+        _too_big(f"a joined string of more than {MAX_RENDER_BYTES:,} characters")
+
+
+def _safe_binop(op: str, left, right):
+    """The sizes an operator would make, checked before Python allocates them (C does the work,
+    so neither a signal nor a later check could stop it)."""
+    if op == "**" and isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1:
+        if left.bit_length() * right > MAX_INT_BITS:
+            _too_big(f"an integer of more than {MAX_INT_BITS} bits")
+    elif op == "*":
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, (str, bytes, list, tuple)) and isinstance(times, int) and times > 0:
+                if len(seq) * times > (MAX_RENDER_BYTES if isinstance(seq, (str, bytes)) else MAX_ITEMS):
+                    _too_big(_kind(seq))
+        if isinstance(left, int) and isinstance(right, int) and left.bit_length() + right.bit_length() > MAX_INT_BITS:
+            _too_big(f"an integer of more than {MAX_INT_BITS} bits")
+    elif op == "%" and isinstance(left, str):
+        _check_operands(right)
+        _check_format(left, right)
+    elif op == "+":
+        if isinstance(left, (str, bytes, list, tuple)) and isinstance(right, type(left)):
+            if len(left) + len(right) > (MAX_RENDER_BYTES if isinstance(left, (str, bytes)) else MAX_ITEMS):
+                _too_big(_kind(left))
+    return _check_result(SandboxedEnvironment.default_binop_table[op](left, right))
+
+
+def _capped_join(parts) -> str:
+    """str.join for template output, `~` and {% set %} blocks, stopping once past the cap."""
+    out = []
+    total = 0
+    for part in parts:
+        if part.__class__ is not str:
+            _check_operands(part)
+            part = str(part)
+        total += len(part)
+        if total > MAX_RENDER_BYTES:
+            _too_big(f"output of more than {MAX_RENDER_BYTES:,} characters")
+        out.append(part)
+    return "".join(out)
+
+
+def _guard_filter(name: str, func):
+    """A filter with its arguments and result held to the sandbox's sizes."""
+
+    @functools.wraps(func)
+    def guarded(*args, **kwargs):
+        values = args[1:] if getattr(func, "jinja_pass_arg", None) is not None else args
+        _check_operands(*values, *kwargs.values())
+        if name in _SIZED_FILTERS and any(isinstance(v, int) and abs(v) > MAX_RENDER_BYTES
+                                          for v in (*values[1:], *kwargs.values())):
+            _too_big(f"a result of filter {name!r} sized over {MAX_RENDER_BYTES:,}")
+        if name == "format" and values:
+            _check_format(values[0], *values[1:], *kwargs.values())
+        if name == "indent" and values and isinstance(values[0], str):
+            width = values[1] if len(values) > 1 else kwargs.get("width", 4)
+            width = len(width) if isinstance(width, str) else width
+            if isinstance(width, int) and len(values[0]) + abs(width) * (values[0].count("\n") + 1) > MAX_RENDER_BYTES:
+                _too_big(f"a result of filter 'indent' of more than {MAX_RENDER_BYTES:,} characters")
+        if name == "replace" and len(values) >= 3 and isinstance(values[0], str):
+            if len(values[0]) * (len(str(values[2])) + 1) > MAX_RENDER_BYTES:
+                _too_big(f"a result of filter 'replace' of more than {MAX_RENDER_BYTES:,} characters")
+        if name == "join" and values:
+            _check_join(values[0], values[1] if len(values) > 1 else kwargs.get("d", ""))
+        return _check_result(func(*args, **kwargs))
+
+    return guarded
+
+
+class _CodeGenerator(CodeGenerator):
+    def visit_Concat(self, node, frame) -> None:  # `~`: through the capped join
+        self.write("environment.concat((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
+class _Env(ImmutableSandboxedEnvironment):
+    """jinja's sandbox (no private attributes, no mutation of lists and dicts), plus bounds on the
+    size of everything a template makes: operators, filters, method calls, `~` and the output."""
+
+    intercepted_binops = frozenset(("*", "**", "%", "+"))
+    code_generator_class = _CodeGenerator
+    concat = staticmethod(_capped_join)
+
     def __init__(self):
-        super().__init__(undefined=StrictUndefined, autoescape=False)
+        super().__init__(undefined=StrictUndefined, autoescape=False, finalize=_check_result)
+        for name in ("lipsum", "cycler", "joiner"):  # lipsum(n=10**6) writes without bound
+            self.globals.pop(name, None)
+        self.filters = {name: _guard_filter(name, f) for name, f in self.filters.items()}
+
+    def call_binop(self, context, operator, left, right):
+        return _safe_binop(operator, left, right)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
+        _check_operands(*args, *kwargs.values())
+        method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
+        owner = getattr(method, "__self__", None)
+        if isinstance(owner, str):
+            name = getattr(method, "__name__", "")
+            if name in _SIZED_METHODS and any(isinstance(v, int) and abs(v) > MAX_RENDER_BYTES for v in args):
+                _too_big(f"a result of str.{name} sized over {MAX_RENDER_BYTES:,}")
+            if name in ("format", "format_map"):
+                _check_format(owner, *args, *kwargs.values())
+            if name == "expandtabs" and args and isinstance(args[0], int) and \
+                    len(owner) + abs(args[0]) * owner.count("\t") > MAX_RENDER_BYTES:
+                _too_big(f"a result of str.expandtabs of more than {MAX_RENDER_BYTES:,} characters")
+            if name == "replace" and len(args) >= 2 and len(owner) * (len(str(args[1])) + 1) > MAX_RENDER_BYTES:
+                _too_big(f"a result of str.replace of more than {MAX_RENDER_BYTES:,} characters")
+            if name == "join" and args:
+                _check_join(args[0], owner)
+        return _check_result(super().call(__context, __obj, *args, **kwargs))
 
 
 _ENV = _Env()
+_MAIN = threading.main_thread()
+
+
+def _render_expired(signum, frame):
+    raise TemplateTooBig(f"takes more than {RENDER_SECONDS:g} s")
+
+
+def _arm_cpu_limit():
+    """Interrupt a render that runs longer than RENDER_SECONDS of CPU: the previous SIGPROF handler
+    to give back to `_disarm_cpu_limit`, or None when not armed (not the main thread, or the
+    outermost render of nested callable templates holds the one timer). The C module's calls, as
+    the `signal` wrappers' enum conversions would cost more than a simple render."""
+    if _signal.getsignal(_signal.SIGPROF) is _render_expired or threading.current_thread() is not _MAIN:
+        return None
+    previous = _signal.signal(_signal.SIGPROF, _render_expired)
+    _signal.setitimer(_signal.ITIMER_PROF, RENDER_SECONDS)
+    return (previous,)
+
+
+def _disarm_cpu_limit(armed) -> None:
+    if armed is not None:
+        _signal.setitimer(_signal.ITIMER_PROF, 0)
+        _signal.signal(_signal.SIGPROF, armed[0])
 
 
 def _parse_expr(text: str) -> ast.AST | None:
@@ -108,14 +344,23 @@ class Template:
                 return simple
         context = self.templates.context()
         context.update(values)
+        armed = _arm_cpu_limit()
         try:
             return self._compiled().render(**context)
         except RecursionError:
             raise RefsError(f"{self.where}: template {quote(self.text)} is recursive") from None
+        except TemplateTooBig as e:
+            if e.located:  # from a callable template inside this one, which says where
+                raise
+            raise TemplateTooBig(f"{self.where}: template {quote(self.text)} refused: it {e}", located=True) from None
         except RefsError:
             raise
+        except MemoryError:
+            raise RefsError(f"{self.where}: template {quote(self.text)} ran out of memory") from None
         except Exception as e:  # the sandbox's SecurityError, undefined names, errors inside expressions
             raise RefsError(f"{self.where}: template {quote(self.text)} failed: {type(e).__name__}: {e}") from None
+        finally:
+            _disarm_cpu_limit(armed)
 
     def _render_simple(self, values) -> str | None:
         out = []
@@ -140,14 +385,34 @@ class Template:
 
     # -- whole-grid evaluation for gen ----------------------------------------------------------
 
-    def render_grid(self, grid: dict[str, np.ndarray], n: int) -> list[str]:
-        """Render for every point of a gen grid (`grid` maps each dimension to its n values)."""
+    def render_grid(self, grid: dict[str, np.ndarray], n: int, reserve=None) -> list[str]:
+        """Render for every point of a gen grid (`grid` maps each dimension to its n values).
+        `reserve(nbytes, check_only)` is told the text's size before it is made: exactly (an upper
+        bound) on the vectorised path; per rendered value, after a first estimate, through jinja."""
+        if n == 0:
+            return []
         arrays = self._grid_parts(grid, n)
         if arrays is None:
             names = list(grid)
             columns = [grid[k].tolist() for k in names]
-            return [self.render(**dict(zip(names, point))) for point in zip(*columns)] if names else \
-                [self.render()] * n
+            points = (dict(zip(names, point)) for point in zip(*columns)) if names else iter([{}])
+            first = self.render(**next(points))
+            if reserve:
+                reserve(len(first) * n, True)  # fail early on 100,000 urls of 100 KB each
+                reserve(len(first), False)
+            if not names:
+                return [first] * n
+            out = [first]
+            for values in points:
+                text = self.render(**values)
+                if reserve:
+                    reserve(len(text), False)
+                out.append(text)
+            return out
+        if reserve:
+            widths = [len(a) if isinstance(a, str) else max(len(str(np.min(a))), len(str(np.max(a))))
+                      for a in arrays]
+            reserve(sum(widths) * n, False)
         fmt = "".join(p.replace("{", "{{").replace("}", "}}") if isinstance(p, str) else "{}" for p in arrays)
         columns = [a.tolist() for a in arrays if not isinstance(a, str)]
         if not columns:
@@ -291,6 +556,8 @@ def dimension_values(name: str, spec, where: str) -> np.ndarray:
     """One gen dimension: {"start","stop","step"} (a Python range) or an explicit list."""
     if isinstance(spec, list):
         if spec and all(type(v) is int for v in spec):
+            if not all(_INT64_MIN <= v <= _INT64_MAX for v in spec):
+                raise RefsError(f"{where}: dimension {quote(name)} holds integers beyond 64 bits")
             return np.array(spec, dtype=np.int64)
         if all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in spec):
             return np.array(spec, dtype=object)
@@ -302,6 +569,8 @@ def dimension_values(name: str, spec, where: str) -> np.ndarray:
         start, stop, step = spec.get("start", 0), spec["stop"], spec.get("step", 1)
         if not all(type(v) is int for v in (start, stop, step)) or step == 0:
             raise RefsError(f"{where}: dimension {quote(name)} start/stop/step must be integers, step not 0")
+        if not all(_INT64_MIN <= v <= _INT64_MAX for v in (start, stop, step)):
+            raise RefsError(f"{where}: dimension {quote(name)} start/stop/step must fit in 64 bits")
         return np.arange(start, stop, step, dtype=np.int64)
     raise RefsError(f"{where}: dimension {quote(name)} must be a range object or a list")
 
@@ -330,7 +599,7 @@ def expand_gen(gens, templates: TemplateSet, builder) -> None:
         for name, spec in dims.items():
             if isinstance(spec, dict) and all(type(spec.get(k, 1)) is int for k in ("start", "stop", "step")) \
                     and spec.get("step", 1) != 0 and "stop" in spec:
-                sizes[name] = len(range(spec.get("start", 0), spec["stop"], spec.get("step", 1)))
+                sizes[name] = _range_size(spec.get("start", 0), spec["stop"], spec.get("step", 1))
             elif isinstance(spec, list):
                 sizes[name] = len(spec)
             else:
@@ -347,8 +616,11 @@ def expand_gen(gens, templates: TemplateSet, builder) -> None:
         def template(field):
             return Template(str(gen[field]), f"{where}.{field}", templates)
 
-        keys = template("key").render_grid(grid, n)
-        urls = template("url").render_grid(grid, n)
+        def reserve(nbytes: int, check_only: bool) -> None:
+            builder.reserve_bytes(nbytes, where, check_only)
+
+        keys = template("key").render_grid(grid, n, reserve)
+        urls = template("url").render_grid(grid, n, reserve)
         if "offset" in gen:
             offsets = template("offset").int_grid(grid, n)
             lengths = template("length").int_grid(grid, n)
@@ -356,6 +628,13 @@ def expand_gen(gens, templates: TemplateSet, builder) -> None:
             offsets = np.zeros(n, dtype=np.int64)
             lengths = np.full(n, -1, dtype=np.int64)
         builder.add_batch(keys, builder.url_ids(urls), offsets, lengths)
+
+
+def _range_size(start: int, stop: int, step: int) -> int:
+    """len(range(...)) without its limit of 2**63 (dimensions can be absurd)."""
+    if step > 0:
+        return max(0, (stop - start + step - 1) // step)
+    return max(0, (start - stop - step - 1) // -step)
 
 
 def _product_grid(values: dict[str, np.ndarray], n: int) -> dict[str, np.ndarray]:

@@ -26,6 +26,20 @@ Fault kinds (chosen per GET request with probability ``Faults.rate``):
 - ``"full200"``: the Range header is ignored; 200 with the full body.
 
 HEAD requests are never faulted (only ``fail_paths`` applies to them).
+
+Lying and other modes (attributes, changeable while it runs):
+
+- ``validators``: which of "etag", "last-modified" are sent (``send_validators = False`` sends none);
+- ``lie``: "gzip" (a 206 whose body is the gzipped range, Content-Encoding gzip), "long206" (the right
+  Content-Range, the whole object as body and Content-Length), "long206-chunked" (the same without
+  Content-Length);
+- ``stall_paths``: GETs of these paths send headers, then nothing until ``stall_seconds`` or stop();
+- ``redirects``: path -> Location, answered with 302;
+- ``body_rate``: bodies are sent at this many bytes per second;
+- If-Match / If-Unmodified-Since are honoured (412) like a real server;
+- ``ssl_context`` (constructor): serve https.
+
+``stats["headers"]`` keeps each request's headers (lower-case names) for checks on what was sent.
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ import asyncio
 import collections
 import dataclasses
 import email.utils
+import gzip
 import random
 import re
 import socket
@@ -118,9 +133,16 @@ def _other_range(start: int, end: int, total: int):
 class RangeServer:
     """Serve the files under ``root`` on http://127.0.0.1:<ephemeral port>."""
 
-    def __init__(self, root, *, log_size: int = 1000, host: str = "127.0.0.1"):
+    def __init__(self, root, *, log_size: int = 1000, host: str = "127.0.0.1", ssl_context=None):
         self.root = Path(root).resolve()
         self.host = host
+        self.ssl_context = ssl_context
+        self.validators = ("etag", "last-modified")
+        self.lie: str | None = None
+        self.stall_paths: set = set()
+        self.stall_seconds = 30.0
+        self.redirects: dict = {}
+        self.body_rate: float | None = None  # bytes per second for bodies (None: as fast as possible)
         self.port: Optional[int] = None
         # Plain attributes: assignment is atomic in CPython, and the handler reads each
         # one once per request, so tests may flip them at any time.
@@ -180,7 +202,7 @@ class RangeServer:
             app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
+        site = web.TCPSite(self._runner, self.host, 0, ssl_context=self.ssl_context)
         await site.start()
         self.port = self._runner.addresses[0][1]
 
@@ -210,7 +232,7 @@ class RangeServer:
     def url(self) -> str:
         if self.port is None:
             raise RuntimeError("server not started")
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.ssl_context else 'http'}://{self.host}:{self.port}"
 
     def url_for(self, relpath) -> str:
         rel = Path(relpath).as_posix().lstrip("/")
@@ -264,6 +286,7 @@ class RangeServer:
             "status": collections.Counter(),  # status code -> count (aborted resets excluded)
             "faults": collections.Counter(),  # fault kind -> count
             "log": collections.deque(maxlen=self._log_size),  # (method, path, range header)
+            "headers": collections.deque(maxlen=self._log_size),  # each request's headers
         }
 
     @property
@@ -277,6 +300,7 @@ class RangeServer:
                 "status": dict(s["status"]),
                 "faults": dict(s["faults"]),
                 "log": list(s["log"]),
+                "headers": list(s["headers"]),
             }
 
     def reset_stats(self) -> None:
@@ -299,6 +323,45 @@ class RangeServer:
             return None  # ".." escaping the root
         return p if p.is_file() else None
 
+    async def _lie(self, request, lie: str, path: Path, rng, total: int, headers: dict) -> web.StreamResponse:
+        start, end = rng
+        headers = {**headers, "Content-Range": f"bytes {start}-{end}/{total}",
+                   "Content-Type": "application/octet-stream"}
+        data = path.read_bytes()
+        if lie == "gzip":
+            body = gzip.compress(data[start:end + 1])
+            headers["Content-Encoding"] = "gzip"
+        elif lie in ("long206", "long206-chunked"):
+            body = data  # the right Content-Range, but the whole object as body
+        else:
+            raise ValueError(f"unknown lie {lie!r}")
+        self._count(status=206, fault=lie, nbytes=len(body))
+        if lie == "long206-chunked":
+            resp = web.StreamResponse(status=206, headers=headers)
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            await resp.write(body)
+            await resp.write_eof()
+            return resp
+        return web.Response(status=206, headers=headers, body=body)
+
+    async def _stall(self, request, headers: dict, rng, total: int) -> web.StreamResponse:
+        """Headers, then nothing until stall_seconds pass or the server stops."""
+        status, length = 200, total
+        if rng is not None:
+            status, length = 206, rng[1] - rng[0] + 1
+            headers = {**headers, "Content-Range": f"bytes {rng[0]}-{rng[1]}/{total}"}
+        resp = web.StreamResponse(status=status, headers={**headers, "Content-Length": str(length)})
+        self._count(status=status, fault="stall")
+        await resp.prepare(request)
+        try:
+            await asyncio.wait_for(self._stopping.wait(), self.stall_seconds)
+        except asyncio.TimeoutError:
+            pass
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+
     def _simple(self, status: int, headers=None, fault=None) -> web.Response:
         self._count(status=status, fault=fault)
         return web.Response(status=status, headers=headers)
@@ -309,24 +372,37 @@ class RangeServer:
         with self._lock:
             self._stats["requests"] += 1
             self._stats["log"].append((request.method, "/" + relpath, range_header))
+            self._stats["headers"].append({k.lower(): v for k, v in request.headers.items()})
 
         if request.method not in ("GET", "HEAD"):
             return self._simple(405, {"Allow": "GET, HEAD"})
         forced = self.fail_paths.get(relpath, self.fail_paths.get("/" + relpath))
         if forced is not None:
             return self._simple(int(forced))
+        location = self.redirects.get(relpath, self.redirects.get("/" + relpath))
+        if location is not None:
+            return self._simple(302, {"Location": location})
         path = self._resolve(relpath)
         if path is None:
             return self._simple(404)
 
         st = path.stat()
         total = st.st_size
-        headers = {
-            "ETag": f'"{total:x}-{st.st_mtime_ns:x}"',
-            "Last-Modified": email.utils.formatdate(st.st_mtime, usegmt=True),
-        } if self.send_validators else {}
+        etag = f'"{total:x}-{st.st_mtime_ns:x}"'
+        modified = email.utils.formatdate(st.st_mtime, usegmt=True)
+        headers = {}
+        if self.send_validators and "etag" in self.validators:
+            headers["ETag"] = etag
+        if self.send_validators and "last-modified" in self.validators:
+            headers["Last-Modified"] = modified
         if not self.ignore_range:
             headers["Accept-Ranges"] = "bytes"
+        if_match = request.headers.get("If-Match")
+        if_unmodified = request.headers.get("If-Unmodified-Since")
+        if (if_match is not None and if_match.strip() not in ("*", etag)) or (
+                if_match is None and if_unmodified is not None
+                and email.utils.parsedate_to_datetime(if_unmodified).timestamp() < int(st.st_mtime)):
+            return self._simple(412, headers)
 
         if request.method == "HEAD" and self.head_status is not None:
             return self._simple(self.head_status)
@@ -366,6 +442,11 @@ class RangeServer:
 
         if rng == "unsatisfiable":
             return self._simple(416, {**headers, "Content-Range": f"bytes */{total}"})
+        lie = self.lie
+        if lie is not None and rng is not None:
+            return await self._lie(request, lie, path, rng, total, headers)
+        if relpath in self.stall_paths or "/" + relpath in self.stall_paths:
+            return await self._stall(request, headers, rng, total)
 
         if rng is None:
             status, start, length = 200, 0, total
@@ -396,6 +477,8 @@ class RangeServer:
                     await resp.write(data)
                     sent += len(data)
                     self._count(nbytes=len(data))
+                    if self.body_rate:
+                        await asyncio.sleep(len(data) / self.body_rate)
         except ConnectionError:
             return resp  # client went away; aiohttp ignores the rest
 

@@ -1,0 +1,375 @@
+"""WAN benchmark: refmount against rclone mount, fsspec and curl over an emulated link (issue 13).
+
+    bench/bench_wan.sh [--quick] [--rtt 0,2,20,80] [--runs N] [--refmount-options='...']
+
+Needs root. Builds its own network namespace and veth pair (addresses only inside one /30 of its own),
+adds `tc netem delay RTT/2 rate 1gbit` on both ends, and serves a random file and a kerchunked,
+uncompressed netCDF-4 file (one chunk per time step; inputs from bench_speed.py's helpers) from an nginx
+started INSIDE the namespace. From the host, at each RTT, with the contenders alternating in each run:
+
+- refmount dd: cold `dd bs=1M` of a whole-file reference, 1 reader;
+- refmount chunks: `cat` of every chunk file of the netCDF file in order, 1 reader;
+- refmount 4 readers: 4 `dd` of the four quarters of the whole file at once;
+- rclone dd: `rclone mount :http:` (no VFS cache), cold `dd bs=1M`;
+- fsspec cat: ReferenceFileSystem.cat of all chunk keys in one call (batched), fresh process;
+- curl x1 and curl x8 (8 parallel ranged requests of eighths of the file).
+
+Prints, per RTT, MB/s median (min-max), CPU-s per GB (the daemon's, or the client processes') and the
+ratio to curl x8, and logs each refmount run's request count, mean request size and per-host pacing.
+A kernel without sch_netem (CONFIG_NET_SCH_NETEM unset, as on the 6.18 "fc" kernel this was written
+on) cannot delay packets: the benchmark then says so, measures RTT 0 through a tbf rate limit of
+1 Gbit/s and skips the other RTTs. Everything it creates (mounts, nginx, namespace, veth) is removed at exit, also on
+failure or a signal; bench_wan.sh adds a trap for a hard kill. --quick: smaller files, 2 runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_speed as bs  # noqa: E402  (inputs, kerchunk, mounts, nginx config)
+
+MB = 1e6
+PORT = 8080
+TICKS = os.sysconf("SC_CLK_TCK")
+FULL = dict(big_mb=256, chunk_steps=400)  # chunk: 640 kB per time step
+QUICK = dict(big_mb=64, chunk_steps=100)
+STEP_TIMEOUT_S = 300  # no single measurement may take longer
+
+
+def log(message: str) -> None:
+    print(f"# {message}", file=sys.stderr, flush=True)
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=60)
+
+
+# -- the emulated link -------------------------------------------------------------------------------
+
+
+class Link:
+    """Namespace `ns` with veth `inner` (server side) paired with `outer` on the host, in one /30."""
+
+    def __init__(self, tag: str, subnet: int) -> None:
+        self.ns = f"rmwan{tag}"
+        self.outer, self.inner = f"rmw{tag}h", f"rmw{tag}n"
+        self.host_ip, self.server_ip = f"10.213.{subnet}.1", f"10.213.{subnet}.2"
+
+    def up(self) -> None:
+        sh("ip", "netns", "add", self.ns)
+        sh("ip", "link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
+        sh("ip", "link", "set", self.inner, "netns", self.ns)
+        sh("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.outer)
+        sh("ip", "link", "set", self.outer, "up")
+        self.exec("ip", "addr", "add", f"{self.server_ip}/30", "dev", self.inner)
+        self.exec("ip", "link", "set", self.inner, "up")
+        self.exec("ip", "link", "set", "lo", "up")
+
+    def exec(self, *cmd: str) -> subprocess.CompletedProcess:
+        return sh("ip", "netns", "exec", self.ns, *cmd)
+
+    def netem_available(self) -> bool:
+        """Whether this kernel has sch_netem (some minimal kernels are built without it)."""
+        done = sh("tc", "qdisc", "replace", "dev", self.outer, "root", "netem", "delay", "0ms", check=False)
+        return done.returncode == 0
+
+    def set_rtt(self, rtt_ms: float, netem: bool) -> None:
+        """Both ends: netem with half the delay each way and a 1 Gbit/s rate (a queue deep enough for
+        it); without netem (RTT 0 only), a token bucket at 1 Gbit/s."""
+        if netem:
+            shape = ["netem", "delay", f"{rtt_ms / 2:g}ms", "rate", "1gbit", "limit", "100000"]
+        else:
+            shape = ["tbf", "rate", "1gbit", "burst", "1mb", "latency", "50ms"]
+        sh("tc", "qdisc", "replace", "dev", self.outer, "root", *shape)
+        self.exec("tc", "qdisc", "replace", "dev", self.inner, "root", *shape)
+
+    def down(self) -> None:
+        sh("ip", "link", "del", self.outer, check=False)  # deletes the pair
+        sh("ip", "netns", "del", self.ns, check=False)
+
+
+@contextmanager
+def nginx_in(link: Link, data: Path, run_dir: Path):
+    conf = run_dir / "nginx.conf"
+    (run_dir / "nginx-tmp").mkdir(exist_ok=True)
+    conf.write_text(bs.NGINX_CONF.format(run=run_dir, port=PORT, data=data)
+                    .replace(f"listen 127.0.0.1:{PORT}", f"listen {link.server_ip}:{PORT}"))
+    proc = subprocess.Popen(["ip", "netns", "exec", link.ns, "nginx", "-p", str(run_dir), "-c", str(conf),
+                             "-e", str(run_dir / "nginx-error.log")], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://{link.server_ip}:{PORT}/"
+    try:
+        bs.wait_for(lambda: proc.poll() is not None or curl_ok(url + "big.bin"), "nginx in the namespace", 15)
+        if proc.poll() is not None:
+            raise RuntimeError(f"nginx exited: {(run_dir / 'nginx-error.log').read_text()}")
+        yield url
+    finally:
+        bs.stop(proc)
+
+
+def curl_ok(url: str) -> bool:
+    return subprocess.run(["curl", "-sfI", "-m", "2", url], capture_output=True).returncode == 0
+
+
+# -- CPU accounting ----------------------------------------------------------------------------------
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+def proc_minflt(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+
+
+def children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(cmd: str, cpu_of=None) -> tuple[float, float, str]:
+    """(seconds, CPU seconds, stdout+stderr) of a shell pipeline; CPU of `cpu_of()`'s pid if given (a
+    daemon), else of the pipeline's own processes."""
+    pid = cpu_of() if cpu_of else None
+    before = proc_cpu_s(pid) if pid else children_cpu_s()
+    t0 = time.perf_counter()
+    done = subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], capture_output=True, text=True,
+                          timeout=STEP_TIMEOUT_S)
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"{cmd!r} failed: {done.stderr.strip()[-400:]}")
+    cpu = (proc_cpu_s(pid) if pid else children_cpu_s()) - before
+    return seconds, cpu, done.stdout + done.stderr
+
+
+def dd_bytes(output: str) -> int:
+    return sum(int(n) for n in re.findall(r"^(\d+) bytes", output, re.M))
+
+
+def note_requests(m) -> None:
+    """Log what the daemon asked the server for (request count and mean size, per-host pacing)."""
+    stats = m.stats()
+    fetch = stats["fetch"]
+    log(f"  refmount: {fetch['requests']} requests, {fetch['bytes'] / max(fetch['requests'], 1) / 2**20:.1f} MiB "
+        f"mean, latency {fetch.get('latency')}, hosts {stats.get('hosts')}")
+
+
+# -- contenders: each returns {"mbps", "cpu_s_per_gb"} ------------------------------------------------
+
+
+class Bench:
+    def __init__(self, url: str, run_dir: Path, refs: dict[str, Path], big_size: int, chunks: list[str],
+                 chunk_bytes: int, options: list[str]) -> None:
+        self.url, self.run_dir, self.refs = url, run_dir, refs
+        self.big_size, self.chunks, self.chunk_bytes = big_size, chunks, chunk_bytes
+        self.options = options
+
+    def result(self, nbytes: int, seconds: float, cpu: float, expect: int) -> dict:
+        if nbytes != expect:
+            raise RuntimeError(f"read {nbytes} bytes, expected {expect}")
+        return {"mbps": nbytes / seconds / MB, "cpu_s_per_gb": cpu / (nbytes / 1e9)}
+
+    def mounted(self, refs: str):
+        return bs.refmount_mounted(self.refs[refs], self.run_dir / "mnt-refmount", ["--view", "raw", *self.options])
+
+    def refmount_dd(self) -> dict:
+        with self.mounted("big") as m:
+            bs.drop_caches()
+            seconds, cpu, out = timed(f"dd if={m.path / 'big'} of=/dev/null bs=1M", lambda: m.pid)
+            note_requests(m)
+            return self.result(dd_bytes(out), seconds, cpu, self.big_size)
+
+    def refmount_4(self) -> dict:
+        quarter_mib = -(-self.big_size // 4 // (1 << 20))
+        with self.mounted("big") as m:
+            bs.drop_caches()
+            cmd = " & ".join(f"dd if={m.path / 'big'} of=/dev/null bs=1M skip={k * quarter_mib} "
+                             f"count={quarter_mib}" for k in range(4)) + " & wait"
+            seconds, cpu, out = timed(cmd, lambda: m.pid)
+            note_requests(m)
+            return self.result(dd_bytes(out), seconds, cpu, self.big_size)
+
+    def refmount_chunks(self) -> dict:
+        with self.mounted("chunks") as m:
+            listing = self.run_dir / "chunk-files"
+            listing.write_text("\0".join(str(m.path / key) for key in self.chunks))
+            bs.drop_caches()
+            seconds, cpu, out = timed(f"xargs -0 -n 1000 cat < {listing} | wc -c", lambda: m.pid)
+            note_requests(m)
+            return self.result(int(out.split()[0]), seconds, cpu, self.chunk_bytes)
+
+    def rclone_dd(self) -> dict:
+        mnt = self.run_dir / "mnt-rclone"
+        log_path = self.run_dir / "rclone.log"
+        mnt.mkdir(exist_ok=True)
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(["rclone", "mount", ":http:", str(mnt), "--http-url", self.url, "--read-only",
+                                     "--vfs-cache-mode", "off"], stdout=logf, stderr=logf)
+        try:
+            bs.wait_for(lambda: proc.poll() is not None or (mnt / "big.bin").exists(), "rclone mount", 30)
+            bs.drop_caches()
+            seconds, cpu, out = timed(f"dd if={mnt / 'big.bin'} of=/dev/null bs=1M", lambda: proc.pid)
+            return self.result(dd_bytes(out), seconds, cpu, self.big_size)
+        finally:
+            bs.unmount_if_mounted(mnt)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                bs.stop(proc)
+
+    def fsspec_cat(self) -> dict:
+        seconds_cpu = children_cpu_s()
+        child = [sys.executable, str(HERE / "bench_speed.py"), "--fsspec-child", str(self.refs["chunks"])]
+        done = subprocess.run(child, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=True)
+        cpu = children_cpu_s() - seconds_cpu  # includes the interpreter's start and imports: a little high
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        return self.result(result["bytes"], result["seconds"], cpu, self.chunk_bytes)
+
+    def curl_1(self) -> dict:
+        seconds, cpu, out = timed(f"curl -s -o /dev/null -w '%{{size_download}}' {self.url}big.bin")
+        return self.result(int(out), seconds, cpu, self.big_size)
+
+    def curl_8(self) -> dict:
+        part = -(-self.big_size // 8)
+        ranges = [(k * part, min((k + 1) * part, self.big_size) - 1) for k in range(8)]
+        cmd = " & ".join(f"curl -s -o /dev/null -w '%{{size_download}}\\n' -r {a}-{b} {self.url}big.bin"
+                         for a, b in ranges) + " & wait"
+        seconds, cpu, out = timed(cmd)
+        return self.result(sum(map(int, out.split())), seconds, cpu, self.big_size)
+
+
+CONTENDERS = {"refmount dd": "refmount_dd", "refmount chunks": "refmount_chunks", "refmount 4 readers": "refmount_4",
+              "rclone dd": "rclone_dd", "fsspec cat": "fsspec_cat", "curl x1": "curl_1", "curl x8": "curl_8"}
+
+
+def measure(bench: Bench, runs: int, deadline: float, only: list[str] | None = None) -> dict[str, list[dict]]:
+    """Every contender `runs` times, the order rotated each run (alternating, so drift hits all)."""
+    names = [n for n in CONTENDERS if not only or n in only]
+    results: dict[str, list[dict]] = {name: [] for name in names}
+    for r in range(runs):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            if time.monotonic() > deadline:
+                log(f"time is up: skipping {name}")
+                continue
+            try:
+                results[name].append(getattr(bench, CONTENDERS[name])())
+            except Exception as e:  # noqa: BLE001  (one failed contender must not lose the table)
+                log(f"{name} failed: {e}")
+    return results
+
+
+def table(rtt_results: dict[float, dict[str, list[dict]]]) -> str:
+    lines = ["| RTT | contender | MB/s median (min-max) | CPU-s/GB | ratio to curl x8 |", "|---|---|---|---|---|"]
+    for rtt, results in rtt_results.items():
+        ref = [r["mbps"] for r in results.get("curl x8", [])]
+        ref_median = statistics.median(ref) if ref else None
+        for name, runs in results.items():
+            if not runs:
+                lines.append(f"| {rtt:g} ms | {name} | failed | | |")
+                continue
+            mbps = [r["mbps"] for r in runs]
+            cpu = statistics.median(r["cpu_s_per_gb"] for r in runs)
+            med = statistics.median(mbps)
+            ratio = f"{med / ref_median:.2f}" if ref_median else "-"
+            lines.append(f"| {rtt:g} ms | {name} | {med:.0f} ({min(mbps):.0f}-{max(mbps):.0f}) | {cpu:.2f} | {ratio} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="smaller files, 2 runs")
+    p.add_argument("--rtt", default="0,2,20,80", help="comma-separated round-trip times in ms (default 0,2,20,80)")
+    p.add_argument("--only", help="comma-separated contenders: " + ", ".join(CONTENDERS))
+    p.add_argument("--runs", type=int, help="runs per contender (default 3, or 2 with --quick)")
+    p.add_argument("--refmount-options", default="", metavar="'OPTS'", help="extra options for every refmount mount")
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/refmount-wan"), help="generated inputs (kept)")
+    p.add_argument("--max-minutes", type=float, default=40, help="stop starting measurements after this long")
+    p.add_argument("--out", type=Path, default=HERE / "out" / "wan.json")
+    p.add_argument("--run-dir", type=Path, help="scratch dir (default: a new temp dir; removed)")
+    p.add_argument("--serve-dir", type=Path, help="tmpfs dir for the served files (default: new under /dev/shm)")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        sys.exit("bench_wan.py needs root (network namespaces, FUSE mounts, drop_caches)")
+    for tool in ("ip", "tc", "nginx", "curl", "rclone"):
+        if shutil.which(tool) is None:
+            sys.exit(f"bench_wan.py: {tool} is missing (bench/bench_wan.sh installs it)")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGHUP, lambda *_: sys.exit(129))
+    sizes = QUICK if args.quick else FULL
+    runs = args.runs or (2 if args.quick else 3)
+    rtts = [float(x) for x in args.rtt.split(",")]
+    deadline = time.monotonic() + args.max_minutes * 60
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    big = bs.generated(args.workdir / f"big_{sizes['big_mb']}MB.bin",
+                       lambda p: bs.write_big(p, sizes["big_mb"] * 1_000_000))
+    chunks_nc = bs.generated(args.workdir / f"chunks_{sizes['chunk_steps']}.nc",
+                             lambda p: bs.write_netcdf(p, sizes["chunk_steps"], 400, zlib=False))
+    tag = str(os.getpid() % 100000)
+    link = Link(tag, os.getpid() % 250)
+    results: dict[float, dict] = {}
+    with ExitStack() as stack:
+        run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="refmount-wan-run."))
+        serve = args.serve_dir or Path(tempfile.mkdtemp(prefix="refmount-wan-data.", dir="/dev/shm"))
+        stack.callback(shutil.rmtree, serve, ignore_errors=True)
+        stack.callback(bs.remove_scratch, run_dir)  # unmounts mnt-* first
+        stack.callback(link.down)
+        (run_dir / "link").write_text(f"{link.ns} {link.outer}\n")  # for bench_wan.sh's trap
+        link.up()
+        log(f"namespace {link.ns}: server {link.server_ip}, host {link.host_ip}")
+        shutil.copyfile(big, serve / "big.bin")
+        shutil.copyfile(chunks_nc, serve / "chunks.nc")
+        serve.chmod(0o755)
+        url = stack.enter_context(nginx_in(link, serve, run_dir))
+        refs = {"big": run_dir / "big.json", "chunks": run_dir / "chunks.json"}
+        refs["big"].write_text(json.dumps({"big": [url + "big.bin"]}))
+        kerchunked = bs.kerchunk_refs(chunks_nc, url + "chunks.nc")
+        refs["chunks"].write_text(json.dumps(kerchunked))
+        lengths = bs.chunk_keys(kerchunked)
+        order = sorted(lengths, key=lambda k: [int(p) if p.isdigit() else p for p in re.split(r"[/.]", k)])
+        bench = Bench(url, run_dir, refs, big.stat().st_size, order, sum(lengths.values()),
+                      shlex.split(args.refmount_options))
+        netem = link.netem_available()
+        if not netem:
+            log("this kernel has no sch_netem (tc: 'Specified qdisc kind is unknown'): no delay can be "
+                "emulated, so only RTT 0 is measured, rate-limited by tbf")
+        for rtt in rtts:
+            if rtt > 0 and not netem:
+                log(f"RTT {rtt:g} ms skipped: no sch_netem")
+                continue
+            link.set_rtt(rtt, netem)
+            log(f"RTT {rtt:g} ms")
+            results[rtt] = measure(bench, runs, deadline, args.only and args.only.split(","))
+            log("\n" + table({rtt: results[rtt]}))
+    out = table(results)
+    print(out)
+    print(f"\n{'quick' if args.quick else 'full'}: {sizes}, {runs} runs, load average {os.getloadavg()[0]:.1f} "
+          f"at the end (2 shared cores: noisy)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"sizes": sizes, "runs": runs, "table": out,
+                                    "results": {str(k): v for k, v in results.items()}}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The daemon's CPU per GB on a cold sequential read from a loopback nginx, optionally profiled.
+
+    python bench/cpu_per_gb.py [--mb 256] [--runs 3] [--profile OUT.txt] [--refmount-options='...']
+
+Needs root (FUSE mounts, drop_caches). Starts its own nginx (bench_speed.py's), mounts a whole-file
+reference with --view raw, reads it with `dd bs=1M` after dropping the page cache, and prints MB/s
+and the daemon's CPU seconds per GB (utime + stime from /proc/PID/stat). With --profile, py-spy
+(`pip install py-spy`) samples the daemon during the last run and the top functions by own time and
+by total time are printed (the collapsed stacks are kept in OUT.txt).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import bench_speed as bs  # noqa: E402
+from bench_wan import dd_bytes, proc_minflt, timed  # noqa: E402
+
+
+def top(collapsed: Path, n: int = 25) -> str:
+    own, total = collections.Counter(), collections.Counter()
+    samples = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        count = int(count)
+        samples += count
+        frames = stack.split(";")
+        own[frames[-1]] += count
+        for frame in set(frames):
+            total[frame] += count
+    out = [f"{samples} samples; own time:"]
+    out += [f"  {c / samples:6.1%}  {f}" for f, c in own.most_common(n)]
+    out += ["total time (function and what it calls):"]
+    out += [f"  {c / samples:6.1%}  {f}" for f, c in total.most_common(n)]
+    return "\n".join(out)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mb", type=int, default=256)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--profile", type=Path, help="py-spy collapsed stacks of the last run to this file")
+    p.add_argument("--refmount-options", default="")
+    args = p.parse_args()
+    big = bs.generated(Path("/tmp/refmount-speed") / f"big_{args.mb}MB.bin",
+                       lambda path: bs.write_big(path, args.mb * 1_000_000))
+    size = big.stat().st_size
+    with ExitStack() as stack:
+        run_dir = Path(tempfile.mkdtemp(prefix="refmount-cpu-run."))
+        serve = Path(tempfile.mkdtemp(prefix="refmount-cpu-data.", dir="/dev/shm"))
+        stack.callback(bs.remove_scratch, serve)
+        stack.callback(bs.remove_scratch, run_dir)
+        shutil.copyfile(big, serve / "big.bin")
+        serve.chmod(0o755)
+        url = stack.enter_context(bs.nginx_serving(serve, run_dir))
+        refs = run_dir / "big.json"
+        refs.write_text('{"big": ["%sbig.bin"]}' % url)
+        rates, cpus = [], []
+        for n in range(args.runs):
+            with bs.refmount_mounted(refs, run_dir / "mnt-refmount",
+                                     ["--view", "raw", *shlex.split(args.refmount_options)]) as m:
+                bs.drop_caches()
+                spy = None
+                if args.profile and n == args.runs - 1:
+                    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+                    spy = subprocess.Popen([py_spy, "record", "--pid", str(m.pid), "--format", "raw", "--rate", "250",
+                                            "--nonblocking", "--threads", "-o", str(args.profile)],
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    time.sleep(1.0)
+                faults = proc_minflt(m.pid)
+                seconds, cpu, out = timed(f"dd if={m.path / 'big'} of=/dev/null bs=1M", lambda: m.pid)
+                faults = proc_minflt(m.pid) - faults
+                if dd_bytes(out) != size:
+                    raise RuntimeError(f"dd read {dd_bytes(out)} of {size} bytes")
+                if spy is not None:
+                    spy.send_signal(2)
+                    spy.wait(30)
+                stats = m.stats()
+                fetch = stats["fetch"]
+                served = stats.get("served", {})
+                if served.get("reads"):
+                    print(f"  {served['reads']} reads of {served['bytes'] / served['reads'] / 1024:.0f} KiB on average")
+                print(f"  {fetch['requests']} requests, {fetch['bytes'] / max(fetch['requests'], 1) / 2**20:.1f} MiB "
+                      f"on average; hosts {m.stats().get('hosts')}")
+                rates.append(size / seconds / 1e6)
+                cpus.append(cpu / (size / 1e9))
+                print(f"run {n + 1}: {rates[-1]:.0f} MB/s, daemon {cpus[-1]:.2f} CPU-s/GB, "
+                      f"{faults / (size / 1e9):.0f} minor page faults/GB", flush=True)
+    print(f"median: {statistics.median(rates):.0f} MB/s, {statistics.median(cpus):.2f} CPU-s/GB")
+    if args.profile and args.profile.exists():
+        print(top(args.profile))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""How many read-ahead requests each host gets at once: enough to fill the link, measured.
+
+A fixed number of parallel requests is too few on a long fat link (one TCP stream reaches a third
+of 1 Gbit/s at 80 ms) and needlessly many on loopback. Per host we measure the throughput while
+requests are in flight (the best recent figure) and the latency (the quickest recent small
+request), and allow enough parts in flight to hold twice the bandwidth-delay product, plus two so
+that a faster link can show itself, and at least one per sequential reader plus one; never more
+than `max_parallel` (--connections). Readers' own requests are never held back here: only
+read-ahead waits.
+
+Everything here runs on the trio thread.
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+
+import trio
+
+_INTERVAL = 0.25  # seconds over which throughput is measured
+
+
+class _Host:
+    __slots__ = ("limiter", "active", "busy_since", "busy", "bytes", "rate", "latency", "part", "wanted")
+
+    def __init__(self, tokens: int) -> None:
+        self.wanted = tokens  # parts in flight that fill the link, by the last measurement
+        self.limiter = trio.CapacityLimiter(tokens)
+        self.active = 0
+        self.busy_since = 0.0
+        self.busy = 0.0  # seconds with a request in flight in the current interval
+        self.bytes = 0  # bytes completed in the current interval
+        self.rate = 0.0  # best recent throughput, bytes per second (decaying)
+        self.latency = 0.0  # quickest recent small request, seconds (0: none seen)
+        self.part = 0  # the size of recent read-ahead parts
+
+
+class _Ticket:
+    __slots__ = ("began", "nbytes")
+
+    def __init__(self, began: float) -> None:
+        self.began = began
+        self.nbytes = 0
+
+
+class HostPacer:
+    def __init__(self, host_of, max_parallel: int, block_size: int, start: int = 4) -> None:
+        self._host_of = host_of  # source -> host name
+        self.max_parallel = max(1, max_parallel)
+        self.block_size = block_size
+        self.start = min(start, self.max_parallel)
+        self.readers = 1
+        self._hosts: dict[str, _Host] = {}
+
+    def _host(self, source) -> _Host:
+        name = self._host_of(source)
+        host = self._hosts.get(name)
+        if host is None:
+            host = self._hosts[name] = _Host(self.start)
+            self._apply(host)
+        return host
+
+    @asynccontextmanager
+    async def slot(self, source):
+        """Hold one of the host's read-ahead slots; the caller sets `.nbytes` on what it yields to
+        the bytes its request fetched (left at 0 when it found nothing to fetch)."""
+        host = self._host(source)
+        async with host.limiter:
+            ticket = _Ticket(self._began(host))
+            try:
+                yield ticket
+            finally:
+                self._ended(host, ticket.began, ticket.nbytes)
+
+    def observe(self, source, began: float, nbytes: int) -> None:
+        """A reader's own request of `nbytes` that began at `began` (trio clock) just ended."""
+        if 0 < nbytes <= 2 * self.block_size:  # nothing fetched: no network time to learn from
+            self._note_latency(self._host(source), trio.current_time() - began)
+
+    def _began(self, host: _Host) -> float:
+        now = trio.current_time()
+        if host.active == 0:
+            host.busy_since = now
+        host.active += 1
+        return now
+
+    def _ended(self, host: _Host, began: float, nbytes: int) -> None:
+        now = trio.current_time()
+        host.active -= 1
+        host.bytes += nbytes
+        if nbytes:
+            host.part = nbytes if host.part == 0 else (host.part * 3 + nbytes) // 4
+        if 0 < nbytes <= 2 * self.block_size:
+            self._note_latency(host, now - began)
+        if host.active == 0:
+            host.busy += now - host.busy_since
+            host.busy_since = now
+        busy = host.busy + (now - host.busy_since if host.active else 0.0)
+        if busy >= _INTERVAL:
+            host.rate = max(host.bytes / busy, host.rate * 0.8)
+            host.bytes, host.busy, host.busy_since = 0, 0.0, now
+            self._retarget(host)
+
+    @staticmethod
+    def _note_latency(host: _Host, seconds: float) -> None:
+        # The quickest recent one, drifting up slowly so that a changed route shows.
+        host.latency = seconds if host.latency == 0 else min(seconds, host.latency * 1.05)
+
+    def note_readers(self, count: int) -> None:
+        """How many sequential readers are reading ahead now: each needs a part of its own in
+        flight, or it stalls waiting for its next part while the others' parts take the slots."""
+        if count != self.readers:
+            self.readers = count
+            for host in self._hosts.values():
+                self._apply(host)
+
+    def _retarget(self, host: _Host) -> None:
+        if host.latency == 0 or host.part == 0:
+            return
+        target = 2 * host.rate * host.latency  # bytes in flight to fill the link twice over
+        host.wanted = int(target // host.part) + 2
+        self._apply(host)
+
+    def _apply(self, host: _Host) -> None:
+        host.limiter.total_tokens = max(1, min(self.max_parallel, max(host.wanted, self.readers + 1)))
+
+    def statistics(self) -> dict:
+        return {name: {"parallel": h.limiter.total_tokens, "in_flight": h.active,
+                       "rate_mb_s": round(h.rate / 1e6, 1), "latency_ms": round(h.latency * 1000, 2)}
+                for name, h in self._hosts.items()}

@@ -1,0 +1,279 @@
+"""Read-ahead request sizes, the memory budget and wasted read-ahead: first on the cache and read
+streams alone (a fake remote that records requests), then through a mount: 64 files streaming at
+once stay within the budget, and 32 random readers do not fetch much more than they read."""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import threading
+import time
+
+import trio
+import trio.testing
+
+from refmount.budget import MemoryBudget
+from refmount.cache import BlockCache
+from refmount.fetch.pieces import piece_sizes
+from refmount.view import ReadStreams
+from tests.conftest import run_refmount
+
+KiB, MiB = 1 << 10, 1 << 20
+BLOCK = bytes(MiB)
+
+
+class Remote:
+    """Objects of `size` zero bytes; records every request and how many overlap."""
+
+    def __init__(self, size: int, delay: float = 0.002) -> None:
+        self.size = size
+        self.delay = delay
+        self.requests: list[tuple[object, int, int]] = []
+        self.active = 0
+        self.most_active = 0
+
+    async def fetch(self, source, start: int, end: int) -> list[bytes]:
+        self.requests.append((source, start, end))
+        self.active += 1
+        self.most_active = max(self.most_active, self.active)
+        try:
+            await trio.sleep(self.delay)
+        finally:
+            self.active -= 1
+        return [BLOCK[:n] for n in piece_sizes(start, min(end, self.size), MiB)]
+
+
+def _clock():
+    """Virtual time: the same schedule however loaded the machine is."""
+    return trio.testing.MockClock(autojump_threshold=0)
+
+
+async def scan(cache: BlockCache, streams: ReadStreams, uid, size: int, read: int = 128 * KiB) -> None:
+    """One sequential reader, as the kernel asks: `read` bytes at a time."""
+    for offset in range(0, size, read):
+        streams.on_read(uid, offset, offset + read, size, size)
+        assert len(await cache.read(uid, offset, offset + read)) == read
+        await trio.sleep(0)
+
+
+def test_a_scan_asks_for_growing_parts_several_at_once():
+    remote = Remote(64 * MiB)
+    cache = BlockCache(remote.fetch, block_size=MiB, capacity=256 * MiB)
+    streams = ReadStreams(cache)
+    trio.run(scan, cache, streams, "u", 64 * MiB, clock=_clock())
+    sizes = [end - start for _, start, end in remote.requests]
+    assert sizes[0] == MiB  # the first request is small
+    assert max(sizes) == 8 * MiB  # then they grow to 8 MiB parts
+    assert statistics.median(sizes) == 8 * MiB
+    assert len(sizes) <= 16
+    assert remote.most_active >= 3  # several parts in flight
+    fetched = sorted((start, end) for _, start, end in remote.requests)
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(fetched, fetched[1:]))  # never twice
+
+
+def test_many_streams_stay_within_the_budget_and_share_the_read_ahead():
+    remote = Remote(16 * MiB)
+    budget = MemoryBudget(96 * MiB)  # a block and a half per stream
+    cache = BlockCache(remote.fetch, block_size=MiB, budget=budget)
+    streams = ReadStreams(cache)
+    most_ahead = 0
+
+    async def watch():
+        nonlocal most_ahead
+        while True:
+            most_ahead = max(most_ahead, budget.ahead)
+            assert budget.used <= budget.total
+            await trio.sleep(0.001)
+
+    async def main():
+        async with trio.open_nursery() as watcher:
+            watcher.start_soon(watch)
+            async with trio.open_nursery() as nursery:
+                for uid in range(64):
+                    nursery.start_soon(scan, cache, streams, uid, 16 * MiB, 256 * KiB)
+            watcher.cancel_scope.cancel()
+
+    trio.run(main, clock=_clock())
+    assert budget.peak <= budget.total
+    assert most_ahead <= budget.prefetch_limit
+    fetched = sum(end - start for _, start, end in remote.requests)
+    assert fetched <= 1.5 * 64 * 16 * MiB  # read-ahead evicted unread is stopped, not repeated
+
+
+def test_read_ahead_evicted_unread_is_counted_and_stops_its_stream():
+    remote = Remote(64 * MiB)
+    budget = MemoryBudget(12 * MiB)
+    cache = BlockCache(remote.fetch, block_size=MiB, budget=budget)
+    streams = ReadStreams(cache)
+
+    async def main():
+        for offset in range(0, 2 * MiB, 128 * KiB):  # a scan gets going: its read-ahead is out
+            streams.on_read("scan", offset, offset + 128 * KiB, 64 * MiB, 64 * MiB)
+            await cache.read("scan", offset, offset + 128 * KiB)
+        await trio.sleep(0.05)
+        for k in range(20):  # another reader's blocks push the read-ahead out before it is read
+            await cache.read("other", k * MiB, k * MiB + 1)
+        before = len(remote.requests)
+        streams.on_read("scan", 2 * MiB, 2 * MiB + 128 * KiB, 64 * MiB, 64 * MiB)
+        await trio.sleep(0.05)
+        return [r for r in remote.requests[before:] if r[0] == "scan"]
+
+    after = trio.run(main, clock=_clock())
+    assert budget.prefetch_wasted > 0
+    assert cache.statistics()["evictions"] > 0
+    assert after == []  # that stream reads ahead no more
+
+
+# -- through a mount -------------------------------------------------------------------------------
+
+
+def _rss_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of `pid` in MiB."""
+    fields = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            fields[name] = value
+    return int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024
+
+
+def _serve_copies(http_data, name: str, data: bytes, count: int) -> list[str]:
+    """`count` urls of the same bytes (symlinks: each its own remote object to refmount)."""
+    root = http_data.path_for(http_data.url_for("x")).parent
+    (root / name).write_bytes(data)
+    urls = []
+    for k in range(count):
+        link = root / f"{name}.{k}"
+        if not link.exists():
+            link.symlink_to(name)
+        urls.append(http_data.url_for(link.name))
+    return urls
+
+
+def test_64_files_streaming_at_once_stay_within_the_memory_budget(mount, http_data):
+    size = 4 * MiB
+    data = random.Random(5).randbytes(size)
+    urls = _serve_copies(http_data, "stream64.bin", data, 64)
+    m = mount({f"f{k}": [url] for k, url in enumerate(urls)}, "--cache-size", "32M")
+    pid = m.proc.pid
+    os.stat(m / "f0")  # sizes looked up: the daemon is settled
+    baseline, _ = _rss_mib(pid)
+    peak = baseline
+    errors: list[str] = []
+
+    def reader(k: int) -> None:
+        with open(m / f"f{k}", "rb") as f:
+            got = f.read()
+        if got != data:
+            errors.append(f"f{k}: wrong bytes")
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(64)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 120
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        peak = max(peak, _rss_mib(pid)[0])
+        time.sleep(0.02)
+    for t in threads:
+        t.join(timeout=max(deadline - time.monotonic(), 1))
+    assert not errors
+    hwm = _rss_mib(pid)[1]
+    stats = m.stats()
+    memory = stats["memory"]
+    print(f"\n64 streams, --cache-size 32M: daemon RSS {baseline:.0f} MiB before, peak {max(peak, hwm):.0f} MiB "
+          f"(VmHWM {hwm:.0f}); budget peak {memory['peak'] / MiB:.1f} MiB, wasted {memory['prefetch_wasted']}, "
+          f"fetched/served {stats['served']['amplification']}")
+    assert memory["peak"] <= memory["budget"]
+    shown = run_refmount("stats", m.path).stdout  # what a user sees
+    for name in ("budget:", "used:", "inflight:", "prefetch_wasted:"):
+        assert name in shown
+    # Loose: the budget, plus the pieces aiohttp and FUSE replies hold beyond it, over the baseline.
+    assert hwm - baseline <= 32 + 64, (baseline, hwm)
+
+
+def test_32_random_readers_fetch_little_more_than_they_read(mount, http_data):
+    size = 64 * MiB
+    data = random.Random(6).randbytes(size)
+    (url,) = _serve_copies(http_data, "random32.bin", data, 1)
+    chunk = 100_000
+    refs = {"whole": [url]}
+    refs.update({f"c/{k}": [url, k * chunk, chunk] for k in range(size // chunk)})
+    m = mount(refs, "--cache-size", "64M")
+    errors: list[str] = []
+
+    def reader(seed: int) -> None:
+        rng = random.Random(seed)
+        fd = os.open(m / "whole", os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # the kernel's own readahead off
+            for _ in range(12):
+                if rng.random() < 0.5:  # a random 64 KiB of the whole file
+                    offset = rng.randrange(size - 64 * KiB)
+                    if os.pread(fd, 64 * KiB, offset) != data[offset : offset + 64 * KiB]:
+                        errors.append(f"whole @{offset}")
+                else:  # a random chunk file
+                    k = rng.randrange(size // chunk)
+                    if (m / f"c/{k}").read_bytes() != data[k * chunk : (k + 1) * chunk]:
+                        errors.append(f"c/{k}")
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=reader, args=(seed,)) for seed in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors
+    stats = m.stats()
+    fetched, served = stats["fetch"]["bytes"], stats["served"]["bytes"]
+    print(f"\n32 random readers: served {served / MiB:.1f} MiB, fetched {fetched / MiB:.1f} MiB "
+          f"({fetched / served:.2f}x), wasted read-ahead {stats['memory']['prefetch_wasted']}")
+    assert served >= 32 * 12 * 64 * KiB * 0.9
+    assert fetched / served <= 1.5
+
+
+def _paced_scan(rtt: float, link: float, per_connection: float, max_parallel: int = 16) -> int:
+    """Read-ahead parts of 8 MiB through the pacer over a modelled link (bytes/s shared by the
+    requests in flight, each at most `per_connection`, plus one RTT); the parallelism it settles on."""
+    from refmount.pacer import HostPacer
+
+    pacer = HostPacer(lambda source: "host", max_parallel, MiB)
+    active = 0
+
+    async def request(nbytes: int) -> None:
+        nonlocal active
+        active += 1
+        try:
+            await trio.sleep(rtt + nbytes / min(link / active, per_connection))
+        finally:
+            active -= 1
+
+    async def part() -> None:
+        async with pacer.slot("u") as ticket:
+            await request(8 * MiB)
+            ticket.nbytes = 8 * MiB
+
+    async def main():
+        for _ in range(3):  # a reader's own small requests tell the latency
+            began = trio.current_time()
+            await request(MiB)
+            pacer.observe("u", began, MiB)
+        async with trio.open_nursery() as nursery:
+            for _ in range(120):
+                nursery.start_soon(part)
+                await trio.sleep(0)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    return pacer.statistics()["host"]["parallel"]
+
+
+def test_the_pacer_keeps_enough_parts_in_flight_for_the_link():
+    # 1 Gbit/s at 80 ms, one connection reaching a third of it: many parts in flight.
+    far = _paced_scan(rtt=0.08, link=125e6, per_connection=42e6)
+    # The same link next door: a couple suffice.
+    near = _paced_scan(rtt=0.0005, link=125e6, per_connection=125e6)
+    print(f"\npacer: {far} parts in flight at 80 ms, {near} next door")
+    assert far >= 4
+    assert near <= 3
+    assert _paced_scan(rtt=0.08, link=125e6, per_connection=42e6, max_parallel=3) == 3  # the hard cap
