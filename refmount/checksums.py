@@ -38,9 +38,11 @@ async def current_validators(fetcher, url: str) -> tuple[str | None, float | Non
     if protocol_of(url) == "file":
         return None, os.stat(local_path(url)).st_mtime
     identity = await fetcher.identity(url)  # one HEAD (shared with size()); fills the backend's validators
-    backend = fetcher._backend(url)
-    etag = (getattr(backend, "_validators", {}).get(url) or (None,))[0]
-    modified = getattr(backend, "_modified", {}).get(url)
+    # The HTTP backend keeps the first validators seen per url (fetch/http.py `_versions`); reading
+    # them here is the one place that knows its insides (a public accessor would be better).
+    version = getattr(fetcher._backend(url), "_versions", {}).get(url)
+    etag = getattr(version, "etag", None)
+    modified = getattr(version, "modified", None)
     if etag is None and identity and not identity.startswith("size "):
         etag = identity.split(" ", 1)[1]  # fsspec stores: "ETag <value>"
     if modified is None and identity and " modified " in identity:
