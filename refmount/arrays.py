@@ -295,9 +295,9 @@ def _longest_string(refset, info: ArrayInfo) -> tuple[int, str | None]:
     HDF5 strings): the fixed length to serve it with. (0, reason) when that cannot be known without
     fetching, or the codecs are not string codecs."""
     ids = [c.get("id") for c in info.codecs]
-    if len(ids) != 1 or ids[0] not in VLEN_CODECS or getattr(refset, "lazy", False):
-        return 0, f"codecs {ids} are not one vlen-utf8/vlen-bytes filter of an inline reference set"
-    codec = _codec(info.codecs[0])
+    if not ids or ids[0] not in VLEN_CODECS or getattr(refset, "lazy", False):
+        return 0, f"codecs {ids} are not a vlen-utf8/vlen-bytes filter (then compressors) of an inline reference set"
+    codecs = [_codec(c) for c in info.codecs]  # (Zarr v3 arrays compress their vlen bytes: zstd by default)
     prefix = f"{info.path}/" if info.path else ""
     longest, found = 1, False
     for i in refset.files_in(info.dir_id).tolist():
@@ -307,7 +307,9 @@ def _longest_string(refset, info: ArrayInfo) -> tuple[int, str | None]:
         if data is None:
             return 0, "chunks stored remotely (their longest string is not known at mount)"
         found = True
-        for item in codec.decode(data).ravel():
+        for codec in reversed(codecs):
+            data = codec.decode(data)
+        for item in data.ravel():
             longest = max(longest, len(item.encode("utf-8") if isinstance(item, str) else bytes(item)))
     if not found:  # kerchunk wrote no chunk: the strings are unknown, not empty
         return 0, "no chunk is referenced (the reference set does not hold the strings)"

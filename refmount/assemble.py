@@ -14,6 +14,7 @@ from refmount.fetch.tls import set_ca_bundle
 from refmount.fs import Filesystem
 from refmount.pacer import HostPacer
 from refmount.refs import load_refs
+from refmount.refs.icechunk import version_from_options
 from refmount.refs.source import is_remote
 from refmount.view import RawView
 from refmount.consolidated import with_consolidated_metadata
@@ -53,6 +54,17 @@ def warn_raw_view(refset) -> None:
         shown = listed(compressed)
         log.warning("raw view: arrays %s are compressed or filtered; netCDF-C without filter plugins (e.g. "
                     "Debian's ncdump) reads garbage from them - mount with --view decoded for ncdump", shown)
+
+
+def v2_view(raw: RawView) -> RawView:
+    """The raw view the decoded view builds on: a Zarr v3 set (Icechunk, VirtualiZarr) is first given
+    its Zarr v2 form (refmount.zarr3), with the same bytes behind its chunks."""
+    from refmount.zarr3 import is_v3, v2_refset
+
+    if not is_v3(raw.refset):
+        return raw
+    return RawView(v2_refset(raw.refset), raw.fetcher, raw.cache, prefetch=raw.prefetch,
+                   exact_small_reads=raw.small_chunk > 0)
 
 
 def load_progress():
@@ -95,7 +107,8 @@ def build_filesystem(opts):
     progress = load_progress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
-                           max_refs_size=opts.max_refs_size, load_timeout=opts.load_timeout, progress=progress)
+                           max_refs_size=opts.max_refs_size, load_timeout=opts.load_timeout, progress=progress,
+                           version=version_from_options(opts))
     finally:
         if progress:
             progress.close()
@@ -111,6 +124,10 @@ def build_filesystem(opts):
     disk = None
     if opts.cache_dir:
         fetch, disk = disk_backed(fetch, fetcher, urls, opts)
+    if getattr(refset, "checksums", None):  # Icechunk virtual chunks: is each object the committed version?
+        from refmount.checksums import verified_fetch
+
+        fetch = verified_fetch(fetch, fetcher, urls, refset.checksums)
     # One memory budget (--cache-size) for cached blocks, fetches in flight and read-ahead; read-ahead
     # parts paced per host up to --connections at once.
     budget = MemoryBudget(opts.cache_size)
@@ -120,7 +137,9 @@ def build_filesystem(opts):
     if opts.view == "decoded":
         from refmount.decoded import DecodedView
 
-        view = DecodedView(view, cache_size=opts.decoded_cache_size, chars=opts.chars)
+        view = raw = v2_view(raw)  # (a Zarr v3 set is shown through its v2 form)
+        view = DecodedView(raw, cache_size=opts.decoded_cache_size, chars=opts.chars)
+        refset = view.refset
     else:
         warn_raw_view(refset)
         view = with_consolidated_metadata(view)

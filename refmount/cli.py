@@ -114,7 +114,8 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("refs", metavar="REFS",
                    help="reference set: a JSON file (optionally .gz/.bz2/.xz/.zst), a Parquet reference "
-                        "directory, an http(s)://, s3://, ... url of either, or - for JSON on stdin")
+                        "directory, an Icechunk repository, an http(s)://, s3://, ... url of either, or - for JSON "
+                        "on stdin")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     g = p.add_argument_group("view")
     g.add_argument("--view", choices=("decoded", "raw"), default="decoded",
@@ -199,6 +200,16 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="leave the kernel readahead and FUSE max_background as they are")
     g.add_argument("--read-ahead", type=parse_size, default="1M", metavar="SIZE",
                    help="kernel readahead for the mount when tuning (default: 1M)")
+    add_version_options(p.add_argument_group("Icechunk repositories"))
+
+
+def add_version_options(g) -> None:
+    """--branch/--tag/--snapshot (mount and inspect)."""
+    g.add_argument("--branch", metavar="NAME",
+                   help="mount the snapshot this branch points at when mounting (default: main); the mount stays "
+                        "on that snapshot, mount again to see later commits")
+    g.add_argument("--tag", metavar="NAME", help="mount the snapshot of this tag")
+    g.add_argument("--snapshot", metavar="ID", help="mount this snapshot id")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--remote-options", type=parse_json_object, default={}, metavar="JSON",
                    help="as for mount")
+    add_version_options(p)
     return parser
 
 
@@ -249,6 +261,7 @@ def options_from_args(args):
         proxy=args.proxy, owner_pid=args.owner_pid,
         verify_remote=args.verify_remote, ca_bundle=args.ca_bundle,
         max_refs_size=args.max_refs_size, load_timeout=args.load_timeout,
+        branch=args.branch, tag=args.tag, snapshot=args.snapshot,
     )
 
 
@@ -300,6 +313,12 @@ def _expand_config(argv: list[str]) -> list[str]:
     return [argv[0], *options, *rest, *positionals]
 
 
+def _version(args):
+    from refmount.refs.icechunk import version_from_options
+
+    return version_from_options(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -345,7 +364,8 @@ def _run(args) -> int:
     if args.command == "inspect":
         from refmount.inspect import run_inspect
 
-        return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json)
+        return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json,
+                           version=_version(args))
     if args.command == "list":
         from refmount.summary import print_list
 

@@ -59,6 +59,9 @@ class MountOptions:
     ca_bundle: str | None = None
     max_refs_size: int | None = None  # None: the machine's default (refs/limits.py)
     load_timeout: float | None = 300.0
+    branch: str | None = None  # Icechunk: which version to mount (one of branch, tag, snapshot)
+    tag: str | None = None
+    snapshot: str | None = None
 
 
 # -- mount table helpers ----------------------------------------------------------------------------

@@ -27,11 +27,12 @@ def _chunk_counts(refset, info) -> tuple[int, int]:
     return present, max(expected - present, 0)
 
 
-def inspect_refs(refset) -> list[dict]:
+def inspect_refs(refset, zarr3: bool = False) -> list[dict]:
+    """`zarr3`: `refset` is the v2 form of a Zarr v3 set (refmount.zarr3), which only the decoded view shows."""
     rows = []
     for info in scan_arrays(refset):
         present, missing = _chunk_counts(refset, info)
-        raw49, raw410 = raw_verdicts(info)
+        raw49, raw410 = raw_verdicts(info) if not zarr3 else ("no: Zarr v3 (netCDF-C reads Zarr v2 only)",) * 2
         decoded49, decoded410 = decoded_verdicts(info)
         rows.append({
             "array": info.name,
@@ -48,13 +49,16 @@ def inspect_refs(refset) -> list[dict]:
     return rows
 
 
-def run_inspect(location: str, *, remote_options: dict | None = None, as_json: bool = False) -> int:
-    rows = inspect_refs(load_refs(location, remote_options=remote_options))
+def run_inspect(location: str, *, remote_options: dict | None = None, as_json: bool = False, version=None) -> int:
+    from refmount.zarr3 import is_v3, v2_refset
+
+    refset = load_refs(location, remote_options=remote_options, version=version)
+    rows = inspect_refs(v2_refset(refset), zarr3=True) if is_v3(refset) else inspect_refs(refset)
     if as_json:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
-        print(f"{location}: no Zarr arrays (no .zarray keys)")
+        print(f"{location}: no Zarr arrays (no .zarray or zarr.json keys)")
         return 0
     for row in rows:
         codecs = "+".join(map(str, row["codecs"])) or "none"

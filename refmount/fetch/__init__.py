@@ -135,6 +135,11 @@ class Fetcher:
             return None
         return await run_on_asyncio(backend.identity(url), self._asyncio())
 
+    def validators(self, url: str) -> tuple[str | None, str | None]:
+        """(ETag, Last-Modified) first seen for `url` (no I/O; after identity() or a read), each None
+        when the server gave none or the backend does not keep them."""
+        return getattr(self._backend(url), "validators", lambda _: (None, None))(url)
+
     async def aclose(self) -> None:
         self.local.close()
         if self._loop is not None:

@@ -115,6 +115,11 @@ class HttpBackend:
             self._sizes[url] = await self._with_retries(url, lambda: self._probe_size(url))
         return self._sizes[url]
 
+    def validators(self, url: str) -> tuple[str | None, str | None]:
+        """(ETag, Last-Modified) first seen for `url`, if any response gave them."""
+        version = self._versions.get(url)
+        return (version.etag, version.modified) if version else (None, None)
+
     async def identity(self, url: str) -> str | None:
         """What names this version of the object: a strong ETag, else its size and Last-Modified;
         None when the server gives neither (one HEAD per url, shared with size())."""

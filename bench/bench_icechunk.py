@@ -1,0 +1,155 @@
+"""Mount time and memory: an Icechunk repository of N virtual chunk references beside the kerchunk-style
+JSON (Zarr v3 keys) of the same references.
+
+    python bench/bench_icechunk.py [--chunks N] [--runs R] [--workdir DIR]
+
+Inputs (made once under --workdir, default /tmp/refmount-bench-icechunk, and reused): one float32 array
+of N chunks (a square chunk grid, one-element chunks) whose virtual references spread over 100 urls,
+committed to a local Icechunk repository with the icechunk package, and the same references written as
+JSON. Each probe runs `refmount mount --foreground` in a fresh process and times it from start until the
+mount answers, then reads the daemon's peak and current memory (VmHWM, VmRSS of /proc/PID/status) and
+unmounts. Probes: icechunk and JSON in the raw view, and icechunk in the decoded view (which also builds
+the Zarr v2 form). Needs FUSE (root). Prints a markdown table; writes bench/out/icechunk.json. MB = 2**20 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PYTHON = sys.executable
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out" / "icechunk.json"
+URLS = 100
+PREFIX = "http://127.0.0.1:9/"  # never read: mounting does not fetch chunks
+
+
+def make_inputs(workdir: Path, n: int) -> tuple[Path, Path]:
+    side = math.isqrt(n)
+    repo_path = workdir / f"repo-{n}.icechunk"
+    json_path = workdir / f"refs-{n}.json"
+    if repo_path.exists() and json_path.exists():
+        return repo_path, json_path
+    import icechunk
+    import numpy as np
+    import orjson
+    import zarr
+
+    t0 = time.monotonic()
+    config = icechunk.RepositoryConfig.default()
+    config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(PREFIX, icechunk.http_store()))
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(repo_path)), config)
+    session = repo.writable_session("main")
+    zarr.create_group(session.store, zarr_format=3)
+    array = zarr.create_array(session.store, name="data", shape=(side, side), chunks=(1, 1), dtype="f4",
+                              dimension_names=["y", "x"])
+    offsets = np.arange(side * side, dtype=np.int64) * 4
+    specs = [icechunk.VirtualChunkSpec(index=[k // side, k % side], location=f"{PREFIX}f{k % URLS}.nc",
+                                       offset=int(offsets[k]), length=4) for k in range(side * side)]
+    session.store.set_virtual_refs("data", specs, validate_containers=False)
+    session.commit("bench")
+    refs = {"zarr.json": json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}),
+            "data/zarr.json": json.dumps(array.metadata.to_dict(), default=str)}
+    for k in range(side * side):
+        refs[f"data/c/{k // side}/{k % side}"] = [f"{PREFIX}f{k % URLS}.nc", int(offsets[k]), 4]
+    json_path.write_bytes(orjson.dumps({"version": 1, "refs": refs}))
+    print(f"inputs: {side * side:,} chunks in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return repo_path, json_path
+
+
+def is_mounted(path: Path) -> bool:
+    target = str(path.resolve())
+    with open("/proc/self/mountinfo") as f:
+        return any(line.split()[4] == target for line in f)
+
+
+def answers(path: Path) -> bool:
+    """Mounted and serving (the daemon has answered its own readiness stat too: a SIGTERM while that
+    stat is pending can leave the daemon stuck on it)."""
+    if not is_mounted(path):
+        return False
+    try:
+        return os.stat(path).st_ino == 1
+    except OSError:
+        return False
+
+
+def memory(pid: int) -> dict:
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmHWM:", "VmRSS:")):
+                out[line.split(":")[0]] = int(line.split()[1]) / 1024
+    return out
+
+
+def probe(source: Path, mnt: Path, args: list[str]) -> dict:
+    mnt.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
+    t0 = time.monotonic()
+    log = open(mnt.with_name("mount.log"), "wb")  # (a pipe nobody reads could fill and stall the daemon)
+    proc = subprocess.Popen([PYTHON, "-m", "refmount", "mount", "--foreground", *args, str(source), str(mnt)],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = t0 + 600
+        while not answers(mnt):
+            if proc.poll() is not None:
+                raise RuntimeError(f"mount failed: {mnt.with_name('mount.log').read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError("mount did not become ready in 600 s")
+            time.sleep(0.01)
+        elapsed = time.monotonic() - t0
+        time.sleep(1)  # (let the daemon finish starting up before it is stopped)
+        mem = memory(proc.pid)
+        return {"mount_s": elapsed, "peak_mb": mem["VmHWM"], "rss_mb": mem["VmRSS"]}
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        log.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workdir", default="/tmp/refmount-bench-icechunk")
+    args = parser.parse_args()
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    repo, refs = make_inputs(workdir, args.chunks)
+    probes = {"icechunk, raw view": (repo, ["--view", "raw"]),
+              "kerchunk JSON (v3 keys), raw view": (refs, ["--view", "raw"]),
+              "icechunk, decoded view": (repo, []),
+              "kerchunk JSON (v3 keys), decoded view": (refs, [])}
+    results = {}
+    for name, (source, extra) in probes.items():
+        runs = [probe(source, workdir / "mnt", extra) for _ in range(args.runs)]
+        results[name] = {key: statistics.median(r[key] for r in runs) for key in runs[0]} | {"runs": runs}
+    n = math.isqrt(args.chunks) ** 2
+    print(f"\n{n:,} chunk references ({args.runs} runs, median)\n")
+    print("| source | mount time (s) | peak RSS (MB) | RSS when mounted (MB) |")
+    print("|---|---:|---:|---:|")
+    for name, r in results.items():
+        print(f"| {name} | {r['mount_s']:.2f} | {r['peak_mb']:.0f} | {r['rss_mb']:.0f} |")
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps({"chunks": n, "results": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

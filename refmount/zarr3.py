@@ -1,0 +1,468 @@
+"""Zarr v3 seen as Zarr v2, for the decoded view (netCDF-C through 4.10 reads Zarr v2 only).
+
+`v2_refset(refset)` builds, at mount time, a second reference set from a v3 one:
+- each group's ``zarr.json`` -> ``.zgroup`` (+ ``.zattrs`` with its attributes);
+- each array's ``zarr.json`` -> ``.zarray`` (dtype with the ``bytes`` codec's byte order, the
+  v3 codecs as numcodecs filters, fill_value in v2 form) + ``.zattrs`` (attributes, and
+  ``_ARRAY_DIMENSIONS`` from ``dimension_names``);
+- each chunk key (``c/0/0``, ``c.0.0`` or v2 ``0.0``) -> the v2 name ``0.0``, pointing at the same
+  bytes (same url, offset and length, or the same inline data).
+The decoded view then treats it like any kerchunk set: it decodes chunks with the filters below,
+swaps byte order, and applies the netCDF rules for fills, chars and strings.
+
+Codecs: ``bytes`` (endianness), ``transpose``, ``gzip``, ``zstd``, ``blosc``, ``crc32c``,
+``vlen-utf8``/``vlen-bytes``, ``numcodecs.*`` (as the numcodecs codec of that id), and ``sharding_indexed``, served with the shard
+as the v2 chunk (decoded by `ShardCodec`: index, then each inner chunk). Any other codec becomes the
+id ``zarr3.<name>``, which no codec registry knows, so the decoded view hides that array with one
+log line naming it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+
+import numpy as np
+from numcodecs.abc import Codec
+from numcodecs.compat import ensure_contiguous_ndarray
+from numcodecs.registry import register_codec
+
+from refmount.refs.model import INLINE, RefSet, RefSetBuilder
+
+log = logging.getLogger("refmount")
+
+_NUMERIC = {
+    "bool": "b1", "int8": "i1", "uint8": "u1", "int16": "i2", "uint16": "u2", "int32": "i4", "uint32": "u4",
+    "int64": "i8", "uint64": "u8", "float16": "f2", "float32": "f4", "float64": "f8",
+    "complex64": "c8", "complex128": "c16",
+}
+_BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+_NO_CHUNK = 2**64 - 1
+
+
+def is_v3(refset) -> bool:
+    """A reference set whose metadata is Zarr v3 (a zarr.json at the root or in a top-level directory)."""
+    if getattr(refset, "lazy", False):
+        return False
+    if refset.find("zarr.json") >= 0:
+        return True
+    return any(refset.find(f"{name}/zarr.json") >= 0 for name in refset.dirs.children[0])
+
+
+# -- metadata --------------------------------------------------------------------------------------
+
+class Unsupported(ValueError):
+    """This array cannot be shown in v2 form (the reason is logged; the array is hidden)."""
+
+
+def numpy_dtype(data_type, endian: str = "little") -> np.dtype:
+    order = ">" if endian == "big" else "<"
+    if isinstance(data_type, str):
+        if data_type in _NUMERIC:
+            code = _NUMERIC[data_type]
+            return np.dtype(("|" if code[1:] == "1" else order) + code)
+        if data_type.startswith("r") and data_type[1:].isdigit():
+            return np.dtype(f"|V{int(data_type[1:]) // 8}")
+        if data_type in ("string", "variable_length_utf8", "bytes", "variable_length_bytes"):
+            return np.dtype("|O")
+        raise Unsupported(f"data type {data_type!r}")
+    name = data_type.get("name")
+    config = data_type.get("configuration") or {}
+    if name in ("null_terminated_bytes", "fixed_length_bytes"):
+        return np.dtype(f"|S{int(config['length_bytes'])}")
+    if name == "fixed_length_utf32":
+        return np.dtype(f"{order}U{int(config['length_bytes']) // 4}")
+    if name == "raw_bytes":
+        return np.dtype(f"|V{int(config['length_bytes'])}")
+    if name in ("numpy.datetime64", "numpy.timedelta64"):
+        scale = int(config.get("scale_factor", 1))
+        return np.dtype(f"{order}{'M' if 'datetime' in name else 'm'}8[{scale if scale != 1 else ''}{config['unit']}]")
+    raise Unsupported(f"data type {name!r}")
+
+
+def v2_fill(fill, dtype: np.dtype):
+    """A v3 fill_value in v2's JSON form."""
+    if fill is None:
+        return None
+    if dtype.kind == "f" and isinstance(fill, str) and fill.startswith("0x"):
+        raw = int(fill, 16).to_bytes(dtype.itemsize, "big")
+        value = float(np.frombuffer(raw, dtype.newbyteorder(">"))[0])
+        return "NaN" if math.isnan(value) else value
+    if dtype.kind == "S" and isinstance(fill, list):  # raw bytes as a list of ints
+        return base64.b64encode(bytes(fill)).decode()
+    return fill
+
+
+def decoded_attribute_fill(attrs: dict, dtype: np.dtype) -> dict:
+    """xarray writes a float `_FillValue` into v3 attributes as base64 of its float64 bytes; netCDF-C
+    needs a number."""
+    fill = attrs.get("_FillValue")
+    if dtype.kind == "f" and isinstance(fill, str):
+        try:
+            raw = base64.b64decode(fill, validate=True)
+        except ValueError:
+            return attrs
+        if len(raw) == 8:
+            return {**attrs, "_FillValue": float(np.frombuffer(raw, "<f8")[0])}
+    return attrs
+
+
+def _bytes_codec(config: dict) -> dict:
+    """A v3 bytes-to-bytes codec as a numcodecs config."""
+    name, c = config.get("name"), config.get("configuration") or {}
+    if name == "gzip":
+        return {"id": "gzip", "level": c.get("level", 5)}
+    if name == "zstd":
+        return {"id": "zstd", "level": c.get("level", 0), "checksum": bool(c.get("checksum", False))}
+    if name == "blosc":
+        return {"id": "blosc", "cname": c.get("cname", "lz4"), "clevel": c.get("clevel", 5),
+                "shuffle": _BLOSC_SHUFFLE.get(c.get("shuffle", "noshuffle"), 0), "blocksize": c.get("blocksize", 0)}
+    if name == "crc32c":
+        return {"id": "crc32c"}
+    if name and name.startswith("numcodecs."):
+        return {**c, "id": name[len("numcodecs."):]}
+    return {"id": f"zarr3.{name}"}
+
+
+def codec_chain(codecs: list[dict], data_type, chunk_shape: list[int], fill) -> tuple[np.dtype, list[dict], str]:
+    """(dtype with byte order, numcodecs filters in encode order, order) for a v3 codec list."""
+    array_to_array, array_to_bytes, bytes_to_bytes = [], None, []
+    for codec in codecs:
+        name = codec.get("name")
+        if array_to_bytes is None and name in ("transpose",):
+            array_to_array.append(codec)
+        elif array_to_bytes is None:
+            array_to_bytes = codec
+        else:
+            bytes_to_bytes.append(codec)
+    if array_to_bytes is None:
+        raise Unsupported("no array-to-bytes codec")
+    kind = array_to_bytes.get("name")
+    config = array_to_bytes.get("configuration") or {}
+    filters: list[dict] = []
+    order = "C"
+    if kind == "bytes":
+        dtype = numpy_dtype(data_type, config.get("endian", "little"))
+        shape = list(chunk_shape)
+        for codec in array_to_array:
+            permutation = list((codec.get("configuration") or {}).get("order", []))
+            if permutation == list(range(len(shape))):
+                continue
+            if permutation == list(range(len(shape)))[::-1] and not filters and order == "C":
+                order = "F"  # the decoded view turns Fortran-order chunks into C order itself
+                continue
+            filters.append({"id": TransposeCodec.codec_id, "order": permutation, "shape": shape,
+                            "dtype": dtype.str})
+            shape = [shape[k] for k in permutation]
+    elif kind == "sharding_indexed":
+        dtype = numpy_dtype(data_type, _inner_endian(config.get("codecs", [])))
+        if array_to_array:
+            raise Unsupported("transpose before sharding")
+        filters.append({"id": ShardCodec.codec_id, "shard_shape": list(chunk_shape),
+                        "chunk_shape": list(config["chunk_shape"]), "dtype": dtype.str,
+                        "codecs": config.get("codecs", []), "index_codecs": config.get("index_codecs", []),
+                        "index_location": config.get("index_location", "end"), "data_type": data_type,
+                        "fill_value": fill})
+    elif kind in ("vlen-utf8", "vlen-bytes"):  # the same layout as numcodecs' codecs of those ids
+        dtype = np.dtype("|O")
+        filters.append({"id": kind})
+    else:
+        return numpy_dtype(data_type), [{"id": f"zarr3.{kind}"}], order
+    filters += [_bytes_codec(c) for c in bytes_to_bytes]
+    return dtype, filters, order
+
+
+def _inner_endian(codecs: list[dict]) -> str:
+    for codec in codecs:
+        if codec.get("name") == "bytes":
+            return (codec.get("configuration") or {}).get("endian", "little")
+    return "little"
+
+
+def v2_metadata(meta: dict) -> tuple[dict, dict]:
+    """(.zarray, .zattrs) of one v3 array's zarr.json."""
+    grid = meta.get("chunk_grid") or {}
+    if grid.get("name") != "regular":
+        raise Unsupported(f"chunk grid {grid.get('name')!r}")
+    chunks = list(grid["configuration"]["chunk_shape"])
+    shape = list(meta["shape"])
+    dtype, filters, order = codec_chain(meta.get("codecs") or [], meta["data_type"], chunks, meta.get("fill_value"))
+    encoding = meta.get("chunk_key_encoding") or {}
+    separator = "/" if encoding.get("name") == "v2" and (encoding.get("configuration") or {}).get("separator") == "/" \
+        else "."
+    zarray = {"zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": dtype.str, "order": order,
+              "compressor": None, "filters": filters or None, "fill_value": v2_fill(meta.get("fill_value"), dtype)}
+    if separator == "/":
+        zarray["dimension_separator"] = "/"
+    attrs = decoded_attribute_fill(dict(meta.get("attributes") or {}), dtype)
+    # v3 keeps apart the bytes of a missing chunk (fill_value) and the CF marker of a missing value
+    # (the _FillValue attribute); v2 clients (xarray, netCDF-C) take fill_value as both. So the v2
+    # fill_value is the CF one (or none), and missing chunks whose v3 fill differs are served as
+    # explicit chunks of it (`_fill_chunks`).
+    fill = attrs.get("_FillValue")
+    if isinstance(fill, (int, float)) and not isinstance(fill, bool) and dtype.kind in "iuf":
+        zarray["fill_value"] = "NaN" if fill != fill else fill
+    elif dtype.kind in "biufc":
+        zarray["fill_value"] = None
+    names = meta.get("dimension_names")
+    if names and len(names) == len(shape) and all(isinstance(n, str) and n for n in names):
+        attrs["_ARRAY_DIMENSIONS"] = list(names)
+    return zarray, attrs
+
+
+# -- keys ------------------------------------------------------------------------------------------
+
+def _chunk_layout(meta: dict) -> tuple[str, str]:
+    """(key prefix inside the array, separator) of its chunk keys."""
+    encoding = meta.get("chunk_key_encoding") or {"name": "default"}
+    config = encoding.get("configuration") or {}
+    if encoding.get("name") == "v2":
+        return "", config.get("separator", ".")
+    return "c", config.get("separator", "/")
+
+
+def _leading_coordinates(rel_dir: str, head: str, sep: str) -> list[str] | None:
+    """The chunk coordinates a subdirectory of an array stands for ("c/3/1" -> ["3", "1"]), or None."""
+    if sep != "/":
+        return None
+    parts = rel_dir.split("/")
+    if head:
+        if parts[0] != head:
+            return None
+        parts = parts[1:]
+    return parts if all(p.isdigit() for p in parts) else None
+
+
+def _array_chunks(refset: RefSet, path: str, meta: dict, ndim: int, v2_separator: str):
+    """(NUL-joined UTF-8 v2 keys, key indexes) batches of every chunk of one array. The keys of a chunk
+    subdirectory ("c/3/1/<last>") are renamed in one step per directory; the array's own directory
+    (the scalar "c", or "c.0.1"/v2 "0.1" names) key by key."""
+    base = f"{path}/" if path else ""
+    head, sep = _chunk_layout(meta)
+    start = head + sep if head else ""
+    array_dir = refset.dirs.ids.get(path)
+    for d, dir_path in enumerate(refset.dirs.paths):
+        if d != array_dir and not dir_path.startswith(base):  # (a root array: every directory)
+            continue
+        files = refset.files_in(d)
+        if not len(files):
+            continue
+        names = refset.names(files, d)
+        leading = _leading_coordinates(dir_path[len(base):], head, sep) if d != array_dir else None
+        if leading is not None and len(leading) + 1 == ndim:
+            joined = b"\x00".join(names)
+            if joined.replace(b"\x00", b"").isdigit() and b"\x00\x00" not in joined and all(names[:1]):
+                prefix = (base + "".join(p + v2_separator for p in leading)).encode()
+                yield prefix + (b"\x00" + prefix).join(names), files
+                continue
+        keys, found = [], []
+        for i, name in zip(files.tolist(), names):
+            rel = dir_path[len(base):] + "/" + name.decode("utf-8", "replace") if d != array_dir \
+                else name.decode("utf-8", "replace")
+            if ndim == 0:
+                if rel == (head or "0"):
+                    keys.append(base + "0")
+                    found.append(i)
+                continue
+            if not rel.startswith(start):
+                continue
+            parts = rel[len(start):].split(sep)
+            if len(parts) == ndim and all(p.isdigit() for p in parts):
+                keys.append(base + v2_separator.join(parts))
+                found.append(i)
+        if keys:
+            yield "\x00".join(keys).encode(), np.array(found, np.int64)
+
+
+def v2_refset(refset: RefSet) -> RefSet:
+    """The v2 form of a v3 reference set (see the module docstring); unsupported arrays keep their
+    .zarray with a codec id nobody knows, so that the decoded view hides them with one log line."""
+    builder = RefSetBuilder(None)
+    builder.url_ids(refset.urls)  # the same url ids as the v3 set
+    metadata: dict[str, bytes] = {}
+    for d, path in enumerate(refset.dirs.paths):
+        base = f"{path}/" if path else ""
+        i = refset.find(base + "zarr.json")
+        if i < 0:
+            continue
+        raw = refset.inline_data(i)
+        try:
+            meta = json.loads(raw) if raw is not None else None
+        except ValueError:
+            meta = None
+        if not isinstance(meta, dict):
+            log.warning("decoded view: hiding %s: its zarr.json is %s", path or "/",
+                        "stored remotely" if raw is None else "not a JSON object")
+            continue
+        if meta.get("node_type") == "group":
+            metadata[base + ".zgroup"] = json.dumps({"zarr_format": 2}).encode()
+            if meta.get("attributes"):
+                metadata[base + ".zattrs"] = json.dumps(meta["attributes"], allow_nan=True).encode()
+            continue
+        try:
+            zarray, zattrs = v2_metadata(meta)
+        except (Unsupported, KeyError, TypeError, ValueError) as e:
+            log.warning("decoded view: hiding array %s: %s", path or "/", f"unsupported Zarr v3 {e}"
+                        if isinstance(e, Unsupported) else f"malformed zarr.json ({type(e).__name__}: {e})")
+            continue
+        metadata[base + ".zarray"] = json.dumps(zarray, allow_nan=True).encode()
+        metadata[base + ".zattrs"] = json.dumps(zattrs, allow_nan=True).encode()
+        batches = list(_array_chunks(refset, path, meta, len(zarray["shape"]), zarray.get("dimension_separator", ".")))
+        for encoded, indexes in batches:
+            inline = {int(k): refset.inline_data(int(indexes[k]))
+                      for k in np.flatnonzero(refset.url_id[indexes] == INLINE)}
+            builder.add_encoded(encoded, len(indexes), refset.url_id[indexes], refset.offset[indexes],
+                                refset.length[indexes], inline)
+        _fill_chunks(builder, base, meta, zarray, sum(len(ix) for _, ix in batches),
+                     lambda: {key[len(base):] for encoded, _ in batches for key in encoded.decode().split("\x00")})
+    keys = list(metadata)
+    builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
+                      np.array([len(metadata[k]) for k in keys], np.int64), dict(enumerate(metadata.values())))
+    out = builder.build()
+    for name in ("checksums", "snapshot_id"):
+        if hasattr(refset, name):
+            setattr(out, name, getattr(refset, name))
+    return out
+
+
+def _is_nan(value) -> bool:
+    return value == "NaN" or (isinstance(value, float) and value != value)
+
+
+def _same_fill(a, b) -> bool:
+    return a == b or (_is_nan(a) and _is_nan(b))
+
+
+def _fill_chunks(builder: RefSetBuilder, base: str, meta: dict, zarray: dict, present: int, present_names) -> None:
+    """Missing chunks read as the v3 fill_value; when the v2 fill_value differs, serve them as inline
+    chunks of the v3 fill, encoded once with the array's codecs."""
+    v3_fill = v2_fill(meta.get("fill_value"), np.dtype(zarray["dtype"]))
+    shape, chunks = zarray["shape"], zarray["chunks"]
+    grid = [math.ceil(s / c) if c else 0 for s, c in zip(shape, chunks)]
+    total = math.prod(grid)
+    if _same_fill(zarray["fill_value"], v3_fill) or present >= total or v3_fill is None:
+        return
+    name = base.rstrip("/") or "/"
+    if total > 10_000_000 or any(f["id"] == ShardCodec.codec_id for f in zarray["filters"] or []):
+        log.warning("decoded view: array %s: its missing chunks read as %r, not the Zarr fill value %r",
+                    name, zarray["fill_value"], v3_fill)
+        return
+    import numcodecs
+
+    dtype = np.dtype(zarray["dtype"])
+    try:
+        data = np.full(chunks, float("nan") if v3_fill == "NaN" else v3_fill, dtype).tobytes()
+        for config in zarray["filters"] or []:
+            data = numcodecs.get_codec(dict(config)).encode(data)
+        data = bytes(ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1))
+    except Exception:  # a codec that is not available here hides the array anyway
+        return
+    sep = zarray.get("dimension_separator", ".")
+    have = present_names()
+    keys = []
+    for index in np.ndindex(*grid):
+        key = sep.join(map(str, index))
+        if key not in have:
+            keys.append(base + key)
+    n = len(keys)
+    builder.add_batch(keys, np.full(n, INLINE, np.int32), np.zeros(n, np.int64), np.full(n, len(data), np.int64),
+                      dict.fromkeys(range(n), data))
+    log.info("decoded view: array %s: %d missing chunks served as chunks of the Zarr fill value %r", name, n, v3_fill)
+
+
+# -- codecs the decoded view uses for v3 chunk layouts ------------------------------------------------
+
+class TransposeCodec(Codec):
+    """Undo a v3 `transpose` codec: the stored chunk is the array transposed by `order`."""
+
+    codec_id = "refmount.zarr3.transpose"
+
+    def __init__(self, order, shape, dtype):
+        self.order = list(order)
+        self.shape = list(shape)
+        self.dtype = dtype
+
+    def decode(self, buf, out=None):
+        stored = ensure_contiguous_ndarray(buf).view(np.dtype(self.dtype))
+        stored = stored.reshape([self.shape[k] for k in self.order])
+        return np.ascontiguousarray(stored.transpose(np.argsort(self.order)))
+
+    def encode(self, buf):
+        array = np.frombuffer(ensure_contiguous_ndarray(buf), np.dtype(self.dtype)).reshape(self.shape)
+        return np.ascontiguousarray(array.transpose(self.order))
+
+
+class ShardCodec(Codec):
+    """Decode a whole v3 shard (`sharding_indexed`) into the shard's array, C order: the index first
+    (at the start or end, per index_location), then each inner chunk; absent inner chunks are the
+    fill value."""
+
+    codec_id = "refmount.zarr3.sharding"
+
+    def __init__(self, shard_shape, chunk_shape, dtype, codecs, index_codecs, index_location="end",
+                 data_type=None, fill_value=None):
+        self.shard_shape = list(shard_shape)
+        self.chunk_shape = list(chunk_shape)
+        self.dtype = dtype
+        self.codecs = codecs
+        self.index_codecs = index_codecs
+        self.index_location = index_location
+        self.data_type = data_type
+        self.fill_value = fill_value
+        self._inner = None
+
+    def _inner_chain(self):
+        if self._inner is None:
+            import numcodecs
+
+            dtype, filters, order = codec_chain(self.codecs, self.data_type, self.chunk_shape, self.fill_value)
+            self._inner = (dtype, [numcodecs.get_codec(dict(f)) for f in filters], order)
+        return self._inner
+
+    def _index_bytes(self, n: int) -> int:
+        size = 16 * n
+        for codec in self.index_codecs:
+            if codec.get("name") == "crc32c":
+                size += 4
+            elif codec.get("name") != "bytes":
+                raise ValueError(f"shard index codec {codec.get('name')!r} is not supported")
+        return size
+
+    def decode(self, buf, out=None):
+        data = ensure_contiguous_ndarray(buf).view(np.uint8).reshape(-1).tobytes()
+        grid = [s // c for s, c in zip(self.shard_shape, self.chunk_shape)]
+        n = math.prod(grid)
+        size = self._index_bytes(n)
+        raw_index = data[:size] if self.index_location == "start" else data[len(data) - size:]
+        if any(c.get("name") == "crc32c" for c in self.index_codecs):
+            import numcodecs
+
+            raw_index = bytes(numcodecs.get_codec({"id": "crc32c"}).decode(raw_index))
+        index = np.frombuffer(raw_index[: 16 * n], "<u8").reshape(n, 2)
+        dtype, codecs, order = self._inner_chain()
+        out_dtype = np.dtype(self.dtype)
+        shard = np.empty(self.shard_shape, out_dtype)
+        fill = v2_fill(self.fill_value, out_dtype)
+        shard[...] = np.array(float("nan") if fill == "NaN" else (fill if fill is not None else 0)).astype(out_dtype)
+        for k, (offset, length) in enumerate(index.tolist()):
+            if offset == _NO_CHUNK and length == _NO_CHUNK:
+                continue
+            if offset + length > len(data):
+                raise ValueError(f"inner chunk {k} lies outside the shard")
+            chunk = data[offset : offset + length]
+            for codec in reversed(codecs):
+                chunk = codec.decode(chunk)
+            array = ensure_contiguous_ndarray(chunk).view(np.uint8).reshape(-1).view(dtype)
+            array = array.reshape(self.chunk_shape, order=order)
+            where = np.unravel_index(k, grid)
+            shard[tuple(slice(w * c, (w + 1) * c) for w, c in zip(where, self.chunk_shape))] = array
+        return shard
+
+    def encode(self, buf):
+        raise NotImplementedError("refmount only reads shards")
+
+
+register_codec(TransposeCodec)
+register_codec(ShardCodec)
