@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from refmount.errors import RefmountError, quote
 
 log = logging.getLogger("refmount")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+_early_stops: list[int] = []  # stop signals received after mounting, before the main loop listened
 
 
 @dataclass
@@ -478,6 +480,10 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
         fuse_options.add("allow_other")
     if _parent_gone(ready):  # interrupted while loading: never mount behind the user's back
         raise RefmountError("the mount was interrupted")
+    # From the mount on, a stop signal must unmount: it is noted until the main loop listens for
+    # signals (the default action would end the process and leave a dead mount behind)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda signum, _frame: _early_stops.append(signum))
     try:
         pyfuse3.init(operations, opts.mountpoint, fuse_options)
     except RuntimeError as e:
@@ -513,7 +519,10 @@ async def _announce_ready(opts: MountOptions, ready: int | None, then=None) -> N
     deadline = time.monotonic() + 30
     while True:
         try:
-            st = await trio.to_thread.run_sync(os.stat, opts.mountpoint)
+            # abandon_on_cancel: a signal that ends the main loop while this stat waits for it
+            # must not leave the daemon waiting for the thread (the stat is answered once the
+            # session is closed and the mount gone)
+            st = await trio.to_thread.run_sync(os.stat, opts.mountpoint, abandon_on_cancel=True)
             if st.st_ino == 1:
                 break
         except OSError:
@@ -566,7 +575,11 @@ async def _stop_on_signals(nursery) -> None:
     import pyfuse3
     import trio
 
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        if _early_stops:  # a signal came while the mount was coming up (serve)
+            log.info("received %s: unmounting", signal.Signals(_early_stops[0]).name)
+            pyfuse3.terminate()
+            return
         async for signum in signals:
             log.info("received %s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()

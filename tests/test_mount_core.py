@@ -136,6 +136,35 @@ def test_sigterm_unmounts_cleanly(mount, datasets):
     assert not is_mounted(mnt.path)
 
 
+def test_sigterm_while_the_mount_comes_up(tmp_path):
+    """A signal at any moment of start-up, also while the daemon's own readiness stat waits for its
+    main loop: the daemon exits and leaves nothing mounted (it used to hang in that stat)."""
+    import subprocess
+    import sys
+    import time
+
+    refs = tmp_path / "refs.json"
+    refs.write_text('{".zgroup": "{\\"zarr_format\\": 2}", "a": "x"}')
+    for attempt in range(8):
+        mnt = tmp_path / f"mnt{attempt}"
+        mnt.mkdir()
+        proc = subprocess.Popen([sys.executable, "-m", "refmount", "mount", "--foreground", str(refs), str(mnt)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 30
+            while not is_mounted(mnt) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+            time.sleep(0.002 * attempt)  # from right as the mount appears to when it answers
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=15) is not None
+            assert not is_mounted(mnt)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            force_unmount(mnt)
+
+
 @pytest.mark.parametrize("case", ["bad-json", "bad-key", "missing-file", "no-mountpoint", "bad-option", "not-a-dir",
                                   "bad-cache-dir"])
 def test_failed_mounts_are_one_line_and_leave_nothing(tmp_path, case):
