@@ -138,12 +138,15 @@ def nginx_in(link: Link, data: Path, run_dir: Path, proxied: bool):
 
 
 @contextmanager
-def delay_proxy(link: Link, run_dir: Path, rtt_ms: float, window: int, rate_mbit: float = 1000):
+def delay_proxy(link: Link, run_dir: Path, rtt_ms: float, window: int, rate_mbit: float = 1000,
+                init_window: int | None = None):
     """bench/delayproxy.py in the namespace, on the server address in front of nginx; logs its counters
     (connections, bytes, its own CPU) when stopped."""
     cmd = ["ip", "netns", "exec", link.ns, sys.executable, str(HERE / "delayproxy.py"),
            "--listen", f"{link.server_ip}:{PORT}", "--upstream", f"127.0.0.1:{PORT}", "--rtt-ms", f"{rtt_ms:g}",
            "--rate-mbit", f"{rate_mbit:g}", "--window", str(window)]
+    if init_window is not None:
+        cmd += ["--init-window", str(init_window)]
     err = open(run_dir / "proxy.err", "w+")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     (run_dir / "proxy.pid").write_text(f"{proc.pid}\n")  # `ip netns exec` execs: this is the proxy's pid
@@ -410,6 +413,8 @@ def parse_args(argv):
                    help="how to emulate the link: tc netem, or bench/delayproxy.py (auto: netem if the kernel has it)")
     p.add_argument("--window", type=int, default=4 << 20, help="delay proxy: per-connection window in bytes "
                    "(default 4 MiB: one stream at 80 ms gets about 1/3 of the link, as real TCP did)")
+    p.add_argument("--init-window", type=int, help="delay proxy: initial window in bytes (default 10 segments, "
+                   "slow start as Linux; 0: every connection starts at --window)")
     p.add_argument("--no-latency", action="store_true", help="skip the random 64 KiB read latencies")
     p.add_argument("--max-minutes", type=float, default=40, help="stop starting measurements after this long")
     p.add_argument("--out", type=Path, default=HERE / "out" / "wan.json")
@@ -477,7 +482,7 @@ def main(argv=None) -> int:
                 if netem:
                     link.set_rtt(rtt)
                 else:
-                    shaping.enter_context(delay_proxy(link, run_dir, rtt, args.window))
+                    shaping.enter_context(delay_proxy(link, run_dir, rtt, args.window, init_window=args.init_window))
                 results[rtt] = measure(bench, runs, deadline, args.only and args.only.split(","))
                 log("\n" + table({rtt: results[rtt]}))
                 if not args.no_latency and time.monotonic() < deadline:
