@@ -16,10 +16,17 @@ started INSIDE the namespace. From the host, at each RTT, with the contenders al
 
 Prints, per RTT, MB/s median (min-max), CPU-s per GB (the daemon's, or the client processes') and the
 ratio to curl x8, and logs each refmount run's request count, mean request size and per-host pacing.
+Then, per RTT, the p50 latency of random 64 KiB reads through refmount and of keep-alive ranged GETs.
+
 A kernel without sch_netem (CONFIG_NET_SCH_NETEM unset, as on the 6.18 "fc" kernel this was written
-on) cannot delay packets: the benchmark then says so, measures RTT 0 through a tbf rate limit of
-1 Gbit/s and skips the other RTTs. Everything it creates (mounts, nginx, namespace, veth) is removed at exit, also on
-failure or a signal; bench_wan.sh adds a trap for a hard kill. --quick: smaller files, 2 runs.
+on) cannot delay packets. The benchmark then emulates the link in userspace: bench/delayproxy.py runs
+inside the namespace on the server address (nginx moves to the namespace's loopback), delaying each
+chunk by RTT/2 per direction, serialising all connections through a 1 Gbit/s bottleneck per direction,
+with a per-connection window (--window, default 4 MiB, with slow start) and a 1-RTT handshake; it is
+restarted for each RTT. Its own ceiling (curl through it, unlimited, at RTT 0, against curl straight to
+nginx) is measured first. CPU figures never include the proxy. --link proxy forces this mode.
+Everything it creates (mounts, nginx, proxy, namespace, veth) is removed at exit, also on failure or a
+signal; bench_wan.sh adds a trap for a hard kill. --quick: smaller files, 2 runs.
 """
 
 from __future__ import annotations
@@ -36,7 +43,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import http.client
+import random
+from urllib.parse import urlsplit
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -46,6 +57,8 @@ import bench_speed as bs  # noqa: E402  (inputs, kerchunk, mounts, nginx config)
 
 MB = 1e6
 PORT = 8080
+DIRECT_PORT = 8081  # proxy mode: nginx also listens here on the server address, for the proxy's ceiling
+LATENCY_READS = 20
 TICKS = os.sysconf("SC_CLK_TCK")
 FULL = dict(big_mb=256, chunk_steps=400)  # chunk: 640 kB per time step
 QUICK = dict(big_mb=64, chunk_steps=100)
@@ -89,13 +102,9 @@ class Link:
         done = sh("tc", "qdisc", "replace", "dev", self.outer, "root", "netem", "delay", "0ms", check=False)
         return done.returncode == 0
 
-    def set_rtt(self, rtt_ms: float, netem: bool) -> None:
-        """Both ends: netem with half the delay each way and a 1 Gbit/s rate (a queue deep enough for
-        it); without netem (RTT 0 only), a token bucket at 1 Gbit/s."""
-        if netem:
-            shape = ["netem", "delay", f"{rtt_ms / 2:g}ms", "rate", "1gbit", "limit", "100000"]
-        else:
-            shape = ["tbf", "rate", "1gbit", "burst", "1mb", "latency", "50ms"]
+    def set_rtt(self, rtt_ms: float) -> None:
+        """Both ends: netem with half the delay each way and a 1 Gbit/s rate (a queue deep enough for it)."""
+        shape = ["netem", "delay", f"{rtt_ms / 2:g}ms", "rate", "1gbit", "limit", "100000"]
         sh("tc", "qdisc", "replace", "dev", self.outer, "root", *shape)
         self.exec("tc", "qdisc", "replace", "dev", self.inner, "root", *shape)
 
@@ -105,22 +114,57 @@ class Link:
 
 
 @contextmanager
-def nginx_in(link: Link, data: Path, run_dir: Path):
+def nginx_in(link: Link, data: Path, run_dir: Path, proxied: bool):
+    """nginx in the namespace on the server address, or (proxied) on the namespace's loopback behind the
+    delay proxy plus on the server address's DIRECT_PORT; yields the url the contenders use."""
     conf = run_dir / "nginx.conf"
     (run_dir / "nginx-tmp").mkdir(exist_ok=True)
+    listen = (f"listen 127.0.0.1:{PORT}; listen {link.server_ip}:{DIRECT_PORT}" if proxied
+              else f"listen {link.server_ip}:{PORT}")
     conf.write_text(bs.NGINX_CONF.format(run=run_dir, port=PORT, data=data)
-                    .replace(f"listen 127.0.0.1:{PORT}", f"listen {link.server_ip}:{PORT}"))
+                    .replace(f"listen 127.0.0.1:{PORT}", listen))
     proc = subprocess.Popen(["ip", "netns", "exec", link.ns, "nginx", "-p", str(run_dir), "-c", str(conf),
                              "-e", str(run_dir / "nginx-error.log")], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://{link.server_ip}:{PORT}/"
+    probe = f"http://{link.server_ip}:{DIRECT_PORT}/" if proxied else url
     try:
-        bs.wait_for(lambda: proc.poll() is not None or curl_ok(url + "big.bin"), "nginx in the namespace", 15)
+        bs.wait_for(lambda: proc.poll() is not None or curl_ok(probe + "big.bin"), "nginx in the namespace", 15)
         if proc.poll() is not None:
             raise RuntimeError(f"nginx exited: {(run_dir / 'nginx-error.log').read_text()}")
         yield url
     finally:
         bs.stop(proc)
+
+
+@contextmanager
+def delay_proxy(link: Link, run_dir: Path, rtt_ms: float, window: int, rate_mbit: float = 1000,
+                init_window: int | None = None):
+    """bench/delayproxy.py in the namespace, on the server address in front of nginx; logs its counters
+    (connections, bytes, its own CPU) when stopped."""
+    cmd = ["ip", "netns", "exec", link.ns, sys.executable, str(HERE / "delayproxy.py"),
+           "--listen", f"{link.server_ip}:{PORT}", "--upstream", f"127.0.0.1:{PORT}", "--rtt-ms", f"{rtt_ms:g}",
+           "--rate-mbit", f"{rate_mbit:g}", "--window", str(window)]
+    if init_window is not None:
+        cmd += ["--init-window", str(init_window)]
+    err = open(run_dir / "proxy.err", "w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    (run_dir / "proxy.pid").write_text(f"{proc.pid}\n")  # `ip netns exec` execs: this is the proxy's pid
+    try:
+        ready = [None]
+        reader = threading.Thread(target=lambda: ready.__setitem__(0, proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(15)
+        if ready[0] != "ready\n":
+            raise RuntimeError(f"delay proxy did not start: {Path(err.name).read_text().strip()[-400:]}")
+        yield proc
+    finally:
+        bs.stop(proc)
+        err.seek(0)
+        lines = err.read().strip().splitlines()
+        log(f"  delay proxy (RTT {rtt_ms:g} ms, {rate_mbit:g} Mbit/s): {lines[-1] if lines else 'no counters'}")
+        err.close()
+        (run_dir / "proxy.pid").unlink(missing_ok=True)
 
 
 def curl_ok(url: str) -> bool:
@@ -168,7 +212,7 @@ def note_requests(m) -> None:
     stats = m.stats()
     fetch = stats["fetch"]
     log(f"  refmount: {fetch['requests']} requests, {fetch['bytes'] / max(fetch['requests'], 1) / 2**20:.1f} MiB "
-        f"mean, latency {fetch.get('latency')}, hosts {stats.get('hosts')}")
+        f"mean, latency {fetch.get('latency')}, hosts {stats.get('hosts')}, memory {stats.get('memory')}")
 
 
 # -- contenders: each returns {"mbps", "cpu_s_per_gb"} ------------------------------------------------
@@ -246,13 +290,58 @@ class Bench:
         seconds, cpu, out = timed(f"curl -s -o /dev/null -w '%{{size_download}}' {self.url}big.bin")
         return self.result(int(out), seconds, cpu, self.big_size)
 
-    def curl_8(self) -> dict:
+    def curl_8(self, url: str | None = None) -> dict:
         part = -(-self.big_size // 8)
         ranges = [(k * part, min((k + 1) * part, self.big_size) - 1) for k in range(8)]
-        cmd = " & ".join(f"curl -s -o /dev/null -w '%{{size_download}}\\n' -r {a}-{b} {self.url}big.bin"
+        cmd = " & ".join(f"curl -s -o /dev/null -w '%{{size_download}}\\n' -r {a}-{b} {url or self.url}big.bin"
                          for a, b in ranges) + " & wait"
         seconds, cpu, out = timed(cmd)
         return self.result(sum(map(int, out.split())), seconds, cpu, self.big_size)
+
+    def curl_1_at(self, url: str) -> dict:
+        seconds, cpu, out = timed(f"curl -s -o /dev/null -w '%{{size_download}}' {url}big.bin")
+        return self.result(int(out), seconds, cpu, self.big_size)
+
+    def random_offsets(self, seed: int) -> list[int]:
+        """LATENCY_READS + 1 (a warm-up) 64 KiB-aligned offsets at least 1 MiB apart (no read-ahead overlap)."""
+        slots = random.Random(seed).sample(range(self.big_size // (1 << 20) - 1), LATENCY_READS + 1)
+        return [slot * (1 << 20) + random.Random(slot).randrange(0, 15) * 65536 for slot in slots]
+
+    def latency(self) -> dict:
+        """p50 ms of random 64 KiB reads: through a fresh refmount (after one warm-up read, so the
+        connection exists) and as keep-alive ranged GETs from one connection."""
+        offsets = self.random_offsets(13)
+        mount_ms = []
+        with self.mounted("big") as m:
+            bs.drop_caches()
+            fd = os.open(m.path / "big", os.O_RDONLY)
+            try:
+                for k, offset in enumerate(offsets):
+                    t0 = time.perf_counter()
+                    got = len(os.pread(fd, 65536, offset))
+                    if got != 65536:
+                        raise RuntimeError(f"random read at {offset}: {got} bytes")
+                    if k:
+                        mount_ms.append((time.perf_counter() - t0) * 1000)
+            finally:
+                os.close(fd)
+            note_requests(m)
+        split = urlsplit(self.url)
+        conn = http.client.HTTPConnection(split.hostname, split.port, timeout=30)
+        get_ms = []
+        try:
+            for k, offset in enumerate(offsets):
+                t0 = time.perf_counter()
+                conn.request("GET", "/big.bin", headers={"Range": f"bytes={offset}-{offset + 65535}"})
+                body = conn.getresponse().read()
+                if len(body) != 65536:
+                    raise RuntimeError(f"keep-alive GET at {offset}: {len(body)} bytes")
+                if k:
+                    get_ms.append((time.perf_counter() - t0) * 1000)
+        finally:
+            conn.close()
+        return {"refmount_p50_ms": statistics.median(mount_ms), "refmount_p90_ms": bs.percentile(mount_ms, 90),
+                "get_p50_ms": statistics.median(get_ms)}
 
 
 CONTENDERS = {"refmount dd": "refmount_dd", "refmount chunks": "refmount_chunks", "refmount 4 readers": "refmount_4",
@@ -273,6 +362,26 @@ def measure(bench: Bench, runs: int, deadline: float, only: list[str] | None = N
             except Exception as e:  # noqa: BLE001  (one failed contender must not lose the table)
                 log(f"{name} failed: {e}")
     return results
+
+
+def latency_table(latencies: dict[float, dict]) -> str:
+    lines = ["| RTT | refmount 64 KiB p50 (p90) | keep-alive GET p50 | target (RTT + 2 ms) |", "|---|---|---|---|"]
+    for rtt, lat in latencies.items():
+        lines.append(f"| {rtt:g} ms | {lat['refmount_p50_ms']:.1f} ms ({lat['refmount_p90_ms']:.1f}) | "
+                     f"{lat['get_p50_ms']:.1f} ms | {rtt + 2:g} ms |")
+    return "\n".join(lines)
+
+
+def proxy_ceiling(bench: Bench, link: Link, run_dir: Path, window: int) -> str:
+    """curl x1 and x8 straight to nginx and through the delay proxy (RTT 0, no rate limit): the most the
+    proxy can forward on this machine, which must stay well above the 125 MB/s it emulates."""
+    direct = f"http://{link.server_ip}:{DIRECT_PORT}/"
+    rows = {}
+    with delay_proxy(link, run_dir, 0, window, rate_mbit=0):
+        for name, fn in (("curl x1", bench.curl_1_at), ("curl x8", bench.curl_8)):
+            rows[name] = {"direct": fn(direct)["mbps"], "proxy": fn(bench.url)["mbps"]}
+    return "proxy ceiling (RTT 0, unlimited): " + ", ".join(
+        f"{name} {r['proxy']:.0f} MB/s through the proxy vs {r['direct']:.0f} direct" for name, r in rows.items())
 
 
 def table(rtt_results: dict[float, dict[str, list[dict]]]) -> str:
@@ -300,6 +409,13 @@ def parse_args(argv):
     p.add_argument("--runs", type=int, help="runs per contender (default 3, or 2 with --quick)")
     p.add_argument("--refmount-options", default="", metavar="'OPTS'", help="extra options for every refmount mount")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/refmount-wan"), help="generated inputs (kept)")
+    p.add_argument("--link", choices=("auto", "netem", "proxy"), default="auto",
+                   help="how to emulate the link: tc netem, or bench/delayproxy.py (auto: netem if the kernel has it)")
+    p.add_argument("--window", type=int, default=4 << 20, help="delay proxy: per-connection window in bytes "
+                   "(default 4 MiB: one stream at 80 ms gets about 1/3 of the link, as real TCP did)")
+    p.add_argument("--init-window", type=int, help="delay proxy: initial window in bytes (default 10 segments, "
+                   "slow start as Linux; 0: every connection starts at --window)")
+    p.add_argument("--no-latency", action="store_true", help="skip the random 64 KiB read latencies")
     p.add_argument("--max-minutes", type=float, default=40, help="stop starting measurements after this long")
     p.add_argument("--out", type=Path, default=HERE / "out" / "wan.json")
     p.add_argument("--run-dir", type=Path, help="scratch dir (default: a new temp dir; removed)")
@@ -328,6 +444,7 @@ def main(argv=None) -> int:
     tag = str(os.getpid() % 100000)
     link = Link(tag, os.getpid() % 250)
     results: dict[float, dict] = {}
+    latencies: dict[float, dict] = {}
     with ExitStack() as stack:
         run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="refmount-wan-run."))
         serve = args.serve_dir or Path(tempfile.mkdtemp(prefix="refmount-wan-data.", dir="/dev/shm"))
@@ -340,7 +457,13 @@ def main(argv=None) -> int:
         shutil.copyfile(big, serve / "big.bin")
         shutil.copyfile(chunks_nc, serve / "chunks.nc")
         serve.chmod(0o755)
-        url = stack.enter_context(nginx_in(link, serve, run_dir))
+        netem = args.link != "proxy" and link.netem_available()
+        if args.link == "netem" and not netem:
+            sys.exit("bench_wan.py: --link netem, but this kernel has no sch_netem")
+        if not netem:
+            log("no tc netem (this kernel lacks sch_netem, or --link proxy): the link is emulated by "
+                f"bench/delayproxy.py (window {args.window} bytes)")
+        url = stack.enter_context(nginx_in(link, serve, run_dir, proxied=not netem))
         refs = {"big": run_dir / "big.json", "chunks": run_dir / "chunks.json"}
         refs["big"].write_text(json.dumps({"big": [url + "big.bin"]}))
         kerchunked = bs.kerchunk_refs(chunks_nc, url + "chunks.nc")
@@ -349,24 +472,36 @@ def main(argv=None) -> int:
         order = sorted(lengths, key=lambda k: [int(p) if p.isdigit() else p for p in re.split(r"[/.]", k)])
         bench = Bench(url, run_dir, refs, big.stat().st_size, order, sum(lengths.values()),
                       shlex.split(args.refmount_options))
-        netem = link.netem_available()
+        ceiling = ""
         if not netem:
-            log("this kernel has no sch_netem (tc: 'Specified qdisc kind is unknown'): no delay can be "
-                "emulated, so only RTT 0 is measured, rate-limited by tbf")
+            ceiling = proxy_ceiling(bench, link, run_dir, args.window)
+            log(ceiling)
         for rtt in rtts:
-            if rtt > 0 and not netem:
-                log(f"RTT {rtt:g} ms skipped: no sch_netem")
-                continue
-            link.set_rtt(rtt, netem)
             log(f"RTT {rtt:g} ms")
-            results[rtt] = measure(bench, runs, deadline, args.only and args.only.split(","))
-            log("\n" + table({rtt: results[rtt]}))
+            with ExitStack() as shaping:
+                if netem:
+                    link.set_rtt(rtt)
+                else:
+                    shaping.enter_context(delay_proxy(link, run_dir, rtt, args.window, init_window=args.init_window))
+                results[rtt] = measure(bench, runs, deadline, args.only and args.only.split(","))
+                log("\n" + table({rtt: results[rtt]}))
+                if not args.no_latency and time.monotonic() < deadline:
+                    try:
+                        latencies[rtt] = bench.latency()
+                        log("\n" + latency_table({rtt: latencies[rtt]}))
+                    except Exception as e:  # noqa: BLE001
+                        log(f"latency at {rtt:g} ms failed: {e}")
     out = table(results)
+    link_kind = "tc netem" if netem else f"bench/delayproxy.py, window {args.window} bytes; {ceiling}"
+    print(f"link: {link_kind}\n")
     print(out)
+    if latencies:
+        print("\n" + latency_table(latencies))
     print(f"\n{'quick' if args.quick else 'full'}: {sizes}, {runs} runs, load average {os.getloadavg()[0]:.1f} "
           f"at the end (2 shared cores: noisy)")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"sizes": sizes, "runs": runs, "table": out,
+    args.out.write_text(json.dumps({"sizes": sizes, "runs": runs, "link": link_kind, "table": out,
+                                    "latency": {str(k): v for k, v in latencies.items()},
                                     "results": {str(k): v for k, v in results.items()}}, indent=1))
     return 0
 

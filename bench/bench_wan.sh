@@ -7,7 +7,8 @@
 # bench/bench_wan.py, which builds its own network namespace and veth pair, serves from nginx inside the
 # namespace, measures refmount, rclone mount, fsspec and curl at each RTT and prints one table. The
 # benchmark removes everything it made; this EXIT trap removes whatever is left if it was killed outright:
-# its mounts, its namespace (with nginx in it, stopped by the pid in its pid file) and its veth pair.
+# its mounts, its namespace (with nginx and the delay proxy in it, stopped by the pids in their pid files)
+# and its veth pair.
 # Not part of CI.
 set -euo pipefail
 
@@ -36,6 +37,10 @@ cleanup() {
     for mnt in "$run_dir"/mnt-*; do
         mountpoint -q "$mnt" 2>/dev/null && fusermount3 -u -z "$mnt" 2>/dev/null || true
     done
+    if [ -s "$run_dir/proxy.pid" ]; then  # bench/delayproxy.py (kernels without sch_netem)
+        pid=$(cat "$run_dir/proxy.pid")
+        kill "$pid" 2>/dev/null || true
+    fi
     if [ -s "$run_dir/nginx.pid" ]; then
         pid=$(cat "$run_dir/nginx.pid")
         kill "$pid" 2>/dev/null || true
