@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 from refmount.budget import MemoryBudget
 from refmount.cache import BlockCache
+from refmount.consolidated import with_consolidated_metadata
 from refmount.errors import FetchError, RefmountError
 from refmount.fetch import Fetcher, RetryPolicy, check_protocols, reaches_local, redact
 from refmount.fetch.tls import set_ca_bundle
@@ -17,7 +18,6 @@ from refmount.refs import load_refs
 from refmount.refs.icechunk import version_from_options
 from refmount.refs.source import is_remote
 from refmount.view import RawView
-from refmount.consolidated import with_consolidated_metadata
 
 log = logging.getLogger("refmount")
 
@@ -102,8 +102,10 @@ def disk_backed(fetch, fetcher, urls, opts):
     return DiskBackedFetch(disk, fetch, identify), disk
 
 
-def build_filesystem(opts):
-    set_ca_bundle(opts.ca_bundle)
+def load_reference_set(opts):
+    """The reference set of `opts.refs`, loaded within the options' limits and checked against the
+    protocol policy (a mount and --dry-run alike)."""
+    set_ca_bundle(opts.ca_bundle)  # the reference file may be on https
     progress = load_progress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
@@ -113,6 +115,11 @@ def build_filesystem(opts):
         if progress:
             progress.close()
     check_targets(refset, opts)
+    return refset
+
+
+def build_filesystem(opts):
+    refset = load_reference_set(opts)
     policy = RetryPolicy(read_timeout=opts.read_timeout, stall_timeout=opts.stall_timeout)
     fetcher = Fetcher(policy=policy, remote_options=opts.remote_options, connections_per_host=opts.connections,
                       allow_cross_host_redirects=opts.allow_cross_host_redirects, verify_remote=opts.verify_remote)

@@ -58,23 +58,11 @@ def print_summary(opts) -> int:
 
 
 def _dry_run(opts) -> dict:
-    from refmount.assemble import check_targets, load_progress
+    from refmount.assemble import load_reference_set
     from refmount.daemon import check_remote_options, refuse_data_file
-    from refmount.fetch.tls import set_ca_bundle
-    from refmount.refs import load_refs
-    from refmount.refs.icechunk import version_from_options
 
     refuse_data_file(opts.refs)
-    set_ca_bundle(opts.ca_bundle)  # the reference file may be on https
-    progress = load_progress()
-    try:
-        refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
-                           max_refs_size=opts.max_refs_size, load_timeout=opts.load_timeout, progress=progress,
-                           version=version_from_options(opts))
-    finally:
-        if progress:
-            progress.close()
-    check_targets(refset, opts)
+    refset = load_reference_set(opts)
     check_remote_options(refset.urls, opts.remote_options)
     return summarize(refset)
 

@@ -157,3 +157,21 @@ def http_data(datasets):
     root = next(iter(datasets.values())).parent
     with RangeServer(root) as server:
         yield server
+
+
+@pytest.fixture
+def server(tmp_path):
+    """An empty loopback Range server over tmp_path/www; tests put their files there."""
+    root = tmp_path / "www"
+    root.mkdir()
+    with RangeServer(root) as s:
+        yield s
+
+
+@pytest.fixture
+def other_server(tmp_path):
+    """A second, independent one (another host for redirects)."""
+    root = tmp_path / "www2"
+    root.mkdir()
+    with RangeServer(root) as s:
+        yield s

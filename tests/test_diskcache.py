@@ -14,17 +14,8 @@ import pytest
 from refmount.diskcache import HEADER_SIZE, LAYOUT, DiskCache
 from refmount.errors import RefmountError
 from tests.conftest import force_unmount, run_refmount
-from tests.support.rangeserver import RangeServer
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def server(tmp_path):
-    root = tmp_path / "www"
-    root.mkdir()
-    with RangeServer(root) as s:
-        yield s
 
 
 def write_blob(server, name: str, size: int, seed: int) -> bytes:

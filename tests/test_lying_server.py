@@ -17,19 +17,10 @@ from pathlib import Path
 import pytest
 
 from refmount.diskcache import LAYOUT
-from tests.support.rangeserver import RangeServer
 
 CHUNK = 4096
 N = 64  # chunks in the blob
 FAST = ("--view", "raw", "--block-size", "4K", "--no-prefetch", "--read-timeout", "1.5")
-
-
-@pytest.fixture
-def server(tmp_path):
-    root = tmp_path / "www"
-    root.mkdir()
-    with RangeServer(root) as s:
-        yield s
 
 
 def write_blob(server, name: str = "blob.bin", seed: int = 1, size: int = N * CHUNK) -> bytes:

@@ -24,22 +24,6 @@ CHUNK = 4096
 RAW = ("--view", "raw", "--block-size", "4K", "--no-prefetch")
 
 
-@pytest.fixture
-def server(tmp_path):
-    root = tmp_path / "www"
-    root.mkdir()
-    with RangeServer(root) as s:
-        yield s
-
-
-@pytest.fixture
-def other_server(tmp_path):
-    root = tmp_path / "www2"
-    root.mkdir()
-    with RangeServer(root) as s:
-        yield s
-
-
 def write(server, name: str, data: bytes) -> str:
     (server.root / name).write_bytes(data)
     return server.url_for(name)

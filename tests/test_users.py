@@ -88,7 +88,7 @@ def test_background_mount_without_syslog_logs_to_a_file(background, tmp_path, sy
     had_var_log = os.path.isdir("/var/log/refmount")
     mnt, result = background(unreachable_refs(), "--read-timeout", "1", env=env)
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"refmount: mounted ") and f" on {mnt}; log: " in line, result.stderr
+    assert line.startswith("refmount: mounted ") and f" on {mnt}; log: " in line, result.stderr
     log_path = Path(line.split("; log: ", 1)[1])
     expected_dir = Path("/var/log/refmount") if os.geteuid() == 0 else tmp_path / "state" / "refmount"
     try:

@@ -30,7 +30,7 @@ import warnings
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
 HERE = Path(__file__).resolve().parent
 CDL_DIR = HERE / "cdl"
