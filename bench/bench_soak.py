@@ -6,9 +6,10 @@
 Serves a seeded random file (256 MiB) from tests.support.rangeserver on
 127.0.0.1 with a fault rate (503, 429, resets, stalls, truncated bodies, wrong Content-Range),
 mounts a reference set of 8,192 byte ranges of it (4 KiB to 1 MiB, some overlapping) plus the
-whole file, and runs `--readers` threads for `--minutes`. Each read picks a key and a random slice
-of it, drops that slice from the page cache (posix_fadvise) so the daemon serves it, and compares
-the bytes with the source file. The daemon's RSS is sampled every second.
+whole file, and runs `--readers` threads for `--minutes`. Each read picks a key and reads it whole
+(`--pattern chunks`, as zarr and netCDF-C read chunks; 5% of reads are random slices of the
+whole-file key) or a random slice of it (`--pattern slices`), drops those bytes from the page cache
+(posix_fadvise) so the daemon serves them, and compares them with the source file. The daemon's RSS is sampled every second.
 
 Prints: reads, MB verified, wrong bytes (must be 0), EIO reads (allowed under faults: the daemon
 gives up within --read-timeout rather than serve a wrong byte), peak RSS against the configured
@@ -65,6 +66,9 @@ def main() -> int:
     p.add_argument("--faults", type=float, default=0.005, help="fault rate per GET (default 0.5%%)")
     p.add_argument("--cache-size", default="64M")
     p.add_argument("--refmount-options", default="")
+    p.add_argument("--pattern", choices=("chunks", "slices"), default="chunks",
+                   help="chunks (default): each read is a whole key, as zarr and netCDF-C read chunks; "
+                        "slices: a random slice of a key (an adversarial pattern for any block cache)")
     args = p.parse_args()
     minutes = args.minutes or (1.0 if args.quick else 10.0)
     size = 256 << 20  # four times the default --cache-size: most random reads miss
@@ -94,7 +98,7 @@ def main() -> int:
                     if daemon.poll() is not None or time.monotonic() > deadline:
                         raise SystemExit(f"mount failed: {(tmp / 'mount.log').read_text()}")
                     time.sleep(0.05)
-                result = soak(mnt, refs, source, args.readers, minutes * 60, daemon.pid)
+                result = soak(mnt, refs, source, args.readers, minutes * 60, daemon.pid, args.pattern)
                 stats = json.loads(os.getxattr(mnt, "user.refmount.stats"))
             finally:
                 daemon.terminate()
@@ -105,7 +109,8 @@ def main() -> int:
                 subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
                 log.close()
         fetched = stats["fetch"]["bytes"]
-        print(f"soak: {args.readers} readers, {minutes:g} min, faults {args.faults:.3%}, --cache-size {args.cache_size}")
+        print(f"soak: {args.readers} readers ({args.pattern}), {minutes:g} min, faults {args.faults:.3%}, "
+              f"--cache-size {args.cache_size} {args.refmount_options}".rstrip())
         print(f"  reads           {result['reads']:,} ({result['bytes'] / 1e6:,.0f} MB verified, "
               f"{result['bytes'] / 1e6 / (minutes * 60):,.1f} MB/s)")
         print(f"  wrong bytes     {result['wrong']:,}")
@@ -114,11 +119,15 @@ def main() -> int:
               f"{', ' + json.dumps(stats['memory']) if 'memory' in stats else ''})")
         print(f"  fetched         {fetched / 1e6:,.0f} MB in {stats['fetch']['requests']:,} requests, "
               f"{stats['fetch']['retries']:,} retries")
-        print(f"  amplification   {fetched / max(result['bytes'], 1):.2f}x (fetched / read)")
+        print(f"  amplification   {fetched / max(result['bytes'], 1):.2f}x (fetched / read by the readers)")
+        served = stats.get("served", {}).get("bytes")
+        if served:  # the kernel's own readahead asks the daemon for more than the readers read
+            print(f"  daemon served   {served / 1e6:,.0f} MB: fetched / served {fetched / served:.2f}x, "
+                  f"served / read {served / max(result['bytes'], 1):.2f}x (kernel readahead)")
         return 1 if result["wrong"] else 0
 
 
-def soak(mnt: Path, refs: dict, source, readers: int, seconds: float, pid: int) -> dict:
+def soak(mnt: Path, refs: dict, source, readers: int, seconds: float, pid: int, pattern: str) -> dict:
     keys = [k for k in refs if k != "whole"]
     totals = {"reads": 0, "bytes": 0, "wrong": 0, "eio": 0, "peak_kib": 0}
     lock = threading.Lock()
@@ -133,8 +142,11 @@ def soak(mnt: Path, refs: dict, source, readers: int, seconds: float, pid: int) 
                 base, length = 0, len(source)
             else:
                 _, base, length = refs[key]
-            offset = rng.randrange(0, length)
-            size = min(length - offset, int(2 ** rng.uniform(12, 20)))
+            if pattern == "chunks" and key != "whole":
+                offset, size = 0, length  # a whole chunk, as a zarr or netCDF-C reader reads it
+            else:
+                offset = rng.randrange(0, length)
+                size = min(length - offset, int(2 ** rng.uniform(12, 20)))
             try:
                 fd = os.open(mnt / key, os.O_RDONLY)
                 try:

@@ -117,6 +117,7 @@ class ReadStreams:
                 if not stream.crossings:
                     limit = key_end
                 prefetch = prefetch and proven
+                continued = proven
                 budget.ahead += stream.lead(bs)
                 break
         else:
@@ -128,14 +129,14 @@ class ReadStreams:
             streams.append(stream)
             limit = key_end  # one read is no scan yet: read ahead within its key only
             prefetch = prefetch and not small
-            scan = False
+            scan = continued = False
         self._files[uid] = streams
         if len(self._files) > self.files:
             for old in self._files.popitem(last=False)[1]:
                 budget.ahead -= old.lead(bs)
         if prefetch and not stream.stopped:
             self._read_ahead(uid, stream, end, limit)
-        return scan
+        return scan or continued
 
     def _read_ahead(self, uid: int, stream: _Stream, end: int, limit: int | None) -> None:
         bs = self.cache.block_size
@@ -243,19 +244,21 @@ class RawView:
         whole = ref_length == WHOLE_FILE
         if whole:
             base = 0
-            small = end - offset <= self.small_chunk  # a small read of a big object
-        else:
-            small = length <= self.small_chunk  # a small chunk
+        # a small chunk, or a small read of a big chunk or object: read-ahead only once a stream
+        # went on twice in a row (the kernel's own sequential reads arrive as bigger pieces)
+        small_key = not whole and length <= self.small_chunk
+        small = small_key or end - offset <= self.small_chunk
         # Seen on arrival (the kernel's readahead requests may finish out of order).
         # Read-ahead stops at the end of the remote object once a response has told its size.
         limit = base + length if whole else self.fetcher.known_size(self.refset.urls[uid])
         scan = self.streams.on_read(uid, base + offset, base + end, base + length, limit,
                                     prefetch=self.prefetch, small=small)
-        if small and not scan:
-            if whole:
-                data = await self.cache.read_exact(uid, offset, end)
-            else:
-                data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
+        if small_key and not scan:  # the whole small chunk, which its readers usually read whole
+            data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
+        elif not scan and self.small_chunk:
+            # a read at random (of a big chunk, or inside one): exactly its bytes, not the blocks
+            # around them, which a random reader would mostly never use (fetched / read stays ~1)
+            data = await self.cache.read_exact(uid, base + offset, base + end)
         else:
             data = await self.cache.read(uid, base + offset, base + end)
         if len(data) != end - offset:
