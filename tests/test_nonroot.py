@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REFMOUNT, force_unmount, is_mounted
+from tests.conftest import IN_CI, REFMOUNT, force_unmount, is_mounted
 from tests.support.datasets import kerchunk_refs, oracle_bytes
 
 USER = "nobody"
@@ -32,16 +32,42 @@ def user_home():
     if shutil.which("setpriv") is None:
         pytest.fail("setpriv (util-linux) is required")
     pw = pwd.getpwnam(USER)
-    probe = subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--",
-                            *REFMOUNT, "--version"], capture_output=True, text=True, timeout=60)
-    if probe.returncode != 0:  # e.g. a checkout under /root (0700): nothing of it runs as another user
-        pytest.skip(f"user {USER} cannot run this checkout's Python: {probe.stderr.strip()[-200:]}")
-    home = Path(tempfile.mkdtemp(prefix="refmount-user-"))
-    os.chown(home, pw.pw_uid, pw.pw_gid)
-    yield home, pw
-    for mnt in home.glob("mnt*"):
-        force_unmount(mnt)
-    shutil.rmtree(home, ignore_errors=True)
+
+    def probe() -> subprocess.CompletedProcess:
+        return subprocess.run(["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--",
+                               *REFMOUNT, "--version"], capture_output=True, text=True, timeout=60)
+
+    opened = []  # directories given o+x for the test, to be put back
+    try:
+        result = probe()
+        if result.returncode != 0:  # e.g. a checkout under /root (0700): let the user through, for now
+            opened = _traversable([Path(__file__).resolve(), Path(REFMOUNT[0]).resolve()])
+            result = probe()
+        if result.returncode != 0:
+            message = f"user {USER} cannot run this checkout's Python: {result.stderr.strip()[-200:]}"
+            pytest.fail(message) if IN_CI else pytest.skip(message)
+        home = Path(tempfile.mkdtemp(prefix="refmount-user-"))
+        os.chown(home, pw.pw_uid, pw.pw_gid)
+        yield home, pw
+        for mnt in home.glob("mnt*"):
+            force_unmount(mnt)
+        shutil.rmtree(home, ignore_errors=True)
+    finally:
+        for directory, mode in reversed(opened):
+            os.chmod(directory, mode)
+
+
+def _traversable(paths) -> list[tuple[Path, int]]:
+    """Give others search (x) permission on every parent directory of `paths` that lacks it;
+    returns what to put back."""
+    changed = []
+    for path in paths:
+        for directory in reversed(path.parents):
+            mode = directory.stat().st_mode & 0o7777
+            if not mode & 0o001 and (directory, mode) not in changed:
+                os.chmod(directory, mode | 0o001)
+                changed.append((directory, mode))
+    return changed
 
 
 def as_user(pw, home: Path, *command, check=False) -> subprocess.CompletedProcess:
