@@ -159,19 +159,19 @@ def http_data(datasets):
         yield server
 
 
-@pytest.fixture
-def server(tmp_path):
-    """An empty loopback Range server over tmp_path/www; tests put their files there."""
-    root = tmp_path / "www"
+def _empty_server(root):
     root.mkdir()
     with RangeServer(root) as s:
         yield s
+
+
+@pytest.fixture
+def server(tmp_path):
+    """An empty loopback Range server over tmp_path/www; tests put their files there."""
+    yield from _empty_server(tmp_path / "www")
 
 
 @pytest.fixture
 def other_server(tmp_path):
     """A second, independent one (another host for redirects)."""
-    root = tmp_path / "www2"
-    root.mkdir()
-    with RangeServer(root) as s:
-        yield s
+    yield from _empty_server(tmp_path / "www2")
