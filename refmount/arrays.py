@@ -112,19 +112,56 @@ def scan_arrays(refset: RefSet, chars: str = "char") -> list[ArrayInfo]:
         info = ArrayInfo(path=path, dir_id=d, zarray={}, zattrs={})
         if raw is None:
             info.hidden_reason = "its .zarray is stored remotely, so it cannot be rewritten at mount time"
-            arrays.append(info)
+        else:
+            try:
+                info.zarray = load_json_value(raw)
+                _, attrs_raw = _inline(refset, prefix + ".zattrs")
+                info.zattrs = load_json_value(attrs_raw) if attrs_raw else {}
+            except (ValueError, TypeError, KeyError, RecursionError) as e:
+                info.hidden_reason = _malformed(e)
+        arrays.append(info)
+    fills_declared = _fills_are_declared(arrays)
+    for info in arrays:
+        if info.hidden_reason:
             continue
         try:
-            info.zarray = load_json_value(raw)
-            _, attrs_raw = _inline(refset, prefix + ".zattrs")
-            info.zattrs = load_json_value(attrs_raw) if attrs_raw else {}
-            _plan(info, chars, refset)
+            _plan(info, chars, refset, fills_declared)
         except (ValueError, TypeError, KeyError, RecursionError) as e:
-            info.hidden_reason = f"its metadata is malformed ({type(e).__name__}: {str(e)[:200]})"
-        arrays.append(info)
+            info.hidden_reason = _malformed(e)
     _extend_never_written(arrays)
     _rename_clashing_dimensions(arrays)
     return arrays
+
+
+def _malformed(e: Exception) -> str:
+    return f"its metadata is malformed ({type(e).__name__}: {str(e)[:200]})"
+
+
+def _fills_are_declared(arrays: list[ArrayInfo]) -> bool:
+    """Does this set show kerchunk's netCDF rule at work? kerchunk gives a netCDF-4 variable (one with
+    netCDF-C's ``_Netcdf4Coordinates``, which netCDF-C >= 4.6 writes on every variable with dimensions)
+    a null fill_value unless the source declares ``_FillValue``. Then one numeric array with dimensions
+    and a null fill shows that any other array's fill_value is a declared _FillValue, even one equal to
+    netCDF's default or 0. Files from other HDF5 writers (and old netCDF-C) give HDF5's fill instead,
+    declared or not: there a fill of 0 or the default may be nothing but HDF5's."""
+    for info in arrays:
+        z = info.zarray
+        if info.hidden_reason or not isinstance(z, dict) or not z.get("shape") or z.get("fill_value") is not None:
+            continue
+        if _is_time_like(info.zattrs) or isinstance(z.get("dtype"), list):
+            continue  # (kerchunk nulls the fill of a time-like array in any file)
+        try:
+            if np.dtype(z.get("dtype")).kind in "iuf":
+                return True
+        except TypeError:
+            continue
+    return False
+
+
+def _is_time_like(zattrs: dict) -> bool:
+    """kerchunk's (and xarray's) test for a netCDF time: units containing "since"."""
+    units = zattrs.get("units") if isinstance(zattrs, dict) else None
+    return isinstance(units, str) and "since" in units
 
 
 def _codec(config: dict):
@@ -141,7 +178,7 @@ def _codec(config: dict):
     return numcodecs.get_codec(dict(config))
 
 
-def _plan(info: ArrayInfo, chars: str = "char", refset=None) -> None:
+def _plan(info: ArrayInfo, chars: str = "char", refset=None, fills_declared: bool = False) -> None:
     z = info.zarray
     if z.get("zarr_format", 2) != 2:
         raise ValueError(f"zarr_format {z.get('zarr_format')} is not 2")
@@ -237,23 +274,47 @@ def _plan(info: ArrayInfo, chars: str = "char", refset=None) -> None:
     # characters get no _FillValue (NUL is theirs), nor do booleans (a fill of false would mask every false)
     typed = out_dtype if dtype.kind in "iuf" else None
     fill = out.get("fill_value")
-    if typed is not None and _is_default_fill(fill, typed):
-        # netCDF's default fill needs no _FillValue (netCDF-C applies it by itself, and the source
-        # had none: kerchunk writes HDF5's fill, which is netCDF's default when the variable has no
-        # _FillValue). In .zarray it matters only for missing chunks; elsewhere it would make xarray
-        # mask what the source does not.
+    if typed is not None and fill_number(fill, typed) is not None and _fill_is_declared(info, refset, fills_declared, typed):
+        pass  # served as _FillValue, whatever its value
+    elif typed is not None and _is_default_fill(fill, typed):
+        # (a scalar or a 1-byte array) netCDF's default fill needs no _FillValue: netCDF-C applies it
+        # by itself. In .zarray it matters only for missing chunks; elsewhere it would make xarray
+        # mask what the source may not.
         fill = None
         out["fill_value"] = NC_DEFAULT_FILL[typed.str[1:]] if _may_miss_chunks(refset, info) else None
     elif typed is not None and fill_number(fill, typed) == 0:
-        # A fill of 0 is what kerchunk reads from HDF5 for a file written without fill values (nccopy
-        # writes them so): there 0 is data, and a _FillValue of 0 (or xarray, which masks fill_value)
-        # would mask it. Without a fill, netCDF-C reads missing chunks as 0, as HDF5 does.
+        # A fill of 0 not known to be declared is HDF5's own (h5py writers; nccopy's scalars, written
+        # without fill values): there 0 is data, and a _FillValue of 0 (or xarray, which masks
+        # fill_value) would mask it. Without a fill, netCDF-C reads missing chunks as 0, as HDF5 does.
         fill = out["fill_value"] = None
         info.notes.append("fill_value 0 not served (0 is data in files written without fill values)")
     info.zattrs, attr_notes = served_attributes(info.zattrs, typed, fill)
     info.notes.extend(attr_notes)
     if info.codecs:
         info.notes.insert(0, "chunks decoded (" + "+".join(str(c.get("id")) for c in info.codecs) + ")")
+
+
+def _fill_is_declared(info: ArrayInfo, refset, fills_declared: bool, typed: np.dtype) -> bool:
+    """Is this array's non-null fill_value the source's own _FillValue, not just the fill HDF5 keeps
+    for every dataset? kerchunk gives a time-like array without _FillValue a null fill in any file,
+    and (see `_fills_are_declared`) any array with dimensions in a set that shows its netCDF rule.
+    Without that sign, netCDF's default fill on an array with dimensions is served as well: netCDF-C
+    masks it anyway, so the attribute changes nothing there, and xarray then masks what netCDF-C
+    masks. Not for 1-byte types, whose default (-127, 255) netCDF4-python does not mask, and which
+    full-range byte data uses as a value. Nor is 0, HDF5's own fill (h5py, nccopy), unless the array
+    was never written: then serving it masks nothing but never-written points, right when the source
+    declared it and harmless when not (a file written without fill values leaves them undefined).
+    A scalar has no ``_Netcdf4Coordinates``: kerchunk gives it HDF5's fill, declared or not."""
+    if _is_time_like(info.zattrs):
+        return True
+    if not info.zarray.get("shape"):
+        return False
+    if fills_declared:
+        return True
+    default = NC_DEFAULT_FILL.get(typed.str[1:])
+    if typed.itemsize > 1 and default is not None and _is_default_fill(info.zarray.get("fill_value"), typed):
+        return True
+    return refset is not None and not getattr(refset, "lazy", False) and count_chunks(refset, info)[0] == 0
 
 
 def _is_default_fill(fill, dtype: np.dtype) -> bool:

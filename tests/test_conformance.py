@@ -51,15 +51,6 @@ EXPECTED = {
 }
 
 
-# Known differences, each a trade-off documented in the README. A fill_value equal to netCDF's default
-# fill is served as no fill when every chunk is present (most such fills are kerchunk reporting HDF5's
-# default for a variable without _FillValue, and a fill would make xarray turn integers into floats):
-# where the source did set _FillValue to the default, xarray on the source masks and gives floats.
-ACCEPTED_WRONG = {
-    ("ncdump/ref_tst_utf8.cdl", "\U0010d42a", "xarray"): "type int32 != source float64",
-}
-
-
 def expected_for(r):
     return EXPECTED.get((r["cdl"], r["var"], r["client"])) or EXPECTED.get((r["cdl"], "*", r["client"]))
 
@@ -74,8 +65,7 @@ def report(tmp_path_factory):
 
 
 def test_no_wrong_values(report):
-    wrong = [r for r in report["rows"] if r["cls"] == "wrong"
-             and ACCEPTED_WRONG.get((r["cdl"], r["var"], r["client"]), "\0") not in r["reason"]]
+    wrong = [r for r in report["rows"] if r["cls"] == "wrong"]
     assert not wrong, f"{len(wrong)} WRONG results:\n" + "\n".join(
         f"  {r['cdl']} {r['variant']} {r['var']} [{r['client']}]: {r['reason'][:200]}" for r in wrong)
 

@@ -240,20 +240,91 @@ def test_variable_never_written_along_the_unlimited_dimension(tmp_path, mount):
 
 
 def test_zero_fill_and_empty_dimensions(tmp_path, mount):
-    """nccopy writes files without fill values: kerchunk then reports HDF5's fill 0, which must not
-    mask real zeros. An array with a 0-length dimension everywhere is hidden (it would make ncdump
-    4.9.0 fail the whole dataset), with a log line."""
+    """nccopy writes files without fill values: kerchunk then reports HDF5's fill 0 for a scalar, and
+    h5py files have HDF5's fill 0 on every dataset. Neither may mask real zeros. An array with a
+    0-length dimension everywhere is hidden (it would make ncdump 4.9.0 fail the whole dataset), with
+    a log line."""
+    import h5py
+
     path = tmp_path / "z.nc"
     with netCDF4.Dataset(path, "w") as ds:
         ds.createDimension("x", 4)
         ds.createDimension("rec", None)
         ds.createVariable("precip", "f4", ("x",))[:] = [0.0, 1.5, 0.0, 2.0]
+        ds.createVariable("level", "i4", ())[:] = 0
         ds.createVariable("norecords", "f4", ("rec",))
     nofill = tmp_path / "nofill.nc"
     subprocess.run(["nccopy", "-d4", "-s", str(path), str(nofill)], check=True)
     refs = kerchunk_refs(nofill)
-    zarray = json.loads(refs["refs"]["precip/.zarray"])
-    refs["refs"]["precip/.zarray"] = json.dumps({**zarray, "fill_value": 0})  # as kerchunk gives some nccopy'd arrays
+    assert json.loads(refs["refs"]["level/.zarray"])["fill_value"] == 0  # HDF5's, not a _FillValue
     mnt = mount(refs)
-    assert _ncdump_vars(C.nczarr_url(mnt.path), ["precip"])["precip"].items == [0.0, 1.5, 0.0, 2.0]
+    dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["precip", "level"])
+    assert dumped["precip"].items == [0.0, 1.5, 0.0, 2.0] and dumped["level"].items == [0]
     assert not (mnt / "norecords").exists() and "hiding array norecords" in mnt.log()
+
+    plain = tmp_path / "plain.h5"  # an HDF5 file from h5py: every dataset has HDF5's fill 0
+    with h5py.File(plain, "w") as f:
+        f["counts"] = np.array([[0, 3], [0, 7]], "i4")
+        f["flags"] = np.array([0, 255, 1], "u1")
+    mnt = mount(kerchunk_refs(plain))
+    with netCDF4.Dataset(C.nczarr_url(mnt.path)) as ds:
+        assert not np.ma.is_masked(ds["counts"][:]) and ds["counts"][:].tolist() == [[0, 3], [0, 7]]
+        assert not np.ma.is_masked(ds["flags"][:]) and ds["flags"][:].tolist() == [0, 255, 1]
+
+
+def _declared_fills_source(path):
+    """Variables with a declared _FillValue equal to netCDF's default, or 0, beside undeclared ones."""
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("x", 4)
+        ds.createVariable("x", "f4", ("x",))[:] = np.arange(4)  # a coordinate: kerchunk gives it no fill
+        ds.createVariable("n", "i4", ("x",))[:] = [1, 2, 3, 4]  # no _FillValue: stays an integer in xarray
+        v = ds.createVariable("counts", "i4", ("x",), fill_value=netCDF4.default_fillvals["i4"])
+        v[:] = np.ma.masked_array([5, 6, 7, 8], [False, True, False, False])
+        v = ds.createVariable("flags", "u1", ("x",), fill_value=np.uint8(0))
+        v.set_auto_mask(False)
+        v[:] = np.array([0, 1, 2, 0], "u1")
+        v = ds.createVariable("tas", "f4", ("x",), fill_value=np.float32(netCDF4.default_fillvals["f4"]))
+        v[:] = np.ma.masked_array([1, 2, 3, 4], [True, False, False, False])
+        ds.createVariable("never", "i2", ("x",), fill_value=np.int16(0))  # never written
+
+
+def test_declared_fills_are_served_as_in_the_source(tmp_path, mount):
+    """kerchunk gives a netCDF-4 variable without _FillValue a null fill_value: with that sign in the
+    set, a fill of 0 or of netCDF's default is the source's own _FillValue and is masked as there."""
+    import xarray as xr
+
+    path = tmp_path / "declared.nc"
+    _declared_fills_source(path)
+    refs = kerchunk_refs(path)
+    assert json.loads(refs["refs"]["n/.zarray"])["fill_value"] is None
+    mnt = mount(refs, "--chars", "string")
+    names = ["n", "counts", "flags", "tas", "never"]
+    want, got = _ncdump_vars(str(path), names), _ncdump_vars(C.nczarr_url(mnt.path), names)
+    for name in names:
+        assert got[name].items == want[name].items, name
+    with netCDF4.Dataset(path) as w, netCDF4.Dataset(C.nczarr_url(mnt.path)) as g:
+        for name in names:
+            a, b = w[name][:], g[name][:]
+            assert np.array_equal(np.ma.getmaskarray(a), np.ma.getmaskarray(b)), name
+            assert np.array_equal(a.filled(0), b.filled(0)), name
+            assert ("_FillValue" in g[name].ncattrs()) == (name != "n"), name
+    with xr.open_dataset(path) as w, xr.open_zarr(mnt.path) as g:
+        for name in names:
+            assert g[name].dtype == w[name].dtype, name
+            np.testing.assert_array_equal(g[name].values, w[name].values, err_msg=name)
+
+
+def test_a_single_variable_with_netcdfs_default_declared(tmp_path, mount):
+    """No null fill in the set to go by: netCDF's default fill on an array with dimensions is served
+    (netCDF-C masks it anyway), so xarray masks it as in the source."""
+    import xarray as xr
+
+    path = tmp_path / "single.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("x", 3)
+        v = ds.createVariable("v", "i4", ("x",), fill_value=netCDF4.default_fillvals["i4"])
+        v[:] = np.ma.masked_array([1, 2, 3], [False, True, False])
+    mnt = mount(kerchunk_refs(path))
+    with xr.open_dataset(path) as w, xr.open_zarr(mnt.path) as g:
+        assert g["v"].dtype == w["v"].dtype == np.float64
+        np.testing.assert_array_equal(g["v"].values, w["v"].values)

@@ -3,8 +3,9 @@
 Per variable (and per group, for group attributes) the outcome is one of
 - ``identical``;
 - ``wrong``: values, mask, type, shape or an attribute differ and refmount is to blame;
-- ``lost by kerchunk``: only attributes differ, and the reference set itself already lacks or changed
-  them (checked in the refs JSON) -- something refmount could restore, not a wrong value;
+- ``lost by kerchunk``: what differs the reference set itself already lacks or changed (checked in the
+  refs JSON): attributes, an enum type written as its base type, or a _FillValue kept only as a
+  fill_value the refs cannot tell from HDF5's own (`_undeclared_fill`), so those points read as data;
 - ``error``: the client raises (or ncdump fails) on the mount;
 - ``hidden``: the variable is absent from the mount;
 - ``untranslatable``: kerchunk did not translate the variable;
@@ -28,6 +29,8 @@ IDENTICAL, WRONG, LOST, ERROR, HIDDEN, UNTRANSLATABLE, SOURCE_UNREADABLE = (
 # NCZarr's attribute type hints: each netCDF-C version hides its own spelling and shows the other one
 # as text. They say how to read the other attributes; one showing is a note, not a wrong attribute.
 NCZARR_HINTS = ("_NCZARR_ATTR", "_nczarr_attr")
+# ncdump's names of netCDF's atomic types; any other type name is a user type (enum, here)
+NC_ATOMIC_TYPES = frozenset("byte ubyte short ushort int uint int64 uint64 float double char string".split())
 
 
 # ----------------------------------------------------------------------------- the refs JSON
@@ -204,6 +207,14 @@ def attr_differences(client: str, src: dict, got: dict, refs_attrs: Optional[dic
         s, g = src.get(name), got.get(name)
         if s is not None and g is not None and _equal_values(list(s), list(g)):
             continue
+        if client == "xarray" and g is None and name.lower().startswith("_nc") and name in refs_attrs:
+            if notes is not None:  # (xarray's zarr backend drops them from every Zarr store)
+                notes.append(f"xarray hides attribute {name!r} (_nc*) of any Zarr store")
+            continue
+        if client == "ncdump" and s is not None and g is not None and s[0] not in NC_ATOMIC_TYPES:
+            lost.append(f"[kerchunk] attribute {name!r} of enum type {s[0]} stored as its base type "
+                        f"(mount {_short(g)})")
+            continue
         if g is None:  # missing on the mount
             if name not in refs_attrs:
                 if name == "_FillValue" and zarray and zarray.get("fill_value") is not None:
@@ -274,6 +285,10 @@ def _default_fill_masked(src_values, got_values) -> bool:
     import netCDF4
 
     src, got = np.asarray(src_values), np.asarray(got_values)
+    if got.dtype.kind in "mM" or got.dtype == np.int64 and src.dtype != np.int64:
+        got = got.view("i8")  # (xarray decoded it as a time: masked points are NaT, int64's minimum)
+        nat = got == np.iinfo(np.int64).min
+        got = np.where(nat, np.nan, got.astype("f8"))
     if src.shape != got.shape or src.dtype.kind not in "iuf" or got.dtype.kind != "f":
         return False
     default = netCDF4.default_fillvals.get(src.dtype.str[1:])
@@ -286,6 +301,58 @@ def _default_fill_masked(src_values, got_values) -> bool:
     return bool(np.array_equal(src[rest].astype("f8"), got[rest].astype("f8")))
 
 
+def _undeclared_fill(refs_attrs, zarray, dtype) -> Optional[float]:
+    """The fill_value the decoded view does not serve as _FillValue because the refs cannot tell it
+    from HDF5's own fill (refmount.arrays: 0, or a 1-byte type's netCDF default, in a set without a
+    null fill): kerchunk moved the source's _FillValue there and kept no other trace of it."""
+    import netCDF4
+
+    if zarray is None or "_FillValue" in (refs_attrs or {}) or zarray.get("fill_value") is None:
+        return None
+    fill = zarray["fill_value"]
+    if not isinstance(fill, (int, float)) or isinstance(fill, bool):
+        return None
+    dtype = np.dtype(zarray.get("dtype")) if isinstance(zarray.get("dtype"), str) else None
+    byte_default = dtype is not None and dtype.itemsize == 1 and fill == netCDF4.default_fillvals.get(dtype.str[1:])
+    return fill if fill == 0 or byte_default else None
+
+
+def _fill_shown_as_data(client: str, src, got_values, fill) -> bool:
+    """Do the mount's values differ from the source's only where the source reads as fill and the
+    mount shows the refs' fill_value as data?"""
+    if client == "ncdump":
+        a, b = src.values or [], got_values or []
+        shown = [x is FILL and y is not FILL for x, y in zip(a, b)]
+        return len(a) == len(b) and any(shown) and all(
+            (x is FILL and y is FILL) or (x is not FILL and y is not FILL and _equal_values(x, y))
+            or (s and _equal_values(float(y), float(fill))) for x, y, s in zip(a, b, shown))
+    if client == "netcdf4":
+        smask, gmask = np.ma.getmaskarray(src.values), np.ma.getmaskarray(got_values)
+        if smask.shape != gmask.shape:
+            return False
+        differ = smask != gmask
+        return bool(differ.any() and np.all(smask[differ]) and np.all(np.ma.getdata(got_values)[differ] == fill))
+    sv, gv = np.asarray(src.values), np.asarray(got_values)
+    if sv.shape != gv.shape or sv.dtype.kind != "f" or gv.dtype.kind == "f":
+        return False
+    nan = np.isnan(sv)
+    return bool(nan.any() and np.all(gv[nan] == fill) and np.array_equal(sv[~nan], gv[~nan].astype(sv.dtype)))
+
+
+def _with_fill_as_data(client: str, src, got, fill):
+    """The source snapshot with the points `_fill_shown_as_data` found shown as the mount shows them."""
+    import dataclasses
+
+    if client == "ncdump":
+        items = [y if x is FILL and y is not FILL else x for x, y in zip(src.values, got.values)]
+        return dataclasses.replace(src, values=items)
+    if client == "netcdf4":
+        values = np.ma.array(np.ma.getdata(src.values), mask=np.ma.getmaskarray(got.values))
+        return dataclasses.replace(src, values=values)
+    values = np.where(np.isnan(src.values), fill, src.values)
+    return dataclasses.replace(src, values=values, type=got.type)
+
+
 def compare_var(client: str, src, got, refs_attrs, zarray, values_undefined: bool = False
                 ) -> Tuple[str, str, List[str]]:
     """(class, reason, notes) of one variable present in both snapshots. ``values_undefined``: the source
@@ -296,8 +363,19 @@ def compare_var(client: str, src, got, refs_attrs, zarray, values_undefined: boo
     if got.error:
         return ERROR, got.error, notes
     problems: List[str] = []
-    if src.type != got.type:
+    lost_values: List[str] = []
+    if client == "ncdump" and src.type not in NC_ATOMIC_TYPES and got.type in NC_ATOMIC_TYPES:
+        lost_values.append(f"[kerchunk] enum type {src.type} stored as its base type {got.type}")
+    elif src.type != got.type:
         problems.append(f"type {got.type} != source {src.type}")
+    fill = _undeclared_fill(refs_attrs, zarray, got.type)
+    if fill is not None and _fill_shown_as_data(client, src, got.values, fill) and not values_undefined:
+        # everything but those points is compared below as usual
+        lost_values.append(f"[kerchunk] _FillValue {fill!r} kept only as fill_value, which these refs cannot tell from "
+                           "a fill the writer never declared (HDF5's 0, older netCDF-C's byte default): "
+                           "served as data, not masked")
+        problems = [p for p in problems if not p.startswith("type ")]
+        src = _with_fill_as_data(client, src, got, fill)
     if client == "ncdump":
         if tuple(src.dims) != tuple(got.dims):
             if not (src.dims == () and len(got.dims) == 1):
@@ -350,7 +428,7 @@ def compare_var(client: str, src, got, refs_attrs, zarray, values_undefined: boo
             notes.append("characters read as str (source: bytes)")
             problems = [p for p in problems if not p.startswith("type ")]
         elif _default_fill_masked(src.values, gvals):
-            notes.append("netCDF's default fill masked by xarray (NaN) on the mount")
+            notes.append("netCDF's default fill masked by xarray (NaN, or NaT for a time) on the mount")
             problems = [p for p in problems if not p.startswith("type ")]
         else:
             d = _array_difference(src.values, gvals, "values")
@@ -360,6 +438,7 @@ def compare_var(client: str, src, got, refs_attrs, zarray, values_undefined: boo
             notes.append(f"dimensions {got.dims} != source {src.dims}")
     wrong_attrs, lost = attr_differences(client, src.attrs, got.attrs, refs_attrs, zarray, notes)
     problems += wrong_attrs
+    lost = lost_values + lost
     if problems:
         return WRONG, "; ".join(problems + lost), notes
     if lost:
