@@ -128,7 +128,7 @@ def scan_arrays(refset: RefSet, chars: str = "char") -> list[ArrayInfo]:
             _plan(info, chars, refset, fills_declared)
         except (ValueError, TypeError, KeyError, RecursionError) as e:
             info.hidden_reason = _malformed(e)
-    _extend_never_written(arrays)
+    _extend_unwritten_records(arrays)
     _rename_clashing_dimensions(arrays)
     return arrays
 
@@ -418,30 +418,50 @@ def _dimensions(info: ArrayInfo) -> list[str] | None:
     return [d.rsplit("/", 1)[-1] for d in dims]
 
 
-def _extend_never_written(arrays: list[ArrayInfo]) -> None:
+def _extend_unwritten_records(arrays: list[ArrayInfo]) -> None:
     """netCDF's unlimited dimension is as long as its longest variable, and a variable reads fill
-    where it was never written; kerchunk gives a variable never written along it length 0. Such an
-    array gets the dimension's length back, with no chunks: every value reads as fill."""
+    where it was never written; kerchunk gives each variable the records written to it (0 if none).
+    Such an array gets the dimension's length back: the records it lacks read as fill (missing
+    chunks; allocated chunks hold HDF5's fill there). Only along a dimension that looks unlimited:
+    some array of its group is chunked along it unlike its extent (an unlimited dimension needs
+    chunks; kerchunk's ``phony_dim_N`` names of plain HDF5 datasets are never one). The dimension is
+    the one of the array's own group, or an ancestor's when it looks unlimited in both (a group may
+    define its own dimension of the same name)."""
     visible = [info for info in arrays if not info.hidden_reason and info.out_zarray is not None]
-    longest: dict[tuple[str, str], int] = {}  # (group, dimension) -> length: only the array's own group
+    longest: dict[tuple[str, str], int] = {}  # (group, dimension) -> the longest array's length
+    unlimited: set[tuple[str, str]] = set()
     for info in visible:
         group = info.path.rpartition("/")[0]
-        for name, size in zip(_dimensions(info) or [], info.out_zarray["shape"]):
+        dims = _dimensions(info) or []
+        for name, size in zip(dims, info.out_zarray["shape"]):
             longest[group, name] = max(longest.get((group, name), 0), size)
+        if len(info.chunk_shape) == len(dims):  # (not a scalar served as [1])
+            unlimited.update((group, n) for n, size, chunk in zip(dims, info.zarray["shape"], info.chunk_shape)
+                             if chunk != size and not n.startswith("phony_dim_"))
     for info in visible:
         dims = _dimensions(info)
-        group = info.path.rpartition("/")[0]
-        shape, chunks = info.out_zarray["shape"], info.out_zarray["chunks"]
-        if not dims or not any(size == 0 and longest[group, name] > 0 for name, size in zip(dims, shape)):
+        if not dims:
             continue
-        info.out_zarray["shape"] = [longest[group, n] if size == 0 else size for n, size in zip(dims, shape)]
-        info.out_zarray["chunks"] = [min(c, longest[group, n]) if size == 0 else c
-                                     for n, size, c in zip(dims, shape, chunks)]
+        group = info.path.rpartition("/")[0]
+        ancestors = [g for g in {grp for grp, _ in longest} if g != group and (g == "" or group.startswith(g + "/"))]
+        shape, chunks = info.out_zarray["shape"], info.out_zarray["chunks"]
+        lengths = []
+        for name, size in zip(dims, shape):
+            length = longest[group, name] if (group, name) in unlimited else size
+            for g in ancestors:
+                if (g, name) in unlimited and ((group, name) in unlimited or size == 0):
+                    length = max(length, longest.get((g, name), 0))
+            lengths.append(length)
+        if lengths == list(shape):
+            continue
+        info.out_zarray["shape"] = lengths
+        info.out_zarray["chunks"] = [min(c, n) if size == 0 else c for n, size, c in zip(lengths, shape, chunks)]
         info.out_chunk_shape = tuple(info.out_zarray["chunks"])
         if info.out_zarray.get("fill_value") is None and info.out_dtype.kind in "iuf":
             info.out_zarray["fill_value"] = NC_DEFAULT_FILL[info.out_dtype.str[1:]]
-        info.notes.append(f"never written along {', '.join(n for n, s in zip(dims, shape) if s == 0)}: "
-                          "given that dimension's length, reading as fill")
+        short = [f"{n} ({s} of {n_})" for n, s, n_ in zip(dims, shape, lengths) if s != n_]
+        info.notes.append(f"records never written along {', '.join(short)}: given the dimension's length, "
+                          "reading as fill there")
     for info in visible:
         if 0 in info.out_zarray["shape"]:
             info.hidden_reason = ("a dimension of length 0 (an unlimited dimension with no records): netCDF-C 4.9.0 "

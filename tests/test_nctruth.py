@@ -225,18 +225,38 @@ def test_utf32_strings_served_as_utf8(mount):
 
 
 def test_variable_never_written_along_the_unlimited_dimension(tmp_path, mount):
-    """kerchunk gives it length 0; netCDF gives it the dimension's length, all fill."""
+    """kerchunk gives a variable the records written to it (0 if none); netCDF gives it the
+    dimension's length, fill where it was not written, in its own group and in subgroups."""
+    import xarray as xr
+
     path = tmp_path / "u.nc"
     with netCDF4.Dataset(path, "w") as ds:
         ds.createDimension("time", None)
+        ds.createDimension("x", 3)
         ds.createVariable("t", "f8", ("time",))[:] = np.arange(6.0)
         ds.createVariable("empty", "f4", ("time",), fill_value=np.float32(-9999))
-    mnt = mount(kerchunk_refs(path))
-    dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["empty"])["empty"].items
-    assert dumped == [C.FILL] * 6
-    with netCDF4.Dataset(path) as want:
-        assert _ncdump_vars(str(path), ["empty"])["empty"].items == dumped
-        assert want["empty"][:].mask.all() and len(want["empty"][:]) == 6
+        ds.createVariable("partial", "i4", ("time", "x"))[:2] = 7
+        obs = ds.createGroup("obs")
+        obs.createVariable("pr", "f4", ("time", "x"), chunksizes=(1, 3))[:4] = 1.5
+        obs.createVariable("cnt", "i2", ("time", "x"), chunksizes=(1, 3))[:1] = 3
+    mnt = mount(kerchunk_refs(path), "--chars", "string")
+    names = ["empty", "partial", "obs/pr", "obs/cnt"]
+    dumped = _ncdump_vars(C.nczarr_url(mnt.path), names)
+    assert dumped["empty"].items == [C.FILL] * 6
+    want = _ncdump_vars(str(path), names)
+    for name in names:
+        assert dumped[name].items == want[name].items, name
+    with netCDF4.Dataset(path) as w, netCDF4.Dataset(C.nczarr_url(mnt.path)) as g:
+        assert w["empty"][:].mask.all() and len(w["empty"][:]) == 6
+        for name in names:
+            a, b = w[name][:], g[name][:]
+            assert a.shape == b.shape and np.array_equal(np.ma.getmaskarray(a), np.ma.getmaskarray(b)), name
+            assert np.array_equal(a.filled(0), b.filled(0)), name
+    with xr.open_dataset(path, group="obs") as w, xr.open_zarr(mnt.path, group="obs") as g:
+        # xarray masks netCDF's default fill on the mount (a Zarr fill_value), not in the file
+        source = w["pr"].values
+        source[source == netCDF4.default_fillvals["f4"]] = np.nan
+        np.testing.assert_array_equal(g["pr"].values, source)
 
 
 def test_zero_fill_and_empty_dimensions(tmp_path, mount):

@@ -1,6 +1,6 @@
 """The conformance run: netCDF-C's own CDL corpus through refmount's decoded view, three clients.
 
-    python -m tests.conformance.run [--slice] [--jobs N] [--out report.json] [CDL ...]
+    python -m tests.conformance.run [--slice] [--jobs N] [--out report.json] [CDL ... | FILE.nc ...]
 
 For each CDL (tests/conformance/cdl/, see its README): ``ncgen -k nc4`` -> source.nc, ``nccopy -d4 -s`` ->
 deflated.nc; each is translated by kerchunk (``inline_threshold=0``), mounted with ``--view decoded`` and
@@ -236,8 +236,11 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path, mount_args: List[s
 def run_one(cdl: str, work: Path, mount_args: List[str], isolate: bool = False) -> List[dict]:
     work.mkdir(parents=True, exist_ok=True)
     source = work / "source.nc"
-    subprocess.run([NCGEN, "-k", "nc4", "-o", str(source), str(CDL_DIR / cdl)], check=True,
-                   capture_output=True, timeout=TOOL_TIMEOUT)
+    if _is_data_file(cdl):  # a netCDF-4/HDF5 file of the user's: measured as it is
+        shutil.copyfile(cdl, source)
+    else:
+        subprocess.run([NCGEN, "-k", "nc4", "-o", str(source), str(CDL_DIR / cdl)], check=True,
+                       capture_output=True, timeout=TOOL_TIMEOUT)
     rows = run_variant(cdl, "source", source, work, mount_args, isolate)
     deflated = work / "deflated.nc"
     proc = subprocess.run([NCCOPY, "-d4", "-s", str(source), str(deflated)], capture_output=True,
@@ -248,6 +251,11 @@ def run_one(cdl: str, work: Path, mount_args: List[str], isolate: bool = False) 
         rows.append(dict(cdl=cdl, variant="deflated", client="nccopy", var="*", cls="skipped",
                          reason=f"nccopy -d4 -s failed: {proc.stderr.strip()[:200]}", notes=[]))
     return rows
+
+
+def _is_data_file(name: str) -> bool:
+    """A netCDF-4 (HDF5) file given by path instead of a CDL of the corpus."""
+    return not name.endswith(".cdl") and Path(name).is_file()
 
 
 # ----------------------------------------------------------------------------- the parent
@@ -371,7 +379,8 @@ def markdown(rows: List[dict], summary: str, mount_args: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.conformance.run", description=__doc__.split("\n\n")[0])
-    ap.add_argument("cdl", nargs="*", help="CDL files relative to tests/conformance/cdl (default: all)")
+    ap.add_argument("cdl", nargs="*", help="CDL files relative to tests/conformance/cdl (default: all), or paths "
+                    "of netCDF-4/HDF5 files to measure as they are")
     ap.add_argument("--slice", action="store_true", help="only the CI slice (tests/conformance/slice.txt)")
     ap.add_argument("--jobs", type=int, default=2, help="CDLs run in parallel (default 2)")
     ap.add_argument("--out", type=Path, help="write the JSON report here")
@@ -409,15 +418,16 @@ def main(argv=None) -> int:
         return 0
 
     names = args.cdl or (slice_list() if args.slice else corpus())
+    names = [str(Path(n).resolve()) if _is_data_file(n) else n for n in names]
     for n in names:
-        if not (CDL_DIR / n).is_file():
-            print(f"conformance: no such CDL: {n}", file=sys.stderr)
+        if not (_is_data_file(n) or (CDL_DIR / n).is_file()):
+            print(f"conformance: no such CDL or netCDF-4 file: {n}", file=sys.stderr)
             return 2
     t0 = time.monotonic()
     rows: List[dict] = []
     with tempfile.TemporaryDirectory(prefix="refmount-conformance-") as tmp:
         def one(n):
-            return run_cdl_child(n, Path(tmp) / n.replace("/", "__"), args.mount_args)
+            return run_cdl_child(n, Path(tmp) / n.strip("/").replace("/", "__"), args.mount_args)
 
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             for n, result in zip(names, pool.map(one, names)):
