@@ -142,3 +142,34 @@ def test_header_parser_reads_attributes_of_a_group_without_variables():
 
     h = parse_header('netcdf mm {\n\n// global attributes:\n\t\t:title = "example" ;\n}\n')
     assert h.group_attrs[""] == {"title": ("char", ('"example"',))}
+
+
+@pytest.fixture(scope="module")
+def realistic_report(tmp_path_factory):
+    """The harness on files shaped like users' data (tests/conformance/realistic.py), both chars forms."""
+    from tests.conformance.realistic import write_all
+
+    work = tmp_path_factory.mktemp("realistic")
+    files = [str(p) for p in write_all(work / "files")]
+    rows = []
+    for chars in ("char", "string"):
+        out = work / f"report-{chars}.json"
+        proc = subprocess.run([sys.executable, "-m", "tests.conformance.run", "--jobs", "2", "--out", str(out),
+                               f"--mount-args=--chars {chars}", *files], cwd=ROOT, capture_output=True, text=True,
+                              timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        rows += [dict(r, chars=chars) for r in json.loads(out.read_text())["rows"]]
+    return rows
+
+
+def test_realistic_files_read_as_the_source(realistic_report):
+    """No wrong value; errors only where a client cannot read the served character form (netCDF-C
+    >= 4.10 and zarr refuse 4.9's; ncdump 4.9.0 refuses the string form), proven on a copy."""
+    wrong = [r for r in realistic_report if r["cls"] == "wrong"]
+    assert not wrong, "\n".join(f"  {r['cdl']} {r['variant']} {r['var']} [{r['client']}, --chars {r['chars']}]: "
+                                f"{r['reason'][:200]}" for r in wrong)
+    errors = [r for r in realistic_report if r["cls"] == "error"]
+    assert all(r.get("same_on_copy") for r in errors)
+    assert {Path(r["cdl"]).name for r in errors} <= {"grouped_records.nc"}  # (the only file with text arrays)
+    identical = [r for r in realistic_report if r["cls"] == "identical"]
+    assert len(identical) > len(realistic_report) * 0.6
