@@ -273,6 +273,8 @@ class DecodedView:
         info = self._chunk_info(i)
         if info is not None and info.codecs:
             attrs["user.refmount.codecs"] = " -> ".join(str(c.get("id")) for c in reversed(info.codecs))
+        if info is not None and info.dir_id in self._shards:  # (url, offset and length are its shard's)
+            attrs["user.refmount.shard"] = "an inner chunk of the shard referenced here"
         if i in self._metadata:
             attrs["user.refmount.rewritten"] = "metadata rewritten for the decoded view"
         return attrs

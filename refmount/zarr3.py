@@ -384,30 +384,33 @@ def _inner_chunks(batches, layout: ShardLayout, base: str, zarray: dict):
     chunk grid, pointing at its shard's reference. Records which shards exist in `layout.present`."""
     sep = zarray.get("dimension_separator", ".")
     shape = zarray["shape"]
-    ndim = len(shape)
-    inner_grid = np.array([math.ceil(s / c) for s, c in zip(shape, zarray["chunks"])], np.int64)
+    inner_grid = [math.ceil(s / c) for s, c in zip(shape, zarray["chunks"])]
     shard_grid = tuple(math.ceil(s / c) for s, c in zip(shape, layout.shard_shape))
-    per = np.array(layout.per_shard, np.int64)
-    local = np.array(list(np.ndindex(*layout.per_shard)), np.int64).reshape(-1, ndim)
     present = []
     for encoded, indexes in batches:
-        keys, owners = [], []
-        for key, index in zip(encoded.decode().split("\x00"), indexes.tolist()):
-            if ndim == 0:
+        keys: list[str] = []
+        counts = []
+        for key in encoded.decode().split("\x00"):
+            if not shape:  # a scalar: one shard of one inner chunk
                 keys.append(key)
-                owners.append(index)
+                counts.append(1)
                 present.append(0)
                 continue
-            coords = np.array(key[len(base):].split(sep), np.int64)
-            if (coords >= np.array(shard_grid)).any():
-                continue  # a shard outside the grid: no inner chunk of it is in the array
-            present.append(int(np.ravel_multi_index(tuple(coords), shard_grid)))
-            inner = coords * per + local
-            for row in inner[(inner < inner_grid).all(axis=1)].tolist():
-                keys.append(base + sep.join(map(str, row)))
-                owners.append(index)
+            coords = [int(c) for c in key[len(base):].split(sep)]
+            if any(c >= g for c, g in zip(coords, shard_grid)):
+                counts.append(0)  # a shard outside the grid: no inner chunk of it is in the array
+                continue
+            present.append(int(np.ravel_multi_index(coords, shard_grid)))
+            # the shard's inner chunk names in C order, built a dimension at a time (no join per key)
+            names = [base]
+            for d, (c, p, g) in enumerate(zip(coords, layout.per_shard, inner_grid)):
+                part = [str(k) for k in range(c * p, min((c + 1) * p, g))]
+                glue = sep if d else ""
+                names = [n + glue + q for n in names for q in part]
+            keys += names
+            counts.append(len(names))
         if keys:
-            yield "\x00".join(keys).encode(), np.array(owners, np.int64)
+            yield "\x00".join(keys).encode(), np.repeat(indexes, counts)
     layout.present = np.unique(np.array(present, np.int64))
 
 

@@ -261,6 +261,8 @@ def test_sharded_decoded_view(mount, sharded_tree):
         for key in listed:
             assert os.stat(m / name / key).st_size == int(np.prod(chunks)) * np.dtype(dtype).itemsize
     assert server.stats["requests"] == before  # listing and sizes came from the metadata alone
+    assert os.getxattr(m / "end_crc" / "0.0", "user.refmount.url").decode().endswith("/end_crc/c/0/0")
+    assert "user.refmount.shard" in os.listxattr(m / "end_crc" / "0.0")
 
     expected = sharded_tree["expected"]
     for name, values in expected.items():
