@@ -122,6 +122,12 @@ def scan_arrays(refset: RefSet, chars: str = "char") -> list[ArrayInfo]:
         except (ValueError, TypeError, KeyError, RecursionError) as e:
             info.hidden_reason = f"its metadata is malformed ({type(e).__name__}: {str(e)[:200]})"
         arrays.append(info)
+    layouts = getattr(refset, "shards", None) or {}  # sharded Zarr v3 arrays (refmount.zarr3)
+    for info in arrays:
+        layout = layouts.get(info.path)
+        if layout is not None and not info.hidden_reason:
+            info.notes.insert(0, f"Zarr v3 shards of {list(layout.shard_shape)} served as their inner chunks "
+                                 f"({layout.count} per shard)")
     _extend_never_written(arrays)
     _rename_clashing_dimensions(arrays)
     return arrays

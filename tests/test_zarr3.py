@@ -250,6 +250,7 @@ def test_sharded_decoded_view(mount, sharded_tree):
     before = server.stats["requests"]
     assert not os.path.exists(m / "nested")
     assert "hiding array nested: unsupported Zarr v3 nested sharding" in m.log()
+    assert "array end_crc: Zarr v3 shards of [4, 6] served as their inner chunks (4 per shard)" in m.log()
     consolidated = json.loads((m / ".zmetadata").read_text())["metadata"]
     for name, (dtype, shape, chunks, *_rest) in SHARDED.items():
         zarray = json.loads((m / name / ".zarray").read_text())
