@@ -91,11 +91,11 @@ class ShardLayout:
         index = np.frombuffer(body, self.index_dtype).astype(np.uint64).reshape(self.count, 2)
         offsets, sizes = index[:, 0], index[:, 1]
         empty = (offsets == EMPTY) & (sizes == EMPTY)
-        ends = offsets[~empty].astype(object) + sizes[~empty].astype(object)  # (no uint64 overflow)
-        if len(ends) and max(ends) > shard_length:
+        length = np.uint64(shard_length)
+        # offset + nbytes <= length, written so that uint64 cannot overflow
+        outside = (offsets > length) | (sizes > length - np.minimum(offsets, length))
+        if (outside & ~empty).any():
             raise ShardError(f"chunk {quote(key)}: its shard's index points past the shard's {shard_length} bytes")
-        index = index.copy()
-        index[empty] = EMPTY
         return index
 
 
