@@ -220,19 +220,23 @@ class DecodedView:
         async def decode() -> bytes:
             layout = self._shards.get(info.dir_id)
             if layout is not None:
-                key = self.refset.key(i)
-                coords = info.chunk_index(key[len(info.path) + 1 if info.path else 0:])
-                shard, local = layout.shard_of(coords)
-                shard_grid = tuple(-(-s // c) for s, c in zip(info.zarray["shape"], layout.shard_shape))
-                if layout.has_shard(shard, shard_grid):  # (else: a missing shard's fill chunk, as usual)
-                    raw = await self._shard_reader.inner_chunk(i, layout, shard, local, key)
-                    if raw is None:  # empty inner chunk: the fill value, as the codecs would give it
-                        return self._decode(i, info, layout.fill_chunk, decoded=True)
-                    return await trio.to_thread.run_sync(self._decode, i, info, raw)
+                return await self._inner_chunk(i, info, layout)
             raw = await self.raw.read_all(i)
             return await trio.to_thread.run_sync(self._decode, i, info, raw)
 
         return await self._decoded.get(i, decode)
+
+    async def _inner_chunk(self, i: int, info: ArrayInfo, layout) -> bytes:
+        """An inner chunk of a sharded array, decoded: its bytes from its shard, or the fill."""
+        key = self.refset.key(i)
+        shard, local = layout.shard_of(info.chunk_index(key[len(info.path) + 1 if info.path else 0:]))
+        if not layout.has_shard(shard):  # a missing shard's chunk of the fill value (zarr3._fill_chunks)
+            raw = await self.raw.read_all(i)
+        else:
+            raw = await self._shard_reader.inner_chunk(i, layout, shard, local, key)
+            if raw is None:  # an empty inner chunk: the fill value, as the codecs would give it
+                return self._decode(i, info, layout.fill_chunk, decoded=True)
+        return await trio.to_thread.run_sync(self._decode, i, info, raw)
 
     def _decode(self, i: int, info: ArrayInfo, raw: bytes, decoded: bool = False) -> bytes:
         """Runs in a worker thread: codecs in reverse (unless `decoded`), then swap/reorder/crop.

@@ -44,7 +44,7 @@ class ShardLayout:
     """Geometry of one sharded array: shard and inner chunk shapes, where the index is and how it is
     encoded, which shards exist, and the bytes of an inner chunk that reads as fill."""
 
-    def __init__(self, path: str, shard_shape, chunk_shape, index_codecs, index_location: str) -> None:
+    def __init__(self, path: str, shape, shard_shape, chunk_shape, index_codecs, index_location: str) -> None:
         self.path = path
         self.shard_shape = tuple(int(s) for s in shard_shape)
         self.chunk_shape = tuple(int(c) for c in chunk_shape)
@@ -54,6 +54,7 @@ class ShardLayout:
             raise UnsupportedSharding(f"shard shape {list(self.shard_shape)} is not a multiple of the inner chunk "
                                       f"shape {list(self.chunk_shape)}")
         self.per_shard = tuple(s // c for s, c in zip(self.shard_shape, self.chunk_shape))
+        self.shard_grid = tuple(-(-int(n) // s) for n, s in zip(shape, self.shard_shape))
         self.count = math.prod(self.per_shard)
         if index_location not in ("start", "end"):
             raise UnsupportedSharding(f"index_location {index_location!r}")
@@ -69,8 +70,12 @@ class ShardLayout:
         local = tuple(c % p for c, p in zip(coords, self.per_shard))
         return shard, int(np.ravel_multi_index(local, self.per_shard)) if local else 0
 
-    def has_shard(self, shard: tuple[int, ...], shard_grid: tuple[int, ...]) -> bool:
-        number = int(np.ravel_multi_index(shard, shard_grid)) if shard else 0
+    def number(self, shard) -> int:
+        """The C-order number of a shard in the shard grid."""
+        return int(np.ravel_multi_index(tuple(shard), self.shard_grid)) if len(shard) else 0
+
+    def has_shard(self, shard: tuple[int, ...]) -> bool:
+        number = self.number(shard)
         k = int(np.searchsorted(self.present, number))
         return k < len(self.present) and int(self.present[k]) == number
 

@@ -356,8 +356,8 @@ def shard_layout(path: str, meta: dict, zarray: dict) -> ShardLayout | None:
     if dtype.kind == "O":
         raise Unsupported("sharded variable-length strings")
     shard_shape = meta["chunk_grid"]["configuration"]["chunk_shape"]
-    layout = ShardLayout(path, shard_shape, config["chunk_shape"], config.get("index_codecs") or [],
-                         config.get("index_location", "end"))
+    layout = ShardLayout(path, zarray["shape"], shard_shape, config["chunk_shape"],
+                         config.get("index_codecs") or [], config.get("index_location", "end"))
     layout.fill_chunk = fill_bytes(meta.get("fill_value"), dtype, zarray["chunks"])
     return layout
 
@@ -385,7 +385,6 @@ def _inner_chunks(batches, layout: ShardLayout, base: str, zarray: dict):
     sep = zarray.get("dimension_separator", ".")
     shape = zarray["shape"]
     inner_grid = [math.ceil(s / c) for s, c in zip(shape, zarray["chunks"])]
-    shard_grid = tuple(math.ceil(s / c) for s, c in zip(shape, layout.shard_shape))
     present = []
     for encoded, indexes in batches:
         keys: list[str] = []
@@ -397,10 +396,10 @@ def _inner_chunks(batches, layout: ShardLayout, base: str, zarray: dict):
                 present.append(0)
                 continue
             coords = [int(c) for c in key[len(base):].split(sep)]
-            if any(c >= g for c, g in zip(coords, shard_grid)):
+            if any(c >= g for c, g in zip(coords, layout.shard_grid)):
                 counts.append(0)  # a shard outside the grid: no inner chunk of it is in the array
                 continue
-            present.append(int(np.ravel_multi_index(coords, shard_grid)))
+            present.append(layout.number(coords))
             # the shard's inner chunk names in C order, built a dimension at a time (no join per key)
             names = [base]
             for d, (c, p, g) in enumerate(zip(coords, layout.per_shard, inner_grid)):

@@ -367,14 +367,14 @@ def test_shard_index_checks():
     from refmount.shards import EMPTY, ShardError, ShardLayout, UnsupportedSharding
     from refmount.zarr3 import Unsupported, sharding
 
-    big = ShardLayout("a", [4], [2], [{"name": "bytes", "configuration": {"endian": "big"}}], "start")
+    big = ShardLayout("a", [4], [4], [2], [{"name": "bytes", "configuration": {"endian": "big"}}], "start")
     assert big.index_bytes == 32 and not big.crc
     index = big.decode_index(np.array([[32, 8], [EMPTY, EMPTY]], ">u8").tobytes(), 40, "a/0")
     assert index.tolist() == [[32, 8], [EMPTY, EMPTY]]
     for entries in ([[32, 9], [EMPTY, EMPTY]], [[EMPTY, 8], [32, 8]], [[2**63, 2**63], [32, 8]]):
         with pytest.raises(ShardError, match="points past"):
             big.decode_index(np.array(entries, ">u8").tobytes(), 40, "a/0")
-    crc = ShardLayout("a", [4], [2], [{"name": "bytes"}, {"name": "crc32c"}], "end")
+    crc = ShardLayout("a", [4], [4], [2], [{"name": "bytes"}, {"name": "crc32c"}], "end")
     body = np.array([[0, 8], [8, 8]], "<u8").tobytes()
     good = bytes(numcodecs.get_codec({"id": "crc32c"}).encode(body))
     assert crc.decode_index(good, 52, "a/0").tolist() == [[0, 8], [8, 8]]
@@ -384,8 +384,8 @@ def test_shard_index_checks():
         crc.index_range(20, "a/0")
     for codecs in ([{"name": "crc32c"}], [{"name": "bytes"}, {"name": "gzip"}]):
         with pytest.raises(UnsupportedSharding):
-            ShardLayout("a", [4], [2], codecs, "end")
+            ShardLayout("a", [4], [4], [2], codecs, "end")
     with pytest.raises(UnsupportedSharding):
-        ShardLayout("a", [5], [2], [{"name": "bytes"}], "end")  # not a whole number of inner chunks
+        ShardLayout("a", [5], [5], [2], [{"name": "bytes"}], "end")  # not a whole number of inner chunks
     with pytest.raises(Unsupported, match="after sharding"):
         sharding([{"name": "sharding_indexed", "configuration": {}}, {"name": "gzip"}])
