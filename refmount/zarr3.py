@@ -6,7 +6,7 @@
   v3 codecs as numcodecs filters, fill_value in v2 form) + ``.zattrs`` (attributes, and
   ``_ARRAY_DIMENSIONS`` from ``dimension_names``);
 - each chunk key (``c/0/0``, ``c.0.0`` or v2 ``0.0``) -> the v2 name ``0.0``, pointing at the same
-  bytes (same url, offset and length, or the same inline data).
+  bytes (same url, offset and length, or the same inline data); a shard -> its inner chunks (below).
 The decoded view then treats it like any kerchunk set: it decodes chunks with the filters below,
 swaps byte order, and applies the netCDF rules for fills, chars and strings.
 
@@ -19,7 +19,7 @@ Sharding (``sharding_indexed``): the v2 array has the *inner* chunk shape and th
 inner chunk of every shard present is its own v2 key (``var/i.j``), pointing at the whole shard's
 reference. `RefSet.shards` maps each sharded array to its `ShardLayout`, with which the decoded view
 reads an inner chunk (the shard's index, then only that chunk's bytes: refmount.shards). Missing
-shards are missing chunks (the fill rule below). Nested sharding, codecs around the sharding codec,
+shards are missing chunks (the fill rule in `_fill_chunks`). Nested sharding, codecs around the sharding codec,
 and sharded variable-length strings hide the array.
 """
 
