@@ -48,7 +48,8 @@ class ShardLayout:
         self.path = path
         self.shard_shape = tuple(int(s) for s in shard_shape)
         self.chunk_shape = tuple(int(c) for c in chunk_shape)
-        if len(self.shard_shape) != len(self.chunk_shape) or not all(c > 0 for c in self.chunk_shape):
+        sizes = self.chunk_shape + self.shard_shape
+        if len(self.shard_shape) != len(self.chunk_shape) or not all(n > 0 for n in sizes):
             raise UnsupportedSharding(f"inner chunk shape {list(self.chunk_shape)} for shards {list(self.shard_shape)}")
         if any(s % c for s, c in zip(self.shard_shape, self.chunk_shape)):
             raise UnsupportedSharding(f"shard shape {list(self.shard_shape)} is not a multiple of the inner chunk "

@@ -387,5 +387,7 @@ def test_shard_index_checks():
             ShardLayout("a", [4], [4], [2], codecs, "end")
     with pytest.raises(UnsupportedSharding):
         ShardLayout("a", [5], [5], [2], [{"name": "bytes"}], "end")  # not a whole number of inner chunks
+    with pytest.raises(UnsupportedSharding):
+        ShardLayout("a", [5], [0], [2], [{"name": "bytes"}], "end")
     with pytest.raises(Unsupported, match="after sharding"):
         sharding([{"name": "sharding_indexed", "configuration": {}}, {"name": "gzip"}])
