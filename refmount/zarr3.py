@@ -46,6 +46,8 @@ _NUMERIC = {
     "complex64": "c8", "complex128": "c16",
 }
 _BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
+_DEFAULT_INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]  # zarr-python's
+MAX_INNER_CHUNKS = 50_000_000  # inner chunk keys one sharded array may list (about 3 GB of memory)
 
 
 def is_v3(refset) -> bool:
@@ -357,7 +359,11 @@ def shard_layout(path: str, meta: dict, zarray: dict) -> ShardLayout | None:
         raise Unsupported("sharded variable-length strings")
     shard_shape = meta["chunk_grid"]["configuration"]["chunk_shape"]
     layout = ShardLayout(path, zarray["shape"], shard_shape, config["chunk_shape"],
-                         config.get("index_codecs") or [], config.get("index_location", "end"))
+                         config.get("index_codecs", _DEFAULT_INDEX_CODECS), config.get("index_location", "end"))
+    inner = math.prod(math.ceil(s / c) for s, c in zip(zarray["shape"], zarray["chunks"]))
+    if inner > MAX_INNER_CHUNKS or layout.count > MAX_INNER_CHUNKS:
+        raise Unsupported(f"sharding into {max(inner, layout.count):,} inner chunks, more than the decoded view "
+                          f"lists ({MAX_INNER_CHUNKS:,})")
     layout.fill_chunk = fill_bytes(meta.get("fill_value"), dtype, zarray["chunks"])
     return layout
 

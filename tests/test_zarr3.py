@@ -391,3 +391,14 @@ def test_shard_index_checks():
         ShardLayout("a", [5], [0], [2], [{"name": "bytes"}], "end")
     with pytest.raises(Unsupported, match="after sharding"):
         sharding([{"name": "sharding_indexed", "configuration": {}}, {"name": "gzip"}])
+
+
+def test_absurd_sharding_hides_the_array():
+    from refmount.zarr3 import MAX_INNER_CHUNKS, Unsupported, shard_layout
+
+    meta = {"chunk_grid": {"configuration": {"chunk_shape": [10**6, 10**6]}},
+            "codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [1, 1],
+                                                                     "codecs": [{"name": "bytes"}]}}]}
+    zarray = {"dtype": "<f4", "shape": [10**6, 10**6], "chunks": [1, 1]}
+    with pytest.raises(Unsupported, match=f"more than the decoded view lists \\({MAX_INNER_CHUNKS:,}\\)"):
+        shard_layout("a", meta, zarray)
