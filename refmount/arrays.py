@@ -128,6 +128,12 @@ def scan_arrays(refset: RefSet, chars: str = "char") -> list[ArrayInfo]:
             _plan(info, chars, refset, fills_declared)
         except (ValueError, TypeError, KeyError, RecursionError) as e:
             info.hidden_reason = _malformed(e)
+    layouts = getattr(refset, "shards", None) or {}  # sharded Zarr v3 arrays (refmount.zarr3)
+    for info in arrays:
+        layout = layouts.get(info.path)
+        if layout is not None and not info.hidden_reason:
+            info.notes.insert(0, f"Zarr v3 shards of {list(layout.shard_shape)} served as their inner chunks "
+                                 f"({layout.count} per shard)")
     _extend_unwritten_records(arrays)
     _rename_clashing_dimensions(arrays)
     return arrays

@@ -9,6 +9,10 @@ Built on `RawView`. For every array (see refmount.arrays for the plan):
 - arrays that cannot be represented are hidden, with one log line each; a chunk that fails to
   decode, or decodes to the wrong length, is an EIO naming the key, never short or padded data.
 Missing chunks stay absent, so clients fill them with fill_value.
+
+A sharded Zarr v3 array (refmount.zarr3, refmount.shards) is served as its inner chunks: reading one
+reads its shard's index (once per shard, kept in a small LRU), then only that inner chunk's bytes;
+an inner chunk the index marks empty reads as the Zarr fill value.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from refmount.errors import RefmountError
 from refmount.lru import SingleFlightLRU
 from refmount.ncattrs import served_attributes
 from refmount.overlay import OverlayRefSet
+from refmount.shards import ShardReader
 
 log = logging.getLogger("refmount")
 
@@ -50,6 +55,9 @@ class DecodedView:
         self._codecs: dict[int, list] = {}
         self._renamed: dict[int, int] = {}  # added chunk key index -> the key it serves
         self._renamed_away: set[int] = set()  # chunk keys served under another name
+        layouts = getattr(self.refset, "shards", None) or {}  # sharded Zarr v3 arrays, by path
+        self._shards = {a.dir_id: layouts[a.path] for a in self.arrays if a.path in layouts}
+        self._shard_reader = ShardReader(raw)
         self._plan()
 
     # -- set-up -----------------------------------------------------------------------------------
@@ -73,10 +81,10 @@ class DecodedView:
                 self._set_metadata(prefix + ".zattrs", info.zattrs, added)
             if info.strlen:
                 renames.update(self._strlen_chunk_names(info))
-            if info.transforms_chunks:
+            if info.transforms_chunks or info.dir_id in self._shards:  # (an inner chunk is never its key's bytes)
                 self._chunks[info.dir_id] = info
                 self._codecs[info.dir_id] = [_codec(c) for c in info.codecs]
-                if info.separator == "/" and prefix:  # its chunks live in subdirectories
+                if info.separator == "/":  # its chunks live in subdirectories (every one, for a root array)
                     for d, path in enumerate(dirs.paths):
                         if path.startswith(prefix):
                             self._by_dir.setdefault(d, info)
@@ -210,18 +218,34 @@ class DecodedView:
 
     async def _decoded_chunk(self, i: int, info: ArrayInfo) -> bytes:
         async def decode() -> bytes:
+            layout = self._shards.get(info.dir_id)
+            if layout is not None:
+                return await self._inner_chunk(i, info, layout)
             raw = await self.raw.read_all(i)
             return await trio.to_thread.run_sync(self._decode, i, info, raw)
 
         return await self._decoded.get(i, decode)
 
-    def _decode(self, i: int, info: ArrayInfo, raw: bytes) -> bytes:
-        """Runs in a worker thread: codecs in reverse, then swap/reorder/crop. Exact size or error."""
+    async def _inner_chunk(self, i: int, info: ArrayInfo, layout) -> bytes:
+        """An inner chunk of a sharded array, decoded: its bytes from its shard, or the fill."""
+        key = self.refset.key(i)
+        shard, local = layout.shard_of(info.chunk_index(key[len(info.path) + 1 if info.path else 0:]))
+        if not layout.has_shard(shard):  # a missing shard's chunk of the fill value (zarr3._fill_chunks)
+            raw = await self.raw.read_all(i)
+        else:
+            raw = await self._shard_reader.inner_chunk(i, layout, shard, local, key)
+            if raw is None:  # an empty inner chunk: the fill value, as the codecs would give it
+                return self._decode(i, info, layout.fill_chunk, decoded=True)
+        return await trio.to_thread.run_sync(self._decode, i, info, raw)
+
+    def _decode(self, i: int, info: ArrayInfo, raw: bytes, decoded: bool = False) -> bytes:
+        """Runs in a worker thread: codecs in reverse (unless `decoded`), then swap/reorder/crop.
+        Exact size or error."""
         key = self.refset.key(i)
         data = raw
         expected = int(np.prod(info.chunk_shape or (1,))) * info.dtype.itemsize
         try:
-            for codec in reversed(self._codecs[info.dir_id]):
+            for codec in [] if decoded else reversed(self._codecs[info.dir_id]):
                 # no stage may grow past the chunk's size (filters such as fixedscaleoffset shrink
                 # it at most by 8x before the compressor, so 8x leaves them room)
                 data = decode_bounded(codec, data, 8 * expected)
@@ -253,10 +277,12 @@ class DecodedView:
         info = self._chunk_info(i)
         if info is not None and info.codecs:
             attrs["user.refmount.codecs"] = " -> ".join(str(c.get("id")) for c in reversed(info.codecs))
+        if info is not None and info.dir_id in self._shards:  # (url, offset and length are its shard's)
+            attrs["user.refmount.shard"] = "an inner chunk of the shard referenced here"
         if i in self._metadata:
             attrs["user.refmount.rewritten"] = "metadata rewritten for the decoded view"
         return attrs
 
     def statistics(self) -> dict:
         return {"decodes": self._decoded.computed, "decoded_cached": len(self._decoded),
-                "decoded_bytes": self._decoded.weight}
+                "decoded_bytes": self._decoded.weight, **self._shard_reader.statistics()}

@@ -231,9 +231,11 @@ class RawView:
 
     # -- bytes ------------------------------------------------------------------------------------
 
-    async def read(self, i: int, offset: int, size: int):
+    async def read(self, i: int, offset: int, size: int, exact: bool = False):
         """Exactly the file's bytes [offset, offset+size) clipped to its size, or FetchError: bytes,
-        or a memoryview of a cached block (a FUSE reply needs no copy)."""
+        or a memoryview of a cached block (a FUSE reply needs no copy). `exact`: fetch only these
+        bytes even if the key is small (a shard's index or one inner chunk of it), unless they
+        continue a scan."""
         uid, base, ref_length = self.refset.target(i)
         if uid == INLINE:
             return self.refset.inline_data(i)[offset : offset + size]
@@ -253,7 +255,7 @@ class RawView:
         limit = base + length if whole else self.fetcher.known_size(self.refset.urls[uid])
         scan = self.streams.on_read(uid, base + offset, base + end, base + length, limit,
                                     prefetch=self.prefetch, small=small)
-        if small_key and not scan:  # the whole small chunk, which its readers usually read whole
+        if small_key and not scan and not exact:  # the whole small chunk, which its readers usually read whole
             data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
         elif not scan and self.small_chunk:
             # a read at random (of a big chunk, or inside one): exactly its bytes, not the blocks

@@ -6,15 +6,21 @@
   v3 codecs as numcodecs filters, fill_value in v2 form) + ``.zattrs`` (attributes, and
   ``_ARRAY_DIMENSIONS`` from ``dimension_names``);
 - each chunk key (``c/0/0``, ``c.0.0`` or v2 ``0.0``) -> the v2 name ``0.0``, pointing at the same
-  bytes (same url, offset and length, or the same inline data).
+  bytes (same url, offset and length, or the same inline data); a shard -> its inner chunks (below).
 The decoded view then treats it like any kerchunk set: it decodes chunks with the filters below,
 swaps byte order, and applies the netCDF rules for fills, chars and strings.
 
 Codecs: ``bytes`` (endianness), ``transpose``, ``gzip``, ``zstd``, ``blosc``, ``crc32c``,
-``vlen-utf8``/``vlen-bytes``, ``numcodecs.*`` (as the numcodecs codec of that id), and ``sharding_indexed``, served with the shard
-as the v2 chunk (decoded by `ShardCodec`: index, then each inner chunk). Any other codec becomes the
-id ``zarr3.<name>``, which no codec registry knows, so the decoded view hides that array with one
-log line naming it.
+``vlen-utf8``/``vlen-bytes``, ``numcodecs.*`` (as the numcodecs codec of that id). Any other codec
+becomes the id ``zarr3.<name>``, which no codec registry knows, so the decoded view hides that array
+with one log line naming it.
+
+Sharding (``sharding_indexed``): the v2 array has the *inner* chunk shape and the inner codecs; every
+inner chunk of every shard present is its own v2 key (``var/i.j``), pointing at the whole shard's
+reference. `RefSet.shards` maps each sharded array to its `ShardLayout`, with which the decoded view
+reads an inner chunk (the shard's index, then only that chunk's bytes: refmount.shards). Missing
+shards are missing chunks (the fill rule in `_fill_chunks`). Nested sharding, codecs around the sharding codec,
+and sharded variable-length strings hide the array.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from numcodecs.compat import ensure_contiguous_ndarray
 from numcodecs.registry import register_codec
 
 from refmount.refs.model import INLINE, RefSet, RefSetBuilder
+from refmount.shards import ShardLayout, UnsupportedSharding
 
 log = logging.getLogger("refmount")
 
@@ -39,7 +46,8 @@ _NUMERIC = {
     "complex64": "c8", "complex128": "c16",
 }
 _BLOSC_SHUFFLE = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}
-_NO_CHUNK = 2**64 - 1
+_DEFAULT_INDEX_CODECS = [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]  # zarr-python's
+MAX_INNER_CHUNKS = 50_000_000  # inner chunk keys one sharded array may list (about 3 GB of memory)
 
 
 def is_v3(refset) -> bool:
@@ -156,15 +164,8 @@ def codec_chain(codecs: list[dict], data_type, chunk_shape: list[int], fill) -> 
             filters.append({"id": TransposeCodec.codec_id, "order": permutation, "shape": shape,
                             "dtype": dtype.str})
             shape = [shape[k] for k in permutation]
-    elif kind == "sharding_indexed":
-        dtype = numpy_dtype(data_type, _inner_endian(config.get("codecs", [])))
-        if array_to_array:
-            raise Unsupported("transpose before sharding")
-        filters.append({"id": ShardCodec.codec_id, "shard_shape": list(chunk_shape),
-                        "chunk_shape": list(config["chunk_shape"]), "dtype": dtype.str,
-                        "codecs": config.get("codecs", []), "index_codecs": config.get("index_codecs", []),
-                        "index_location": config.get("index_location", "end"), "data_type": data_type,
-                        "fill_value": fill})
+    elif kind == "sharding_indexed":  # (`sharding` unwraps the outer one: this is a shard in a shard)
+        raise Unsupported("nested sharding")
     elif kind in ("vlen-utf8", "vlen-bytes"):  # the same layout as numcodecs' codecs of those ids
         dtype = np.dtype("|O")
         filters.append({"id": kind})
@@ -174,21 +175,33 @@ def codec_chain(codecs: list[dict], data_type, chunk_shape: list[int], fill) -> 
     return dtype, filters, order
 
 
-def _inner_endian(codecs: list[dict]) -> str:
-    for codec in codecs:
-        if codec.get("name") == "bytes":
-            return (codec.get("configuration") or {}).get("endian", "little")
-    return "little"
+def sharding(codecs: list[dict]) -> dict | None:
+    """The configuration of the array's `sharding_indexed` codec, or None if it is not sharded.
+    Only a shard that is the whole codec chain can be read an inner chunk at a time."""
+    names = [c.get("name") for c in codecs]
+    if "sharding_indexed" not in names:
+        return None
+    k = names.index("sharding_indexed")
+    if k > 0:
+        raise Unsupported(f"codecs {names[:k]} before sharding_indexed")
+    if k < len(names) - 1:
+        raise Unsupported(f"codecs {names[k + 1:]} after sharding_indexed (whole shards encoded)")
+    return codecs[k].get("configuration") or {}
 
 
 def v2_metadata(meta: dict) -> tuple[dict, dict]:
-    """(.zarray, .zattrs) of one v3 array's zarr.json."""
+    """(.zarray, .zattrs) of one v3 array's zarr.json; a sharded array has the inner chunks as its
+    chunks and the inner codecs as its filters."""
     grid = meta.get("chunk_grid") or {}
     if grid.get("name") != "regular":
         raise Unsupported(f"chunk grid {grid.get('name')!r}")
     chunks = list(grid["configuration"]["chunk_shape"])
     shape = list(meta["shape"])
-    dtype, filters, order = codec_chain(meta.get("codecs") or [], meta["data_type"], chunks, meta.get("fill_value"))
+    codecs = meta.get("codecs") or []
+    shard = sharding(codecs)
+    if shard is not None:
+        chunks, codecs = list(shard["chunk_shape"]), shard.get("codecs") or []
+    dtype, filters, order = codec_chain(codecs, meta["data_type"], chunks, meta.get("fill_value"))
     encoding = meta.get("chunk_key_encoding") or {}
     separator = "/" if encoding.get("name") == "v2" and (encoding.get("configuration") or {}).get("separator") == "/" \
         else "."
@@ -282,6 +295,7 @@ def v2_refset(refset: RefSet) -> RefSet:
     builder = RefSetBuilder(None)
     builder.url_ids(refset.urls)  # the same url ids as the v3 set
     metadata: dict[str, bytes] = {}
+    layouts: dict[str, ShardLayout] = {}  # sharded arrays
     for d, path in enumerate(refset.dirs.paths):
         base = f"{path}/" if path else ""
         i = refset.find(base + "zarr.json")
@@ -303,13 +317,18 @@ def v2_refset(refset: RefSet) -> RefSet:
             continue
         try:
             zarray, zattrs = v2_metadata(meta)
-        except (Unsupported, KeyError, TypeError, ValueError) as e:
+            layout = shard_layout(path, meta, zarray)
+        except (Unsupported, UnsupportedSharding, KeyError, TypeError, ValueError) as e:
             log.warning("decoded view: hiding array %s: %s", path or "/", f"unsupported Zarr v3 {e}"
-                        if isinstance(e, Unsupported) else f"malformed zarr.json ({type(e).__name__}: {e})")
+                        if isinstance(e, (Unsupported, UnsupportedSharding)) else
+                        f"malformed zarr.json ({type(e).__name__}: {e})")
             continue
         metadata[base + ".zarray"] = json.dumps(zarray, allow_nan=True).encode()
         metadata[base + ".zattrs"] = json.dumps(zattrs, allow_nan=True).encode()
         batches = list(_array_chunks(refset, path, meta, len(zarray["shape"]), zarray.get("dimension_separator", ".")))
+        if layout is not None:
+            layouts[path] = layout
+            batches = list(_inner_chunks(batches, layout, base, zarray))
         for encoded, indexes in batches:
             inline = {int(k): refset.inline_data(int(indexes[k]))
                       for k in np.flatnonzero(refset.url_id[indexes] == INLINE)}
@@ -324,7 +343,80 @@ def v2_refset(refset: RefSet) -> RefSet:
     for name in ("checksums", "snapshot_id"):
         if hasattr(refset, name):
             setattr(out, name, getattr(refset, name))
+    out.shards = layouts
     return out
+
+
+# -- sharding: inner chunks as v2 chunks ---------------------------------------------------------------
+
+def shard_layout(path: str, meta: dict, zarray: dict) -> ShardLayout | None:
+    """The layout of a sharded array (None if not sharded); raises what hides the array."""
+    config = sharding(meta.get("codecs") or [])
+    if config is None:
+        return None
+    dtype = np.dtype(zarray["dtype"])
+    if dtype.kind == "O":
+        raise Unsupported("sharded variable-length strings")
+    shard_shape = meta["chunk_grid"]["configuration"]["chunk_shape"]
+    layout = ShardLayout(path, zarray["shape"], shard_shape, config["chunk_shape"],
+                         config.get("index_codecs", _DEFAULT_INDEX_CODECS), config.get("index_location", "end"))
+    inner = math.prod(math.ceil(s / c) for s, c in zip(zarray["shape"], zarray["chunks"]))
+    if inner > MAX_INNER_CHUNKS or layout.count > MAX_INNER_CHUNKS:
+        raise Unsupported(f"sharding into {max(inner, layout.count):,} inner chunks, more than the decoded view "
+                          f"lists ({MAX_INNER_CHUNKS:,})")
+    layout.fill_chunk = fill_bytes(meta.get("fill_value"), dtype, zarray["chunks"])
+    return layout
+
+
+def fill_bytes(fill, dtype: np.dtype, shape) -> bytes:
+    """An inner chunk of the v3 fill_value, as the inner codecs decode it (dtype in stored byte order)."""
+    value = v2_fill(fill, dtype)
+    if value is None:
+        value = b"" if dtype.kind in "SV" else 0
+    elif dtype.kind in "fc" and value in ("NaN", "Infinity", "-Infinity"):
+        value = float(value.replace("Infinity", "inf"))
+    elif dtype.kind == "c" and isinstance(value, list) and len(value) == 2:
+        value = complex(*(float(str(v).replace("Infinity", "inf")) for v in value))
+    elif dtype.kind in "SV" and isinstance(value, str):
+        value = base64.b64decode(value)
+    try:
+        return np.full(shape, value, dtype).tobytes()
+    except (TypeError, ValueError, OverflowError) as e:
+        raise Unsupported(f"fill_value {fill!r} for {dtype.str} ({e})") from None
+
+
+def _inner_chunks(batches, layout: ShardLayout, base: str, zarray: dict):
+    """Shard-key batches -> inner-chunk-key batches: each inner chunk of each shard within the array's
+    chunk grid, pointing at its shard's reference. Records which shards exist in `layout.present`."""
+    sep = zarray.get("dimension_separator", ".")
+    shape = zarray["shape"]
+    inner_grid = [math.ceil(s / c) for s, c in zip(shape, zarray["chunks"])]
+    present = []
+    for encoded, indexes in batches:
+        keys: list[str] = []
+        counts = []
+        for key in encoded.decode().split("\x00"):
+            if not shape:  # a scalar: one shard of one inner chunk
+                keys.append(key)
+                counts.append(1)
+                present.append(0)
+                continue
+            coords = [int(c) for c in key[len(base):].split(sep)]
+            if any(c >= g for c, g in zip(coords, layout.shard_grid)):
+                counts.append(0)  # a shard outside the grid: no inner chunk of it is in the array
+                continue
+            present.append(layout.number(coords))
+            # the shard's inner chunk names in C order, built a dimension at a time (no join per key)
+            names = [base]
+            for d, (c, p, g) in enumerate(zip(coords, layout.per_shard, inner_grid)):
+                part = [str(k) for k in range(c * p, min((c + 1) * p, g))]
+                glue = sep if d else ""
+                names = [n + glue + q for n in names for q in part]
+            keys += names
+            counts.append(len(names))
+        if keys:
+            yield "\x00".join(keys).encode(), np.repeat(indexes, counts)
+    layout.present = np.unique(np.array(present, np.int64))
 
 
 def _is_nan(value) -> bool:
@@ -345,7 +437,7 @@ def _fill_chunks(builder: RefSetBuilder, base: str, meta: dict, zarray: dict, pr
     if _same_fill(zarray["fill_value"], v3_fill) or present >= total or v3_fill is None:
         return
     name = base.rstrip("/") or "/"
-    if total > 10_000_000 or any(f["id"] == ShardCodec.codec_id for f in zarray["filters"] or []):
+    if total > 10_000_000:
         log.warning("decoded view: array %s: its missing chunks read as %r, not the Zarr fill value %r",
                     name, zarray["fill_value"], v3_fill)
         return
@@ -394,75 +486,4 @@ class TransposeCodec(Codec):
         return np.ascontiguousarray(array.transpose(self.order))
 
 
-class ShardCodec(Codec):
-    """Decode a whole v3 shard (`sharding_indexed`) into the shard's array, C order: the index first
-    (at the start or end, per index_location), then each inner chunk; absent inner chunks are the
-    fill value."""
-
-    codec_id = "refmount.zarr3.sharding"
-
-    def __init__(self, shard_shape, chunk_shape, dtype, codecs, index_codecs, index_location="end",
-                 data_type=None, fill_value=None):
-        self.shard_shape = list(shard_shape)
-        self.chunk_shape = list(chunk_shape)
-        self.dtype = dtype
-        self.codecs = codecs
-        self.index_codecs = index_codecs
-        self.index_location = index_location
-        self.data_type = data_type
-        self.fill_value = fill_value
-        self._inner = None
-
-    def _inner_chain(self):
-        if self._inner is None:
-            import numcodecs
-
-            dtype, filters, order = codec_chain(self.codecs, self.data_type, self.chunk_shape, self.fill_value)
-            self._inner = (dtype, [numcodecs.get_codec(dict(f)) for f in filters], order)
-        return self._inner
-
-    def _index_bytes(self, n: int) -> int:
-        size = 16 * n
-        for codec in self.index_codecs:
-            if codec.get("name") == "crc32c":
-                size += 4
-            elif codec.get("name") != "bytes":
-                raise ValueError(f"shard index codec {codec.get('name')!r} is not supported")
-        return size
-
-    def decode(self, buf, out=None):
-        data = ensure_contiguous_ndarray(buf).view(np.uint8).reshape(-1).tobytes()
-        grid = [s // c for s, c in zip(self.shard_shape, self.chunk_shape)]
-        n = math.prod(grid)
-        size = self._index_bytes(n)
-        raw_index = data[:size] if self.index_location == "start" else data[len(data) - size:]
-        if any(c.get("name") == "crc32c" for c in self.index_codecs):
-            import numcodecs
-
-            raw_index = bytes(numcodecs.get_codec({"id": "crc32c"}).decode(raw_index))
-        index = np.frombuffer(raw_index[: 16 * n], "<u8").reshape(n, 2)
-        dtype, codecs, order = self._inner_chain()
-        out_dtype = np.dtype(self.dtype)
-        shard = np.empty(self.shard_shape, out_dtype)
-        fill = v2_fill(self.fill_value, out_dtype)
-        shard[...] = np.array(float("nan") if fill == "NaN" else (fill if fill is not None else 0)).astype(out_dtype)
-        for k, (offset, length) in enumerate(index.tolist()):
-            if offset == _NO_CHUNK and length == _NO_CHUNK:
-                continue
-            if offset + length > len(data):
-                raise ValueError(f"inner chunk {k} lies outside the shard")
-            chunk = data[offset : offset + length]
-            for codec in reversed(codecs):
-                chunk = codec.decode(chunk)
-            array = ensure_contiguous_ndarray(chunk).view(np.uint8).reshape(-1).view(dtype)
-            array = array.reshape(self.chunk_shape, order=order)
-            where = np.unravel_index(k, grid)
-            shard[tuple(slice(w * c, (w + 1) * c) for w, c in zip(where, self.chunk_shape))] = array
-        return shard
-
-    def encode(self, buf):
-        raise NotImplementedError("refmount only reads shards")
-
-
 register_codec(TransposeCodec)
-register_codec(ShardCodec)

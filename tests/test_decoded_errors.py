@@ -89,3 +89,16 @@ def test_decompression_bomb_is_eio_without_inflating(mount):
     peak_kib = int(status.split("VmHWM:")[1].split()[0])
     assert peak_kib < 200 << 10, f"daemon peak RSS {peak_kib} KiB"
     assert "more than the expected" in mnt.log()
+
+
+def test_root_array_chunks_in_subdirectories_are_decoded(mount):
+    """A root array with the "/" separator keeps its chunks in subdirectories: they are decoded too."""
+    refs = {".zarray": json.dumps({"zarr_format": 2, "shape": [4, 4], "chunks": [2, 2], "dtype": "<i4",
+                                   "compressor": {"id": "zlib", "level": 1}, "filters": None, "fill_value": None,
+                                   "order": "C", "dimension_separator": "/"})}
+    for i in range(2):
+        for j in range(2):
+            refs[f"{i}/{j}"] = "base64:" + base64.b64encode(zlib.compress(bytes([i, j]) * 8)).decode()
+    mnt = mount(refs)
+    assert (mnt / "1" / "0").stat().st_size == 16
+    assert (mnt / "1" / "0").read_bytes() == bytes([1, 0]) * 8

@@ -312,3 +312,45 @@ def test_inspect_icechunk(sources):
     assert "air:" in out.stdout and "zlib" in out.stdout
     bad = run_refmount("inspect", "--tag", "missing", sources["native"])
     assert bad.returncode == 1 and "tag 'missing'" in bad.stderr
+
+
+def test_sharded_native_array(mount, tmp_path):
+    """zarr-python writes a sharded array into an Icechunk repository natively (each shard one chunk
+    object); the decoded view serves its inner chunks, read by ncdump, netCDF4-python and zarr."""
+    import netCDF4
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    from refmount.refs import load_refs
+
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(tmp_path / "repo")))
+    session = repo.writable_session("main")
+    group = zarr.create_group(session.store, zarr_format=3)
+    values = np.arange(9 * 14, dtype="f4").reshape(9, 14)
+    values[:2, :3] = 4.5  # an empty inner chunk
+    values[4:8, 6:12] = 4.5  # a shard never written
+    array = group.create_array("grid", shape=values.shape, dtype="f4", chunks=(2, 3), shards=(4, 6),
+                               compressors=[ZstdCodec()], fill_value=4.5, dimension_names=["gy", "gx"])
+    array[...] = values
+    rng = np.random.default_rng(3)
+    big = rng.normal(size=(41, 62)).astype("f8")  # shards big enough to be chunk objects, not inline
+    group.create_array("big", shape=big.shape, dtype="f8", chunks=(5, 6), shards=(20, 30),
+                       dimension_names=["by", "bx"])[...] = big
+    session.commit("sharded")
+    refs = load_refs(str(tmp_path / "repo"))
+    assert refs.ref(refs.find("grid/c/0/0")).is_inline and not refs.ref(refs.find("big/c/0/0")).is_inline
+    m = mount(tmp_path / "repo")
+    zarray = json.loads((m / "grid" / ".zarray").read_text())
+    assert zarray["chunks"] == [2, 3]
+    assert len([n for n in os.listdir(m / "grid") if not n.startswith(".")]) == 5 * 5
+    assert os.stat(m / "grid" / "4.4").st_size == 2 * 3 * 4
+    assert np.array_equal(zarr.open_array(str(m / "grid"), mode="r", zarr_format=2)[...], values)
+    dumped = parse_ncdump(ncdump(nczarr_url(m.path)))
+    compare_dumped(dumped["grid"], values, [], "ncdump grid")
+    compare_dumped(dumped["big"], big, [], "ncdump big")
+    assert np.array_equal(zarr.open_array(str(m / "big"), mode="r", zarr_format=2)[...], big)
+    with netCDF4.Dataset(nczarr_url(m.path)) as ds:
+        ds.set_auto_maskandscale(False)
+        assert np.array_equal(ds["grid"][...], values) and np.array_equal(ds["big"][...], big)
+    raw = mount(tmp_path / "repo", "--view", "raw")
+    assert np.array_equal(zarr.open_group(str(raw.path), mode="r")["grid"][...], values)
