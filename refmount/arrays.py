@@ -429,9 +429,10 @@ def _extend_unwritten_records(arrays: list[ArrayInfo]) -> None:
     """netCDF's unlimited dimension is as long as its longest variable, and a variable reads fill
     where it was never written; kerchunk gives each variable the records written to it (0 if none).
     Such an array gets the dimension's length back: the records it lacks read as fill (missing
-    chunks; allocated chunks hold HDF5's fill there). Only along a dimension that looks unlimited:
-    some array of its group is chunked along it unlike its extent (an unlimited dimension needs
-    chunks; kerchunk's ``phony_dim_N`` names of plain HDF5 datasets are never one). The dimension is
+    chunks; allocated chunks hold HDF5's fill there). Only along a dimension that looks unlimited
+    (`_chunked_as_unlimited`) in some array of its group; kerchunk's ``phony_dim_N`` names of plain
+    HDF5 datasets are never one, and two lengths of another name stay two dimensions
+    (`_rename_clashing_dimensions`). The dimension is
     the one of the array's own group, or an ancestor's when it looks unlimited in both (a group may
     define its own dimension of the same name)."""
     visible = [info for info in arrays if not info.hidden_reason and info.out_zarray is not None]
@@ -444,7 +445,7 @@ def _extend_unwritten_records(arrays: list[ArrayInfo]) -> None:
             longest[group, name] = max(longest.get((group, name), 0), size)
         if len(info.chunk_shape) == len(dims):  # (not a scalar served as [1])
             unlimited.update((group, n) for n, size, chunk in zip(dims, info.zarray["shape"], info.chunk_shape)
-                             if chunk != size and not n.startswith("phony_dim_"))
+                             if _chunked_as_unlimited(size, chunk) and not n.startswith("phony_dim_"))
     for info in visible:
         dims = _dimensions(info)
         if not dims:
@@ -473,6 +474,13 @@ def _extend_unwritten_records(arrays: list[ArrayInfo]) -> None:
         if 0 in info.out_zarray["shape"]:
             info.hidden_reason = ("a dimension of length 0 (an unlimited dimension with no records): netCDF-C 4.9.0 "
                                   "fails the whole open on such an array (the raw view keeps it)")
+
+
+def _chunked_as_unlimited(size: int, chunk: int) -> bool:
+    """An extent along a dimension only an unlimited one has: none yet, a chunk longer than the
+    extent (HDF5 allows that only for an extendible dataset; netCDF-C chunks a fixed dimension at
+    most to its length), or netCDF-C's default chunk of 1 record."""
+    return size == 0 or chunk > size or chunk == 1 < size
 
 
 def _rename_clashing_dimensions(arrays: list[ArrayInfo]) -> None:
