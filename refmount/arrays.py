@@ -407,9 +407,11 @@ def _plan_characters(info: ArrayInfo, out: dict, dtype: np.dtype, chars: str) ->
     if dtype.itemsize > 1 and chars != "string":
         info.strlen = dtype.itemsize
         info.notes.append(f"strings {dtype.str} served as characters with a last dimension string{dtype.itemsize}")
+    # kerchunk's fill for text is a space or NUL ("IA==", "AA=="): xarray would mask every such
+    # character, and netCDF-C >= 4.10 reads the base64 text itself as the value of a missing chunk
+    out["fill_value"] = None
     if chars == "string":
         return dtype
-    out["fill_value"] = None  # a NUL fill byte would mask every padding NUL in xarray
     if chars == "char":
         info.notes.append("characters served as netCDF-C 4.9's char ('<U1', one byte each)")
         return None
