@@ -91,9 +91,22 @@ def v3_tree(tmp_path_factory):
     return {"refs": refs, "expected": expected, "store": store_root}
 
 
-def test_decoded_view_of_v3_codecs(mount, v3_tree):
+def assert_netcdf_c_reads(m, expected: dict, title: str) -> None:
+    """Debian's ncdump and netCDF4-python read every array of the decoded view as `expected`."""
     import netCDF4
 
+    dumped = parse_ncdump(ncdump(nczarr_url(m.path)))
+    for name, values in expected.items():
+        compare_dumped(dumped[name], values.astype(values.dtype.newbyteorder("<")), [], f"ncdump {name}")
+    with netCDF4.Dataset(nczarr_url(m.path)) as ds:
+        assert ds.title == title
+        for name, values in expected.items():
+            var = ds[name]
+            var.set_auto_maskandscale(False)
+            assert np.array_equal(np.asarray(var[...]), values), f"netCDF4 {name}"
+
+
+def test_decoded_view_of_v3_codecs(mount, v3_tree):
     m = mount(v3_tree["refs"], "--chars", "ubyte")  # (the strings array: a form netCDF4-python opens too)
     assert not os.path.exists(m / "mystery")
     assert "mystery" in m.log()
@@ -103,15 +116,7 @@ def test_decoded_view_of_v3_codecs(mount, v3_tree):
         got = array[...]
         assert got.dtype.kind == values.dtype.kind and np.array_equal(got, values), name
         assert json.loads((m / name / ".zattrs").read_text())["_ARRAY_DIMENSIONS"]
-    dumped = parse_ncdump(ncdump(nczarr_url(m.path)))
-    for name, values in expected.items():
-        compare_dumped(dumped[name], values.astype(values.dtype.newbyteorder("<")), [], f"ncdump {name}")
-    with netCDF4.Dataset(nczarr_url(m.path)) as ds:
-        assert ds.title == "codecs"
-        for name, values in expected.items():
-            var = ds[name]
-            var.set_auto_maskandscale(False)
-            assert np.array_equal(np.asarray(var[...]), values), f"netCDF4 {name}"
+    assert_netcdf_c_reads(m, expected, "codecs")
 
 
 def test_v3_strings(mount, v3_tree):
@@ -242,7 +247,6 @@ def chunk_files(directory) -> list[str]:
 def test_sharded_decoded_view(mount, sharded_tree):
     """Inner chunks as v2 chunks: metadata, listing and sizes without network; values through zarr,
     Debian's ncdump, netCDF4-python and xarray equal what zarr-python wrote."""
-    import netCDF4
     import xarray as xr
 
     server = sharded_tree["server"]
@@ -269,15 +273,7 @@ def test_sharded_decoded_view(mount, sharded_tree):
     for name, values in expected.items():
         got = zarr.open_array(str(m / name), mode="r", zarr_format=2)[...]
         assert got.dtype == values.dtype.newbyteorder("<") and np.array_equal(got, values), f"zarr {name}"
-    dumped = parse_ncdump(ncdump(nczarr_url(m.path)))
-    for name, values in expected.items():
-        compare_dumped(dumped[name], values.astype(values.dtype.newbyteorder("<")), [], f"ncdump {name}")
-    with netCDF4.Dataset(nczarr_url(m.path)) as ds:
-        assert ds.title == "sharded"
-        for name, values in expected.items():
-            var = ds[name]
-            var.set_auto_maskandscale(False)
-            assert np.array_equal(np.asarray(var[...]), values), f"netCDF4 {name}"
+    assert_netcdf_c_reads(m, expected, "sharded")
     opened = xr.open_zarr(m.path, zarr_format=2, mask_and_scale=False)
     for name, values in expected.items():
         np.testing.assert_array_equal(opened[name].values, values, err_msg=f"xarray {name}")
