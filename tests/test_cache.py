@@ -68,6 +68,10 @@ class PrefetchLog:
     async def prefetch(self, uid: int, first: int, last: int) -> None:
         self.calls.append((uid, first, last))
 
+    async def prefetch_parts(self, uid: int, parts: list[tuple[int, int]]) -> None:
+        for first, last in parts:
+            await self.prefetch(uid, first, last)
+
 
 def test_read_streams_tell_scans_from_random_reads():
     streams = ReadStreams(PrefetchLog(), gap=1000, streams=4)
@@ -99,7 +103,10 @@ def test_read_streams_read_ahead_across_chunk_files_with_a_growing_window():
 
     trio.run(main)
     calls = sorted(log.calls)  # background tasks run in any order
-    assert calls[0] == (7, 2, 5)  # the second chunk: the window doubled to four blocks past its end
+    # The second chunk proves a scan: the window grew 4x at once, to max_window (eight blocks) past
+    # its end, fetched as parts of up to a quarter of it (without a pacer, four requests at a time),
+    # the nearest first and smallest: one block, then two.
+    assert calls[:5] == [(7, 2, 2), (7, 3, 4), (7, 5, 6), (7, 7, 8), (7, 9, 9)]
     ends = [last for _, _, last in calls]
     assert ends[-1] == 6 + 8 - 1  # then it grows up to max_window ahead of the reads
     firsts = [first for _, first, _ in calls]

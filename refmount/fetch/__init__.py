@@ -87,6 +87,24 @@ class Fetcher:
         if protocols - {"file", "http", "https"}:
             import refmount.fetch.fsspec_backend  # noqa: F401
 
+    async def warm_up(self, urls) -> None:
+        """Have the remote backends for `urls` ready before the first read: their code imported (in
+        a thread; aiohttp alone takes 0.1 s), the asyncio loop running and the HTTP session open.
+        No request is made. Without it the first read of a mount paid 0.1-0.3 s for all of this."""
+        remote = await trio.to_thread.run_sync(self._import_remote, urls)
+        if remote & {"http", "https"}:
+            backend = self._backend("http://")
+            await run_on_asyncio(backend.open(), self._asyncio())
+
+    @staticmethod
+    def _import_remote(urls) -> set[str]:
+        """The remote protocols of `urls`, their backends' code imported and the asyncio loop started."""
+        remote = {protocol_of(url) for url in urls} - {"file"}
+        if remote:
+            Fetcher.import_backends(f"{proto}://" for proto in remote)
+            asyncio_loop()  # starts fsspec's loop thread
+        return remote
+
     def _asyncio(self):
         if self._loop is None:
             self._loop = asyncio_loop()
