@@ -135,6 +135,11 @@ class BlockCache:
             self._store(key, data)
         return data
 
+    def has_exact(self, source, start: int, end: int) -> bool:
+        """Whether the exact range [start, end) is cached or being fetched (no I/O)."""
+        key = (source, start, end)
+        return key in self._blocks or key in self._inflight
+
     def cached(self, source, index: int) -> bytes | None:
         key = (source, index)
         block = self._blocks.get(key)

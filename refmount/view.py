@@ -281,10 +281,16 @@ class RawView:
         # Seen on arrival (the kernel's readahead requests may finish out of order).
         # Read-ahead stops at the end of the remote object once a response has told its size.
         limit = base + length if whole else self.fetcher.known_size(self.refset.urls[uid])
+        # A chunk of up to a block is read whole by its readers (zarr, netCDF-C), though the kernel
+        # may ask for it in pieces: a read from its start at random fetches all of it in one request,
+        # and its other pieces come from that (nothing to read ahead for them).
+        chunk = not whole and self.small_chunk and length <= self.cache.block_size
+        chunk_fetched = chunk and self.cache.has_exact(uid, base, base + length)
         scan = self.streams.on_read(uid, base + offset, base + end, base + length, limit,
-                                    prefetch=self.prefetch, small=small,
+                                    prefetch=self.prefetch and not chunk_fetched, small=small,
                                     opening=offset == 0 and end >= self.cache.block_size)
-        if small_key and not scan:  # the whole small chunk, which its readers usually read whole
+        whole_chunk = chunk_fetched or (chunk and offset == 0 and not scan)
+        if (small_key and not scan) or whole_chunk:  # the whole small chunk, which its readers usually read whole
             data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
         elif not scan and self.small_chunk:
             # a read at random (of a big chunk, or inside one): exactly its bytes, not the blocks
