@@ -468,10 +468,11 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     from refmount.assemble import build_filesystem
     from refmount.fuse_ops import FuseOperations
 
-    if opts.proxy:  # the http(s) targets' client follows the usual variables (aiohttp trust_env)
+    if opts.proxy:  # the http(s) targets' client follows the usual variables (as aiohttp's trust_env)
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
             os.environ[name] = opts.proxy
     fs, fetcher = build_filesystem(opts)
+    fetcher.begin_warm_up(fs.refset.urls)  # imports in a thread while the mount comes up
     check_remote_options(fs.refset.urls, opts.remote_options)
     fs.mount_info = {"refs": shown_refs(opts.refs), "log": log_shown or opts.log_file or "stderr"}
     operations = FuseOperations(fs)
