@@ -148,3 +148,21 @@ def test_small_chunks_read_ahead_only_once_the_scan_is_proven():
         assert log.calls and log.calls[0][0] == 3
 
     trio.run(main)
+
+
+def test_chunks_up_to_a_block_read_at_random_are_one_exact_request_each(mount, http_data):
+    """The kernel asks for a 600 kB chunk file in pieces (256 KiB, then the rest): a reader of
+    whole chunks at random costs one request of exactly each chunk, not one per piece plus blocks."""
+    root = http_data.path_for(http_data.url_for("x")).parent
+    data = bytes(range(256)) * (64 * KiB)  # 16 MiB
+    (root / "mid-chunks.bin").write_bytes(data)
+    url = http_data.url_for("mid-chunks.bin")
+    chunk = 600_000
+    refs = {f"c/{k}": [url, k * chunk, chunk] for k in range(len(data) // chunk)}
+    m = mount(refs, "--view", "raw")
+    http_data.reset_stats()
+    order = (20, 3, 11, 7)
+    for k in order:
+        assert (m / f"c/{k}").read_bytes() == data[k * chunk : (k + 1) * chunk]
+    ranges = [r for method, _, r in http_data.stats["log"] if method == "GET"]
+    assert ranges == [f"bytes={k * chunk}-{(k + 1) * chunk - 1}" for k in order]
