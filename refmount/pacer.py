@@ -3,10 +3,11 @@
 A fixed number of parallel requests is too few on a long fat link (one TCP stream reaches a third
 of 1 Gbit/s at 80 ms) and needlessly many on loopback. Per host we measure the throughput while
 requests are in flight (the best recent figure) and the latency (the quickest recent small
-request), and allow enough parts in flight to hold twice the bandwidth-delay product, plus two so
-that a faster link can show itself, and at least one per sequential reader plus one; never more
-than `max_parallel` (--connections). Readers' own requests are never held back here: only
-read-ahead waits.
+request), and allow enough parts in flight to hold three times the bandwidth-delay product, plus
+two so that a faster link can show itself, and at least one per sequential reader plus one; never
+more than `max_parallel` (--connections), which is also where an unmeasured host starts. Readers'
+own requests are never held back here: only read-ahead waits, and its slots are granted in the
+order asked for. The measured product also sizes a new stream's window (view.ReadStreams).
 
 Everything here runs on the trio thread.
 """

@@ -53,14 +53,17 @@ class ReadStreams:
     Each remote file keeps a few streams (parallel readers walking different parts of it). A read
     continues a stream when it starts after the stream's last read did, and within `gap` of where
     the stream has got to (chunks of a netCDF-4 file sit between small metadata blocks; the kernel's
-    readahead requests may arrive out of order, or overlap). The stream's
-    window then doubles, from two blocks up to `max_window`. Any other read starts a new stream,
-    replacing the oldest, whose read-ahead stays within the key it read.
+    readahead requests may arrive out of order, or overlap). The stream's window then grows, from
+    two blocks (eight for a first read of a block or more from a key's start), 4x per read once the
+    stream is proven sequential and at once to twice the host's measured bandwidth-delay product,
+    up to `max_window`. Any other read starts a new stream, replacing the oldest, whose read-ahead
+    stays within the key it read.
 
     Requests grow with the window: the stream asks for what it lacks of its window once that is at
-    least a part (the window, at most `max_part`), as parts of up to `max_part` fetched in parallel,
-    so a long scan keeps several big requests in flight (the bandwidth-delay product) while its
-    first requests stay small. All streams together claim at most the memory budget's read-ahead
+    least a part (the window spread over the host's parallel requests, at most `max_part`), fetched
+    in parallel, so a long scan keeps several big requests in flight (the bandwidth-delay product)
+    while its first requests stay small; for a reader that has caught up the nearest part is one
+    block and the next ones double. All streams together claim at most the memory budget's read-ahead
     share; a stream whose read-ahead is evicted unread stops reading ahead. The parts are fetched by
     background tasks through the same single-flight cache, started nearest first."""
 
