@@ -20,6 +20,7 @@ Everything here runs on the trio thread, so plain dicts need no locks.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from contextlib import asynccontextmanager
 
@@ -54,6 +55,7 @@ class BlockCache:
         self._inflight: dict[tuple, _Flight] = {}
         self._unread: set[tuple] = set()  # prefetched blocks nobody has read yet
         self._queued: dict[tuple, int] = {}  # blocks of read-ahead parts not yet started -> the part's last
+        self._pending: dict = {}  # source -> heap of its read-ahead parts waiting for a pacer slot
         self.on_wasted = None  # called with (source, index) when an unread prefetched block is evicted
         self.hits = 0
         self.misses = 0
@@ -133,6 +135,11 @@ class BlockCache:
             self._store(key, data)
         return data
 
+    def has_exact(self, source, start: int, end: int) -> bool:
+        """Whether the exact range [start, end) is cached or being fetched (no I/O)."""
+        key = (source, start, end)
+        return key in self._blocks or key in self._inflight
+
     def cached(self, source, index: int) -> bytes | None:
         key = (source, index)
         block = self._blocks.get(key)
@@ -142,25 +149,52 @@ class BlockCache:
                 self._unread.discard(key)
         return block
 
-    async def prefetch(self, source, first: int, last: int) -> None:
-        """Fetch blocks [first, last] unless cached or in flight, as one request (a read-ahead part;
-        the caller sizes it), when the host's pacer lets it. Runs as a background task, so it must
-        never raise: a failure here is retried (and reported) by the reader that needs it."""
+    async def prefetch_parts(self, source, parts: list[tuple[int, int]]) -> None:
+        """Fetch those blocks of the read-ahead parts [(first, last), ...] that are neither cached nor
+        in flight, each part as one request (the caller sizes them). One task per source starts
+        them nearest first as the host's pacer grants slots (parts asked for while it waits join its
+        queue): a part that a reader is about to need never waits behind parts further ahead. Runs as
+        a background task, so it must never raise: a failure here is retried (and reported) by the
+        reader that needs the blocks."""
         queued = self._queued
-        for index in range(first, last + 1):
-            queued[(source, index)] = last
+        for first, last in parts:
+            for index in range(first, last + 1):
+                queued[(source, index)] = last
+        pending = self._pending.get(source)
+        if pending is not None:  # this source's starter is waiting for a slot: it takes these too
+            for part in parts:
+                heapq.heappush(pending, part)
+            return
+        pending = self._pending[source] = list(parts)
+        heapq.heapify(pending)
         try:
-            if self.pacer is None:
-                await self._fetch_missing(source, first, last)
-            else:
-                async with self.pacer.slot(source) as ticket:
-                    ticket.nbytes = await self._fetch_missing(source, first, last)
-        except Exception:  # noqa: BLE001
+            while pending:
+                ticket = None if self.pacer is None else await self.pacer.acquire(source)
+                first, last = heapq.heappop(pending)  # the nearest now, after the wait
+                trio.lowlevel.spawn_system_task(self._prefetch_part, source, first, last, ticket)
+        except BaseException:  # noqa: BLE001 - cancelled with the run: forget the parts not started
+            for first, last in pending:
+                self._unqueue(source, first, last)
+        finally:
+            del self._pending[source]
+
+    async def _prefetch_part(self, source, first: int, last: int, ticket) -> None:
+        try:
+            fetched = await self._fetch_missing(source, first, last)
+            if ticket is not None:
+                ticket.nbytes = fetched
+        except Exception:  # noqa: BLE001 - the reader that needs these blocks retries and reports
             pass
         finally:
-            for index in range(first, last + 1):
-                if queued.get((source, index)) == last:
-                    del queued[(source, index)]
+            if ticket is not None:
+                self.pacer.release(ticket)
+            self._unqueue(source, first, last)
+
+    def _unqueue(self, source, first: int, last: int) -> None:
+        queued = self._queued
+        for index in range(first, last + 1):
+            if queued.get((source, index)) == last:
+                del queued[(source, index)]
 
     async def _fetch_missing(self, source, first: int, last: int) -> int:
         """Fetch those of blocks [first, last] that are neither cached nor in flight; the bytes fetched."""

@@ -468,10 +468,11 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     from refmount.assemble import build_filesystem
     from refmount.fuse_ops import FuseOperations
 
-    if opts.proxy:  # the http(s) targets' client follows the usual variables (aiohttp trust_env)
+    if opts.proxy:  # the http(s) targets' client follows the usual variables (as aiohttp's trust_env)
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
             os.environ[name] = opts.proxy
     fs, fetcher = build_filesystem(opts)
+    fetcher.begin_warm_up(fs.refset.urls)  # imports in a thread while the mount comes up
     check_remote_options(fs.refset.urls, opts.remote_options)
     fs.mount_info = {"refs": shown_refs(opts.refs), "log": log_shown or opts.log_file or "stderr"}
     operations = FuseOperations(fs)
@@ -491,7 +492,9 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_announce_ready, opts, ready, lambda: fetcher.import_backends(fs.refset.urls))
+            nursery.start_soon(_announce_ready, opts, ready)
+            # the HTTP client made ready alongside (the first read would wait for it otherwise)
+            nursery.start_soon(_quietly, fetcher.warm_up, fs.refset.urls)
             nursery.start_soon(_stop_on_signals, nursery)
             if opts.owner_pid:
                 nursery.start_soon(_unmount_when_gone, opts.owner_pid)
@@ -508,9 +511,8 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     return 0
 
 
-async def _announce_ready(opts: MountOptions, ready: int | None, then=None) -> None:
-    """Report readiness once the mount answers a stat (which our own main loop serves), then do
-    `then()` in a thread: work that need not delay readiness (its errors show up later, in use)."""
+async def _announce_ready(opts: MountOptions, ready: int | None) -> None:
+    """Report readiness once the mount answers a stat (which our own main loop serves)."""
     import pyfuse3
     import trio
 
@@ -542,11 +544,14 @@ async def _announce_ready(opts: MountOptions, ready: int | None, then=None) -> N
     if ready is not None:
         os.close(ready)
         _detach()
-    if then is not None:
-        try:
-            await trio.to_thread.run_sync(then)
-        except Exception as e:
-            log.debug("after readiness: %s", e)
+
+
+async def _quietly(function, *args) -> None:
+    """Work that need not succeed now: its errors show up later, in use."""
+    try:
+        await function(*args)
+    except Exception as e:
+        log.debug("%s: %s", getattr(function, "__name__", function), e)
 
 
 def _process_start(pid: int) -> str | None:

@@ -3,10 +3,11 @@
 A fixed number of parallel requests is too few on a long fat link (one TCP stream reaches a third
 of 1 Gbit/s at 80 ms) and needlessly many on loopback. Per host we measure the throughput while
 requests are in flight (the best recent figure) and the latency (the quickest recent small
-request), and allow enough parts in flight to hold twice the bandwidth-delay product, plus two so
-that a faster link can show itself, and at least one per sequential reader plus one; never more
-than `max_parallel` (--connections). Readers' own requests are never held back here: only
-read-ahead waits.
+request), and allow enough parts in flight to hold three times the bandwidth-delay product, plus
+two so that a faster link can show itself, and at least one per sequential reader plus one; never
+more than `max_parallel` (--connections), which is also where an unmeasured host starts. Readers'
+own requests are never held back here: only read-ahead waits, and its slots are granted in the
+order asked for. The measured product also sizes a new stream's window (view.ReadStreams).
 
 Everything here runs on the trio thread.
 """
@@ -36,15 +37,16 @@ class _Host:
 
 
 class _Ticket:
-    __slots__ = ("began", "nbytes")
+    __slots__ = ("began", "nbytes", "host")
 
-    def __init__(self, began: float) -> None:
+    def __init__(self, began: float, host: _Host | None = None) -> None:
         self.began = began
         self.nbytes = 0
+        self.host = host
 
 
 class HostPacer:
-    def __init__(self, host_of, max_parallel: int, block_size: int, start: int = 4) -> None:
+    def __init__(self, host_of, max_parallel: int, block_size: int, start: int = 8) -> None:
         self._host_of = host_of  # source -> host name
         self.max_parallel = max(1, max_parallel)
         self.block_size = block_size
@@ -71,6 +73,30 @@ class HostPacer:
                 yield ticket
             finally:
                 self._ended(host, ticket.began, ticket.nbytes)
+
+    async def acquire(self, source) -> _Ticket:
+        """One of the host's read-ahead slots, for a request another task will make: slots are
+        granted in the order asked for (FIFO), so a part nearer the reader is never overtaken by
+        one further ahead. The caller sets `.nbytes` and hands the ticket to `release`."""
+        host = self._host(source)
+        ticket = _Ticket(0.0, host)
+        await host.limiter.acquire_on_behalf_of(ticket)
+        ticket.began = self._began(host)
+        return ticket
+
+    def release(self, ticket: _Ticket) -> None:
+        host = ticket.host
+        host.limiter.release_on_behalf_of(ticket)
+        self._ended(host, ticket.began, ticket.nbytes)
+
+    def parallel(self, source) -> int:
+        """Read-ahead requests the host of `source` may have in flight now."""
+        return self._host(source).limiter.total_tokens
+
+    def bdp(self, source) -> int:
+        """The host's measured bandwidth-delay product in bytes (0 until both are measured)."""
+        host = self._host(source)
+        return int(host.rate * host.latency)
 
     def observe(self, source, began: float, nbytes: int) -> None:
         """A reader's own request of `nbytes` that began at `began` (trio clock) just ended."""
@@ -117,7 +143,9 @@ class HostPacer:
     def _retarget(self, host: _Host) -> None:
         if host.latency == 0 or host.part == 0:
             return
-        target = 2 * host.rate * host.latency  # bytes in flight to fill the link twice over
+        # Bytes in flight to fill the link three times over: each part also idles a round trip
+        # between requests, and one connection's window may carry only a share of the link.
+        target = 3 * host.rate * host.latency
         host.wanted = int(target // host.part) + 2
         self._apply(host)
 

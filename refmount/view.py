@@ -53,18 +53,21 @@ class ReadStreams:
     Each remote file keeps a few streams (parallel readers walking different parts of it). A read
     continues a stream when it starts after the stream's last read did, and within `gap` of where
     the stream has got to (chunks of a netCDF-4 file sit between small metadata blocks; the kernel's
-    readahead requests may arrive out of order, or overlap). The stream's
-    window then doubles, from two blocks up to `max_window`. Any other read starts a new stream,
-    replacing the oldest, whose read-ahead stays within the key it read.
+    readahead requests may arrive out of order, or overlap). The stream's window then grows, from
+    two blocks (eight for a first read of a block or more from a key's start), 4x per read once the
+    stream is proven sequential and at once to twice the host's measured bandwidth-delay product,
+    up to `max_window`. Any other read starts a new stream, replacing the oldest, whose read-ahead
+    stays within the key it read.
 
     Requests grow with the window: the stream asks for what it lacks of its window once that is at
-    least a part (the window, at most `max_part`), as parts of up to `max_part` fetched in parallel,
-    so a long scan keeps several big requests in flight (the bandwidth-delay product) while its
-    first requests stay small. All streams together claim at most the memory budget's read-ahead
+    least a part (the window spread over the host's parallel requests, at most `max_part`), fetched
+    in parallel, so a long scan keeps several big requests in flight (the bandwidth-delay product)
+    while its first requests stay small; for a reader that has caught up the nearest part is one
+    block and the next ones double. All streams together claim at most the memory budget's read-ahead
     share; a stream whose read-ahead is evicted unread stops reading ahead. The parts are fetched by
-    background tasks through the same single-flight cache."""
+    background tasks through the same single-flight cache, started nearest first."""
 
-    def __init__(self, cache: BlockCache, gap: int = 64 << 10, max_window: int = 64 << 20,
+    def __init__(self, cache: BlockCache, gap: int = 64 << 10, max_window: int = 128 << 20,
                  streams: int = 8, files: int = 4096, max_part: int = 8 << 20) -> None:
         self.cache = cache
         self.gap = gap
@@ -81,7 +84,7 @@ class ReadStreams:
         self._pruned = 0.0
 
     def on_read(self, uid: int, start: int, end: int, key_end: int, limit: int | None,
-                prefetch: bool = True, small: bool = False) -> bool:
+                prefetch: bool = True, small: bool = False, opening: bool = False) -> bool:
         """Record a read of [start, end) of remote file `uid` (of a key ending at `key_end`) and
         fetch ahead, up to `limit` if the remote file's end is known. A stream that has not gone on
         from one key into the next fetches ahead only within its key; for a `small` read, only a
@@ -99,7 +102,6 @@ class ReadStreams:
                 return True
             if stream.last_start < start and stream.reached - self.gap <= start <= stream.reached + ahead:
                 budget.ahead -= stream.lead(bs)
-                stream.window = min(max(stream.window * 2, 2 * bs), self.max_window)
                 stream.reached = max(stream.reached, end)
                 stream.last_start = start
                 stream.in_a_row += 1
@@ -111,6 +113,13 @@ class ReadStreams:
                 # across keys or over more than `proof` bytes.
                 proven = not small or (stream.in_a_row >= 2 and (stream.crossings >= 2
                                                                   or stream.reached - stream.begin > self.proof))
+                # The window grows 4x per read once the stream is proven sequential (2x before), and at
+                # once to the host's measured bandwidth-delay product: on a long link every read the
+                # ramp waits for costs a round trip.
+                grown = stream.window * (4 if proven else 2)
+                if proven:
+                    grown = max(grown, self._link_window(uid))
+                stream.window = min(max(grown, 2 * bs), self.max_window)
                 # A reader walking through one key is no scan of the remote file until it goes on
                 # into the next key: till then it reads ahead within its key only.
                 scan = stream.scanning = proven and (stream.crossings > 0 or key_end == limit)
@@ -121,7 +130,10 @@ class ReadStreams:
                 budget.ahead += stream.lead(bs)
                 break
         else:
-            stream = _Stream(start, end, key_end, 2 * bs)
+            # A read of a block or more from the start of a key (how the kernel's readahead begins a
+            # file) opens with a wider window, fetched as several parts at once: on a long link the
+            # connections' slow start then runs in parallel rather than one after another.
+            stream = _Stream(start, end, key_end, (8 if opening else 2) * bs)
             if len(streams) >= self.streams:
                 for old in streams[: len(streams) + 1 - self.streams]:
                     budget.ahead -= old.lead(bs)
@@ -147,7 +159,9 @@ class ReadStreams:
         if stop <= end or first > last:
             return
         lacking = (last - first + 1) * bs
-        part = min(stream.window, self.max_part)
+        # Parts spread the window over the host's parallel requests: while connections are new (TCP
+        # slow start) several small parts move more than one big one; a long window gives big parts.
+        part = min(max(stream.window // self._parallel(uid), bs), self.max_part)
         # Wait until a whole part is lacking, unless the reader has caught up or the end is near.
         if lacking < part and first * bs > end and (limit is None or stop < limit):
             return
@@ -156,11 +170,30 @@ class ReadStreams:
         share = budget.prefetch_limit // self._scanning(stream)
         last = min(last, (stream.reached + min(budget.prefetch_room(), share)) // bs - 1)
         part_blocks = max(part // bs, 1)
+        # A reader that has caught up waits for the first part: it starts at one block and the
+        # next ones double, so that the nearest bytes come first (a new connection carries little
+        # in its first round trips) while the later parts are big.
+        size = 1 if first * bs <= end + bs else part_blocks
+        parts = []
         while first <= last:
-            part_last = min(first + part_blocks - 1, last)
-            trio.lowlevel.spawn_system_task(self.cache.prefetch, uid, first, part_last)
+            part_last = min(first + size - 1, last)
+            parts.append((first, part_last))
             first = stream.next_block = part_last + 1
+            size = min(size * 2, part_blocks)
+        if parts:
+            # One task starts them in order (tasks of their own would take the host's slots in any order)
+            trio.lowlevel.spawn_system_task(self.cache.prefetch_parts, uid, parts)
         budget.ahead += stream.lead(bs)
+
+    def _parallel(self, uid: int) -> int:
+        """How many read-ahead requests the host of `uid` gets at once (4 without a pacer)."""
+        pacer = getattr(self.cache, "pacer", None)
+        return pacer.parallel(uid) if pacer is not None else 4
+
+    def _link_window(self, uid: int) -> int:
+        """Twice the bandwidth-delay product measured for the host of `uid` (0 until measured)."""
+        pacer = getattr(self.cache, "pacer", None)
+        return pacer.bdp(uid) * 2 if pacer is not None else 0
 
     def _scanning(self, stream: _Stream) -> int:
         """How many streams read ahead within the last `_ACTIVE` seconds (this one included)."""
@@ -253,9 +286,16 @@ class RawView:
         # Seen on arrival (the kernel's readahead requests may finish out of order).
         # Read-ahead stops at the end of the remote object once a response has told its size.
         limit = base + length if whole else self.fetcher.known_size(self.refset.urls[uid])
+        # A chunk of up to a block is read whole by its readers (zarr, netCDF-C), though the kernel
+        # may ask for it in pieces: a read from its start at random fetches all of it in one request,
+        # and its other pieces come from that (nothing to read ahead for them).
+        chunk = not whole and not exact and self.small_chunk and length <= self.cache.block_size
+        chunk_fetched = chunk and self.cache.has_exact(uid, base, base + length)
         scan = self.streams.on_read(uid, base + offset, base + end, base + length, limit,
-                                    prefetch=self.prefetch, small=small)
-        if small_key and not scan and not exact:  # the whole small chunk, which its readers usually read whole
+                                    prefetch=self.prefetch and not chunk_fetched, small=small,
+                                    opening=offset == 0 and end >= self.cache.block_size)
+        whole_chunk = chunk_fetched or (chunk and offset == 0 and not scan)
+        if (small_key and not scan and not exact) or whole_chunk:  # (readers usually read a small chunk whole)
             data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
         elif not scan and self.small_chunk:
             # a read at random (of a big chunk, or inside one): exactly its bytes, not the blocks

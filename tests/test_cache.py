@@ -68,6 +68,10 @@ class PrefetchLog:
     async def prefetch(self, uid: int, first: int, last: int) -> None:
         self.calls.append((uid, first, last))
 
+    async def prefetch_parts(self, uid: int, parts: list[tuple[int, int]]) -> None:
+        for first, last in parts:
+            await self.prefetch(uid, first, last)
+
 
 def test_read_streams_tell_scans_from_random_reads():
     streams = ReadStreams(PrefetchLog(), gap=1000, streams=4)
@@ -99,7 +103,10 @@ def test_read_streams_read_ahead_across_chunk_files_with_a_growing_window():
 
     trio.run(main)
     calls = sorted(log.calls)  # background tasks run in any order
-    assert calls[0] == (7, 2, 5)  # the second chunk: the window doubled to four blocks past its end
+    # The second chunk proves a scan: the window grew 4x at once, to max_window (eight blocks) past
+    # its end, fetched as parts of up to a quarter of it (without a pacer, four requests at a time),
+    # the nearest first and smallest: one block, then two.
+    assert calls[:5] == [(7, 2, 2), (7, 3, 4), (7, 5, 6), (7, 7, 8), (7, 9, 9)]
     ends = [last for _, _, last in calls]
     assert ends[-1] == 6 + 8 - 1  # then it grows up to max_window ahead of the reads
     firsts = [first for _, first, _ in calls]
@@ -141,3 +148,21 @@ def test_small_chunks_read_ahead_only_once_the_scan_is_proven():
         assert log.calls and log.calls[0][0] == 3
 
     trio.run(main)
+
+
+def test_chunks_up_to_a_block_read_at_random_are_one_exact_request_each(mount, http_data):
+    """The kernel asks for a 600 kB chunk file in pieces (256 KiB, then the rest): a reader of
+    whole chunks at random costs one request of exactly each chunk, not one per piece plus blocks."""
+    root = http_data.path_for(http_data.url_for("x")).parent
+    data = bytes(range(256)) * (64 * KiB)  # 16 MiB
+    (root / "mid-chunks.bin").write_bytes(data)
+    url = http_data.url_for("mid-chunks.bin")
+    chunk = 600_000
+    refs = {f"c/{k}": [url, k * chunk, chunk] for k in range(len(data) // chunk)}
+    m = mount(refs, "--view", "raw")
+    http_data.reset_stats()
+    order = (20, 3, 11, 7)
+    for k in order:
+        assert (m / f"c/{k}").read_bytes() == data[k * chunk : (k + 1) * chunk]
+    ranges = [r for method, _, r in http_data.stats["log"] if method == "GET"]
+    assert ranges == [f"bytes={k * chunk}-{(k + 1) * chunk - 1}" for k in order]

@@ -81,6 +81,7 @@ class HttpBackend:
         self._honours_range: set[str] = set()  # urls that have answered 206
         self._ignored_count: dict[str, int] = {}  # url -> 200s to ranged GETs
         self._downloads: dict[str, _SharedDownload] = {}  # url -> the whole-object download reads may join
+        self._routes: dict[tuple, dict] = {}  # (scheme, host) -> proxy and netrc options for its requests
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -88,10 +89,27 @@ class HttpBackend:
                                              keepalive_timeout=60, ttl_dns_cache=300, ssl=self.ssl)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.policy.connect_timeout,
                                             sock_read=self.policy.stall_timeout)
+            # trust_env is off: aiohttp would then look up the proxy and ~/.netrc in a worker thread
+            # on every request (two thread hand-offs per read); `_route` does it once per origin.
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                                  headers={"Accept-Encoding": "identity"},
-                                                  trust_env=True)  # HTTP(S)_PROXY, NO_PROXY, --proxy
+                                                  headers={"Accept-Encoding": "identity"}, trust_env=False)
         return self._session
+
+    def _route(self, url: str, headers: dict) -> dict:
+        """The proxy (HTTP(S)_PROXY, NO_PROXY, --proxy) and ~/.netrc credentials for `url`'s origin,
+        as aiohttp's trust_env would find them, looked up once per origin."""
+        parts = urlsplit(url)
+        key = (parts.scheme, _host(parts))
+        route = self._routes.get(key)
+        if route is None:
+            route = self._routes[key] = _route_from_env(url)
+        if "auth" in route and any(name.lower() == "authorization" for name in headers):
+            return {k: v for k, v in route.items() if k != "auth"}  # the user's own header wins
+        return route
+
+    async def open(self) -> None:
+        """Create the session (no connection yet), so that the first read does not."""
+        self._session_now()
 
     async def close(self) -> None:
         if self._session is not None:
@@ -141,7 +159,7 @@ class HttpBackend:
         origin = _origin(url)
         for _ in range(_MAX_REDIRECTS + 1):
             sent = {**(self.headers if _origin(url) == origin else {}), **headers, "Accept-Encoding": "identity"}
-            resp = await session.request(method, url, headers=sent, allow_redirects=False)
+            resp = await session.request(method, url, headers=sent, allow_redirects=False, **self._route(url, sent))
             if resp.status not in _REDIRECTS:
                 return resp
             target = urljoin(url, resp.headers.get("Location", ""))
@@ -442,6 +460,31 @@ class _SharedDownload:
             if hi >= end:
                 future.set_result(b"".join(parts))
         self.readers = [r for r in self.readers if not r[3].done()]
+
+
+def _route_from_env(url: str) -> dict:
+    """aiohttp request options for `url` from the environment: its proxy unless NO_PROXY exempts
+    the host (with the proxy's credentials from its url or ~/.netrc), and the host's ~/.netrc login."""
+    from aiohttp.helpers import basicauth_from_netrc, get_env_proxy_for_url, netrc_from_env
+    from yarl import URL
+
+    route: dict = {}
+    target = URL(url)
+    try:
+        proxy, proxy_auth = get_env_proxy_for_url(target)
+    except LookupError:
+        pass
+    else:
+        route["proxy"] = proxy
+        if proxy_auth is not None:
+            route["proxy_headers"] = {"Proxy-Authorization": proxy_auth.encode()}
+    netrc = netrc_from_env()
+    if netrc is not None and target.host:
+        try:
+            route["auth"] = basicauth_from_netrc(netrc, target.host)
+        except LookupError:
+            pass
+    return route
 
 
 def _origin(url: str) -> tuple[str, str]:
