@@ -221,12 +221,13 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path, mount_args: List[s
                     if not same:
                         extra["copy"] = f"{c['cls']}: {c['reason']}" if c else "absent on the copy"
                 add(client, r, **extra)
-    except Exception as e:  # noqa: BLE001 - the mount failing is an error of every variable
+    except Exception as e:  # noqa: BLE001 - the mount (or this harness) failing is an error of every variable
         from tests.conformance.snapshot import first_line
 
+        what = "mount failed" if m.proc is None or m.proc.poll() is not None else "harness failed"
         for client, src in sources.items():
             for vpath in src["vars"]:
-                add(client, dict(var=vpath, cls=ERROR, reason=f"mount failed: {first_line(e)}"))
+                add(client, dict(var=vpath, cls=ERROR, reason=f"{what}: {first_line(e)}"))
     finally:
         m.stop()
         shutil.rmtree(copy, ignore_errors=True)
