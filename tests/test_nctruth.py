@@ -348,3 +348,45 @@ def test_a_single_variable_with_netcdfs_default_declared(tmp_path, mount):
     with xr.open_dataset(path) as w, xr.open_zarr(mnt.path) as g:
         assert g["v"].dtype == w["v"].dtype == np.float64
         np.testing.assert_array_equal(g["v"].values, w["v"].values)
+
+
+def test_files_combined_along_time_read_as_the_source(tmp_path, mount):
+    """kerchunk's MultiZarrToZarr along time (how archives are mounted): declared fills of 0 and of
+    a packed short are masked, undeclared integers stay integers, as xarray.open_mfdataset reads the
+    files themselves."""
+    import xarray as xr
+    from kerchunk.combine import MultiZarrToZarr
+
+    paths = []
+    for k in range(3):
+        path = tmp_path / f"f{k}.nc"
+        with netCDF4.Dataset(path, "w") as ds:
+            ds.createDimension("time", None)
+            ds.createDimension("x", 4)
+            t = ds.createVariable("time", "f8", ("time",))
+            t.units = "days since 2000-01-01"
+            t[:] = np.arange(2) + 2 * k
+            ds.createVariable("x", "f4", ("x",))[:] = np.arange(4)
+            pr = ds.createVariable("pr", "i2", ("time", "x"), fill_value=np.int16(-32767))
+            pr.scale_factor = 0.1
+            pr.set_auto_maskandscale(False)
+            values = np.full((2, 4), 10 * k, "i2")
+            values[0, 0] = -32767
+            pr[:] = values
+            ds.createVariable("cnt", "i4", ("time", "x"))[:] = k
+            flag = ds.createVariable("flag", "u1", ("time", "x"), fill_value=np.uint8(0))
+            flag.set_auto_mask(False)
+            flag[:] = np.array([[0, 1, 2, 3], [0, 0, 1, 1]], "u1")
+        paths.append(path)
+    combined = MultiZarrToZarr([kerchunk_refs(p) for p in paths], concat_dims=["time"],
+                               identical_dims=["x"]).translate()
+    mnt = mount(combined, "--chars", "string")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = xr.open_mfdataset(paths, combine="by_coords").load()
+        got = xr.open_zarr(mnt.path).load()
+    for name in ("pr", "cnt", "flag", "time"):
+        assert got[name].dtype == want[name].dtype, name
+        np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+    dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["flag"])["flag"].items
+    assert dumped[:4] == [C.FILL, 1, 2, 3] and dumped[4:6] == [C.FILL, C.FILL]
