@@ -318,8 +318,7 @@ def _fill_is_declared(info: ArrayInfo, refset, fills_declared: bool, typed: np.d
         return False
     if fills_declared:
         return True
-    default = NC_DEFAULT_FILL.get(typed.str[1:])
-    if typed.itemsize > 1 and default is not None and _is_default_fill(info.zarray.get("fill_value"), typed):
+    if typed.itemsize > 1 and _is_default_fill(info.zarray.get("fill_value"), typed):
         return True
     return refset is not None and not getattr(refset, "lazy", False) and count_chunks(refset, info)[0] == 0
 
@@ -448,12 +447,13 @@ def _extend_unwritten_records(arrays: list[ArrayInfo]) -> None:
         if len(info.chunk_shape) == len(dims):  # (not a scalar served as [1])
             unlimited.update((group, n) for n, size, chunk in zip(dims, info.zarray["shape"], info.chunk_shape)
                              if _chunked_as_unlimited(size, chunk) and not n.startswith("phony_dim_"))
+    groups = {grp for grp, _ in longest}
     for info in visible:
         dims = _dimensions(info)
         if not dims:
             continue
         group = info.path.rpartition("/")[0]
-        ancestors = [g for g in {grp for grp, _ in longest} if g != group and (g == "" or group.startswith(g + "/"))]
+        ancestors = [g for g in groups if g != group and (g == "" or group.startswith(g + "/"))]
         shape, chunks = info.out_zarray["shape"], info.out_zarray["chunks"]
         lengths = []
         for name, size in zip(dims, shape):

@@ -235,7 +235,7 @@ class DecodedView:
         else:
             raw = await self._shard_reader.inner_chunk(i, layout, shard, local, key)
             if raw is None:  # an empty inner chunk: the fill value, as the codecs would give it
-                return self._decode(i, info, layout.fill_chunk, decoded=True)
+                return await trio.to_thread.run_sync(self._decode, i, info, layout.fill_chunk, True)
         return await trio.to_thread.run_sync(self._decode, i, info, raw)
 
     def _decode(self, i: int, info: ArrayInfo, raw: bytes, decoded: bool = False) -> bytes:

@@ -207,7 +207,7 @@ def attr_differences(client: str, src: dict, got: dict, refs_attrs: Optional[dic
         s, g = src.get(name), got.get(name)
         if s is not None and g is not None and _equal_values(list(s), list(g)):
             continue
-        if name == "_Encoding" and s is None and g is not None and _short(g).find("utf-8") >= 0:
+        if name == "_Encoding" and s is None and g is not None and "utf-8" in repr(g):
             if notes is not None:  # (the decoded view adds it to strings it serves as bytes: xarray then gives text)
                 notes.append("_Encoding = utf-8 added to strings served as bytes")
             continue
@@ -345,7 +345,7 @@ def _native(type_name: str) -> str:
         return type_name
 
 
-def _undeclared_fill(refs_attrs, zarray, dtype) -> Optional[float]:
+def _undeclared_fill(refs_attrs, zarray) -> Optional[float]:
     """The fill_value the decoded view does not serve as _FillValue because the refs cannot tell it
     from HDF5's own fill (refmount.arrays: 0, or a 1-byte type's netCDF default, in a set without a
     null fill): kerchunk moved the source's _FillValue there and kept no other trace of it."""
@@ -416,7 +416,7 @@ def compare_var(client: str, src, got, refs_attrs, zarray, values_undefined: boo
         notes.append(f"byte order: {got.type} (source {src.type})")
     elif src.type != got.type:
         problems.append(f"type {got.type} != source {src.type}")
-    fill = _undeclared_fill(refs_attrs, zarray, got.type)
+    fill = _undeclared_fill(refs_attrs, zarray)
     if fill is not None and _fill_shown_as_data(client, src, got.values, fill) and not values_undefined:
         # everything but those points is compared below as usual
         lost_values.append(f"[kerchunk] _FillValue {fill!r} kept only as fill_value, which these refs cannot tell from "

@@ -53,7 +53,7 @@ def cf_mix(path: Path) -> None:
         d.setncattr_string("tags", ["a", "b"])
         d.setncattr("vals", np.array([1.5, 2.5], "f4"))
         d.setncattr_string("sattr", "string-typed")
-        d.createVariable("be", ">f4", ("lat",))[:] = np.arange(7)
+        d.createVariable("be", "f4", ("lat",), endian="big")[:] = np.arange(7)
 
 
 def satellite(path: Path) -> None:
