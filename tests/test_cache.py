@@ -68,7 +68,7 @@ class PrefetchLog:
     async def prefetch(self, uid: int, first: int, last: int) -> None:
         self.calls.append((uid, first, last))
 
-    async def prefetch_parts(self, uid: int, parts: list[tuple[int, int]]) -> None:
+    async def prefetch_parts(self, uid: int, parts: list[tuple[int, int]], reader: int = 0) -> None:
         for first, last in parts:
             await self.prefetch(uid, first, last)
 
@@ -105,8 +105,8 @@ def test_read_streams_read_ahead_across_chunk_files_with_a_growing_window():
     calls = sorted(log.calls)  # background tasks run in any order
     # The second chunk proves a scan: the window grew 4x at once, to max_window (eight blocks) past
     # its end, fetched as parts of up to a quarter of it (without a pacer, four requests at a time),
-    # the nearest first and smallest: one block, then two.
-    assert calls[:5] == [(7, 2, 2), (7, 3, 4), (7, 5, 6), (7, 7, 8), (7, 9, 9)]
+    # the nearest first and smallest: one block, then two; whole parts then vary in size in turn.
+    assert calls[:5] == [(7, 2, 2), (7, 3, 4), (7, 5, 5), (7, 6, 6), (7, 7, 7)]
     ends = [last for _, _, last in calls]
     assert ends[-1] == 6 + 8 - 1  # then it grows up to max_window ahead of the reads
     firsts = [first for _, first, _ in calls]
@@ -166,3 +166,27 @@ def test_chunks_up_to_a_block_read_at_random_are_one_exact_request_each(mount, h
         assert (m / f"c/{k}").read_bytes() == data[k * chunk : (k + 1) * chunk]
     ranges = [r for method, _, r in http_data.stats["log"] if method == "GET"]
     assert ranges == [f"bytes={k * chunk}-{(k + 1) * chunk - 1}" for k in order]
+
+
+def test_warm_up_opens_the_connections_of_an_object_and_learns_its_size(server):
+    """Before any read, the mount's warm-up opens the connections one object may use (HEADs of one
+    url per host, at once) and learns that url's size: a lookup right after needs no request."""
+    from refmount.fetch import Fetcher
+
+    (server.root / "warm.bin").write_bytes(bytes(5000))
+    url = server.url_for("warm.bin")
+    fetcher = Fetcher(connections_per_host=4)
+
+    async def main():
+        try:
+            await fetcher.warm_up([url, server.url_for("other.bin")])  # one url per host is enough
+            before = server.stats["requests"]
+            assert await fetcher.size(url) == 5000
+            return before, server.stats["requests"]
+        finally:
+            await fetcher.aclose()
+
+    before, after = trio.run(main)
+    assert [m for m, path, _ in server.stats["log"]] == ["HEAD"] * 3  # all but one of the 4 connections
+    assert {path for _, path, _ in server.stats["log"]} == {"/warm.bin"}
+    assert after == before
