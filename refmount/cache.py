@@ -149,31 +149,33 @@ class BlockCache:
                 self._unread.discard(key)
         return block
 
-    async def prefetch_parts(self, source, parts: list[tuple[int, int]]) -> None:
+    async def prefetch_parts(self, source, parts: list[tuple[int, int]], reader: int = 0) -> None:
         """Fetch those blocks of the read-ahead parts [(first, last), ...] that are neither cached nor
         in flight, each part as one request (the caller sizes them). One task per source starts
-        them nearest first as the host's pacer grants slots (parts asked for while it waits join its
-        queue): a part that a reader is about to need never waits behind parts further ahead. Runs as
-        a background task, so it must never raise: a failure here is retried (and reported) by the
-        reader that needs the blocks."""
+        them nearest first, by their distance from `reader` (the block where the stream that asks
+        for them began), as the host's pacer grants slots (parts asked for while it waits join its
+        queue): a part that a reader is about to need never waits behind parts further ahead, its
+        own or another reader's of the same object. Runs as a background task, so it must never
+        raise: a failure here is retried (and reported) by the reader that needs the blocks."""
         queued = self._queued
         for first, last in parts:
             for index in range(first, last + 1):
                 queued[(source, index)] = last
+        ranked = [(first - reader, first, last) for first, last in parts]
         pending = self._pending.get(source)
         if pending is not None:  # this source's starter is waiting for a slot: it takes these too
-            for part in parts:
+            for part in ranked:
                 heapq.heappush(pending, part)
             return
-        pending = self._pending[source] = list(parts)
+        pending = self._pending[source] = ranked
         heapq.heapify(pending)
         try:
             while pending:
                 ticket = None if self.pacer is None else await self.pacer.acquire(source)
-                first, last = heapq.heappop(pending)  # the nearest now, after the wait
+                _, first, last = heapq.heappop(pending)  # the nearest now, after the wait
                 trio.lowlevel.spawn_system_task(self._prefetch_part, source, first, last, ticket)
         except BaseException:  # noqa: BLE001 - cancelled with the run: forget the parts not started
-            for first, last in pending:
+            for _, first, last in pending:
                 self._unqueue(source, first, last)
         finally:
             del self._pending[source]

@@ -20,13 +20,18 @@ from refmount.refs import INLINE, WHOLE_FILE, RefSet
 
 
 _ACTIVE = 1.0  # seconds since its last read for which a stream counts as reading
+# Whole read-ahead parts take these quarters of the part size in turn. Parts of one size started
+# together share the link equally and end together; every connection then idles the round trip to
+# its next part's first byte at the same moment (at 80 ms a sixth of the time with 8 MiB parts).
+# Parts that end at different times leave the others to fill the link during each one's round trip.
+_STAGGER = (4, 3, 2, 3)
 
 
 class _Stream:
     """One sequential reader of a remote file, as ReadStreams sees it."""
 
     __slots__ = ("begin", "reached", "window", "next_block", "last_start", "in_a_row", "key_end", "crossings",
-                 "scanning", "stopped")
+                 "scanning", "stopped", "parts")
 
     def __init__(self, start: int, end: int, key_end: int, window: int) -> None:
         self.begin = start
@@ -39,6 +44,7 @@ class _Stream:
         self.crossings = 0  # times it went on from one key into another
         self.scanning = False  # its last read continued a scan
         self.stopped = False  # its read-ahead was evicted unread: read ahead no more
+        self.parts = 0  # whole parts it asked for (their sizes take _STAGGER in turn)
 
     def lead(self, block_size: int) -> int:
         """Bytes asked for ahead of the reader (what its read-ahead holds of the budget)."""
@@ -54,18 +60,21 @@ class ReadStreams:
     continues a stream when it starts after the stream's last read did, and within `gap` of where
     the stream has got to (chunks of a netCDF-4 file sit between small metadata blocks; the kernel's
     readahead requests may arrive out of order, or overlap). The stream's window then grows, from
-    two blocks (eight for a first read of a block or more from a key's start), 4x per read once the
-    stream is proven sequential and at once to twice the host's measured bandwidth-delay product,
-    up to `max_window`. Any other read starts a new stream, replacing the oldest, whose read-ahead
-    stays within the key it read.
+    two blocks (four per request the host gets at once, for a first read of a block or more from a
+    key's start or beside a reader opened that wide, and for a likely scan: see on_read), 4x per
+    read once the stream is proven sequential and at once to twice the host's measured
+    bandwidth-delay product, up to `max_window`. Any other read starts a new stream, replacing the
+    oldest, whose read-ahead stays within the key it read. A stream reads ahead no further than
+    where another stream reading now began: that reader fetches its own part of the file.
 
     Requests grow with the window: the stream asks for what it lacks of its window once that is at
-    least a part (the window spread over the host's parallel requests, at most `max_part`), fetched
-    in parallel, so a long scan keeps several big requests in flight (the bandwidth-delay product)
-    while its first requests stay small; for a reader that has caught up the nearest part is one
-    block and the next ones double. All streams together claim at most the memory budget's read-ahead
+    least a part (the window spread over the stream's share of the host's parallel requests, at most
+    `max_part`), fetched in parallel, so a long scan keeps several big requests in flight (the
+    bandwidth-delay product) while its first requests stay small; for a reader that has caught up
+    the nearest part is one block and the next ones double, and whole parts vary in size in turn
+    (`_STAGGER`). All streams together claim at most the memory budget's read-ahead
     share; a stream whose read-ahead is evicted unread stops reading ahead. The parts are fetched by
-    background tasks through the same single-flight cache, started nearest first."""
+    background tasks through the same single-flight cache, started nearest to their reader first."""
 
     def __init__(self, cache: BlockCache, gap: int = 64 << 10, max_window: int = 128 << 20,
                  streams: int = 8, files: int = 4096, max_part: int = 8 << 20) -> None:
@@ -84,12 +93,15 @@ class ReadStreams:
         self._pruned = 0.0
 
     def on_read(self, uid: int, start: int, end: int, key_end: int, limit: int | None,
-                prefetch: bool = True, small: bool = False, opening: bool = False) -> bool:
+                prefetch: bool = True, small: bool = False, opening: bool = False,
+                likely_scan: bool = False) -> bool:
         """Record a read of [start, end) of remote file `uid` (of a key ending at `key_end`) and
         fetch ahead, up to `limit` if the remote file's end is known. A stream that has not gone on
         from one key into the next fetches ahead only within its key; for a `small` read, only a
-        stream that went on twice in a row reads ahead. True if the read continued a scan of the
-        remote file (one that crossed keys, or went on within a key that ends at `limit`)."""
+        stream that went on twice in a row reads ahead. A `likely_scan` read (at the start of a run
+        of keys that follow one another in the remote file) that starts a stream opens it as a scan
+        at once: it reads ahead into the next keys. True if the read continued a scan of the remote
+        file (one that crossed keys, or went on within a key that ends at `limit`), or opened one."""
         bs = self.cache.block_size
         budget = self.budget
         streams = self._files.pop(uid, None) or []
@@ -133,15 +145,29 @@ class ReadStreams:
             # A read of a block or more from the start of a key (how the kernel's readahead begins a
             # file) opens with a wider window, fetched as several parts at once: on a long link the
             # connections' slow start then runs in parallel rather than one after another.
-            stream = _Stream(start, end, key_end, (8 if opening else 2) * bs)
+            # So does a read of a block or more beside a wide reader of the remote file (parallel
+            # readers of its parts, as `dd skip=`): each ramps as fast as a lone reader from its start
+            # would, and those of them that began narrow before a wide one came open as wide. (Random
+            # reads of a block or more stay narrow: their streams are never wide.)
+            wide = self._opening(uid)
+            siblings = [s for s in streams if s in self._active] if end - start >= bs else []
+            opening = opening or likely_scan or any(s.window >= wide for s in siblings)
+            stream = _Stream(start, end, key_end, wide if opening else 2 * bs)
+            if opening:
+                for sibling in siblings:
+                    sibling.window = max(sibling.window, wide)
             if len(streams) >= self.streams:
                 for old in streams[: len(streams) + 1 - self.streams]:
                     budget.ahead -= old.lead(bs)
                 streams = streams[len(streams) + 1 - self.streams :]
             streams.append(stream)
-            limit = key_end  # one read is no scan yet: read ahead within its key only
-            prefetch = prefetch and not small
-            scan = continued = False
+            if likely_scan:  # as if it had gone on into the next key already (even a first small piece)
+                stream.crossings = 1
+                stream.scanning = scan = continued = True
+            else:
+                limit = key_end  # one read is no scan yet: read ahead within its key only
+                scan = continued = False
+                prefetch = prefetch and not small
         self._files[uid] = streams
         if len(self._files) > self.files:
             for old in self._files.popitem(last=False)[1]:
@@ -153,22 +179,28 @@ class ReadStreams:
     def _read_ahead(self, uid: int, stream: _Stream, end: int, limit: int | None) -> None:
         bs = self.cache.block_size
         budget = self.budget
-        stop = end + stream.window if limit is None else min(limit, end + stream.window)
+        window_end = end + stream.window
+        # Not into the part of the remote file another reader is reading ahead of itself: its own
+        # read-ahead fetches that, in bigger parts.
+        stop = min(window_end, self._next_reader(uid, stream, end), limit if limit is not None else window_end)
         first = max(end // bs, stream.next_block)
-        last = (stop - 1) // bs
-        if stop <= end or first > last:
-            return
-        lacking = (last - first + 1) * bs
-        # Parts spread the window over the host's parallel requests: while connections are new (TCP
-        # slow start) several small parts move more than one big one; a long window gives big parts.
-        part = min(max(stream.window // self._parallel(uid), bs), self.max_part)
-        # Wait until a whole part is lacking, unless the reader has caught up or the end is near.
-        if lacking < part and first * bs > end and (limit is None or stop < limit):
+        if stop <= end or first > (stop - 1) // bs:
             return
         budget.ahead -= stream.lead(bs)
         # Within the read-ahead share of the budget, split fairly among the streams reading now.
-        share = budget.prefetch_limit // self._scanning(stream)
-        last = min(last, (stream.reached + min(budget.prefetch_room(), share)) // bs - 1)
+        readers = self._scanning(stream)
+        share = budget.prefetch_limit // readers
+        last = min((stop - 1) // bs, (stream.reached + min(budget.prefetch_room(), share)) // bs - 1)
+        # Parts spread the window over the stream's share of the host's parallel requests: while
+        # connections are new (TCP slow start) several small parts move more than one big one; a
+        # long window gives big parts.
+        part = min(max(stream.window // max(self._parallel(uid) // readers, 1), bs), self.max_part)
+        # Wait until a whole part is lacking, unless the reader has caught up or the read-ahead
+        # reaches its end (of the key, the object or where another reader is).
+        reaches_end = stop < window_end and (last + 1) * bs >= stop
+        if first > last or ((last - first + 1) * bs < part and first * bs > end and not reaches_end):
+            budget.ahead += stream.lead(bs)
+            return
         part_blocks = max(part // bs, 1)
         # A reader that has caught up waits for the first part: it starts at one block and the
         # next ones double, so that the nearest bytes come first (a new connection carries little
@@ -176,14 +208,31 @@ class ReadStreams:
         size = 1 if first * bs <= end + bs else part_blocks
         parts = []
         while first <= last:
-            part_last = min(first + size - 1, last)
+            blocks = size
+            if size == part_blocks:  # whole parts vary in size, in turn (see _STAGGER)
+                blocks = max(part_blocks * _STAGGER[stream.parts % len(_STAGGER)] // 4, 1)
+                stream.parts += 1
+            part_last = min(first + blocks - 1, last)
             parts.append((first, part_last))
             first = stream.next_block = part_last + 1
             size = min(size * 2, part_blocks)
         if parts:
             # One task starts them in order (tasks of their own would take the host's slots in any order)
-            trio.lowlevel.spawn_system_task(self.cache.prefetch_parts, uid, parts)
+            # (ranked by distance from where the stream began: in order within a stream, and the
+            # streams of one object in turn)
+            trio.lowlevel.spawn_system_task(self.cache.prefetch_parts, uid, parts, stream.begin // bs)
         budget.ahead += stream.lead(bs)
+
+    def _next_reader(self, uid: int, stream: _Stream, end: int) -> int:
+        """Where the nearest other stream of `uid` reading ahead now began, past `end` (else the
+        largest int)."""
+        return min((other.begin for other in self._files.get(uid, ())
+                    if other is not stream and other.begin > end and other in self._active), default=1 << 62)
+
+    def _opening(self, uid: int) -> int:
+        """A new stream's first window: four blocks per request the host gets at once, so that every
+        connection carries a part while the reader waits for its first block (8 blocks at least)."""
+        return max(8, 4 * self._parallel(uid)) * self.cache.block_size
 
     def _parallel(self, uid: int) -> int:
         """How many read-ahead requests the host of `uid` gets at once (4 without a pacer)."""
@@ -291,15 +340,24 @@ class RawView:
         # and its other pieces come from that (nothing to read ahead for them).
         chunk = not whole and not exact and self.small_chunk and length <= self.cache.block_size
         chunk_fetched = chunk and self.cache.has_exact(uid, base, base + length)
+        # A read from the start of a chunk that begins a run of chunks following one another in the
+        # remote file is how a scan of a variable starts (`cat` of its chunk files in order): read
+        # ahead into the run at once rather than after a second chunk. (A chunk after another one
+        # read at random stays one exact request; small chunks wait for a proven scan.)
+        likely_scan = (offset == 0 and not whole and not exact and length > self.small_chunk
+                       and self._starts_a_run(i, uid, base, length))
         scan = self.streams.on_read(uid, base + offset, base + end, base + length, limit,
                                     prefetch=self.prefetch and not chunk_fetched, small=small,
-                                    opening=offset == 0 and end >= self.cache.block_size)
+                                    opening=offset == 0 and end >= self.cache.block_size, likely_scan=likely_scan)
         whole_chunk = chunk_fetched or (chunk and offset == 0 and not scan)
         if (small_key and not scan and not exact) or whole_chunk:  # (readers usually read a small chunk whole)
             data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
-        elif not scan and self.small_chunk:
+        elif not scan and self.small_chunk and ((base + offset) % self.cache.block_size
+                                                 or (base + end) % self.cache.block_size):
             # a read at random (of a big chunk, or inside one): exactly its bytes, not the blocks
-            # around them, which a random reader would mostly never use (fetched / read stays ~1)
+            # around them, which a random reader would mostly never use (fetched / read stays ~1).
+            # (Whole blocks are the same bytes either way, kept as blocks: the first read of a
+            # reader that goes on is not fetched again as a block.)
             data = await self.cache.read_exact(uid, base + offset, base + end)
         else:
             data = await self.cache.read(uid, base + offset, base + end)
@@ -309,6 +367,22 @@ class RawView:
         self.bytes_served += end - offset
         self.reads_served += 1
         return data
+
+    def _starts_a_run(self, i: int, uid: int, base: int, length: int) -> bool:
+        """Whether the key after key `i` (in the reference set's order) starts where `i` ends in the
+        same remote file (within the read-ahead's gap), and the key before does not end where it
+        starts: `i` is the first of a run of chunks laid out one after another."""
+        refset, gap = self.refset, self.streams.gap
+        if not refset.exists(i + 1):
+            return False
+        after_uid, after_offset, after_length = refset.target(i + 1)
+        if after_uid != uid or after_length == WHOLE_FILE or not 0 <= after_offset - (base + length) <= gap:
+            return False
+        if i > 0 and refset.exists(i - 1):
+            before_uid, before_offset, before_length = refset.target(i - 1)
+            if before_uid == uid and before_length != WHOLE_FILE and 0 <= base - (before_offset + before_length) <= gap:
+                return False
+        return True
 
     async def read_all(self, i: int) -> bytes:
         data = await self.read(i, 0, await self.size(i))
