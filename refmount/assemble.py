@@ -152,8 +152,8 @@ def build_filesystem(opts):
         view = with_consolidated_metadata(view)
 
     def stats() -> dict:
-        out = {"fetch": {**fetcher.stats.as_dict(), "warmed": fetcher.warmed}, "cache": cache.statistics(),
-               "view": view.name, "keys": len(refset), "memory": budget.statistics(), "hosts": pacer.statistics(),
+        out = {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
+               "keys": len(refset), "memory": budget.statistics(), "hosts": pacer.statistics(),
                "served": {"bytes": raw.bytes_served, "reads": raw.reads_served,
                           "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3)}}
         if hasattr(view, "statistics"):

@@ -86,24 +86,12 @@ class Mount:
                 raise RuntimeError(f"refmount exited with {self.proc.returncode}: {self.log()}")
             try:
                 if is_mounted(self.path) and os.stat(self.path).st_ino == 1:
-                    return self._warmed(deadline)
+                    return self
             except OSError:
                 pass
             time.sleep(0.02)
         self.stop()
         raise RuntimeError(f"mount did not become ready: {self.log()}")
-
-    def _warmed(self, deadline: float) -> "Mount":
-        """Wait for the mount's warm-up (HEADs that open connections) to end, so that tests counting a
-        server's requests see only those of their reads."""
-        while time.monotonic() < deadline:
-            try:
-                if self.stats()["fetch"].get("warmed", True):
-                    break
-            except OSError:  # a mount without the stats attribute
-                break
-            time.sleep(0.02)
-        return self
 
     def log(self) -> str:
         try:

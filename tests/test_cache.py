@@ -166,27 +166,3 @@ def test_chunks_up_to_a_block_read_at_random_are_one_exact_request_each(mount, h
         assert (m / f"c/{k}").read_bytes() == data[k * chunk : (k + 1) * chunk]
     ranges = [r for method, _, r in http_data.stats["log"] if method == "GET"]
     assert ranges == [f"bytes={k * chunk}-{(k + 1) * chunk - 1}" for k in order]
-
-
-def test_warm_up_opens_the_connections_of_an_object_and_learns_its_size(server):
-    """Before any read, the mount's warm-up opens the connections one object may use (HEADs of one
-    url per host, at once) and learns that url's size: a lookup right after needs no request."""
-    from refmount.fetch import Fetcher
-
-    (server.root / "warm.bin").write_bytes(bytes(5000))
-    url = server.url_for("warm.bin")
-    fetcher = Fetcher(connections_per_host=4)
-
-    async def main():
-        try:
-            await fetcher.warm_up([url, server.url_for("other.bin")])  # one url per host is enough
-            before = server.stats["requests"]
-            assert await fetcher.size(url) == 5000
-            return before, server.stats["requests"]
-        finally:
-            await fetcher.aclose()
-
-    before, after = trio.run(main)
-    assert [m for m, path, _ in server.stats["log"]] == ["HEAD"] * 3  # all but one of the 4 connections
-    assert {path for _, path, _ in server.stats["log"]} == {"/warm.bin"}
-    assert after == before

@@ -11,10 +11,8 @@ retry must not get a second --read-timeout). Target protocols are classified in 
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
-from urllib.parse import urlsplit
 
 import trio
 
@@ -43,21 +41,10 @@ def check_protocols(urls, allowed: set[str] | None) -> None:
                     f"(allowed: {', '.join(sorted(allowed))})")
 
 
-def _one_per_host(urls, hosts: int, scan: int = 10_000) -> list[str]:
-    """The first http(s) url of each of the first `hosts` hosts among the first `scan` urls."""
-    found: dict[str, str] = {}
-    for url in itertools.islice(urls, scan):
-        if protocol_of(url) in ("http", "https"):
-            found.setdefault(urlsplit(url).netloc.rpartition("@")[2].lower(), url)
-            if len(found) >= hosts:
-                break
-    return list(found.values())
-
-
 class Fetcher:
     def __init__(self, *, policy: RetryPolicy | None = None, remote_options: dict | None = None,
                  connections_per_host: int = 8, allow_cross_host_redirects: bool = False,
-                 verify_remote: bool = False, warm_hosts: int = 4) -> None:
+                 verify_remote: bool = False) -> None:
         from refmount.fetch.tls import ssl_setting
 
         self.policy = policy or RetryPolicy()
@@ -73,8 +60,6 @@ class Fetcher:
         self._loop = None
         self._warming: threading.Thread | None = None
         self._warm_protocols: set[str] = set()
-        self.warm_hosts = warm_hosts  # hosts whose connections warm_up opens (0: none)
-        self.warmed = False  # warm_up has opened them (or given up)
 
     def _backend(self, url: str):
         proto = protocol_of(url)
@@ -120,21 +105,15 @@ class Fetcher:
 
     async def warm_up(self, urls) -> None:
         """Have the remote backends for `urls` ready before the first read: their code imported, the
-        asyncio loop running, the HTTP session open and the connections to the first `warm_hosts` hosts
-        of http(s) urls open (a HEAD of one url of each). Without it the first read of a mount paid
-        0.1-0.3 s for the rest, and on a long link a round trip per new connection."""
-        try:
-            if self._warming is None:
-                self.begin_warm_up(urls)
-            await trio.to_thread.run_sync(self._warming.join)
-            remote = self._warm_protocols
-            if remote & {"http", "https"}:
-                backend = self._backend("http://")
-                await run_on_asyncio(backend.open(), self._asyncio())
-                if self.warm_hosts:
-                    await run_on_asyncio(backend.warm(_one_per_host(urls, self.warm_hosts)), self._asyncio())
-        finally:
-            self.warmed = True
+        asyncio loop running and the HTTP session open. No request is made. Without it the first
+        read of a mount paid 0.1-0.3 s for all of this."""
+        if self._warming is None:
+            self.begin_warm_up(urls)
+        await trio.to_thread.run_sync(self._warming.join)
+        remote = self._warm_protocols
+        if remote & {"http", "https"}:
+            backend = self._backend("http://")
+            await run_on_asyncio(backend.open(), self._asyncio())
 
     @staticmethod
     def _import_remote(urls) -> set[str]:

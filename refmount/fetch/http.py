@@ -72,7 +72,6 @@ class HttpBackend:
         self._session: aiohttp.ClientSession | None = None
         self._versions: dict[str, _Version] = {}
         self._sizes: dict[str, int] = {}
-        self._size_probes: dict[str, asyncio.Future] = {}  # url -> the size probe under way
         # One slow object must not take every connection of its host: each url gets all but one of
         # them (that one stays free for other objects; a long link needs the others for one object).
         self._per_object = max(1, connections_per_host - 1)
@@ -112,29 +111,6 @@ class HttpBackend:
         """Create the session (no connection yet), so that the first read does not."""
         self._session_now()
 
-    async def warm(self, urls: list[str], within: float = 5.0) -> None:
-        """Open the connections one remote object may use on each url's host at once, by HEAD requests
-        of the url (whose size is then known), one attempt each and for at most `within` seconds: on
-        a long link a new connection costs a round trip (two with TLS) before its first byte, and a
-        reader's first parts go on all of them at once. Failures are left to the reads."""
-
-        async def probe(url: str) -> None:
-            self._sizes.setdefault(url, await self._probe_size(url))
-
-        probes = []
-        for url in urls:
-            for k in range(self._per_object):
-                probes.append(asyncio.ensure_future(probe(url)))
-                if k == 0 and url not in self._size_probes:  # a lookup meanwhile joins this one
-                    self._size_probes[url] = probes[-1]
-                    probes[-1].add_done_callback(lambda _, url=url: self._size_probes.pop(url, None))
-        try:
-            async with asyncio.timeout(within):
-                await asyncio.gather(*probes, return_exceptions=True)
-        except TimeoutError:
-            for task in probes:
-                task.cancel()
-
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
@@ -154,12 +130,7 @@ class HttpBackend:
 
     async def size(self, url: str) -> int:
         if url not in self._sizes:
-            probe = self._size_probes.get(url)  # the mount's warm-up asking already: join it
-            if probe is not None:
-                with contextlib.suppress(Exception):
-                    self._sizes[url] = await asyncio.shield(probe)
-            if url not in self._sizes:
-                self._sizes[url] = await self._with_retries(url, lambda: self._probe_size(url))
+            self._sizes[url] = await self._with_retries(url, lambda: self._probe_size(url))
         return self._sizes[url]
 
     def validators(self, url: str) -> tuple[str | None, str | None]:
