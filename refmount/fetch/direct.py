@@ -7,10 +7,11 @@ Content-Length body to the socket's recv_into, which releases the GIL, so the by
 (kernel -> block) while the trio thread serves FUSE on the other core.
 
 Only the plain case is handled here: `accept` (the HTTP backend's checks) looks at the status and
-headers and says how many body bytes to read, or None to hand the request back to the aiohttp path
-(redirects, a 200 from a server that ignores Range, chunked or encoded bodies...). Retries, time
-limits and validator checks stay in the backend; `Request.abort` (on cancellation or timeout) shuts
-the socket, so the blocked thread returns at once.
+headers and says how many body bytes to read, raises for a refused answer (an encoded body, a wrong
+Content-Range), or returns None to hand the request back to the aiohttp path (redirects, a 200 from
+a server that ignores Range, chunked bodies). Retries, time limits and validator checks stay in the
+backend; `Request.abort` (on cancellation or timeout) shuts the socket, so the blocked thread
+returns at once. The blocks are bytearrays: nothing writes into a cached block.
 """
 
 from __future__ import annotations

@@ -365,10 +365,10 @@ class HttpBackend:
             length = self._check_206(url, resp.headers, resp.length, start, end)
             self._honours_range.add(url)
             return length
-        if status in (200, 206, *_REDIRECTS):  # not a plain 206: this url goes through aiohttp from now on
+        if status in (206, *_REDIRECTS):  # chunked or redirected: this url goes through aiohttp from now on
             self._direct_targets[url] = None
             return None
-        if status in (412, 416):
+        if status in (200, 412, 416):  # aiohttp's path handles these (a lone 200 may be a passing fault)
             return None
         self._raise_for_status(url, resp)
         raise _Retry(f"HTTP {status} to a ranged GET")
