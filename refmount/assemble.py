@@ -122,7 +122,8 @@ def build_filesystem(opts):
     refset = load_reference_set(opts)
     policy = RetryPolicy(read_timeout=opts.read_timeout, stall_timeout=opts.stall_timeout)
     fetcher = Fetcher(policy=policy, remote_options=opts.remote_options, connections_per_host=opts.connections,
-                      allow_cross_host_redirects=opts.allow_cross_host_redirects, verify_remote=opts.verify_remote)
+                      allow_cross_host_redirects=opts.allow_cross_host_redirects, verify_remote=opts.verify_remote,
+                      http_client=opts.http_client)
     urls = refset.urls
 
     async def fetch(url_id, start, end):

@@ -174,6 +174,12 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--verify-remote", action="store_true",
                    help="http(s): make every ranged request conditional on the version first seen (If-Match with its "
                         "ETag, else If-Unmodified-Since), so the server itself refuses bytes of a replaced object")
+    g.add_argument("--http-client", choices=("stdlib", "aiohttp"), default="stdlib",
+                   help="how http(s) ranges are received: 'stdlib' reads a plain 206 answer to a range of 512 KiB "
+                        "or more with Python's http.client in worker threads, straight into cache blocks (less "
+                        "CPU per GB); smaller ranges and anything else (proxies, redirects, servers ignoring "
+                        "Range, chunked bodies) go through aiohttp. 'aiohttp' uses aiohttp for everything "
+                        "(default: stdlib)")
     g.add_argument("--ca-bundle", metavar="PATH",
                    help="trust the certificate authorities in PATH for https (default: REQUESTS_CA_BUNDLE, "
                         "CURL_CA_BUNDLE, SSL_CERT_FILE, then the system store; AWS_CA_BUNDLE for s3)")
@@ -259,7 +265,7 @@ def options_from_args(args):
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
         chars=args.chars,
         proxy=args.proxy, owner_pid=args.owner_pid,
-        verify_remote=args.verify_remote, ca_bundle=args.ca_bundle,
+        verify_remote=args.verify_remote, ca_bundle=args.ca_bundle, http_client=args.http_client,
         max_refs_size=args.max_refs_size, load_timeout=args.load_timeout,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
     )

@@ -58,6 +58,7 @@ class MountOptions:
     proxy: str | None = None
     owner_pid: int | None = None
     verify_remote: bool = False
+    http_client: str = "stdlib"  # "stdlib" (http.client in threads for plain 206s, else aiohttp) or "aiohttp"
     ca_bundle: str | None = None
     max_refs_size: int | None = None  # None: the machine's default (refs/limits.py)
     load_timeout: float | None = 300.0

@@ -1,7 +1,8 @@
 """Fetching remote bytes: one `Fetcher` routes each url to its backend by protocol.
 
 - file paths and file:// -> `LocalBackend` (pread in a worker thread);
-- http:// and https://  -> `HttpBackend` (aiohttp on the asyncio loop thread);
+- http:// and https://  -> `HttpBackend` (aiohttp on the asyncio loop thread; with `http_client="stdlib"`
+  plain ranged answers are received by http.client in worker threads, see direct.py);
 - anything else         -> `FsspecBackend` (fsspec's async filesystems, `--remote-options`).
 
 Callers are trio tasks; the asyncio side is reached through `run_on_asyncio`. A remote url whose
@@ -44,7 +45,7 @@ def check_protocols(urls, allowed: set[str] | None) -> None:
 class Fetcher:
     def __init__(self, *, policy: RetryPolicy | None = None, remote_options: dict | None = None,
                  connections_per_host: int = 8, allow_cross_host_redirects: bool = False,
-                 verify_remote: bool = False) -> None:
+                 verify_remote: bool = False, http_client: str = "stdlib") -> None:
         from refmount.fetch.tls import ssl_setting
 
         self.policy = policy or RetryPolicy()
@@ -54,7 +55,7 @@ class Fetcher:
         self._http_options = dict(connections_per_host=connections_per_host,
                                   allow_cross_host_redirects=allow_cross_host_redirects,
                                   headers=self.remote_options.get("headers"), verify_remote=verify_remote,
-                                  ssl=ssl_setting(self.remote_options))
+                                  ssl=ssl_setting(self.remote_options), client=http_client)
         self._remotes: dict = {}  # protocol -> backend, made on first use (aiohttp alone takes 0.1 s to import)
         self._failed: dict[str, tuple[float, str]] = {}  # url -> (when, message) of its last failure
         self._loop = None
