@@ -31,7 +31,7 @@ class _Stream:
     """One sequential reader of a remote file, as ReadStreams sees it."""
 
     __slots__ = ("begin", "reached", "window", "next_block", "last_start", "in_a_row", "key_end", "crossings",
-                 "scanning", "stopped", "parts")
+                 "scanning", "stopped", "parts", "run_end")
 
     def __init__(self, start: int, end: int, key_end: int, window: int) -> None:
         self.begin = start
@@ -45,6 +45,7 @@ class _Stream:
         self.scanning = False  # its last read continued a scan
         self.stopped = False  # its read-ahead was evicted unread: read ahead no more
         self.parts = 0  # whole parts it asked for (their sizes take _STAGGER in turn)
+        self.run_end = 0  # a stream opened at the start of a run of keys may read ahead to here before it crosses
 
     def lead(self, block_size: int) -> int:
         """Bytes asked for ahead of the reader (what its read-ahead holds of the budget)."""
@@ -94,14 +95,16 @@ class ReadStreams:
 
     def on_read(self, uid: int, start: int, end: int, key_end: int, limit: int | None,
                 prefetch: bool = True, small: bool = False, opening: bool = False,
-                likely_scan: bool = False) -> bool:
+                next_key_end: int = 0) -> bool:
         """Record a read of [start, end) of remote file `uid` (of a key ending at `key_end`) and
         fetch ahead, up to `limit` if the remote file's end is known. A stream that has not gone on
         from one key into the next fetches ahead only within its key; for a `small` read, only a
-        stream that went on twice in a row reads ahead. A `likely_scan` read (at the start of a run
-        of keys that follow one another in the remote file) that starts a stream opens it as a scan
-        at once: it reads ahead into the next keys. True if the read continued a scan of the remote
-        file (one that crossed keys, or went on within a key that ends at `limit`), or opened one."""
+        stream that went on twice in a row reads ahead. A read at the start of a run of keys that
+        follow one another in the remote file (`next_key_end`: where the next of them ends) that
+        starts a stream reads ahead to the end of that next key at once, as a scan would: a reader
+        of one chunk costs at most one chunk more, and a scan need not wait for its second chunk to
+        show itself. True if the read continued a scan of the remote file (one that crossed keys,
+        or went on within a key that ends at `limit`), or opened one at the start of a run."""
         bs = self.cache.block_size
         budget = self.budget
         streams = self._files.pop(uid, None) or []
@@ -133,10 +136,11 @@ class ReadStreams:
                     grown = max(grown, self._link_window(uid))
                 stream.window = min(max(grown, 2 * bs), self.max_window)
                 # A reader walking through one key is no scan of the remote file until it goes on
-                # into the next key: till then it reads ahead within its key only.
-                scan = stream.scanning = proven and (stream.crossings > 0 or key_end == limit)
+                # into the next key: till then it reads ahead within its key only (or to the end of
+                # the next key, if it began at the start of a run of keys).
+                scan = stream.scanning = proven and (stream.crossings > 0 or key_end == limit or stream.run_end > 0)
                 if not stream.crossings:
-                    limit = key_end
+                    limit = max(key_end, stream.run_end)
                 prefetch = prefetch and proven
                 continued = proven
                 budget.ahead += stream.lead(bs)
@@ -151,7 +155,7 @@ class ReadStreams:
             # reads of a block or more stay narrow: their streams are never wide.)
             wide = self._opening(uid)
             siblings = [s for s in streams if s in self._active] if end - start >= bs else []
-            opening = opening or likely_scan or any(s.window >= wide for s in siblings)
+            opening = opening or next_key_end > 0 or any(s.window >= wide for s in siblings)
             stream = _Stream(start, end, key_end, wide if opening else 2 * bs)
             if opening:
                 for sibling in siblings:
@@ -161,8 +165,8 @@ class ReadStreams:
                     budget.ahead -= old.lead(bs)
                 streams = streams[len(streams) + 1 - self.streams :]
             streams.append(stream)
-            if likely_scan:  # as if it had gone on into the next key already (even a first small piece)
-                stream.crossings = 1
+            if next_key_end:  # a scan's likely start: read as one (by blocks), ahead to the next key's end
+                stream.run_end = limit = next_key_end
                 stream.scanning = scan = continued = True
             else:
                 limit = key_end  # one read is no scan yet: read ahead within its key only
@@ -342,13 +346,15 @@ class RawView:
         chunk_fetched = chunk and self.cache.has_exact(uid, base, base + length)
         # A read from the start of a chunk that begins a run of chunks following one another in the
         # remote file is how a scan of a variable starts (`cat` of its chunk files in order): read
-        # ahead into the run at once rather than after a second chunk. (A chunk after another one
-        # read at random stays one exact request; small chunks wait for a proven scan.)
-        likely_scan = (offset == 0 and not whole and not exact and length > self.small_chunk
-                       and self._starts_a_run(i, uid, base, length))
+        # ahead to the end of the next chunk at once rather than after it (a reader of that one
+        # chunk alone pays one chunk more; the scan ramps up once it goes on into the next). A
+        # chunk after another one read at random stays one exact request; small chunks wait for a
+        # proven scan.
+        next_key_end = (self._next_in_run(i, uid, base, length)
+                        if offset == 0 and not whole and not exact and length > self.small_chunk else 0)
         scan = self.streams.on_read(uid, base + offset, base + end, base + length, limit,
                                     prefetch=self.prefetch and not chunk_fetched, small=small,
-                                    opening=offset == 0 and end >= self.cache.block_size, likely_scan=likely_scan)
+                                    opening=offset == 0 and end >= self.cache.block_size, next_key_end=next_key_end)
         whole_chunk = chunk_fetched or (chunk and offset == 0 and not scan)
         if (small_key and not scan and not exact) or whole_chunk:  # (readers usually read a small chunk whole)
             data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
@@ -368,21 +374,22 @@ class RawView:
         self.reads_served += 1
         return data
 
-    def _starts_a_run(self, i: int, uid: int, base: int, length: int) -> bool:
-        """Whether the key after key `i` (in the reference set's order) starts where `i` ends in the
-        same remote file (within the read-ahead's gap), and the key before does not end where it
-        starts: `i` is the first of a run of chunks laid out one after another."""
+    def _next_in_run(self, i: int, uid: int, base: int, length: int) -> int:
+        """If key `i` is the first of a run of chunks laid out one after another in one remote file
+        (the key after it, in the reference set's order, starts where `i` ends, within the
+        read-ahead's gap, and the key before does not end where `i` starts): where the key after it
+        ends in the remote file. Otherwise 0."""
         refset, gap = self.refset, self.streams.gap
         if not refset.exists(i + 1):
-            return False
+            return 0
         after_uid, after_offset, after_length = refset.target(i + 1)
         if after_uid != uid or after_length == WHOLE_FILE or not 0 <= after_offset - (base + length) <= gap:
-            return False
+            return 0
         if i > 0 and refset.exists(i - 1):
             before_uid, before_offset, before_length = refset.target(i - 1)
             if before_uid == uid and before_length != WHOLE_FILE and 0 <= base - (before_offset + before_length) <= gap:
-                return False
-        return True
+                return 0
+        return after_offset + after_length
 
     async def read_all(self, i: int) -> bytes:
         data = await self.read(i, 0, await self.size(i))

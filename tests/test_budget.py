@@ -418,10 +418,11 @@ class _Sizes:
         return self.size
 
 
-def test_a_read_of_the_first_of_contiguous_chunks_reads_ahead_into_the_next_ones():
-    """`cat` of a variable's chunk files starts at its first chunk: read ahead across the chunks after
-    it at once (not after a second chunk). A chunk with a contiguous one before it read at random is
-    one exact request, as before."""
+def test_a_read_of_the_first_of_contiguous_chunks_reads_ahead_to_the_next_ones_end():
+    """`cat` of a variable's chunk files starts at its first chunk: the next chunk is fetched at once
+    (not after it is asked for), but a reader of that first chunk alone costs at most one chunk
+    more; going on into the next chunk makes it a scan that reads further ahead. A chunk with a
+    contiguous one before it read at random is one exact request, as before."""
     from refmount.refs import refs_from_dict
     from refmount.view import RawView
 
@@ -430,19 +431,23 @@ def test_a_read_of_the_first_of_contiguous_chunks_reads_ahead_into_the_next_ones
     refset = refs_from_dict({"version": 1, "refs": {
         ".zattrs": "{}", **{f"c/{k}": ["http://host/x.nc", first + k * chunk, chunk] for k in range(count)}}})
 
-    def read_first_piece(key: str) -> list[tuple[int, int]]:
+    def read_pieces(key: str, pieces: list[int]) -> list[tuple[int, int]]:
         remote = Remote(size)
         view = RawView(refset, _Sizes(size), BlockCache(remote.fetch, block_size=MiB, capacity=256 * MiB))
 
         async def main():
-            assert len(await view.read(refset.find(key), 0, 256 * KiB)) == 256 * KiB  # the kernel's first piece
-            await trio.testing.wait_all_tasks_blocked()
+            for k in pieces:  # 256 KiB pieces of consecutive chunks, as the kernel asks for them
+                i = refset.find(f"c/{int(key[2:]) + k // 3}")
+                assert len(await view.read(i, (k % 3) * 256 * KiB, 256 * KiB)) > 0
+                await trio.testing.wait_all_tasks_blocked()
 
         trio.run(main, clock=_clock())
         return [(start, end) for _, start, end in remote.requests]
 
-    scan = read_first_piece("c/0")
-    assert max(end for _, end in scan) >= first + 8 * chunk  # well into the next chunks
-    assert sum(end - start for start, end in scan) <= 40 * MiB
+    alone = read_pieces("c/0", [0, 1, 2])  # the whole first chunk
+    assert max(end for _, end in alone) >= first + 2 * chunk  # the next chunk came along
+    assert sum(end - start for start, end in alone) <= 2 * MiB  # and nothing more (whole blocks)
+    on = read_pieces("c/0", [0, 1, 2, 3, 4, 5])  # into the second chunk: a scan
+    assert max(end for _, end in on) >= first + 8 * chunk
     k = 7
-    assert read_first_piece(f"c/{k}") == [(first + k * chunk, first + (k + 1) * chunk)]
+    assert read_pieces(f"c/{k}", [0]) == [(first + k * chunk, first + (k + 1) * chunk)]
