@@ -62,10 +62,11 @@ class ReadStreams:
     the stream has got to (chunks of a netCDF-4 file sit between small metadata blocks; the kernel's
     readahead requests may arrive out of order, or overlap). The stream's window then grows, from
     two blocks (four per request the host gets at once, for a first read of a block or more from a
-    key's start or beside a reader opened that wide, and for a likely scan: see on_read), 4x per
-    read once the stream is proven sequential and at once to twice the host's measured
-    bandwidth-delay product, up to `max_window`. Any other read starts a new stream, replacing the
-    oldest, whose read-ahead stays within the key it read. A stream reads ahead no further than
+    key's start or beside a reader opened that wide), 4x per read once the stream is proven
+    sequential and at once to twice the host's measured bandwidth-delay product, up to
+    `max_window`. Any other read starts a new stream, replacing the oldest, whose read-ahead stays
+    within the key it read (or the key after it, for a read at the start of a run of keys: see
+    on_read). A stream reads ahead no further than
     where another stream reading now began: that reader fetches its own part of the file.
 
     Requests grow with the window: the stream asks for what it lacks of its window once that is at
