@@ -102,3 +102,30 @@ def test_a_cancelled_read_lets_go_of_its_connection_at_once(server, blob, client
             await fetcher.aclose()
 
     trio.run(main)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_connection_the_server_closed_while_idle_is_replaced_without_a_retry(tmp_path, client):
+    """Servers close kept-alive connections after a while (nginx 75 s, object stores sooner): the
+    next range goes on a new connection at once, not after a failed attempt and a back-off."""
+    from tests.support.rangeserver import RangeServer
+
+    data = random.Random(6).randbytes(SIZE)
+    (tmp_path / "blob.bin").write_bytes(data)
+    with RangeServer(tmp_path, keepalive_timeout=0.2) as srv:
+        url = srv.url_for("blob.bin")
+
+        async def main():
+            fetcher = Fetcher(policy=RetryPolicy(backoff_base=5.0), http_client=client)
+            try:
+                first = b"".join(map(bytes, await fetcher.read(url, 0, 1 << 20)))
+                await trio.sleep(0.6)  # the server has closed the idle connection by now
+                began = time.monotonic()
+                second = b"".join(map(bytes, await fetcher.read(url, 1 << 20, 2 << 20)))
+                return first + second, time.monotonic() - began, fetcher.stats.retries
+            finally:
+                await fetcher.aclose()
+
+        got, seconds, retries = trio.run(main)
+    assert got == data[: 2 << 20]
+    assert retries == 0 and seconds < 2.5  # a back-off would take 5 s

@@ -19,6 +19,7 @@ from __future__ import annotations
 import http.client
 import queue
 import socket
+import ssl
 import threading
 
 from refmount.fetch.pieces import piece_sizes
@@ -112,7 +113,7 @@ class Request:
         if idle is not None:
             try:
                 return self._send(idle)
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+            except (ConnectionError, ssl.SSLEOFError):  # RemoteDisconnected is one too
                 idle.close()  # the server closed it while it was idle: ask once more on a new one
         return self._send(self.origin.connect())
 

@@ -133,8 +133,10 @@ def _other_range(start: int, end: int, total: int):
 class RangeServer:
     """Serve the files under ``root`` on http://127.0.0.1:<ephemeral port>."""
 
-    def __init__(self, root, *, log_size: int = 1000, host: str = "127.0.0.1", ssl_context=None):
+    def __init__(self, root, *, log_size: int = 1000, host: str = "127.0.0.1", ssl_context=None,
+                 keepalive_timeout: float = 75.0):
         self.root = Path(root).resolve()
+        self.keepalive_timeout = keepalive_timeout  # seconds before an idle kept-alive connection is closed
         self.host = host
         self.ssl_context = ssl_context
         self.validators = ("etag", "last-modified")
@@ -199,7 +201,8 @@ class RangeServer:
         # handler_cancellation: a client that hangs up cancels its (possibly stalled)
         # handler; shutdown_timeout: stop() must not wait 60 s for stalled handlers.
         self._runner = web.AppRunner(
-            app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0
+            app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0,
+            keepalive_timeout=self.keepalive_timeout,
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, 0, ssl_context=self.ssl_context)
