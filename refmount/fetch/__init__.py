@@ -83,8 +83,9 @@ class Fetcher:
 
     @staticmethod
     def import_backends(urls) -> None:
-        """Import the code the remote backends for `urls` need. A mount does this in a thread once
-        it is ready, rather than on the first read (aiohttp takes 0.1 s) or before it is ready."""
+        """Import the code the remote backends for `urls` need. A mount does this in a thread while
+        it comes up, and reports ready once they are in (see `warm_up`), rather than leave them to the
+        first read (aiohttp takes 0.1 s)."""
         protocols = {protocol_of(url) for url in urls}
         if protocols & {"http", "https"}:
             import refmount.fetch.http  # noqa: F401
