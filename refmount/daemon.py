@@ -517,8 +517,11 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
 
 
 async def _warm_up(fetcher, urls, warmed) -> None:
+    """Ready the remote backends, then set `warmed`. Need not succeed now: errors show up in use."""
     try:
-        await _quietly(fetcher.warm_up, urls)
+        await fetcher.warm_up(urls)
+    except Exception as e:
+        log.debug("warm-up: %s", e)
     finally:
         warmed.set()
 
@@ -560,14 +563,6 @@ async def _announce_ready(opts: MountOptions, ready: int | None, warmed=None) ->
     if ready is not None:
         os.close(ready)
         _detach()
-
-
-async def _quietly(function, *args) -> None:
-    """Work that need not succeed now: its errors show up later, in use."""
-    try:
-        await function(*args)
-    except Exception as e:
-        log.debug("%s: %s", getattr(function, "__name__", function), e)
 
 
 def _process_start(pid: int) -> str | None:
