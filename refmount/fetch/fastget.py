@@ -75,9 +75,11 @@ class FastGet:
 
     def eligible(self, url: str, start: int, end: int) -> bool:
         backend = self.backend
-        return (0 < end - start < DIRECT_MIN_BYTES and url in backend._honours_range
-                and url not in backend._whole_only and url not in self._not_fast
-                and backend._direct_target(url) is not None)
+        if not (0 < end - start < DIRECT_MIN_BYTES and url in backend._honours_range
+                and url not in backend._whole_only and url not in self._not_fast):
+            return False
+        size = backend.known_size(url)
+        return (size is None or start < size) and backend._direct_target(url) is not None  # past the end: a 416
 
     async def read(self, url: str, start: int, end: int, piece: int, started: float) -> list[bytearray]:
         """Bytes [start, min(end, size)) as pieces split at multiples of `piece`; raises HandOver

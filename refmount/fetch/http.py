@@ -4,8 +4,10 @@ With `client="stdlib"` a ranged GET of at least DIRECT_MIN_BYTES is first tried 
 (direct.py: http.client in worker threads, the body read straight into block buffers). Only a plain
 206 with a Content-Length is received there; a url that answers anything else (a redirect, a 200
 from a server that ignores Range, a chunked body) and any url behind a proxy or with credentials in
-it goes through aiohttp. Both paths run the same checks below, under the same retries and time
-limit, and share the host's --connections.
+it goes through aiohttp. A smaller range of a url that has answered 206 is first tried by the trio
+task itself (fastget.py: no thread hand-off), which hands anything but a plain 206 back to this
+module's retry loop with the time left. All paths run the same checks below, under the same time
+limit, and share the host's --connections (`Slots`).
 
 Every answer is checked before its bytes are used:
 - no Content-Encoding but identity (we ask for identity: a gzipped body is not the object's bytes);
@@ -51,8 +53,9 @@ log = logging.getLogger("refmount")
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _MAX_REDIRECTS = 5
-# Smaller ranges go through aiohttp: the direct path's thread hand-offs cost more than its copies
-# save there (64 KiB ranges, 4 in parallel: 10.9 CPU-s/GB against 6.7; 1 MiB: 0.78 against 0.90).
+# Smaller ranges go the fast path or through aiohttp: the direct path's thread hand-offs cost more
+# than its copies save there (64 KiB ranges, 4 in parallel: 10.9 CPU-s/GB against 6.7; 1 MiB: 0.78
+# against 0.90).
 DIRECT_MIN_BYTES = 512 << 10
 _REDIRECTS = (301, 302, 303, 307, 308)
 
