@@ -102,9 +102,12 @@ class FastGet:
             raise HandOver(("timed out", None))  # the asyncio path finds no time left and says so
         except _Failed as e:
             raise HandOver((str(e), e.retry_after)) from None
-        except FetchError:
-            backend.stats.errors += 1
+        except (HandOver, FetchError) as e:
+            if isinstance(e, FetchError):
+                backend.stats.errors += 1
             raise
+        except Exception as e:  # noqa: BLE001 - an answer this code did not foresee: the asyncio path reads it
+            raise HandOver((f"{type(e).__name__}: {e}", None)) from None
         finally:
             backend.release_slots(url)
 
@@ -184,7 +187,7 @@ class FastGet:
             self._not_fast.add(url)  # chunked, or a body ended by closing: aiohttp reads those
             raise HandOver()
         value = headers["content-length"]
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):
             raise _Failed(f"206 with Content-Length {value!r}")
         try:
             return self.backend._check_206(url, headers, int(value), start, end)
@@ -278,7 +281,7 @@ def _parse_head(head: bytes) -> tuple[str, int, _Headers]:
     lines = head.decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
     code = rest[:3]
-    if not version.startswith("HTTP/") or not code.isdigit() or rest[3:4] not in ("", " "):
+    if not version.startswith("HTTP/") or not (code.isascii() and code.isdigit()) or rest[3:4] not in ("", " "):
         raise _Failed(f"malformed status line {lines[0][:80]!r}")
     headers = _Headers()
     for line in lines[1:]:
