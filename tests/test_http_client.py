@@ -1,6 +1,7 @@
 """The http(s) receive paths of `Fetcher` without FUSE: `--http-client stdlib` (http.client in worker
-threads for plain 206 answers, refmount/fetch/direct.py) and `aiohttp`, against the loopback Range
-server. Each case runs on both paths: same bytes, same errors."""
+threads for plain 206 answers, refmount/fetch/direct.py, and small ranges of urls that answered 206
+on the trio thread itself, refmount/fetch/fastget.py) and `aiohttp`, against the loopback Range
+server. Each case runs on both clients: same bytes, same errors."""
 
 from __future__ import annotations
 
@@ -35,8 +36,40 @@ def read(client: str, url: str, start: int, end: int, piece: int = 0, **policy) 
     return trio.run(main)
 
 
+def with_fetcher(client: str, body, fetcher_options: dict | None = None, **policy):
+    """trio.run(body(fetcher)) with a fresh Fetcher, closed afterwards."""
+    async def main():
+        fetcher = Fetcher(policy=RetryPolicy(**policy), http_client=client, **(fetcher_options or {}))
+        try:
+            return await body(fetcher)
+        finally:
+            await fetcher.aclose()
+
+    return trio.run(main)
+
+
+async def joined(fetcher, url: str, start: int, end: int, piece: int = 0) -> bytes:
+    return b"".join(map(bytes, await fetcher.read(url, start, end, piece)))
+
+
+def served_fast(fetcher) -> int:
+    """Reads the fast path (fastget.py) answered: only the stdlib client has one."""
+    return fetcher._fast_get.served if fetcher._fast_get is not None else 0
+
+
 def aiohttp_requests(server) -> int:
     return sum("aiohttp" in h.get("user-agent", "") for h in server.stats["headers"])
+
+
+def small_ranges(n: int, seed: int = 1) -> list[tuple[int, int]]:
+    """n ranges of 1 byte to 256 KiB (below DIRECT_MIN_BYTES) inside the blob."""
+    rng = random.Random(seed)
+    ranges = []
+    for _ in range(n):
+        size = rng.choice([1, 4096, 65536, 65536 + 17, 256 << 10])
+        start = rng.randrange(0, SIZE - size)
+        ranges.append((start, start + size))
+    return ranges
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -53,11 +86,19 @@ def test_ranges_arrive_whole_and_split_at_pieces(server, blob, client):
 @pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("kind", ["503", "reset", "truncate", "bad_range"])
 def test_faults_are_retried_to_the_right_bytes(server, blob, client, kind):
+    """Large ranges (the direct path with stdlib) and small ones after them (the fast path), faulted."""
     server.set_faults(rate=0.5, kinds=(kind,), seed=3)
     url = server.url_for("blob.bin")
-    for start in range(0, SIZE, 512 << 10):
-        assert b"".join(read(client, url, start, start + (512 << 10), backoff_base=0.001)) == \
-            blob[start:start + (512 << 10)]
+
+    async def body(fetcher):
+        for start in range(0, SIZE, 512 << 10):
+            assert await joined(fetcher, url, start, start + (512 << 10)) == blob[start:start + (512 << 10)]
+            for small in (start + 1000, start + (200 << 10)):
+                assert await joined(fetcher, url, small, small + 65536, 16384) == blob[small:small + 65536]
+        return served_fast(fetcher)
+
+    served = with_fetcher(client, body, backoff_base=0.001)
+    assert (served > 0) == (client == "stdlib")
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -105,6 +146,28 @@ def test_a_cancelled_read_lets_go_of_its_connection_at_once(server, blob, client
 
 
 @pytest.mark.parametrize("client", CLIENTS)
+def test_a_cancelled_small_read_closes_its_connection(server, blob, client):
+    """The fast path: a trio cancel closes the socket (it never goes back to the idle pool)."""
+    url = server.url_for("blob.bin")
+
+    async def body(fetcher):
+        assert await joined(fetcher, url, 0, 65536) == blob[:65536]
+        assert await joined(fetcher, url, 65536, 131072) == blob[65536:131072]  # fast, kept alive
+        server.stall_paths.add("/blob.bin")
+        t0 = time.monotonic()
+        with trio.move_on_after(0.3):
+            await fetcher.read(url, 1 << 20, (1 << 20) + 65536)
+        assert time.monotonic() - t0 < 1.5
+        if fetcher._fast_get is not None:
+            assert not any(fetcher._fast_get._idle.values())
+        server.stall_paths.clear()
+        assert await joined(fetcher, url, 2 << 20, (2 << 20) + 65536) == blob[2 << 20:(2 << 20) + 65536]
+        return served_fast(fetcher)
+
+    assert with_fetcher(client, body) == (2 if client == "stdlib" else 0)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
 def test_a_connection_the_server_closed_while_idle_is_replaced_without_a_retry(tmp_path, client):
     """Servers close kept-alive connections after a while (nginx 75 s, object stores sooner): the
     next range goes on a new connection at once, not after a failed attempt and a back-off."""
@@ -129,3 +192,222 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_without_a_retry(t
         got, seconds, retries = trio.run(main)
     assert got == data[: 2 << 20]
     assert retries == 0 and seconds < 2.5  # a back-off would take 5 s
+
+
+# -- the fast path (fastget.py): small ranges of urls that answered 206, on the trio thread -------------
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_small_reads_after_a_206_go_the_fast_path_with_the_right_bytes(server, blob, client):
+    url = server.url_for("blob.bin")
+    ranges = small_ranges(20) + [(SIZE - 1000, SIZE + 5000)]  # the last one clipped at the end
+
+    async def body(fetcher):
+        assert await joined(fetcher, url, 0, 1 << 20) == blob[:1 << 20]  # the first 206
+        for start, end in ranges:
+            pieces = await fetcher.read(url, start, end, 65536)
+            assert all(len(p) <= 65536 for p in pieces) and len(pieces) == len(range(start // 65536,
+                                                                                      (min(end, SIZE) - 1) // 65536 + 1))
+            assert b"".join(map(bytes, pieces)) == blob[start:end]
+        return served_fast(fetcher)
+
+    served = with_fetcher(client, body, {"remote_options": {"headers": {"X-Test": "yes"}}})
+    assert served == (len(ranges) if client == "stdlib" else 0)
+    assert (aiohttp_requests(server) == 0) == (client == "stdlib")
+    sent = server.stats["headers"][-1]
+    assert sent["x-test"] == "yes" and sent["accept-encoding"] == "identity"
+    assert sent["range"] == f"bytes={SIZE - 1000}-{SIZE + 4999}"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("kind", ["ignore_range", "full200", "bad_range", "truncate", "503", "reset", "stall"])
+def test_small_reads_survive_a_server_changing_its_answers(server, blob, client, kind):
+    """After a 206, the server answers 200 (always or sometimes), a wrong Content-Range, a short body,
+    an error, a reset or a stall (stall_timeout on the fast path's socket): the right bytes."""
+    url = server.url_for("blob.bin")
+
+    async def body(fetcher):
+        assert await joined(fetcher, url, 0, 65536) == blob[:65536]
+        if kind == "ignore_range":
+            server.ignore_range = True
+        else:
+            server.set_faults(rate=0.5, kinds=(kind,), seed=4, stall_seconds=30)
+        began = time.monotonic()
+        for start, end in small_ranges(16, seed=2):
+            assert await joined(fetcher, url, start, end, 65536) == blob[start:end]
+        assert time.monotonic() - began < 15  # a stall costs stall_timeout (0.3 s), not the server's 30 s
+        return served_fast(fetcher), fetcher.stats.retries
+
+    served, retries = with_fetcher(client, body, backoff_base=0.001, stall_timeout=0.3)
+    if kind != "ignore_range":
+        assert (served > 0) == (client == "stdlib")
+    if kind not in ("ignore_range", "full200"):  # a 200 is sliced, not retried
+        assert retries > 0
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("lie", ["gzip", "long206", "long206-chunked"])
+def test_small_reads_never_use_bytes_that_failed_a_check(server, blob, client, lie):
+    url = server.url_for("blob.bin")
+
+    async def body(fetcher):
+        assert await joined(fetcher, url, 0, 65536) == blob[:65536]
+        server.lie = lie
+        with pytest.raises(FetchError):
+            await fetcher.read(url, 1 << 20, (1 << 20) + 65536)
+
+    with_fetcher(client, body, backoff_base=0.001, read_timeout=0.5)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_stalled_small_read_fails_within_the_read_timeout_counting_the_fast_attempt(server, blob, client):
+    """The fast attempt stalls until the read's time is up; the asyncio path then gets no new
+    --read-timeout of its own (else this read would take 2 s)."""
+    url = server.url_for("blob.bin")
+
+    async def body(fetcher):
+        assert await joined(fetcher, url, 0, 65536) == blob[:65536]
+        server.stall_paths.add("/blob.bin")
+        t0 = time.monotonic()
+        with pytest.raises(FetchError):
+            await fetcher.read(url, 1 << 20, (1 << 20) + 65536)
+        return time.monotonic() - t0
+
+    assert with_fetcher(client, body, read_timeout=1.0, stall_timeout=30) < 1.5
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("poll", [True, False])
+def test_a_fast_path_connection_the_server_closed_while_idle_is_replaced_at_once(tmp_path, client, poll,
+                                                                                monkeypatch):
+    """Seen closed before use (poll), or found closed by the request itself (the server's FIN came
+    too late to see): either way a new connection at once, not a failed attempt and a back-off."""
+    from refmount.fetch import fastget
+    from tests.support.rangeserver import RangeServer
+
+    if not poll:
+        monkeypatch.setattr(fastget, "_quiet", lambda stream: True)
+    data = random.Random(6).randbytes(SIZE)
+    (tmp_path / "blob.bin").write_bytes(data)
+    with RangeServer(tmp_path, keepalive_timeout=0.2) as srv:
+        url = srv.url_for("blob.bin")
+
+        async def body(fetcher):
+            assert await joined(fetcher, url, 0, 65536) == data[:65536]
+            assert await joined(fetcher, url, 65536, 131072) == data[65536:131072]
+            await trio.sleep(0.6)  # the server has closed the idle connections by now
+            began = time.monotonic()
+            assert await joined(fetcher, url, 1 << 20, (1 << 20) + 65536) == data[1 << 20:(1 << 20) + 65536]
+            return time.monotonic() - began, fetcher.stats.retries, served_fast(fetcher)
+
+        seconds, retries, served = with_fetcher(client, body, backoff_base=5.0)
+    assert retries == 0 and seconds < 2.5  # a back-off would take 5 s
+    assert served == (2 if client == "stdlib" else 0)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_connections_per_host_is_a_hard_cap_across_all_paths(tmp_path, client):
+    """Many concurrent small reads (fast path while a slot is free, else queued on the asyncio side)
+    and large ones (the direct path), of two objects: never more than --connections requests at once."""
+    import asyncio
+
+    from tests.support.rangeserver import RangeServer
+
+    class CountingServer(RangeServer):
+        now = peak = 0
+        per_object: dict = {}  # path -> [now, peak]
+
+        async def _handle(self, request):
+            # Counted from the request's arrival until before any answer byte: inside the client's slot.
+            mine = CountingServer.per_object.setdefault(request.path, [0, 0])
+            CountingServer.now += 1
+            mine[0] += 1
+            CountingServer.peak = max(CountingServer.peak, CountingServer.now)
+            mine[1] = max(mine[1], mine[0])
+            try:
+                await asyncio.sleep(0.02)
+            finally:
+                CountingServer.now -= 1
+                mine[0] -= 1
+            return await super()._handle(request)
+
+    blobs = {name: random.Random(name).randbytes(SIZE) for name in ("a.bin", "b.bin")}
+    for name, data in blobs.items():
+        (tmp_path / name).write_bytes(data)
+    with CountingServer(tmp_path) as srv:
+        async def body(fetcher):
+            for name in blobs:
+                await fetcher.read(srv.url_for(name), 0, 100)  # the first 206 of each
+            CountingServer.peak = 0
+            CountingServer.per_object.clear()
+            wrong = []
+
+            async def check(name, start, end):
+                if await joined(fetcher, srv.url_for(name), start, end) != blobs[name][start:end]:
+                    wrong.append((name, start, end))
+
+            async with trio.open_nursery() as nursery:
+                for k, (start, end) in enumerate(small_ranges(40, seed=7)):
+                    nursery.start_soon(check, "ab"[k % 2] + ".bin", start, end)
+                for k in range(4):
+                    nursery.start_soon(check, "ab"[k % 2] + ".bin", k << 20, (k << 20) + (600 << 10))
+            assert not wrong
+            return served_fast(fetcher)
+
+        served = with_fetcher(client, body, {"connections_per_host": 3})
+    assert 0 < CountingServer.peak <= 3
+    assert all(peak <= 2 for _, peak in CountingServer.per_object.values())  # one slot stays for other objects
+    assert (served > 0) == (client == "stdlib")
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_small_reads_over_https(tmp_path, client):
+    """TLS on the fast path, including an idle connection the server closed."""
+    import ssl
+
+    from tests.support.rangeserver import RangeServer
+
+    cert, key = self_signed(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    data = random.Random(8).randbytes(SIZE)
+    (tmp_path / "blob.bin").write_bytes(data)
+    with RangeServer(tmp_path, ssl_context=context, keepalive_timeout=0.3) as srv:
+        url = srv.url_for("blob.bin")
+
+        async def body(fetcher):
+            assert await joined(fetcher, url, 0, 65536) == data[:65536]
+            for start, end in small_ranges(8, seed=9):
+                assert await joined(fetcher, url, start, end, 65536) == data[start:end]
+            await trio.sleep(0.8)
+            assert await joined(fetcher, url, 5, 70000) == data[5:70000]
+            return served_fast(fetcher), fetcher.stats.retries
+
+        served, retries = with_fetcher(client, body, {"remote_options": {"ssl": False}}, backoff_base=5.0)
+    assert retries == 0
+    assert served == (9 if client == "stdlib" else 0)
+
+
+def self_signed(folder) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1: (cert.pem, key.pem) paths."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "refmount test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_pem, key_pem = folder / "cert.pem", folder / "key.pem"
+    cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return str(cert_pem), str(key_pem)

@@ -2,7 +2,8 @@
 
 - file paths and file:// -> `LocalBackend` (pread in a worker thread);
 - http:// and https://  -> `HttpBackend` (aiohttp on the asyncio loop thread; with `http_client="stdlib"`
-  plain ranged answers are received by http.client in worker threads, see direct.py);
+  plain ranged answers are received by http.client in worker threads, see direct.py, and small ranges
+  of urls that answered 206 are fetched by the trio task itself, see fastget.py);
 - anything else         -> `FsspecBackend` (fsspec's async filesystems, `--remote-options`).
 
 Callers are trio tasks; the asyncio side is reached through `run_on_asyncio`. A remote url whose
@@ -57,6 +58,7 @@ class Fetcher:
                                   headers=self.remote_options.get("headers"), verify_remote=verify_remote,
                                   ssl=ssl_setting(self.remote_options), client=http_client)
         self._remotes: dict = {}  # protocol -> backend, made on first use (aiohttp alone takes 0.1 s to import)
+        self._fast_get = None  # the http backend's fast path (fastget.py), with the stdlib client
         self._failed: dict[str, tuple[float, str]] = {}  # url -> (when, message) of its last failure
         self._loop = None
         self._warming: threading.Thread | None = None
@@ -74,6 +76,10 @@ class Fetcher:
                 from refmount.fetch.http import HttpBackend
 
                 backend = HttpBackend(self.policy, self.stats, **self._http_options)
+                if backend.direct:
+                    from refmount.fetch.fastget import FastGet
+
+                    self._fast_get = FastGet(backend)
             else:
                 from refmount.fetch.fsspec_backend import FsspecBackend
 
@@ -137,21 +143,38 @@ class Fetcher:
         backend = self._backend(url)
         if backend is self.local:
             return await trio.to_thread.run_sync(self.local.read, url, start, end, piece, abandon_on_cancel=True)
-        return await self._remembering_failure(url, backend.read(url, start, end, piece))
+        return await self._remembering_failure(url, lambda: self._read_remote(backend, url, start, end, piece))
 
-    async def _remembering_failure(self, url: str, coro):
-        """Run a remote operation, but fail at once if the url failed a moment ago: the kernel retries
-        a failed read straight away, and that retry must not start a whole new --read-timeout."""
+    async def _read_remote(self, backend, url: str, start: int, end: int, piece: int) -> list[bytes]:
+        """A small range of an url that answers 206 is fetched right here on the trio thread (no
+        thread hand-off: fastget.py); anything else, or anything unusual there, on the asyncio side,
+        within the same --read-timeout."""
+        fast = self._fast_get
+        if fast is None or fast.backend is not backend or not fast.eligible(url, start, end):
+            return await run_on_asyncio(backend.read(url, start, end, piece), self._asyncio())
+        from refmount.fetch.fastget import HandOver
+
+        started = time.monotonic()
+        try:
+            return await fast.read(url, start, end, piece, started)
+        except HandOver as e:
+            failed = e.failure
+        return await run_on_asyncio(backend.read(url, start, end, piece, started=started, failed=failed),
+                                    self._asyncio())
+
+    async def _remembering_failure(self, url: str, operation):
+        """Run a remote operation (an async callable), but fail at once if the url failed a moment ago:
+        the kernel retries a failed read straight away, and that retry must not start a whole new
+        --read-timeout."""
         failed = self._failed.get(url)
         if failed is not None:
             ago = time.monotonic() - failed[0]
             if ago < min(self.policy.failure_memory, max(1.0, self.policy.read_timeout)):
-                coro.close()
                 self.stats.errors += 1
                 raise FetchError(f"{failed[1]} ({ago:.1f}s ago; not retried yet)")
             del self._failed[url]
         try:
-            return await run_on_asyncio(coro, self._asyncio())
+            return await operation()
         except FetchError as e:
             self._failed[url] = (time.monotonic(), str(e))
             raise
@@ -164,7 +187,7 @@ class Fetcher:
         backend = self._backend(url)
         if backend is self.local:
             return await trio.to_thread.run_sync(self.local.size, url, abandon_on_cancel=True)
-        return await self._remembering_failure(url, backend.size(url))
+        return await self._remembering_failure(url, lambda: run_on_asyncio(backend.size(url), self._asyncio()))
 
     async def identity(self, url: str) -> str | None:
         """A validator naming this version of a remote object (for the disk cache), or None when
@@ -181,6 +204,8 @@ class Fetcher:
 
     async def aclose(self) -> None:
         self.local.close()
+        if self._fast_get is not None:
+            self._fast_get.close()
         if self._loop is not None:
             for backend in self._remotes.values():
                 await run_on_asyncio(backend.close(), self._loop)

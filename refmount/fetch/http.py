@@ -4,8 +4,10 @@ With `client="stdlib"` a ranged GET of at least DIRECT_MIN_BYTES is first tried 
 (direct.py: http.client in worker threads, the body read straight into block buffers). Only a plain
 206 with a Content-Length is received there; a url that answers anything else (a redirect, a 200
 from a server that ignores Range, a chunked body) and any url behind a proxy or with credentials in
-it goes through aiohttp. Both paths run the same checks below, under the same retries and time
-limit, and share the host's --connections.
+it goes through aiohttp. A smaller range of a url that has answered 206 is first tried by the trio
+task itself (fastget.py: no thread hand-off), which hands anything but a plain 206 back to this
+module's retry loop with the time left. All paths run the same checks below, under the same time
+limit, and share the host's --connections (`Slots`).
 
 Every answer is checked before its bytes are used:
 - no Content-Encoding but identity (we ask for identity: a gzipped body is not the object's bytes);
@@ -27,6 +29,7 @@ user's headers (--remote-options "headers", e.g. Authorization) go only to the o
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import http.client
@@ -50,8 +53,9 @@ log = logging.getLogger("refmount")
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _MAX_REDIRECTS = 5
-# Smaller ranges go through aiohttp: the direct path's thread hand-offs cost more than its copies
-# save there (64 KiB ranges, 4 in parallel: 10.9 CPU-s/GB against 6.7; 1 MiB: 0.78 against 0.90).
+# Smaller ranges go the fast path or through aiohttp: the direct path's thread hand-offs cost more
+# than its copies save there (64 KiB ranges, 4 in parallel: 10.9 CPU-s/GB against 6.7; 1 MiB: 0.78
+# against 0.90).
 DIRECT_MIN_BYTES = 512 << 10
 _REDIRECTS = (301, 302, 303, 307, 308)
 
@@ -73,6 +77,63 @@ class _Version:
         self.etag, self.modified, self.size = etag, modified, size
 
 
+class Slots:
+    """A counting semaphore that both threads honour, so --connections holds across every path:
+    asyncio tasks wait their turn (`async with`); the trio thread's fast path only takes a slot that
+    is free now with nobody waiting (`try_take`, under the lock), and may `release` from its thread.
+    `users` counts holders and waiters (the backend drops a url's slots when none is left)."""
+
+    def __init__(self, limit: int, lock: threading.Lock) -> None:
+        self.limit = limit
+        self.in_use = 0
+        self.users = 0
+        self._lock = lock  # the backend's slots lock, shared by all its Slots
+        self._waiters: collections.deque = collections.deque()  # (loop, future) in arrival order
+
+    def try_take(self) -> bool:
+        """Take a slot if one is free and nobody waits (the caller holds the lock)."""
+        if self.in_use < self.limit and not self._waiters:
+            self.in_use += 1
+            return True
+        return False
+
+    async def __aenter__(self) -> None:
+        with self._lock:
+            if self.try_take():
+                return
+            loop = asyncio.get_running_loop()
+            waiter = (loop, loop.create_future())
+            self._waiters.append(waiter)
+        try:
+            await waiter[1]
+        except BaseException:
+            with self._lock:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                    raise
+            if not waiter[1].cancelled():  # the slot was handed over just before the cancel: pass it on
+                self.release()
+            raise
+
+    async def __aexit__(self, *exc) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Give a slot back (from any thread): to the first waiter as it is, else to the pool."""
+        with self._lock:
+            if not self._waiters:
+                self.in_use -= 1
+                return
+            loop, future = self._waiters.popleft()
+        loop.call_soon_threadsafe(self._hand_over, future)
+
+    def _hand_over(self, future: asyncio.Future) -> None:
+        if future.cancelled():  # its task gave up meanwhile: the next one gets the slot
+            self.release()
+        else:
+            future.set_result(None)
+
+
 class HttpBackend:
     def __init__(self, policy: RetryPolicy, stats: FetchStats, *, connections_per_host: int = 8,
                  allow_cross_host_redirects: bool = False, headers: dict | None = None,
@@ -90,7 +151,9 @@ class HttpBackend:
         # One slow object must not take every connection of its host: each url gets all but one of
         # them (that one stays free for other objects; a long link needs the others for one object).
         self._per_object = max(1, connections_per_host - 1)
-        self._object_slots: dict[str, list] = {}  # url -> [semaphore, users]
+        # Slots are counted under one lock: the trio thread's fast path (fastget.py) takes them too.
+        self._slots_lock = threading.Lock()
+        self._object_slots: dict[str, Slots] = {}  # url -> its slots, while anyone holds or waits for one
         self._range_ignored: set[str] = set()  # hosts warned about
         self._whole_only: set[str] = set()  # urls whose server answered a ranged GET with the whole object
         self._honours_range: set[str] = set()  # urls that have answered 206
@@ -101,7 +164,7 @@ class HttpBackend:
         self.direct = client == "stdlib"
         self._direct_targets: dict[str, tuple | None] = {}  # url -> (origin, request target), None: aiohttp only
         self._origins: dict[tuple, direct.Origin] = {}  # (scheme, host) -> its direct connections
-        self._host_slots: dict[tuple, asyncio.Semaphore] = {}  # (scheme, host) -> ranges of both paths in flight
+        self._host_slots: dict[tuple, Slots] = {}  # (scheme, host) -> ranges of every path in flight
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     def _session_now(self) -> aiohttp.ClientSession:
@@ -145,10 +208,12 @@ class HttpBackend:
 
     # -- public operations (asyncio side) ----------------------------------------------------------
 
-    async def read(self, url: str, start: int, end: int, piece: int = 0) -> list[bytes]:
+    async def read(self, url: str, start: int, end: int, piece: int = 0, *, started: float | None = None,
+                   failed: tuple[str, float | None] | None = None) -> list[bytes]:
         """Bytes [start, min(end, size)) of `url` as pieces split at multiples of `piece` (one piece if
-        0); no pieces when start is at or past the end."""
-        return await self._with_retries(url, lambda: self._get_range(url, start, end, piece))
+        0); no pieces when start is at or past the end. A read the fast path (fastget.py) handed over
+        passes when it began (time.monotonic()) and, if its attempt failed, (reason, retry_after)."""
+        return await self._with_retries(url, lambda: self._get_range(url, start, end, piece), started, failed)
 
     def known_size(self, url: str) -> int | None:
         """The object's size if a response has told it already (no I/O)."""
@@ -204,28 +269,59 @@ class HttpBackend:
 
     @contextlib.asynccontextmanager
     async def _object_slot(self, url: str):
-        entry = self._object_slots.get(url)
-        if entry is None:
-            entry = self._object_slots[url] = [asyncio.Semaphore(self._per_object), 0]
-        entry[1] += 1
+        with self._slots_lock:
+            slots = self._object_slots.get(url)
+            if slots is None:
+                slots = self._object_slots[url] = Slots(self._per_object, self._slots_lock)
+            slots.users += 1
         try:
-            async with entry[0]:
+            async with slots:
                 yield
         finally:
-            entry[1] -= 1
-            if entry[1] == 0:
+            self._leave_object_slots(url, slots)
+
+    def _leave_object_slots(self, url: str, slots: Slots) -> None:
+        with self._slots_lock:
+            slots.users -= 1
+            if slots.users == 0:
                 del self._object_slots[url]
 
     def _host_slot(self, url: str):
-        """With the direct path, one of the host's --connections for a range on either path (aiohttp's
+        """With the direct path, one of the host's --connections for a range on any path (aiohttp's
         connector limits only its own connections)."""
         if not self.direct:
             return contextlib.nullcontext()
-        key = _origin(url)
-        slots = self._host_slots.get(key)
-        if slots is None:
-            slots = self._host_slots[key] = asyncio.Semaphore(self.connections_per_host)
-        return slots
+        return self._host_slots_of(_origin(url))
+
+    def _host_slots_of(self, key: tuple) -> Slots:
+        with self._slots_lock:
+            slots = self._host_slots.get(key)
+            if slots is None:
+                slots = self._host_slots[key] = Slots(self.connections_per_host, self._slots_lock)
+            return slots
+
+    def try_slots(self, url: str) -> bool:
+        """For the fast path (trio thread): take an object slot and a host slot if both are free now,
+        with nobody waiting for them; never waits. `release_slots` gives them back."""
+        host = self._host_slots_of(_origin(url))
+        with self._slots_lock:
+            slots = self._object_slots.get(url)
+            if slots is None:
+                slots = self._object_slots[url] = Slots(self._per_object, self._slots_lock)
+            if slots.try_take():
+                if host.try_take():
+                    slots.users += 1
+                    return True
+                slots.in_use -= 1  # no waiters: try_take took it without anyone queued
+            if slots.users == 0:
+                del self._object_slots[url]
+            return False
+
+    def release_slots(self, url: str) -> None:
+        self._host_slots_of(_origin(url)).release()
+        slots = self._object_slots[url]
+        slots.release()
+        self._leave_object_slots(url, slots)
 
     def _conditions(self, url: str) -> dict:
         """With --verify-remote: ask the server itself to refuse (412) if the object is not the
@@ -315,13 +411,13 @@ class HttpBackend:
             if "auth" in route:
                 extra["Authorization"] = route["auth"].encode()
             key = _origin(url)
-            if key not in self._origins:
+            origin = self._origins.get(key)
+            if origin is None:  # setdefault: the fast path may work this out at the same time in its thread
                 context = self.ssl if isinstance(self.ssl, ssl.SSLContext) else None if self.ssl else _unverified()
-                origin = direct.Origin(parsed.scheme, parsed.raw_host, parsed.explicit_port, ssl_context=context,
-                                       connect_timeout=self.policy.connect_timeout,
-                                       stall_timeout=self.policy.stall_timeout)
-                self._origins[key] = origin
-            target = (self._origins[key], parsed.raw_path_qs, extra)
+                origin = self._origins.setdefault(key, direct.Origin(
+                    parsed.scheme, parsed.raw_host, parsed.explicit_port, ssl_context=context,
+                    connect_timeout=self.policy.connect_timeout, stall_timeout=self.policy.stall_timeout))
+            target = (origin, parsed.raw_path_qs, extra)
         self._direct_targets[url] = target
         return target
 
@@ -477,28 +573,35 @@ class HttpBackend:
 
     # -- retries --------------------------------------------------------------------------------
 
-    async def _with_retries(self, url: str, attempt_once):
+    async def _with_retries(self, url: str, attempt_once, started: float | None = None,
+                            failed: tuple[str, float | None] | None = None):
+        """`attempt_once` until it succeeds, a final error, or --read-timeout after `started` (now if
+        None; the loop's clock is time.monotonic()). `failed`: the first attempt (on the fast path)
+        failed so, and this loop goes on from there."""
         policy = self.policy
         loop = asyncio.get_running_loop()
-        started = loop.time()
+        started = loop.time() if started is None else started
         deadline = started + policy.read_timeout
         attempt = 0
         while True:
             attempt += 1
-            try:
-                async with asyncio.timeout(max(deadline - loop.time(), 0.001)):
-                    return await attempt_once()
-            except FetchError:
-                self.stats.errors += 1
-                raise
-            except aiohttp.ClientConnectorCertificateError as e:
-                self.stats.errors += 1  # a certificate does not get better by asking again
-                raise FetchError(f"{certificate_problem(e) or 'TLS error'} for {redact(url)}") from None
-            except aiohttp.NonHttpUrlClientError as e:
-                self.stats.errors += 1
-                raise FetchError(f"{redact(url)}: {e}") from None
-            except (_Retry, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
-                reason, retry_after = _describe(e)
+            if failed is not None:
+                (reason, retry_after), failed = failed, None
+            else:
+                try:
+                    async with asyncio.timeout(max(deadline - loop.time(), 0.001)):
+                        return await attempt_once()
+                except FetchError:
+                    self.stats.errors += 1
+                    raise
+                except aiohttp.ClientConnectorCertificateError as e:
+                    self.stats.errors += 1  # a certificate does not get better by asking again
+                    raise FetchError(f"{certificate_problem(e) or 'TLS error'} for {redact(url)}") from None
+                except aiohttp.NonHttpUrlClientError as e:
+                    self.stats.errors += 1
+                    raise FetchError(f"{redact(url)}: {e}") from None
+                except (_Retry, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+                    reason, retry_after = _describe(e)
             delay = policy.backoff(attempt, retry_after)
             if loop.time() + delay >= deadline or attempt >= policy.max_attempts:
                 self.stats.errors += 1
