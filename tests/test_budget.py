@@ -499,3 +499,22 @@ def test_a_run_of_blocks_fetched_as_several_ranges_ends_with_the_object():
 
     trio.run(main, clock=_clock())
     assert len(remote.requests) == 6
+
+
+def test_readers_reading_ahead_together_start_with_parts_of_four_blocks():
+    """A reader alone gets its nearest block first; readers of one object reading ahead together
+    share the connections, and a part of one block would cost its connection a round trip for
+    little: theirs start at four blocks."""
+    remote = Remote(64 * MiB)
+    cache = BlockCache(remote.fetch, block_size=MiB, capacity=256 * MiB)
+    streams = ReadStreams(cache)
+
+    async def main():
+        streams.on_read("u", 0, MiB, 64 * MiB, 64 * MiB, opening=True)  # alone
+        streams.on_read("u", 32 * MiB, 33 * MiB, 64 * MiB, 64 * MiB, opening=True)  # beside it
+        await trio.testing.wait_all_tasks_blocked()
+
+    trio.run(main, clock=_clock())
+    parts = sorted((start, end - start) for _, start, end in remote.requests)
+    assert [size for start, size in parts if start < 32 * MiB][0] == MiB
+    assert [size for start, size in parts if start >= 32 * MiB][0] == 4 * MiB
