@@ -10,7 +10,7 @@ reader whose blocks lie inside a bigger request under way (a read-ahead part) wa
 request instead of issuing its own. A cache hit never waits behind an unrelated fetch.
 
 The block size is the unit of caching only; how much one request asks for is up to the caller
-(read-ahead asks for parts of many blocks). Memory is counted in a `MemoryBudget` shared with the
+(read-ahead asks for parts of many blocks, and may ask for a part as several ranges at once). Memory is counted in a `MemoryBudget` shared with the
 read-ahead: room for a fetch is made (by eviction) before it starts, so cached plus in-flight bytes
 stay within the budget. Prefetched blocks evicted before anyone read them are counted as wasted
 and reported to `on_wasted(source, index)` (the read-ahead stops the stream that asked for them).
@@ -27,6 +27,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from refmount.budget import MemoryBudget
+from refmount.errors import FetchError
 
 
 class _Flight:
@@ -54,7 +55,8 @@ class BlockCache:
         self._blocks: OrderedDict[tuple, bytes] = OrderedDict()
         self._inflight: dict[tuple, _Flight] = {}
         self._unread: set[tuple] = set()  # prefetched blocks nobody has read yet
-        self._queued: dict[tuple, int] = {}  # blocks of read-ahead parts not yet started -> the part's last
+        # blocks of read-ahead parts not yet started -> (the part's last block, the ranges it is asked in)
+        self._queued: dict[tuple, tuple] = {}
         self._pending: dict = {}  # source -> heap of its read-ahead parts waiting for a pacer slot
         self.on_wasted = None  # called with (source, index) when an unread prefetched block is evicted
         self.hits = 0
@@ -149,19 +151,31 @@ class BlockCache:
                 self._unread.discard(key)
         return block
 
-    async def prefetch_parts(self, source, parts: list[tuple[int, int]], reader: int = 0) -> None:
+    def read_ahead(self, source, parts: list[tuple[int, int]], reader: int = 0, ranges: int = 1) -> None:
+        """Start `prefetch_parts` in the background. Parts asked for in several ranges count as queued
+        from now on: a read of their blocks right after this (before that task has run) fetches them
+        in as many ranges."""
+        if ranges > 1:
+            self._queue(source, parts, ranges)
+        trio.lowlevel.spawn_system_task(self.prefetch_parts, source, parts, reader, ranges)
+
+    def _queue(self, source, parts: list[tuple[int, int]], ranges: int) -> None:
+        queued = self._queued
+        for first, last in parts:
+            for index in range(first, last + 1):
+                queued[(source, index)] = (last, ranges)
+
+    async def prefetch_parts(self, source, parts: list[tuple[int, int]], reader: int = 0, ranges: int = 1) -> None:
         """Fetch those blocks of the read-ahead parts [(first, last), ...] that are neither cached nor
-        in flight, each part as one request (the caller sizes them). One task per source starts
+        in flight, each part as one request (the caller sizes them), or as `ranges` requests at once
+        (see _fetch_spread). One task per source starts
         them nearest first, by their distance from `reader` (the block where the stream that asks
         for them began), as the host's pacer grants slots (parts asked for while it waits join its
         queue): a part that a reader is about to need never waits behind parts further ahead, its
         own or another reader's of the same object. Runs as a background task, so it must never
         raise: a failure here is retried (and reported) by the reader that needs the blocks."""
-        queued = self._queued
-        for first, last in parts:
-            for index in range(first, last + 1):
-                queued[(source, index)] = last
-        ranked = [(first - reader, first, last) for first, last in parts]
+        self._queue(source, parts, ranges)
+        ranked = [(first - reader, first, last, ranges) for first, last in parts]
         pending = self._pending.get(source)
         if pending is not None:  # this source's starter is waiting for a slot: it takes these too
             for part in ranked:
@@ -172,17 +186,17 @@ class BlockCache:
         try:
             while pending:
                 ticket = None if self.pacer is None else await self.pacer.acquire(source)
-                _, first, last = heapq.heappop(pending)  # the nearest now, after the wait
-                trio.lowlevel.spawn_system_task(self._prefetch_part, source, first, last, ticket)
+                _, first, last, ranges = heapq.heappop(pending)  # the nearest now, after the wait
+                trio.lowlevel.spawn_system_task(self._prefetch_part, source, first, last, ticket, ranges)
         except BaseException:  # noqa: BLE001 - cancelled with the run: forget the parts not started
-            for _, first, last in pending:
+            for _, first, last, _ in pending:
                 self._unqueue(source, first, last)
         finally:
             del self._pending[source]
 
-    async def _prefetch_part(self, source, first: int, last: int, ticket) -> None:
+    async def _prefetch_part(self, source, first: int, last: int, ticket, ranges: int = 1) -> None:
         try:
-            fetched = await self._fetch_missing(source, first, last)
+            fetched = await self._fetch_missing(source, first, last, ranges)
             if ticket is not None:
                 ticket.nbytes = fetched
         except Exception:  # noqa: BLE001 - the reader that needs these blocks retries and reports
@@ -195,17 +209,18 @@ class BlockCache:
     def _unqueue(self, source, first: int, last: int) -> None:
         queued = self._queued
         for index in range(first, last + 1):
-            if queued.get((source, index)) == last:
+            if queued.get((source, index), (None,))[0] == last:
                 del queued[(source, index)]
 
-    async def _fetch_missing(self, source, first: int, last: int) -> int:
+    async def _fetch_missing(self, source, first: int, last: int, ranges: int = 1) -> int:
         """Fetch those of blocks [first, last] that are neither cached nor in flight; the bytes fetched."""
         missing = [i for i in range(first, last + 1)
                    if (source, i) not in self._blocks and (source, i) not in self._inflight]
         fetched = 0
         if missing:
             for run in _runs(missing, self.max_request_blocks):
-                fetched += sum(map(len, (await self._fetch_run(source, *run, prefetched=True)).values()))
+                blocks = await self._fetch_run(source, *run, prefetched=True, ranges=ranges)
+                fetched += sum(map(len, blocks.values()))
         return fetched
 
     async def _gather(self, source, first: int, last: int) -> dict[int, bytes]:
@@ -228,8 +243,9 @@ class BlockCache:
                 missing.append(index)
         if missing:
             # A reader that caught up with read-ahead still waiting for its turn (see pacer) takes
-            # the rest of that part along in its own request, rather than a block at a time.
-            part_last = self._queued.get((source, missing[-1]))
+            # the rest of that part along in its own request, rather than a block at a time, and
+            # fetches it as the part would have been (in several ranges at once, if so asked).
+            part_last, ranges = self._queued.get((source, missing[-1]), (None, 1))
             if part_last is not None:
                 for index in range(missing[-1] + 1, part_last + 1):
                     if (source, index) in self._blocks or (source, index) in self._inflight:
@@ -237,7 +253,7 @@ class BlockCache:
                     missing.append(index)
             runs = _runs(missing, self.max_request_blocks)
             if len(runs) == 1:
-                found.update(await self._fetch_run(source, *runs[0]))
+                found.update(await self._fetch_run(source, *runs[0], ranges=ranges))
             else:
                 async with trio.open_nursery() as nursery:
                     for run in runs:
@@ -258,16 +274,53 @@ class BlockCache:
             self._unread.discard((source, index))
         return found
 
+    async def _fetch_spread(self, source, start: int, end: int, ranges: int) -> list[bytes]:
+        """Bytes [start, end) (shorter only at the end of the object) as `ranges` requests of about
+        equal size at once, split into blocks as `fetch` would. On a long link new connections are in
+        TCP slow start: a run's first blocks come sooner over several connections, each of which is
+        then ready to carry more, than over one."""
+        bs = self.block_size
+        step = -(-(end - start) // ranges)
+        bounds = [(lo, min(lo + step, end)) for lo in range(start, end, step)]
+        got: list = [None] * len(bounds)
+        failed: list[Exception] = []
+
+        async def one(k: int, lo: int, hi: int) -> None:
+            try:
+                got[k] = b"".join(await self._fetch(source, lo, hi))
+            except Exception as e:  # noqa: BLE001 - raised below as it is (not in an exception group)
+                failed.append(e)
+                nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for k, (lo, hi) in enumerate(bounds):
+                nursery.start_soon(one, k, lo, hi)
+        if failed:
+            raise failed[0]
+        # A range may be short only where the object ends: every range after it must then be empty.
+        for k, (lo, hi) in enumerate(bounds):
+            if len(got[k]) < hi - lo:
+                if any(got[k + 1 :]):
+                    raise FetchError(f"a range ended early at byte {lo + len(got[k])} but a later one had bytes")
+                got = got[: k + 1]
+                break
+        data = b"".join(got)
+        return [data[i : i + bs] for i in range(0, len(data), bs)]
+
     async def _fetch_into(self, found: dict, source, first: int, last: int) -> None:
         found.update(await self._fetch_run(source, first, last))
 
-    async def _fetch_run(self, source, first: int, last: int, prefetched: bool = False) -> dict[int, bytes]:
+    async def _fetch_run(self, source, first: int, last: int, prefetched: bool = False,
+                         ranges: int = 1) -> dict[int, bytes]:
         bs = self.block_size
         keys = [(source, i) for i in range(first, last + 1)]
         async with self._flight(keys, len(keys) * bs) as flight:
             blocks = flight.blocks
             began = trio.current_time()
-            pieces = await self._fetch(source, first * bs, (last + 1) * bs)
+            if ranges > 1:
+                pieces = await self._fetch_spread(source, first * bs, (last + 1) * bs, ranges)
+            else:
+                pieces = await self._fetch(source, first * bs, (last + 1) * bs)
             self._landed(flight)
             if self.pacer is not None and not prefetched:
                 self.pacer.observe(source, began, sum(map(len, pieces)))

@@ -499,6 +499,7 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
             # otherwise wait 0.1-0.3 s for it.
             warmed = trio.Event()
             nursery.start_soon(_warm_up, fetcher, fs.refset.urls, warmed)
+            nursery.start_soon(_look_up_sizes, fs, warmed)
             nursery.start_soon(_announce_ready, opts, ready, warmed)
             nursery.start_soon(_stop_on_signals, nursery)
             if opts.owner_pid:
@@ -524,6 +525,38 @@ async def _warm_up(fetcher, urls, warmed) -> None:
         log.debug("warm-up: %s", e)
     finally:
         warmed.set()
+
+
+_SIZES_AT_MOUNT = 16  # whole-file references whose objects' sizes a mount looks up at once (at most)
+
+
+async def _look_up_sizes(fs, warmed) -> None:
+    """Once the HTTP client is warm, the sizes of the remote objects of the raw view's whole-file
+    references, when there are only a few: a stat of such a file needs its object's size, and the
+    first one would otherwise wait for the lookup (two round trips on a new connection: 0.16 s at
+    80 ms, before `dd` reads a byte). Not waited for; a lookup that fails is left for the first use
+    of the file to report."""
+    import trio
+
+    from refmount.refs import WHOLE_FILE
+
+    lengths = getattr(fs.refset, "length", None)
+    if fs.view.name != "raw" or lengths is None:
+        return
+    whole = [int(i) for i in (lengths == WHOLE_FILE).nonzero()[0][: _SIZES_AT_MOUNT + 1] if fs.refset.exists(int(i))]
+    if not whole or len(whole) > _SIZES_AT_MOUNT:
+        return
+
+    async def look_up(i: int) -> None:
+        try:
+            await fs.view.size(i)
+        except Exception as e:  # noqa: BLE001 - the first read of the file reports it
+            log.debug("size of %s at mount: %s", fs.refset.key(i), e)
+
+    await warmed.wait()
+    async with trio.open_nursery() as nursery:
+        for i in whole:
+            nursery.start_soon(look_up, i)
 
 
 async def _announce_ready(opts: MountOptions, ready: int | None, warmed=None) -> None:

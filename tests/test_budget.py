@@ -451,3 +451,70 @@ def test_a_read_of_the_first_of_contiguous_chunks_reads_ahead_to_the_next_ones_e
     assert max(end for _, end in on) >= first + 8 * chunk
     k = 7
     assert read_pieces(f"c/{k}", [0]) == [(first + k * chunk, first + (k + 1) * chunk)]
+
+
+def test_the_opening_of_a_run_of_chunks_comes_over_several_connections():
+    """The blocks a run's first chunk reads ahead (to the next chunk's end) come as ranges of 512 KiB
+    at once: on a long link the connections go through their slow start with these bytes, not
+    after the reader went on into the next chunk. The same bytes as whole blocks; with the disk
+    cache (whole blocks only), and for a chunk read at random, as before."""
+    from refmount.pacer import HostPacer
+    from refmount.refs import refs_from_dict
+    from refmount.view import RawView
+
+    chunk, first, count = 600_000, 11_328, 40
+    size = first + chunk * count
+    refset = refs_from_dict({"version": 1, "refs": {
+        ".zattrs": "{}", **{f"c/{k}": ["http://host/x.nc", first + k * chunk, chunk] for k in range(count)}}})
+
+    def requests(key: str, exact_small_reads: bool) -> tuple[list[tuple[int, int]], int]:
+        remote = Remote(size)
+        cache = BlockCache(remote.fetch, block_size=MiB, capacity=256 * MiB, pacer=HostPacer(lambda s: "host", 8, MiB))
+        view = RawView(refset, _Sizes(size), cache, exact_small_reads=exact_small_reads)
+
+        async def main():
+            i = refset.find(key)
+            for k in range(3):  # the whole chunk, 256 KiB at a time
+                data = await view.read(i, k * 256 * KiB, 256 * KiB)
+                assert len(data) == min(256 * KiB, chunk - k * 256 * KiB)
+                await trio.testing.wait_all_tasks_blocked()
+
+        trio.run(main, clock=_clock())
+        return sorted((start, end) for _, start, end in remote.requests), remote.most_active
+
+    half = 512 * KiB
+    assert requests("c/0", True) == ([(k * half, (k + 1) * half) for k in range(4)], 4)
+    assert requests("c/0", False) == ([(0, MiB), (MiB, 2 * MiB)], 2)
+    assert requests("c/7", True)[0] == [(first + 7 * chunk, first + 8 * chunk)]  # at random: one exact request
+
+
+def test_a_run_of_blocks_fetched_as_several_ranges_ends_with_the_object():
+    remote = Remote(MiB + 300_000)
+    cache = BlockCache(remote.fetch, block_size=MiB, capacity=256 * MiB)
+
+    async def main():
+        blocks = await cache._fetch_run("u", 0, 2, prefetched=True, ranges=6)
+        assert [len(block) for block in blocks.values()] == [MiB, 300_000]
+        assert len(await cache.read("u", 0, 3 * MiB)) == MiB + 300_000
+
+    trio.run(main, clock=_clock())
+    assert len(remote.requests) == 6
+
+
+def test_readers_reading_ahead_together_start_with_parts_of_four_blocks():
+    """A reader alone gets its nearest block first; readers of one object reading ahead together
+    share the connections, and a part of one block would cost its connection a round trip for
+    little: theirs start at four blocks."""
+    remote = Remote(64 * MiB)
+    cache = BlockCache(remote.fetch, block_size=MiB, capacity=256 * MiB)
+    streams = ReadStreams(cache)
+
+    async def main():
+        streams.on_read("u", 0, MiB, 64 * MiB, 64 * MiB, opening=True)  # alone
+        streams.on_read("u", 32 * MiB, 33 * MiB, 64 * MiB, 64 * MiB, opening=True)  # beside it
+        await trio.testing.wait_all_tasks_blocked()
+
+    trio.run(main, clock=_clock())
+    parts = sorted((start, end - start) for _, start, end in remote.requests)
+    assert [size for start, size in parts if start < 32 * MiB][0] == MiB
+    assert [size for start, size in parts if start >= 32 * MiB][0] == 4 * MiB

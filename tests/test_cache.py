@@ -68,7 +68,10 @@ class PrefetchLog:
     async def prefetch(self, uid: int, first: int, last: int) -> None:
         self.calls.append((uid, first, last))
 
-    async def prefetch_parts(self, uid: int, parts: list[tuple[int, int]], reader: int = 0) -> None:
+    def read_ahead(self, uid: int, parts: list[tuple[int, int]], reader: int = 0, ranges: int = 1) -> None:
+        trio.lowlevel.spawn_system_task(self.prefetch_parts, uid, parts)
+
+    async def prefetch_parts(self, uid: int, parts: list[tuple[int, int]]) -> None:
         for first, last in parts:
             await self.prefetch(uid, first, last)
 

@@ -89,6 +89,29 @@ def test_whole_file_reference_size_from_head(mount, datasets, http_data):
     assert os.getxattr(mnt / "whole", "user.refmount.url").decode() == http_data.url_for(name)
 
 
+def test_a_mount_looks_up_the_sizes_of_a_few_whole_files_at_once(mount, server):
+    """A stat of a whole-file reference needs its object's size: a mount of a few looks them up as
+    it starts, without waiting for them (at 80 ms a first `dd` waited 0.16 s for it); a mount of
+    many looks each up on first use, as before."""
+    import time
+
+    for k in range(20):
+        (server.root / f"{k}.bin").write_bytes(bytes([k]) * (1000 + k))
+
+    def requests_soon(refs: dict) -> int:
+        server.reset_stats()
+        mnt = mount(refs, "--view", "raw")
+        time.sleep(0.5)
+        made = server.stats["requests"]
+        for key, ref in refs.items():  # and every file still reads right
+            k = int(ref[0].rsplit("/", 1)[1].split(".")[0])
+            assert (mnt / key).read_bytes() == bytes([k]) * (1000 + k)
+        return made
+
+    assert requests_soon({f"w{k}": [server.url_for(f"{k}.bin")] for k in range(3)}) == 3
+    assert requests_soon({f"w{k}": [server.url_for(f"{k}.bin")] for k in range(20)}) == 0
+
+
 def test_read_only_everywhere(mount, datasets):
     mnt = mount(kerchunk_refs(datasets["zlib"]), "--view", "raw")
     key = next(p for p in mnt.path.rglob("*") if p.is_file())
