@@ -10,10 +10,11 @@ reader whose blocks lie inside a bigger request under way (a read-ahead part) wa
 request instead of issuing its own. A cache hit never waits behind an unrelated fetch.
 
 The block size is the unit of caching only; how much one request asks for is up to the caller
-(read-ahead asks for parts of many blocks, and may ask for a part as several ranges at once). Memory is counted in a `MemoryBudget` shared with the
-read-ahead: room for a fetch is made (by eviction) before it starts, so cached plus in-flight bytes
-stay within the budget. Prefetched blocks evicted before anyone read them are counted as wasted
-and reported to `on_wasted(source, index)` (the read-ahead stops the stream that asked for them).
+(read-ahead asks for parts of many blocks, and may ask for a part as several ranges at once).
+Memory is counted in a `MemoryBudget` shared with the read-ahead: room for a fetch is made (by
+eviction) before it starts, so cached plus in-flight bytes stay within the budget. Prefetched
+blocks evicted before anyone read them are counted as wasted and reported to
+`on_wasted(source, index)` (the read-ahead stops the stream that asked for them).
 
 Everything here runs on the trio thread, so plain dicts need no locks.
 """
@@ -168,10 +169,9 @@ class BlockCache:
     async def prefetch_parts(self, source, parts: list[tuple[int, int]], reader: int = 0, ranges: int = 1) -> None:
         """Fetch those blocks of the read-ahead parts [(first, last), ...] that are neither cached nor
         in flight, each part as one request (the caller sizes them), or as `ranges` requests at once
-        (see _fetch_spread). One task per source starts
-        them nearest first, by their distance from `reader` (the block where the stream that asks
-        for them began), as the host's pacer grants slots (parts asked for while it waits join its
-        queue): a part that a reader is about to need never waits behind parts further ahead, its
+        (see _fetch_spread). One task per source starts them nearest first, by their distance from
+        `reader` (the block where the stream that asks for them began), as the host's pacer grants
+        slots (parts asked for while it waits join its queue): a part that a reader is about to need never waits behind parts further ahead, its
         own or another reader's of the same object. Runs as a background task, so it must never
         raise: a failure here is retried (and reported) by the reader that needs the blocks."""
         self._queue(source, parts, ranges)
