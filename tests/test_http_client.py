@@ -365,6 +365,7 @@ def test_small_reads_over_https(tmp_path, client):
     import ssl
 
     from tests.support.rangeserver import RangeServer
+    from tests.support.tls import self_signed
 
     cert, key = self_signed(tmp_path)
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -385,29 +386,3 @@ def test_small_reads_over_https(tmp_path, client):
         served, retries = with_fetcher(client, body, {"remote_options": {"ssl": False}}, backoff_base=5.0)
     assert retries == 0
     assert served == (9 if client == "stdlib" else 0)
-
-
-def self_signed(folder) -> tuple[str, str]:
-    """A self-signed certificate for 127.0.0.1: (cert.pem, key.pem) paths."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "refmount test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
-    cert_pem, key_pem = folder / "cert.pem", folder / "key.pem"
-    cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    return str(cert_pem), str(key_pem)

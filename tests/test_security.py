@@ -4,9 +4,7 @@ one-line TLS messages."""
 
 from __future__ import annotations
 
-import datetime
 import errno
-import ipaddress
 import json
 import os
 import ssl
@@ -19,6 +17,7 @@ from refmount.errors import RefmountError
 from refmount.fetch.protocols import NETWORK_PROTOCOLS, reaches_local
 from tests.conftest import is_mounted, run_refmount
 from tests.support.rangeserver import RangeServer
+from tests.support.tls import self_signed
 
 CHUNK = 4096
 RAW = ("--view", "raw", "--block-size", "4K", "--no-prefetch")
@@ -158,27 +157,7 @@ def test_reference_file_redirect_to_another_host_is_refused(tmp_path, server, ot
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory):
     """A self-signed certificate for 127.0.0.1: (cert.pem, key.pem)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "refmount test")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    folder = tmp_path_factory.mktemp("tls")
-    cert_pem, key_pem = folder / "cert.pem", folder / "key.pem"
-    cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                          serialization.NoEncryption()))
-    return cert_pem, key_pem
+    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 @pytest.fixture
