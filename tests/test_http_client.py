@@ -116,12 +116,39 @@ def test_a_server_ignoring_range_gives_the_right_slice(server, blob, client):
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_a_stalled_body_fails_within_the_read_timeout(server, blob, client):
-    server.stall_paths.add("/blob.bin")
+@pytest.mark.parametrize("where", ["before the body", "halfway"])
+def test_a_stalled_body_fails_within_the_read_timeout(server, blob, client, where):
+    """The read's own limit cuts a request blocked on its socket (the direct path's blocking receive
+    halfway through a body too)."""
+    if where == "halfway":
+        server.set_faults(rate=1.0, kinds=("stall",), seed=1, stall_seconds=30)
+    else:
+        server.stall_paths.add("/blob.bin")
     t0 = time.monotonic()
     with pytest.raises(FetchError):
         read(client, server.url_for("blob.bin"), 0, 1 << 20, read_timeout=1.0, stall_timeout=30)
     assert time.monotonic() - t0 < 3
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_body_that_stops_halfway_is_retried_after_the_stall_timeout(server, blob, client):
+    """Half a 1 MiB body, then silence: each attempt ends after the stall timeout (0.4 s; the direct
+    path's blocking receive counts it in half-timeout waits), not at the read's own limit."""
+    server.set_faults(rate=1.0, kinds=("stall",), seed=1, stall_seconds=30)
+    t0 = time.monotonic()
+    with pytest.raises(FetchError, match="stalled"):
+        read(client, server.url_for("blob.bin"), 0, 1 << 20, read_timeout=2.5, stall_timeout=0.4,
+             backoff_base=0.001)
+    assert time.monotonic() - t0 < 4
+    assert server.stats["faults"]["stall"] >= 3
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_slow_steady_body_is_no_stall(server, blob, client):
+    """A body trickling in for 2 s, never silent for the stall timeout (0.4 s): one request, all bytes."""
+    server.body_rate = 512 << 10
+    assert read(client, server.url_for("blob.bin"), 0, 1 << 20, stall_timeout=0.4) == [blob[:1 << 20]]
+    assert server.stats["requests"] == 1
 
 
 @pytest.mark.parametrize("client", CLIENTS)

@@ -421,7 +421,7 @@ class HttpBackend:
         self._direct_targets[url] = target
         return target
 
-    async def _get_range_direct(self, url: str, start: int, end: int, piece: int) -> list[bytearray] | None:
+    async def _get_range_direct(self, url: str, start: int, end: int, piece: int) -> list[bytes] | None:
         """One attempt on the direct path: the pieces, or None when aiohttp must take the request."""
         target = self._direct_target(url)
         if target is None:

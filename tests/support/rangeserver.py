@@ -474,7 +474,9 @@ class RangeServer:
                 while sent < to_send:
                     # Local reads of a page-cached test file take microseconds, so a
                     # blocking read here does not starve other requests.
-                    data = fh.read(min(_CHUNK, to_send - sent))
+                    # paced bodies go out a tenth of a second's worth at a time (a steady trickle)
+                    step = min(_CHUNK, max(int(self.body_rate / 10), 1)) if self.body_rate else _CHUNK
+                    data = fh.read(min(step, to_send - sent))
                     if not data:  # file shrank under us
                         break
                     await resp.write(data)
