@@ -182,7 +182,10 @@ def _recv_body(resp: http.client.HTTPResponse, sock: socket.socket, start: int, 
 def _timeval(seconds: float) -> bytes:
     """A struct timeval for SO_RCVTIMEO (never all zero: that would mean no limit)."""
     whole, fraction = divmod(seconds, 1.0)
-    return struct.pack("ll", int(whole), max(int(fraction * 1e6), 1 if not whole else 0))
+    micro = int(fraction * 1e6)
+    if not whole and not micro:
+        micro = 1
+    return struct.pack("ll", int(whole), micro)
 
 
 def _readinto_body(resp: http.client.HTTPResponse, start: int, length: int, piece: int) -> list[bytearray]:

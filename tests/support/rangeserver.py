@@ -35,7 +35,7 @@ Lying and other modes (attributes, changeable while it runs):
   Content-Length);
 - ``stall_paths``: GETs of these paths send headers, then nothing until ``stall_seconds`` or stop();
 - ``redirects``: path -> Location, answered with 302;
-- ``body_rate``: bodies are sent at this many bytes per second;
+- ``body_rate``: bodies are sent at this many bytes per second, a tenth of a second's worth at a time;
 - If-Match / If-Unmodified-Since are honoured (412) like a real server;
 - ``ssl_context`` (constructor): serve https.
 
