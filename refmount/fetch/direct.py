@@ -6,9 +6,10 @@ connection, lets http.client read the status and headers, and receives the body 
 per cache block, with the GIL released while the kernel copies it (kernel -> block, once), so the
 trio thread serves FUSE meanwhile:
 - plain http: one `recv(MSG_WAITALL)` per block, the socket in blocking mode (SO_RCVTIMEO bounds a
-  stall); the kernel fills a new bytes object. (`bytearray(n)` + `recv_into` would zero the n bytes
+  stall); the kernel fills a new bytes object. (`bytearray(n)` + `recv_into` zeroes the n bytes
   first with the GIL held, faulting in every fresh page while the FUSE thread waits for the GIL:
-  0.14 s of a 320 MB scan; and each segment received would take the GIL back.)
+  0.14 s of a 320 MB scan; only the block that starts with the bytes http.client buffered with the
+  headers still goes that way. And each segment received would take the GIL back.)
 - https: `readinto` fresh bytearrays (TLS hands over one record at a time anyway).
 
 Only the plain case is handled here: `accept` (the HTTP backend's checks) looks at the status and
@@ -98,7 +99,7 @@ class Request:
             except OSError:
                 pass
 
-    def run(self, start: int, piece: int, accept) -> list[bytes] | None:
+    def run(self, start: int, piece: int, accept) -> list | None:
         """The body as pieces split at multiples of `piece` (from offset `start`), after
         `accept(response)` gave its length; None (connection closed, body unread) when accept says
         the aiohttp path must take the request."""
@@ -141,42 +142,67 @@ class Request:
 
 
 def _recv_body(resp: http.client.HTTPResponse, sock: socket.socket, start: int, length: int, piece: int,
-               stall_timeout: float) -> list[bytes]:
-    """The body as pieces (see Request.run), received straight from the socket: first what
-    http.client buffered with the headers, then one blocking `recv(MSG_WAITALL)` per piece. A call
-    returns early (with what it has) after SO_RCVTIMEO, half the stall timeout; two of them in a row
-    without a byte are a stall."""
+               stall_timeout: float) -> list:
+    """The body as pieces (see Request.run), received straight from the socket in blocking mode, one
+    `MSG_WAITALL` receive per piece: into a new bytes object, or, for the piece that begins with what
+    http.client buffered with the headers, into a bytearray after those bytes (joining bytes objects
+    would hold that piece twice: 15 MiB more RSS with 64 streams of small parts)."""
     head = resp.fp.read1(min(length, 8192))
     if not head:
         raise ShortBody(f"body ended after 0 of {length} bytes")
-    pieces: list[bytes] = []
+    silence = _Silence(stall_timeout)
+    pieces: list = []
+    received = 0  # bytes of the pieces before this one
     sock.settimeout(None)
     try:
         for size in piece_sizes(start, start + length, piece):
-            parts = [head[:size]] if head else []
-            head = head[size:]
-            got = sum(map(len, parts))
-            idle_since = None  # when the receive calls began to come back empty
-            while got < size:
-                try:
-                    data = sock.recv(size - got, socket.MSG_WAITALL)
-                except BlockingIOError:  # SO_RCVTIMEO passed without a byte
-                    now = time.monotonic()
-                    if idle_since is None:  # silent since this call began, at least
-                        idle_since = now - stall_timeout / 2
-                    if now - idle_since >= stall_timeout:
-                        raise TimeoutError(f"no byte for {stall_timeout:g} s") from None
-                    continue
-                if not data:
-                    raise ShortBody(f"body ended after {sum(map(len, pieces)) + got} of {length} bytes")
-                idle_since = None
-                parts.append(data)
-                got += len(data)
-            pieces.append(parts[0] if len(parts) == 1 else b"".join(parts))
+            if head:
+                block = bytearray(size)
+                got = min(len(head), size)
+                block[:got] = head[:got]
+                head = head[got:]
+                view = memoryview(block)
+                while got < size and (n := silence.receive(sock.recv_into, view[got:], size - got)):
+                    got += n
+            else:
+                parts, got = [], 0
+                while got < size and (data := silence.receive(sock.recv, size - got)):
+                    parts.append(data)
+                    got += len(data)
+                block = parts[0] if len(parts) == 1 else b"".join(parts)
+            if got < size:
+                raise ShortBody(f"body ended after {received + got} of {length} bytes")
+            pieces.append(block)
+            received += size
     finally:
         sock.settimeout(stall_timeout)
     resp.close()  # read to its end: http.client lets the connection carry the next request
     return pieces
+
+
+class _Silence:
+    """Blocking receives on a socket whose SO_RCVTIMEO is half the stall timeout: a receive that
+    comes back empty-handed waited that long without a byte; two in a row are a stall."""
+
+    def __init__(self, stall_timeout: float) -> None:
+        self.stall_timeout = stall_timeout
+        self.since: float | None = None  # silent since then, at least
+
+    def receive(self, call, *args):
+        """`call(*args, MSG_WAITALL)` until it returns (bytes or a count; empty at the end of the
+        body), or TimeoutError once silent for the stall timeout."""
+        while True:
+            try:
+                result = call(*args, socket.MSG_WAITALL)
+            except BlockingIOError:  # SO_RCVTIMEO passed without a byte
+                now = time.monotonic()
+                if self.since is None:
+                    self.since = now - self.stall_timeout / 2
+                if now - self.since >= self.stall_timeout:
+                    raise TimeoutError(f"no byte for {self.stall_timeout:g} s") from None
+                continue
+            self.since = None
+            return result
 
 
 def _timeval(seconds: float) -> bytes:
