@@ -146,7 +146,7 @@ def _recv_body(resp: http.client.HTTPResponse, sock: socket.socket, start: int, 
     """The body as pieces (see Request.run), received straight from the socket in blocking mode, one
     `MSG_WAITALL` receive per piece: into a new bytes object, or, for the piece that begins with what
     http.client buffered with the headers, into a bytearray after those bytes (joining bytes objects
-    would hold that piece twice: 15 MiB more RSS with 64 streams of small parts)."""
+    would hold that piece twice: 12-15 MiB more peak RSS with 64 streams of small parts)."""
     head = resp.fp.read1(min(length, 8192))
     if not head:
         raise ShortBody(f"body ended after 0 of {length} bytes")
