@@ -171,9 +171,10 @@ class BlockCache:
         in flight, each part as one request (the caller sizes them), or as `ranges` requests at once
         (see _fetch_spread). One task per source starts them nearest first, by their distance from
         `reader` (the block where the stream that asks for them began), as the host's pacer grants
-        slots (parts asked for while it waits join its queue): a part that a reader is about to need never waits behind parts further ahead, its
-        own or another reader's of the same object. Runs as a background task, so it must never
-        raise: a failure here is retried (and reported) by the reader that needs the blocks."""
+        slots (parts asked for while it waits join its queue): a part that a reader is about to
+        need never waits behind parts further ahead, its own or another reader's of the same
+        object. Runs as a background task, so it must never raise: a failure here is retried (and
+        reported) by the reader that needs the blocks."""
         self._queue(source, parts, ranges)
         ranked = [(first - reader, first, last, ranges) for first, last in parts]
         pending = self._pending.get(source)

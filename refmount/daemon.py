@@ -543,7 +543,8 @@ async def _look_up_sizes(fs, warmed) -> None:
     lengths = getattr(fs.refset, "length", None)
     if fs.view.name != "raw" or lengths is None:
         return
-    whole = [int(i) for i in (lengths == WHOLE_FILE).nonzero()[0][: _SIZES_AT_MOUNT + 1] if fs.refset.exists(int(i))]
+    first_whole = (lengths == WHOLE_FILE).nonzero()[0][: _SIZES_AT_MOUNT + 1]
+    whole = [int(i) for i in first_whole if fs.refset.exists(int(i))]
     if not whole or len(whole) > _SIZES_AT_MOUNT:
         return
 
