@@ -166,8 +166,9 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--stall-timeout", type=positive_float, default=10.0, metavar="SECONDS",
                    help="abandon and retry a connection that sends nothing for this long (default: 10)")
     g.add_argument("--connections", type=positive_int, default=8, metavar="N",
-                   help="most parallel connections per host; read-ahead adapts below it, and one remote object "
-                        "gets all but one of them (default: 8)")
+                   help="most parallel connections per host, opened (--http-client stdlib) when the mount first "
+                        "meets the host, so that parallel reads skip the handshake; read-ahead "
+                        "adapts below it, and one remote object gets all but one of them (default: 8)")
     g.add_argument("--proxy", metavar="URL",
                    help="send http(s) target requests through this proxy (default: the HTTP_PROXY, HTTPS_PROXY "
                         "and NO_PROXY variables)")

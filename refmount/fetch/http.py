@@ -58,6 +58,10 @@ _MAX_REDIRECTS = 5
 # against 0.90).
 DIRECT_MIN_BYTES = 512 << 10
 _REDIRECTS = (301, 302, 303, 307, 308)
+# The direct path opens a host's --connections when it first meets the host (direct.Origin.start_warming),
+# for this many hosts: a set spread over many hosts would hold that many idle sockets for each one
+# it touched once.
+_WARMED_ORIGINS = 8
 
 
 class _Retry(Exception):
@@ -191,9 +195,12 @@ class HttpBackend:
             return {k: v for k, v in route.items() if k != "auth"}  # the user's own header wins
         return route
 
-    async def open(self) -> None:
-        """Create the session (no connection yet), so that the first read does not."""
+    async def open(self, first_url: str | None = None) -> None:
+        """Create the session, so that the first read does not, and start opening the connections of
+        `first_url`'s host for the direct path (no request is sent)."""
         self._session_now()
+        if first_url is not None and self.direct:
+            self._direct_target(first_url)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -414,9 +421,12 @@ class HttpBackend:
             origin = self._origins.get(key)
             if origin is None:  # setdefault: the fast path may work this out at the same time in its thread
                 context = self.ssl if isinstance(self.ssl, ssl.SSLContext) else None if self.ssl else _unverified()
-                origin = self._origins.setdefault(key, direct.Origin(
-                    parsed.scheme, parsed.raw_host, parsed.explicit_port, ssl_context=context,
-                    connect_timeout=self.policy.connect_timeout, stall_timeout=self.policy.stall_timeout))
+                created = direct.Origin(parsed.scheme, parsed.raw_host, parsed.explicit_port, ssl_context=context,
+                                        connect_timeout=self.policy.connect_timeout,
+                                        stall_timeout=self.policy.stall_timeout, max_idle=self.connections_per_host)
+                origin = self._origins.setdefault(key, created)
+                if origin is created and len(self._origins) <= _WARMED_ORIGINS:  # first contact: open them now
+                    origin.start_warming()
             target = (origin, parsed.raw_path_qs, extra)
         self._direct_targets[url] = target
         return target

@@ -39,7 +39,8 @@ Lying and other modes (attributes, changeable while it runs):
 - If-Match / If-Unmodified-Since are honoured (412) like a real server;
 - ``ssl_context`` (constructor): serve https.
 
-``stats["headers"]`` keeps each request's headers (lower-case names) for checks on what was sent.
+``stats["headers"]`` keeps each request's headers (lower-case names) for checks on what was sent,
+``stats["peers"]`` the client's (host, port) it came from (which connection).
 """
 
 from __future__ import annotations
@@ -290,6 +291,7 @@ class RangeServer:
             "faults": collections.Counter(),  # fault kind -> count
             "log": collections.deque(maxlen=self._log_size),  # (method, path, range header)
             "headers": collections.deque(maxlen=self._log_size),  # each request's headers
+            "peers": collections.deque(maxlen=self._log_size),  # each request's client (host, port)
         }
 
     @property
@@ -304,6 +306,7 @@ class RangeServer:
                 "faults": dict(s["faults"]),
                 "log": list(s["log"]),
                 "headers": list(s["headers"]),
+                "peers": list(s["peers"]),
             }
 
     def reset_stats(self) -> None:
@@ -376,6 +379,7 @@ class RangeServer:
             self._stats["requests"] += 1
             self._stats["log"].append((request.method, "/" + relpath, range_header))
             self._stats["headers"].append({k.lower(): v for k, v in request.headers.items()})
+            self._stats["peers"].append(request.transport.get_extra_info("peername")[:2])
 
         if request.method not in ("GET", "HEAD"):
             return self._simple(405, {"Allow": "GET, HEAD"})
