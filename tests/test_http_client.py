@@ -221,7 +221,6 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_without_a_retry(t
     assert retries == 0 and seconds < 2.5  # a back-off would take 5 s
 
 
-
 # -- connections opened ahead (direct.Origin.start_warming) --------------------------------------------
 
 def idle_ports(fetcher, url: str, count: int) -> set[int]:
