@@ -93,6 +93,16 @@ class Mount:
         self.stop()
         raise RuntimeError(f"mount did not become ready: {self.log()}")
 
+    def wait_announced(self, timeout: float = 30.0) -> "Mount":
+        """Wait until the daemon logs its mount as ready (its remote backends warm): `start` returns
+        as soon as the kernel mount answers, which may be a second earlier on a loaded machine."""
+        deadline = time.monotonic() + timeout
+        while f" on {self.path} (view: " not in self.log():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"mount was not announced: {self.log()}")
+            time.sleep(0.02)
+        return self
+
     def log(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
