@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import http.client
 import queue
+import select
 import socket
 import ssl
 import struct
@@ -33,12 +34,21 @@ import time
 from refmount.fetch.pieces import piece_sizes
 
 
+# Seconds a kept-alive connection may sit idle and still be used (every path: this pool, the fast
+# path's, aiohttp's keepalive_timeout). Beyond it the connection is closed, not tried: a NAT or
+# firewall that dropped the idle flow without telling either end (AWS NAT 350 s, Azure 240 s) would
+# swallow the request, and the read would wait --stall-timeout before asking again. (Go's http
+# client keeps idle connections 90 s, nginx 75 s.)
+IDLE_TIMEOUT = 60.0
+
+
 class ShortBody(Exception):
     """The body ended before its Content-Length."""
 
 
 class Origin:
-    """A pool of idle keep-alive connections to one scheme://host:port (at most `max_idle`)."""
+    """A pool of idle keep-alive connections to one scheme://host:port (at most `max_idle`, each
+    with the time it went idle; newest first)."""
 
     def __init__(self, scheme: str, host: str, port: int | None, *, ssl_context, connect_timeout: float,
                  stall_timeout: float, max_idle: int = 8) -> None:
@@ -67,11 +77,19 @@ class Origin:
             self.give_back(conn)
 
     def take(self) -> http.client.HTTPConnection | None:
-        """An idle connection, or None."""
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            return None
+        """An idle connection that is still worth a request, or None. Closed instead: those idle
+        longer than IDLE_TIMEOUT, and plain ones the server has closed (readable while idle: its FIN.
+        Not TLS ones: a session ticket nobody has read yet makes those readable too; a closed one
+        fails the request at once and `Request._send_on` takes a new one)."""
+        while True:
+            try:
+                conn, since = self._idle.get_nowait()
+            except queue.Empty:
+                return None
+            if time.monotonic() - since <= IDLE_TIMEOUT and (isinstance(conn.sock, ssl.SSLSocket)
+                                                             or not readable(conn.sock)):
+                return conn
+            conn.close()
 
     def connect(self) -> http.client.HTTPConnection:
         if self.scheme == "https":
@@ -90,13 +108,13 @@ class Origin:
         if self._closed or self._idle.qsize() >= self.max_idle:
             conn.close()
         else:
-            self._idle.put(conn)
+            self._idle.put((conn, time.monotonic()))
 
     def close(self) -> None:
         self._closed = True
         while True:
             try:
-                self._idle.get_nowait().close()
+                self._idle.get_nowait()[0].close()
             except queue.Empty:
                 return
 
@@ -226,6 +244,14 @@ class _Silence:
                 continue
             self.since = None
             return result
+
+
+def readable(sock: socket.socket) -> bool:
+    """Something to read right now (on an idle connection: the server closed it, or sent what nobody
+    asked for)."""
+    poll = select.poll()
+    poll.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+    return bool(poll.poll(0))
 
 
 def _timeval(seconds: float) -> bytes:

@@ -19,13 +19,13 @@ never returned.
 from __future__ import annotations
 
 import re
-import select
 import ssl
 import time
 
 import trio
 
 from refmount.errors import FetchError
+from refmount.fetch import direct
 from refmount.fetch.http import DIRECT_MIN_BYTES, _REDIRECTS, HttpBackend, _retry_after, _Retry
 from refmount.fetch.pieces import piece_sizes
 
@@ -67,7 +67,7 @@ class FastGet:
 
     def __init__(self, backend: HttpBackend) -> None:
         self.backend = backend
-        self._idle: dict[tuple, list] = {}  # (scheme, host, port) -> idle kept-alive streams, newest last
+        self._idle: dict[tuple, list] = {}  # (scheme, host, port) -> idle kept-alive (stream, since), newest last
         self._run = None  # the trio run the idle streams belong to
         self._not_fast: set[str] = set()  # urls whose answers are not plain 206s (redirects, chunked, ...)
         self._default_tls: ssl.SSLContext | None = None
@@ -162,7 +162,7 @@ class FastGet:
         if "close" in headers.get("connection", "").lower():
             _close_now(stream)
         else:
-            self._idle.setdefault(key, []).append(stream)
+            self._idle.setdefault(key, []).append((stream, time.monotonic()))
         sizes = piece_sizes(start, start + length, piece)
         if len(sizes) == 1:
             return [body]
@@ -197,15 +197,16 @@ class FastGet:
     # -- the connection --------------------------------------------------------------------------
 
     def _take_idle(self, key: tuple):
-        """An idle connection that is still open and quiet, or None."""
+        """An idle connection that is still open and quiet, and idle for at most direct.IDLE_TIMEOUT
+        (see there), or None."""
         run = trio.lowlevel.current_trio_token()
         if run is not self._run:  # a new trio run: sockets of the old one are no use
             self.close()
             self._run = run
         idle = self._idle.get(key)
         while idle:
-            stream = idle.pop()
-            if _quiet(stream):
+            stream, since = idle.pop()
+            if time.monotonic() - since <= direct.IDLE_TIMEOUT and _quiet(stream):
                 return stream
             _close_now(stream)
         return None
@@ -272,7 +273,7 @@ class FastGet:
 
     def close(self) -> None:
         for idle in self._idle.values():
-            for stream in idle:
+            for stream, _since in idle:
                 _close_now(stream)
         self._idle.clear()
 
@@ -296,9 +297,7 @@ def _parse_head(head: bytes) -> tuple[str, int, _Headers]:
 def _quiet(stream) -> bool:
     """Nothing to read on an idle connection: readable means the server closed it (or sent what
     nobody asked for), and it is dropped before a request is wasted on it."""
-    poll = select.poll()
-    poll.register(_socket_of(stream).fileno(), select.POLLIN | select.POLLPRI)
-    return not poll.poll(0)
+    return not direct.readable(_socket_of(stream))
 
 
 def _socket_of(stream):

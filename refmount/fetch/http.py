@@ -174,7 +174,7 @@ class HttpBackend:
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.connections_per_host,
-                                             keepalive_timeout=60, ttl_dns_cache=300, ssl=self.ssl)
+                                             keepalive_timeout=direct.IDLE_TIMEOUT, ttl_dns_cache=300, ssl=self.ssl)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.policy.connect_timeout,
                                             sock_read=self.policy.stall_timeout)
             # trust_env is off: aiohttp would then look up the proxy and ~/.netrc in a worker thread
