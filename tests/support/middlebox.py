@@ -3,10 +3,11 @@
     with IdleDropRelay(("127.0.0.1", server.port), drop_after=1.0) as relay:
         url = f"http://127.0.0.1:{relay.port}/blob.bin"
 
-Bytes pass both ways until a connection has been quiet for `drop_after` seconds (counted from its
-opening or its last byte either way). From then on the flow is forgotten, as a middlebox forgets it:
-whatever either end sends is swallowed, and neither end is told (no FIN, no RST) until the relay
-stops. A client that reuses such a connection waits for an answer that never comes.
+Bytes pass both ways until the client sends on a connection that has been quiet for `drop_after`
+seconds (counted from its opening or its last byte either way). That flow is forgotten, as a
+middlebox forgets it: whatever either end sends is swallowed, and neither end is told (no FIN, no
+RST) until the relay stops. A client that reuses such a connection waits for an answer that never
+comes.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class IdleDropRelay:
     def __init__(self, target: tuple[str, int], drop_after: float) -> None:
         self.target, self.drop_after = target, drop_after
         self.dropped = 0  # flows forgotten so far
+        self.drops: list[str] = []  # how long each had been quiet when a request came
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
@@ -48,10 +50,10 @@ class IdleDropRelay:
             with self._lock:
                 self._sockets += [client, upstream]
             flow = {"last": time.monotonic(), "dead": False}
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(src, dst, flow), daemon=True).start()
+            for src, dst, way in ((client, upstream, "request"), (upstream, client, "answer")):
+                threading.Thread(target=self._pump, args=(src, dst, flow, way), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, flow: dict) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, flow: dict, way: str) -> None:
         while True:
             try:
                 data = src.recv(1 << 16)
@@ -66,9 +68,12 @@ class IdleDropRelay:
                 return
             with self._lock:
                 now = time.monotonic()
-                if not flow["dead"] and now - flow["last"] > self.drop_after:
+                # only a request can find its flow forgotten: an answer is due (a slow server, or
+                # a relay thread a loaded machine did not run, is no idle flow)
+                if way == "request" and not flow["dead"] and now - flow["last"] > self.drop_after:
                     flow["dead"] = True
                     self.dropped += 1
+                    self.drops.append(f"{now - flow['last']:.2f} s")
                 flow["last"] = now
                 dead = flow["dead"]
             if not dead:
