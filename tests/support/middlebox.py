@@ -20,13 +20,17 @@ import time
 class IdleDropRelay:
     def __init__(self, target: tuple[str, int], drop_after: float) -> None:
         self.target, self.drop_after = target, drop_after
-        self.dropped = 0  # flows forgotten so far
-        self.drops: list[str] = []  # how long each had been quiet when a request came
+        self.drops: list[str] = []  # each flow forgotten: how long it had been quiet when a request came
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._stopped = False
+
+    @property
+    def dropped(self) -> int:
+        """Flows forgotten so far."""
+        return len(self.drops)
 
     def __enter__(self) -> "IdleDropRelay":
         threading.Thread(target=self._accept, daemon=True).start()
@@ -72,7 +76,6 @@ class IdleDropRelay:
                 # a relay thread a loaded machine did not run, is no idle flow)
                 if way == "request" and not flow["dead"] and now - flow["last"] > self.drop_after:
                     flow["dead"] = True
-                    self.dropped += 1
                     self.drops.append(f"{now - flow['last']:.2f} s")
                 flow["last"] = now
                 dead = flow["dead"]
