@@ -98,7 +98,7 @@ class Mount:
         return f"<refmount.Mount {self.refs!r} on {str(self.path)!r} ({state}, log: {self.log_file})>"
 
     def stats(self) -> dict:
-        from refmount.summary import read_stats
+        from refmount.mount.summary import read_stats
 
         return read_stats(str(self.path))
 
@@ -106,7 +106,7 @@ class Mount:
         """Unmount (waiting for the daemon to exit); a temporary mountpoint is removed too."""
         if not self.mounted:
             return
-        from refmount.daemon import mount_entry, umount
+        from refmount.mount.daemon import mount_entry, umount
 
         if mount_entry(str(self.path)) is not None:
             umount(str(self.path), lazy=lazy)

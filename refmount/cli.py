@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options_from_args(args):
-    from refmount.daemon import MountOptions
+    from refmount.mount.daemon import MountOptions
 
     return MountOptions(
         refs="/dev/stdin" if args.refs == "-" else args.refs, mountpoint=args.mountpoint, view=args.view, foreground=args.foreground,
@@ -353,29 +353,29 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     if args.command == "mount":
-        from refmount import daemon
+        from refmount.mount import daemon
 
         opts = options_from_args(args)
         if args.dry_run:
-            from refmount.summary import print_summary
+            from refmount.mount.summary import print_summary
 
             return print_summary(opts)
         return daemon.mount(opts)
     if args.command == "umount":
-        from refmount.daemon import umount
+        from refmount.mount.daemon import umount
 
         return umount(args.mountpoint, lazy=args.lazy)
     if args.command == "stats":
-        from refmount.summary import print_stats
+        from refmount.mount.summary import print_stats
 
         return print_stats(args.mountpoint, as_json=args.json)
     if args.command == "inspect":
-        from refmount.inspect import run_inspect
+        from refmount.view.inspect import run_inspect
 
         return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json,
                            version=_version(args))
     if args.command == "list":
-        from refmount.summary import print_list
+        from refmount.mount.summary import print_list
 
         return print_list(as_json=args.json)
     return 0

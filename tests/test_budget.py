@@ -12,10 +12,10 @@ import time
 import trio
 import trio.testing
 
-from refmount.budget import MemoryBudget
-from refmount.cache import BlockCache
+from refmount.cache.budget import MemoryBudget
+from refmount.cache.blocks import BlockCache
 from refmount.fetch.pieces import piece_sizes
-from refmount.view import ReadStreams
+from refmount.view.raw import ReadStreams
 from tests.conftest import run_refmount
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -237,7 +237,7 @@ def test_32_random_readers_fetch_little_more_than_they_read(mount, http_data):
 def _paced_scan(rtt: float, link: float, per_connection: float, max_parallel: int = 16) -> int:
     """Read-ahead parts of 8 MiB through the pacer over a modelled link (bytes/s shared by the
     requests in flight, each at most `per_connection`, plus one RTT); the parallelism it settles on."""
-    from refmount.pacer import HostPacer
+    from refmount.cache.pacer import HostPacer
 
     pacer = HostPacer(lambda source: "host", max_parallel, MiB)
     active = 0
@@ -283,7 +283,7 @@ def test_the_pacer_keeps_enough_parts_in_flight_for_the_link():
 def test_read_ahead_parts_start_nearest_first_whatever_the_pacer_allows():
     """Parts wait for the host's slots; they must start in the order of the object, or a reader
     waits for its next part behind parts far ahead (trio starts tasks in any order)."""
-    from refmount.pacer import HostPacer
+    from refmount.cache.pacer import HostPacer
 
     for seed in range(5):
         remote = Remote(96 * MiB, delay=0.01)
@@ -391,7 +391,7 @@ def test_parallel_readers_each_open_wide_and_read_ahead_only_their_own_part():
 def test_read_ahead_parts_of_two_readers_start_by_distance_from_their_reader():
     """With one slot, the parts of two readers of one object alternate, nearest to its reader first:
     the reader further into the object does not wait behind all of the first one's parts."""
-    from refmount.pacer import HostPacer
+    from refmount.cache.pacer import HostPacer
 
     remote = Remote(96 * MiB, delay=0.01)
     cache = BlockCache(remote.fetch, block_size=MiB, capacity=256 * MiB,
@@ -424,7 +424,7 @@ def test_a_read_of_the_first_of_contiguous_chunks_reads_ahead_to_the_next_ones_e
     more; going on into the next chunk makes it a scan that reads further ahead. A chunk with a
     contiguous one before it read at random is one exact request, as before."""
     from refmount.refs import refs_from_dict
-    from refmount.view import RawView
+    from refmount.view.raw import RawView
 
     chunk, first, count = 600_000, 11_328, 40
     size = first + chunk * count
@@ -458,9 +458,9 @@ def test_the_opening_of_a_run_of_chunks_comes_over_several_connections():
     at once: on a long link the connections go through their slow start with these bytes, not
     after the reader went on into the next chunk. The same bytes as whole blocks; with the disk
     cache (whole blocks only), and for a chunk read at random, as before."""
-    from refmount.pacer import HostPacer
+    from refmount.cache.pacer import HostPacer
     from refmount.refs import refs_from_dict
-    from refmount.view import RawView
+    from refmount.view.raw import RawView
 
     chunk, first, count = 600_000, 11_328, 40
     size = first + chunk * count

@@ -6,9 +6,9 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from refmount.cache import BlockCache
+from refmount.cache.blocks import BlockCache
 from refmount.fetch.pieces import split
-from refmount.view import ReadStreams
+from refmount.view.raw import ReadStreams
 
 KiB = 1 << 10
 DATA = bytes(range(256)) * (16 * KiB)  # 4 MiB

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from refmount.diskcache import HEADER_SIZE, LAYOUT, DiskCache
+from refmount.cache.disk import HEADER_SIZE, LAYOUT, DiskCache
 from refmount.errors import RefmountError
 from tests.conftest import force_unmount, run_refmount
 

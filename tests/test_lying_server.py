@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from refmount.diskcache import LAYOUT
+from refmount.cache.disk import LAYOUT
 
 CHUNK = 4096
 N = 64  # chunks in the blob

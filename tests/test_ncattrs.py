@@ -1,9 +1,9 @@
-"""How attributes are typed for netCDF-C (refmount.ncattrs), without a mount; the hints each
+"""How attributes are typed for netCDF-C (refmount.view.ncattrs), without a mount; the hints each
 netCDF-C version needs were measured with Debian's ncdump 4.9.0 and libnetcdf 4.10.1."""
 
 import numpy as np
 
-from refmount.ncattrs import HINT_49, HINT_410, served_attributes
+from refmount.view.ncattrs import HINT_49, HINT_410, served_attributes
 
 
 def types(attrs, key):

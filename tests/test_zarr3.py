@@ -138,7 +138,7 @@ def test_missing_chunks_keep_the_v3_fill(v3_tree):
     """A v3 fill_value that is not a CF _FillValue: v2 shows no fill, and the chunk zarr-python left out
     is served as an explicit chunk of the v3 fill."""
     from refmount.refs import load_refs
-    from refmount.zarr3 import v2_refset
+    from refmount.view.zarr3 import v2_refset
 
     v2 = v2_refset(load_refs(str(v3_tree["refs"])))
     zarray = json.loads(v2.inline_data(v2.find("sparse/.zarray")))
@@ -360,8 +360,8 @@ def test_shard_index_checks():
     shard, and index codecs that are not a fixed-size index."""
     import numcodecs
 
-    from refmount.shards import EMPTY, ShardError, ShardLayout, UnsupportedSharding
-    from refmount.zarr3 import Unsupported, sharding
+    from refmount.view.shards import EMPTY, ShardError, ShardLayout, UnsupportedSharding
+    from refmount.view.zarr3 import Unsupported, sharding
 
     big = ShardLayout("a", [4], [4], [2], [{"name": "bytes", "configuration": {"endian": "big"}}], "start")
     assert big.index_bytes == 32 and not big.crc
@@ -390,7 +390,7 @@ def test_shard_index_checks():
 
 
 def test_absurd_sharding_hides_the_array():
-    from refmount.zarr3 import MAX_INNER_CHUNKS, Unsupported, shard_layout
+    from refmount.view.zarr3 import MAX_INNER_CHUNKS, Unsupported, shard_layout
 
     meta = {"chunk_grid": {"configuration": {"chunk_shape": [10**6, 10**6]}},
             "codecs": [{"name": "sharding_indexed", "configuration": {"chunk_shape": [1, 1],

@@ -21,7 +21,7 @@ import numpy as np
 
 from refmount.errors import RefsError, quote
 from refmount.refs.limits import format_size
-from refmount.malloc import give_back_freed_memory
+from refmount.cache.malloc import give_back_freed_memory
 
 INLINE = -1
 WHOLE_FILE = -1

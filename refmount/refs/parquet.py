@@ -23,7 +23,7 @@ import orjson
 import trio
 
 from refmount.errors import RefmountError, RefsError, quote
-from refmount.lru import SingleFlightLRU
+from refmount.cache.lru import SingleFlightLRU
 from refmount.refs.jsonrefs import add_mapping
 from refmount.refs.limits import RefsTooBig
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder

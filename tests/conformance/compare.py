@@ -246,7 +246,7 @@ def attr_differences(client: str, src: dict, got: dict, refs_attrs: Optional[dic
 
 
 def _left_out_for_49(value) -> bool:
-    """What the decoded view leaves out of .zattrs (refmount.ncattrs), saying so in the mount log."""
+    """What the decoded view leaves out of .zattrs (refmount.view.ncattrs), saying so in the mount log."""
     return value is None or value == [] or isinstance(value, list) and any(isinstance(v, str) for v in value)
 
 
@@ -347,7 +347,7 @@ def _native(type_name: str) -> str:
 
 def _undeclared_fill(refs_attrs, zarray) -> Optional[float]:
     """The fill_value the decoded view does not serve as _FillValue because the refs cannot tell it
-    from HDF5's own fill (refmount.arrays: 0, or a 1-byte type's netCDF default, in a set without a
+    from HDF5's own fill (refmount.view.arrays: 0, or a 1-byte type's netCDF default, in a set without a
     null fill): kerchunk moved the source's _FillValue there and kept no other trace of it."""
     import netCDF4
 

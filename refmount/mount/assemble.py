@@ -6,18 +6,18 @@ import logging
 import sys
 from urllib.parse import urlsplit
 
-from refmount.budget import MemoryBudget
-from refmount.cache import BlockCache
-from refmount.consolidated import with_consolidated_metadata
+from refmount.cache.budget import MemoryBudget
+from refmount.cache.blocks import BlockCache
+from refmount.view.consolidated import with_consolidated_metadata
 from refmount.errors import FetchError, RefmountError
 from refmount.fetch import Fetcher, RetryPolicy, check_protocols, reaches_local, redact
 from refmount.fetch.tls import set_ca_bundle
-from refmount.fs import Filesystem
-from refmount.pacer import HostPacer
+from refmount.mount.fs import Filesystem
+from refmount.cache.pacer import HostPacer
 from refmount.refs import load_refs
 from refmount.refs.icechunk import version_from_options
 from refmount.refs.source import is_remote
-from refmount.view import RawView
+from refmount.view.raw import RawView
 
 log = logging.getLogger("refmount")
 
@@ -47,7 +47,7 @@ def check_targets(refset, opts) -> None:
 def warn_raw_view(refset) -> None:
     """The raw view shows compressed chunks as they are: say so, since netCDF-C without filter
     plugins (Debian's ncdump) would print garbage for them without any error."""
-    from refmount.arrays import listed, scan_arrays
+    from refmount.view.arrays import listed, scan_arrays
 
     compressed = [a.name for a in scan_arrays(refset) if a.codecs]
     if compressed:
@@ -58,8 +58,8 @@ def warn_raw_view(refset) -> None:
 
 def v2_view(raw: RawView) -> RawView:
     """The raw view the decoded view builds on: a Zarr v3 set (Icechunk, VirtualiZarr) is first given
-    its Zarr v2 form (refmount.zarr3), with the same bytes behind its chunks."""
-    from refmount.zarr3 import is_v3, v2_refset
+    its Zarr v2 form (refmount.view.zarr3), with the same bytes behind its chunks."""
+    from refmount.view.zarr3 import is_v3, v2_refset
 
     if not is_v3(raw.refset):
         return raw
@@ -71,15 +71,15 @@ def load_progress():
     """A progress callback for long loads on a terminal (None elsewhere)."""
     if not sys.stderr.isatty():
         return None
-    from refmount.progress import LoadProgress
+    from refmount.mount.progress import LoadProgress
 
     return LoadProgress()
 
 
 def disk_backed(fetch, fetcher, urls, opts):
     """Put the persistent disk cache (--cache-dir) between the block cache and the remote."""
-    from refmount.diskcache import DiskBackedFetch, DiskCache
-    from refmount.lru import SingleFlightLRU
+    from refmount.cache.disk import DiskBackedFetch, DiskCache
+    from refmount.cache.lru import SingleFlightLRU
 
     disk = DiskCache(opts.cache_dir, opts.disk_cache_size, opts.block_size)
     objects = SingleFlightLRU(1 << 62)  # url id -> (object id, size), or () when not cacheable
@@ -133,7 +133,7 @@ def build_filesystem(opts):
     if opts.cache_dir:
         fetch, disk = disk_backed(fetch, fetcher, urls, opts)
     if getattr(refset, "checksums", None):  # Icechunk virtual chunks: is each object the committed version?
-        from refmount.checksums import verified_fetch
+        from refmount.cache.checksums import verified_fetch
 
         fetch = verified_fetch(fetch, fetcher, urls, refset.checksums)
     # One memory budget (--cache-size) for cached blocks, fetches in flight and read-ahead; read-ahead
@@ -143,7 +143,7 @@ def build_filesystem(opts):
     cache = BlockCache(fetch, block_size=opts.block_size, max_request=16 << 20, budget=budget, pacer=pacer)
     view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
     if opts.view == "decoded":
-        from refmount.decoded import DecodedView
+        from refmount.view.decoded import DecodedView
 
         view = raw = v2_view(raw)  # (a Zarr v3 set is shown through its v2 form)
         view = DecodedView(raw, cache_size=opts.decoded_cache_size, chars=opts.chars)

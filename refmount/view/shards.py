@@ -21,7 +21,7 @@ import numpy as np
 import trio
 
 from refmount.errors import RefmountError, quote
-from refmount.lru import SingleFlightLRU
+from refmount.cache.lru import SingleFlightLRU
 
 EMPTY = 2**64 - 1  # offset and nbytes of an inner chunk that was never written
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from refmount.ncattrs import fill_number, served_attributes
+from refmount.view.ncattrs import fill_number, served_attributes
 from refmount.refs import RefSet
 
 log = logging.getLogger("refmount")
@@ -128,7 +128,7 @@ def scan_arrays(refset: RefSet, chars: str = "char") -> list[ArrayInfo]:
             _plan(info, chars, refset, fills_declared)
         except (ValueError, TypeError, KeyError, RecursionError) as e:
             info.hidden_reason = _malformed(e)
-    layouts = getattr(refset, "shards", None) or {}  # sharded Zarr v3 arrays (refmount.zarr3)
+    layouts = getattr(refset, "shards", None) or {}  # sharded Zarr v3 arrays (refmount.view.zarr3)
     for info in arrays:
         layout = layouts.get(info.path)
         if layout is not None and not info.hidden_reason:

@@ -1,7 +1,7 @@
 """Views decide what each key's file contains.
 
 `RawView` serves the referenced bytes verbatim: inline data from memory, byte ranges and whole
-files through the block cache. The decoded view (refmount.decoded) builds on it. A view answers:
+files through the block cache. The decoded view (refmount.view.decoded) builds on it. A view answers:
 which keys/directories are hidden, each file's size, its bytes, and its extended attributes.
 """
 
@@ -11,11 +11,11 @@ from collections import OrderedDict
 
 import trio
 
-from refmount.budget import MemoryBudget
-from refmount.cache import BlockCache
+from refmount.cache.budget import MemoryBudget
+from refmount.cache.blocks import BlockCache
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, redact
-from refmount.lru import SingleFlightLRU
+from refmount.cache.lru import SingleFlightLRU
 from refmount.refs import INLINE, WHOLE_FILE, RefSet
 
 

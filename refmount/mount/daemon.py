@@ -467,8 +467,8 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     import pyfuse3
     import trio
 
-    from refmount.assemble import build_filesystem
-    from refmount.fuse_ops import FuseOperations
+    from refmount.mount.assemble import build_filesystem
+    from refmount.mount.fuse_ops import FuseOperations
 
     if opts.proxy:  # the http(s) targets' client follows the usual variables (as aiohttp's trust_env)
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
@@ -566,7 +566,7 @@ async def _announce_ready(opts: MountOptions, ready: int | None, warmed=None) ->
     import pyfuse3
     import trio
 
-    from refmount.tuning import tune_kernel
+    from refmount.mount.tuning import tune_kernel
 
     deadline = time.monotonic() + 30
     while True:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from refmount.arrays import count_chunks, decoded_verdicts, raw_verdicts, scan_arrays
+from refmount.view.arrays import count_chunks, decoded_verdicts, raw_verdicts, scan_arrays
 from refmount.refs import load_refs
 from refmount.refs.model import each_file
 
@@ -28,7 +28,7 @@ def _chunk_counts(refset, info) -> tuple[int, int]:
 
 
 def inspect_refs(refset, zarr3: bool = False) -> list[dict]:
-    """`zarr3`: `refset` is the v2 form of a Zarr v3 set (refmount.zarr3), which only the decoded view shows."""
+    """`zarr3`: `refset` is the v2 form of a Zarr v3 set (refmount.view.zarr3), which only the decoded view shows."""
     rows = []
     for info in scan_arrays(refset):
         present, missing = _chunk_counts(refset, info)
@@ -50,7 +50,7 @@ def inspect_refs(refset, zarr3: bool = False) -> list[dict]:
 
 
 def run_inspect(location: str, *, remote_options: dict | None = None, as_json: bool = False, version=None) -> int:
-    from refmount.zarr3 import is_v3, v2_refset
+    from refmount.view.zarr3 import is_v3, v2_refset
 
     refset = load_refs(location, remote_options=remote_options, version=version)
     rows = inspect_refs(v2_refset(refset), zarr3=True) if is_v3(refset) else inspect_refs(refset)

@@ -16,7 +16,7 @@ import pyfuse3
 import trio
 
 from refmount.errors import RefmountError
-from refmount.fs import FILE_MODE, Attributes, Filesystem, FsError
+from refmount.mount.fs import FILE_MODE, Attributes, Filesystem, FsError
 
 log = logging.getLogger("refmount")
 

@@ -1,6 +1,6 @@
 """The decoded view: what netCDF-C without filter plugins (and every other client) reads correctly.
 
-Built on `RawView`. For every array (see refmount.arrays for the plan):
+Built on `RawView`. For every array (see refmount.view.arrays for the plan):
 - ``.zarray`` is rewritten (compressor and filters null, little-endian dtype, bool as u1, scalars
   as shape [1], chunks cropped to the shape), all metadata JSON is re-emitted as UTF-8;
 - chunk files are decoded with numcodecs in a worker thread and kept in a bounded LRU, so the
@@ -10,7 +10,7 @@ Built on `RawView`. For every array (see refmount.arrays for the plan):
   decode, or decodes to the wrong length, is an EIO naming the key, never short or padded data.
 Missing chunks stay absent, so clients fill them with fill_value.
 
-A sharded Zarr v3 array (refmount.zarr3, refmount.shards) is served as its inner chunks: reading one
+A sharded Zarr v3 array (refmount.view.zarr3, refmount.view.shards) is served as its inner chunks: reading one
 reads its shard's index (once per shard, kept in a small LRU), then only that inner chunk's bytes;
 an inner chunk the index marks empty reads as the Zarr fill value.
 """
@@ -23,14 +23,14 @@ import numpy as np
 import trio
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from refmount.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, dump_json, fixed_strings, load_json_value, scan_arrays
-from refmount.bounded import decode_bounded
-from refmount.consolidated import consolidated_metadata
+from refmount.view.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, dump_json, fixed_strings, load_json_value, scan_arrays
+from refmount.view.bounded import decode_bounded
+from refmount.view.consolidated import consolidated_metadata
 from refmount.errors import RefmountError
-from refmount.lru import SingleFlightLRU
-from refmount.ncattrs import served_attributes
-from refmount.overlay import OverlayRefSet
-from refmount.shards import ShardReader
+from refmount.cache.lru import SingleFlightLRU
+from refmount.view.ncattrs import served_attributes
+from refmount.view.overlay import OverlayRefSet
+from refmount.view.shards import ShardReader
 
 log = logging.getLogger("refmount")
 

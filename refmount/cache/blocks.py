@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from refmount.budget import MemoryBudget
+from refmount.cache.budget import MemoryBudget
 from refmount.errors import FetchError
 
 
@@ -51,7 +51,7 @@ class BlockCache:
         self._fetch = fetch
         self.block_size = block_size
         self.budget = budget or MemoryBudget(capacity)
-        self.pacer = pacer  # paces read-ahead requests per host (refmount.pacer), or None
+        self.pacer = pacer  # paces read-ahead requests per host (refmount.cache.pacer), or None
         self.max_request_blocks = max(1, max_request // block_size)
         self._blocks: OrderedDict[tuple, bytes] = OrderedDict()
         self._inflight: dict[tuple, _Flight] = {}

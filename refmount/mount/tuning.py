@@ -21,7 +21,7 @@ def _write(path: str, value: int) -> bool:
 
 
 def tune_kernel(mountpoint: str, read_ahead_kb: int, max_background: int) -> None:
-    from refmount.daemon import mount_entry
+    from refmount.mount.daemon import mount_entry
 
     if os.geteuid() != 0:
         return

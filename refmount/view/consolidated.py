@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from refmount.arrays import dump_json
+from refmount.view.arrays import dump_json
 
 log = logging.getLogger("refmount")
 
@@ -52,7 +52,7 @@ class _RawWithConsolidated:
     hides_nothing = True
 
     def __init__(self, raw, data: bytes) -> None:
-        from refmount.overlay import OverlayRefSet
+        from refmount.view.overlay import OverlayRefSet
 
         self.raw = raw
         self.name = raw.name
@@ -89,7 +89,7 @@ class _RawWithConsolidated:
 
 def with_consolidated_metadata(raw):
     """The raw view, plus a .zmetadata when the set has none (and all its metadata is inline)."""
-    from refmount.arrays import load_json_value
+    from refmount.view.arrays import load_json_value
 
     refset = raw.refset
     if refset.find(".zmetadata") >= 0:

@@ -18,7 +18,7 @@ with one log line naming it.
 Sharding (``sharding_indexed``): the v2 array has the *inner* chunk shape and the inner codecs; every
 inner chunk of every shard present is its own v2 key (``var/i.j``), pointing at the whole shard's
 reference. `RefSet.shards` maps each sharded array to its `ShardLayout`, with which the decoded view
-reads an inner chunk (the shard's index, then only that chunk's bytes: refmount.shards). Missing
+reads an inner chunk (the shard's index, then only that chunk's bytes: refmount.view.shards). Missing
 shards are missing chunks (the fill rule in `_fill_chunks`). Nested sharding, codecs around the sharding codec,
 and sharded variable-length strings hide the array.
 """
@@ -36,7 +36,7 @@ from numcodecs.compat import ensure_contiguous_ndarray
 from numcodecs.registry import register_codec
 
 from refmount.refs.model import INLINE, RefSet, RefSetBuilder
-from refmount.shards import ShardLayout, UnsupportedSharding
+from refmount.view.shards import ShardLayout, UnsupportedSharding
 
 log = logging.getLogger("refmount")
 
