@@ -106,7 +106,8 @@ class Mount:
         """Unmount (waiting for the daemon to exit); a temporary mountpoint is removed too."""
         if not self.mounted:
             return
-        from refmount.mount.daemon import mount_entry, umount
+        from refmount.mount.daemon import umount
+        from refmount.mount.table import mount_entry
 
         if mount_entry(str(self.path)) is not None:
             umount(str(self.path), lazy=lazy)

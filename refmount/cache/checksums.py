@@ -17,7 +17,7 @@ import os
 from refmount.errors import FetchError
 from refmount.fetch import redact
 from refmount.cache.lru import SingleFlightLRU
-from refmount.refs.source import local_path, protocol_of
+from refmount.fetch.protocols import local_path, protocol_of
 
 log = logging.getLogger("refmount")
 

@@ -24,7 +24,7 @@ from refmount.fetch.local import LocalBackend
 from refmount.fetch.protocols import is_local_protocol, protocol_chain, reaches_local
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import FetchStats, redact
-from refmount.refs.source import protocol_of
+from refmount.fetch.protocols import protocol_of
 
 __all__ = ["Fetcher", "RetryPolicy", "FetchStats", "redact", "check_protocols", "reaches_local"]
 

@@ -18,6 +18,21 @@ NETWORK_PROTOCOLS = frozenset({
 })
 
 
+def protocol_of(location: str) -> str:
+    """'file' for plain paths and file:// urls, else the url scheme."""
+    if "://" not in location:
+        return "file"
+    return location.split("://", 1)[0].lower()
+
+
+def local_path(location: str) -> str:
+    return location[len("file://"):] if location.startswith("file://") else location
+
+
+def is_remote(location: str) -> bool:
+    return protocol_of(location) != "file"
+
+
 def protocol_chain(url: str) -> list[str]:
     """The protocol of each element of an fsspec url chain ('simplecache::s3://b/k' -> ['simplecache',
     's3']); a plain path (or a chain ending in one) is 'file'."""

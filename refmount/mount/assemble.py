@@ -16,7 +16,7 @@ from refmount.mount.fs import Filesystem
 from refmount.cache.pacer import HostPacer
 from refmount.refs import load_refs
 from refmount.refs.icechunk import version_from_options
-from refmount.refs.source import is_remote
+from refmount.fetch.protocols import is_remote
 from refmount.view.raw import RawView
 
 log = logging.getLogger("refmount")

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from refmount.errors import RefmountError, quote
+from refmount.mount.table import mount_entry
 
 log = logging.getLogger("refmount")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -66,51 +67,6 @@ class MountOptions:
     branch: str | None = None  # Icechunk: which version to mount (one of branch, tag, snapshot)
     tag: str | None = None
     snapshot: str | None = None
-
-
-# -- mount table helpers ----------------------------------------------------------------------------
-
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal (\\040)."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def mount_table() -> list[dict]:
-    """/proc/self/mountinfo as a list of entries, in mount order."""
-    try:
-        with open("/proc/self/mountinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return []
-    entries = []
-    for line in lines:
-        fields = line.split()
-        sep = fields.index("-")
-        entries.append({"point": _unescape(fields[4]), "fstype": fields[sep + 1], "source": _unescape(fields[sep + 2]),
-                        "major_minor": fields[2], "super_options": fields[sep + 3] if len(fields) > sep + 3 else ""})
-    return entries
-
-
-def mount_entry(mountpoint: str) -> dict | None:
-    """The /proc/self/mountinfo entry for `mountpoint`, if something is mounted there."""
-    target = os.path.abspath(mountpoint)
-    found = None
-    for entry in mount_table():
-        if entry["point"] == target:
-            found = entry
-    return found
-
-
-def refmount_mounts() -> list[dict]:
-    """The entries of live refmount mounts (the last mount on each point), with the owner's uid."""
-    last = {e["point"]: e for e in mount_table()}
-    mounts = []
-    for entry in last.values():
-        if entry["fstype"] != "fuse.refmount":
-            continue
-        owner = re.search(r"user_id=(\d+)", entry["super_options"])
-        mounts.append({**entry, "owner": int(owner.group(1)) if owner else None})
-    return mounts
 
 
 def _is_dead_fuse_mount(mountpoint: str) -> bool:
@@ -175,7 +131,7 @@ _DATA_MAGIC = {b"\x89HDF\r\n\x1a\n": "an HDF5/netCDF-4", b"CDF\x01": "a netCDF-3
 
 def refuse_data_file(refs: str) -> None:
     """A netCDF or HDF5 file given as REFS: say what to do instead of "not valid JSON"."""
-    from refmount.refs.source import is_remote, local_path
+    from refmount.fetch.protocols import is_remote, local_path
 
     if is_remote(refs) or not os.path.isfile(local_path(refs)):
         return
@@ -193,7 +149,7 @@ def refuse_data_file(refs: str) -> None:
 def check_remote_options(urls, remote_options: dict) -> None:
     """Create each target filesystem (other than http, which has its own client) now, so that an
     option the installed backend does not know fails the mount in one line, not the first read."""
-    from refmount.refs.source import protocol_of
+    from refmount.fetch.protocols import protocol_of
 
     protocols = {protocol_of(u) for u in urls} - {"http", "https", "file", "local"}
     if not protocols:
@@ -449,7 +405,7 @@ def _read_report(fd: int) -> str:
 
 def shown_refs(refs: str) -> str:
     """The reference set as `refmount list`, findmnt and df show it: urls as given, paths absolute."""
-    from refmount.refs.source import is_remote, local_path
+    from refmount.fetch.protocols import is_remote, local_path
 
     if refs == "/dev/stdin":
         return "stdin"

@@ -9,7 +9,7 @@ from collections import Counter
 
 from refmount.errors import RefmountError, quote
 from refmount.refs import INLINE, WHOLE_FILE
-from refmount.refs.source import protocol_of
+from refmount.fetch.protocols import protocol_of
 
 
 def summarize(refset) -> dict:
@@ -68,7 +68,7 @@ def _dry_run(opts) -> dict:
 
 
 def read_stats(mountpoint: str) -> dict:
-    from refmount.mount.daemon import mount_entry
+    from refmount.mount.table import mount_entry
 
     entry = mount_entry(mountpoint)
     if entry is None or entry["fstype"] != "fuse.refmount":
@@ -87,7 +87,7 @@ def live_mounts(timeout: float = 2.0) -> list[dict]:
     import threading
     import time
 
-    from refmount.mount.daemon import refmount_mounts
+    from refmount.mount.table import refmount_mounts
 
     entries = refmount_mounts()
     answers: dict[int, dict] = {}

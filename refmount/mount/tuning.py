@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import os
 
+from refmount.mount.table import mount_entry
+
 log = logging.getLogger("refmount")
 
 
@@ -21,8 +23,6 @@ def _write(path: str, value: int) -> bool:
 
 
 def tune_kernel(mountpoint: str, read_ahead_kb: int, max_background: int) -> None:
-    from refmount.mount.daemon import mount_entry
-
     if os.geteuid() != 0:
         return
     entry = mount_entry(mountpoint)

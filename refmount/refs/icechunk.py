@@ -30,7 +30,7 @@ import numpy as np
 from refmount.errors import RefsError, quote
 from refmount.refs.flatbuf import FormatError, Table, TableColumns
 from refmount.refs.model import INLINE, RefSetBuilder
-from refmount.refs.source import is_remote, local_path
+from refmount.fetch.protocols import is_remote, local_path
 
 log = logging.getLogger("refmount")
 

@@ -27,7 +27,8 @@ from refmount.cache.lru import SingleFlightLRU
 from refmount.refs.jsonrefs import add_mapping
 from refmount.refs.limits import RefsTooBig
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
-from refmount.refs.source import fsspec_options, is_remote, local_path
+from refmount.fetch.protocols import is_remote, local_path
+from refmount.refs.source import fsspec_options
 
 MISSING = -2  # url id of a row that holds no reference
 DEFAULT_LOADED_RECORDS = 128  # as fsspec's LazyReferenceMapper

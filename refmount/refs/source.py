@@ -10,6 +10,7 @@ import lzma
 import os
 
 from refmount.errors import RefmountError, quote
+from refmount.fetch.protocols import is_remote, local_path, protocol_of
 
 _MAGIC = {
     b"\x1f\x8b": "gzip",
@@ -18,21 +19,6 @@ _MAGIC = {
     b"\x28\xb5\x2f\xfd": "zstd",
 }
 _SUFFIX = {".gz": "gzip", ".gzip": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd", ".zstd": "zstd"}
-
-
-def protocol_of(location: str) -> str:
-    """'file' for plain paths and file:// urls, else the url scheme."""
-    if "://" not in location:
-        return "file"
-    return location.split("://", 1)[0].lower()
-
-
-def local_path(location: str) -> str:
-    return location[len("file://"):] if location.startswith("file://") else location
-
-
-def is_remote(location: str) -> bool:
-    return protocol_of(location) != "file"
 
 
 def _open_raw(location: str, remote_options: dict):
