@@ -1,6 +1,6 @@
 """The package layout: no import circles, and each layer imports only the layers below it.
 
-The way down is FUSE -> view -> reference sets -> cache -> fetch (mount/, view/, refs/, cache/,
+The way down is FUSE -> view -> reference sets -> cache -> fetch (fuse/, view/, refs/, cache/,
 fetch/); the front doors (cli, api, dask, fstab) sit on top and `errors` at the bottom. Every
 import counts, those inside functions too: a lazy import still ties two modules together.
 """
@@ -8,12 +8,14 @@ import counts, those inside functions too: a lazy import still ties two modules 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import refmount
 
 PACKAGE = Path(refmount.__file__).parent
-LAYERS = ["mount", "view", "refs", "cache", "fetch"]  # each may import only those after it
+LAYERS = ["fuse", "view", "refs", "cache", "fetch"]  # each may import only those after it
 FRONT_DOORS = {"refmount", "refmount.__main__", "refmount.cli", "refmount.api", "refmount.dask", "refmount.fstab"}
 SHARED = {"refmount.errors"}
 
@@ -118,3 +120,14 @@ def test_the_top_level_holds_only_the_front_doors():
     top = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert len(top) <= 8, top
     assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()} == set(LAYERS)
+
+
+def test_importing_every_module_leaves_refmount_mount_the_function():
+    """No package may share a name with the front door's function `refmount.mount`: Python binds a
+    subpackage to its parent's attribute when first imported, which would replace the function."""
+    script = ("import importlib, pkgutil, refmount\n"
+              "for m in pkgutil.walk_packages(refmount.__path__, 'refmount.'):\n"
+              "    if m.name != 'refmount.__main__': importlib.import_module(m.name)\n"
+              "print(callable(refmount.mount), refmount.mount.__module__)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "refmount"]
