@@ -77,7 +77,16 @@ def refs_to_json(refs: dict) -> bytes:
 
 
 class Mount:
-    """A live mount made by `refmount.mount`; a context manager that unmounts on exit."""
+    """A live mount made by `refmount.mount`; a context manager that unmounts on exit.
+
+    Attributes:
+        path: the mountpoint (a `pathlib.Path`); the handle is also path-like (`os.fspath(m)`).
+        refs: the reference set as given (a path or url), or "stdin" for a dict.
+        pid: the daemon's process id, or None if the mount could not tell it.
+        log_file: where the daemon logs, as `refmount mount` announced it (a path, or
+            "syslog (journalctl -t refmount)").
+        mounted: False once `unmount()` has run.
+    """
 
     def __init__(self, path: Path, refs: str, log_file: str | None, temporary: bool) -> None:
         self.path = path
@@ -98,6 +107,7 @@ class Mount:
         return f"<refmount.Mount {self.refs!r} on {str(self.path)!r} ({state}, log: {self.log_file})>"
 
     def stats(self) -> dict:
+        """The daemon's live counters, as `refmount stats MOUNTPOINT --json` prints them."""
         from refmount.fuse.summary import read_stats
 
         return read_stats(str(self.path))
@@ -123,10 +133,23 @@ class Mount:
 
 
 def mount(refs, mountpoint=None, **options) -> Mount:
-    """Mount the reference set `refs` (a path, a url, or a dict such as kerchunk's translate()
-    output) on `mountpoint` (a new temporary directory if None), with `refmount mount`'s options as
-    keywords (cache_size="2G", view="raw", remote_options={"anon": True}, ...). Returns once the
-    mount answers; raises `refmount.RefmountError` with the one-line reason otherwise."""
+    """Mount the reference set `refs` on `mountpoint`; return once the mount answers.
+
+    Args:
+        refs: a path, a url, or a reference dict such as kerchunk's `translate()` output (sent to the
+            daemon on its stdin, never written to a file).
+        mountpoint: an empty directory; None makes a temporary one, removed at unmount, and the mount
+            then never outlives this process (`--owner-pid`).
+        **options: `refmount mount`'s options as keywords, with underscores: cache_size="2G",
+            view="raw", remote_options={"anon": True}, allow_protocols={"https", "s3"};
+            prefetch=False or tune_kernel=False for --no-prefetch and --no-tune-kernel.
+
+    Returns:
+        A `Mount` handle, which unmounts when used as a context manager.
+
+    Raises:
+        RefmountError: the mount failed; the message is the command line's one line.
+    """
     temporary = mountpoint is None
     if temporary:  # nobody else knows this directory: the mount must not outlive its caller, even a crashed one
         options.setdefault("owner_pid", os.getpid())
