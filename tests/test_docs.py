@@ -1,5 +1,5 @@
 """The documentation: the option reference lists exactly what the parser (and so `--help`) has, and
-every page is in the site's navigation.
+the README's links lead to files that exist.
 
 The option page is rendered by docs/hooks/options_reference.py when the site is built; here the
 rendered Markdown is read back cell by cell and compared with the parser's own actions and with the
@@ -112,6 +112,15 @@ def test_the_option_page_is_generated_not_written_by_hand():
     assert page.count(hook.MARKER) == 1 and page.count(hook.END) == 1
     by_hand = page.split(hook.MARKER)[0] + page.split(hook.END)[1]
     assert not re.search(r"^\|.*`--[a-z]", by_hand, re.M), "option tables belong to the generated part"
+
+
+def test_readme_links_lead_to_files_that_exist():
+    readme = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    relative = [link for link in links if not re.match(r"[a-z]+:", link) and not link.startswith("#")]
+    assert any(link.startswith("docs/") for link in relative)
+    missing = [link for link in relative if not (ROOT / link.split("#")[0]).exists()]
+    assert missing == []
 
 
 def test_every_docs_page_is_in_the_site_navigation():
