@@ -348,6 +348,8 @@ class CurlEngine:
         c.setopt(p.URL, self.url)
         c.setopt(p.RANGE, f"{start}-{end - 1}")
         c.setopt(p.BUFFERSIZE, self.buffersize)
+        if os.environ.get("CURL_CA_BUNDLE"):
+            c.setopt(p.CAINFO, os.environ["CURL_CA_BUNDLE"])
         c.pieces = [bytearray(n) for n in piece_sizes(start, end, BLOCK)]
         c.got = 0
         c.done = done
@@ -601,6 +603,42 @@ def child(args) -> dict:
     return result
 
 
+def write_certificates(folder: Path) -> Path:
+    """A private CA and a leaf certificate for 127.0.0.1 (leaf.pem holds leaf + CA, key.pem its key);
+    returns the CA's file."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench CA")])
+    valid = dict(not_valid_before=now - datetime.timedelta(hours=1), not_valid_after=now + datetime.timedelta(days=1))
+    ca = (x509.CertificateBuilder(subject_name=ca_name, issuer_name=ca_name, public_key=ca_key.public_key(),
+                                  serial_number=x509.random_serial_number(), **valid)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    leaf = (x509.CertificateBuilder(subject_name=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]),
+                                    issuer_name=ca_name, public_key=key.public_key(),
+                                    serial_number=x509.random_serial_number(), **valid)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    (folder / "ca.pem").write_bytes(ca.public_bytes(pem))
+    (folder / "leaf.pem").write_bytes(leaf.public_bytes(pem) + ca.public_bytes(pem))
+    (folder / "key.pem").write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                       serialization.NoEncryption()))
+    return folder / "ca.pem"
+
+
 def curl_run(url: str, size: int, range_mib: int, par: int, run_dir: Path) -> dict:
     span = range_mib << 20
     config = run_dir / f"curl-{range_mib}-{par}.conf"
@@ -636,6 +674,7 @@ def main() -> int:
     p.add_argument("--engines", default=",".join(ENGINES))
     p.add_argument("--cache-mb", type=int, default=0, help="keep only this many MiB of blocks (0: all)")
     p.add_argument("--json", type=Path, help="write every run here")
+    p.add_argument("--tls", action="store_true", help="https (a private CA; not for recvinto)")
     p.add_argument("--latency", type=int, default=0,
                    help="instead: this many random 64 KiB ranges one at a time (p50/p90 ms, CPU per request)")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -665,7 +704,16 @@ def main() -> int:
         stack.callback(shutil.rmtree, run_dir, True)
         bs.write_big(serve / "big.bin", size)
         serve.chmod(0o755)
+        if args.tls:  # nginx with a private CA's certificate; every client trusts that CA through the environment
+            ca = write_certificates(run_dir)
+            for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+                os.environ[name] = str(ca)
+            bs.NGINX_CONF = bs.NGINX_CONF.replace(
+                "listen 127.0.0.1:{port};", "listen 127.0.0.1:{port} ssl; ssl_certificate {run}/leaf.pem; "
+                "ssl_certificate_key {run}/key.pem; ssl_session_cache shared:SSL:1m;")
         base = stack.enter_context(bs.nginx_serving(serve, run_dir))
+        if args.tls:
+            base = base.replace("http://", "https://")
         url = base + "big.bin"
         for rnd in range(args.rounds if args.latency else 0):
             order = engines[rnd % len(engines):] + engines[:rnd % len(engines)]
