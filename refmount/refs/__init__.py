@@ -57,9 +57,12 @@ def _load(location, remote_options, max_keys, progress, max_refs_size, version=N
 
         return load_parquet(location, remote_options=remote_options or {}, max_keys=max_keys,
                             max_bytes=max_refs_size)
+    from refmount.refs.relative import resolve_builder_urls
+
     builder = RefSetBuilder(max_keys, max_refs_size)
     try:
         load_json(lambda: open_reference_file(location, remote_options), builder, progress=progress)
+        resolve_builder_urls(builder, location)
         return builder.build()
     except RefmountError:
         raise
