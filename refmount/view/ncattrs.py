@@ -104,8 +104,22 @@ def _packing_is_float32(attrs: dict) -> bool:
     return bool(items) and None not in items and _float32_values(items)
 
 
+def _fails_49(value) -> bool:
+    """netCDF-C 4.9.0 fails the whole open on this attribute value, whatever the hints say: null, an
+    empty list, or a list holding anything but numbers and booleans (strings, objects, lists, null;
+    kerchunk's TIFF reader writes OME's "multiscales", a list of objects)."""
+    return value is None or value == [] or (
+        isinstance(value, list) and any(v is None or isinstance(v, (str, dict, list)) for v in value))
+
+
 def _kind(value) -> str:
-    return "a null" if value is None else "an empty list" if value == [] else "a list of strings"
+    if value is None:
+        return "a null"
+    if value == []:
+        return "an empty list"
+    if any(isinstance(v, str) for v in value):
+        return "a list of strings"
+    return "a list of objects, lists or nulls"
 
 
 def _guess_49(items: list) -> np.dtype:
@@ -151,9 +165,8 @@ def served_attributes(zattrs: dict, dtype: np.dtype | None, fill) -> tuple[dict,
     for name, value in list(attrs.items()):
         if name == "_ARRAY_DIMENSIONS":
             continue
-        # netCDF-C 4.9.0 fails the whole open on a list of strings or an empty list, whatever the
-        # hints say; null is dropped by 4.9.0 and read as the text "null" by 4.10
-        if value is None or value == [] or isinstance(value, list) and any(isinstance(v, str) for v in value):
+        # null is dropped by 4.9.0 and read as the text "null" by 4.10
+        if _fails_49(value):
             del attrs[name]
             notes.append(f"attribute {name!r} left out: netCDF-C 4.9.0 cannot read {_kind(value)} attribute "
                          "(it fails the whole open); the raw view keeps it")
