@@ -232,13 +232,16 @@ def load_json(open_stream, builder: RefSetBuilder, *, piece_bytes: int = PIECE_B
     again without those commas (once, in memory, within --max-refs-size), with a warning."""
     try:
         return _load_versions(open_stream, builder, piece_bytes, progress, parallel)
-    except TrailingComma:
-        pass
+    except TrailingComma as e:
+        first_error = e
     with open_stream() as stream:
         text = stream.read() if builder.max_bytes is None else stream.read(builder.max_bytes + 1)
     if builder.max_bytes is not None and len(text) > builder.max_bytes:
         raise RefsTooBig(builder.max_bytes)
     text, commas = without_trailing_commas(text)
+    if not commas:  # a pipe (stdin) cannot be read twice
+        raise RefsError(f"{first_error} (accepted as GDAL accepts it only from a file, which can be read twice, "
+                        "not from a pipe)") from None
     log.warning("the reference file is not valid JSON: %d trailing comma%s (before a closing '}' or ']') "
                 "accepted, as GDAL accepts them", commas, "" if commas == 1 else "s")
     builder.__init__(builder.max_keys, builder.max_bytes)
