@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 
+import numpy as np
 import trio
 
 from refmount.cache.budget import MemoryBudget
@@ -302,37 +303,56 @@ class PastEnd:
 
     A key's size is its reference's length until the object's size is known, then what the object
     holds of the range (0 if it starts past the end), so that a stat after the first read agrees
-    with what reads return: local objects' sizes are looked up at the first stat of such a key, a
-    remote object's comes with the first response of its server. One warning per key names it and
+    with what reads return: local objects' sizes are looked up at the first stat of one of their keys,
+    a remote object's comes with the first response of its server. One warning per key names it and
     both lengths. An object whose validators changed while mounted still fails with EIO (the
-    fetcher raises RemoteChanged before any bytes are served)."""
+    fetcher raises RemoteChanged before any bytes are served).
 
+    Object sizes are kept per url id in a growing int64 array (8 bytes per url; a stat costs an
+    array lookup, not a call into the fetcher): UNSEEN, REMOTE_UNKNOWN (remote, no response told its
+    size yet) or the size."""
+
+    UNSEEN, REMOTE_UNKNOWN = -2, -1
     MAX_WARNINGS = 20
 
     def __init__(self, refset) -> None:
         self.refset = refset
-        self.objects: dict[int, int] = {}  # url id -> size, for objects found shorter than a key's range
+        self.sizes = np.full(max(len(refset.urls), 1), self.UNSEEN, dtype=np.int64)
+        self.clipping = False  # some object ends before a key's range does
         self._warned: set[int] = set()
 
-    def clip(self, i: int, uid: int, offset: int, length: int) -> int:
-        size = self.objects.get(uid)
-        return length if size is None else min(length, max(size - offset, 0))
+    def get(self, uid: int) -> int:
+        return self.sizes.item(uid) if uid < len(self.sizes) else self.UNSEEN
+
+    def set(self, uid: int, size: int) -> None:
+        if uid >= len(self.sizes):  # a lazy (Parquet) set's url table grows as records load
+            grown = np.full(max(2 * len(self.sizes), uid + 1), self.UNSEEN, dtype=np.int64)
+            grown[: len(self.sizes)] = self.sizes
+            self.sizes = grown
+        self.sizes[uid] = size
+
+    def clip(self, uid: int, offset: int, length: int) -> int:
+        """The key's size: `length`, or what its object holds of the range once its size is known."""
+        size = self.get(uid)
+        return length if size < 0 or offset + length <= size else max(size - offset, 0)
 
     def found(self, i: int, uid: int, offset: int, length: int, object_size: int, url: str) -> None:
-        """Key i's object ends at `object_size` (or before it: an empty read past the end of an object
-        whose size no response told gives only that bound)."""
-        object_size = self.objects[uid] = min(object_size, self.objects.get(uid, object_size))
+        """Key i's range runs past its object's end, `object_size` (or an upper bound of it: an empty read
+        past the end of an object whose size no response told gives only that)."""
+        known = self.get(uid)
+        if known < 0 or object_size < known:
+            self.set(uid, object_size)
+        self.clipping = True
         if i in self._warned or len(self._warned) > self.MAX_WARNINGS:
             return
         self._warned.add(i)
-        served = self.clip(i, uid, offset, length)
         if len(self._warned) > self.MAX_WARNINGS:
             log.warning("more keys refer to bytes past their object's end (not logged; each serves the bytes "
                         "that exist)")
             return
         log.warning("key %r refers to %d bytes at offset %d of %s, whose object ends after %d bytes: serving the "
                     "%d bytes that exist (as fsspec does)", self.refset.key(i), length, offset, redact(url),
-                    object_size, served)
+                    self.get(uid), self.clip(uid, offset, length))
 
 
 class RawView:
@@ -371,32 +391,38 @@ class RawView:
         """The size without I/O, or None (a whole-file reference not yet looked up)."""
         uid, offset, length = self.refset.target(i)
         if length != WHOLE_FILE:
-            return self.past_end.clip(i, uid, offset, length) if self.past_end.objects else length
+            return self.past_end.clip(uid, offset, length) if self.past_end.clipping and uid >= 0 else length
         return self._whole_sizes.peek(uid)
 
     async def size(self, i: int) -> int:
         """The key's size: its reference's length, or less where its object is known to end before
-        the range does (see PastEnd). A local object's size is looked up (once) for that; a remote
-        one's is known once any response of its server told it."""
+        the range does (see PastEnd)."""
         uid, offset, length = self.refset.target(i)
         if length == WHOLE_FILE:
             known = self._whole_sizes.peek(uid)
             return known if known is not None else await self._whole_sizes.get(uid, self._object_size(uid))
         if uid == INLINE:
             return length
-        url = self.refset.urls[uid]
-        object_size = self.past_end.objects.get(uid)
-        if object_size is None:
-            object_size = self.fetcher.known_size(url)
-        if object_size is None and not is_remote(url):
-            try:
-                object_size = await self._whole_sizes.get(uid, self._object_size(uid))
-            except FetchError:
-                return length  # (a read reports why)
-        if object_size is not None and offset + length > object_size:
-            self.past_end.found(i, uid, offset, length, object_size, url)
-            return self.past_end.clip(i, uid, offset, length)
+        object_size = self.past_end.get(uid)
+        if object_size == PastEnd.UNSEEN:
+            object_size = await self._first_size(uid)
+        if offset + length > object_size >= 0:
+            self.past_end.found(i, uid, offset, length, object_size, self.refset.urls[uid])
+            return self.past_end.clip(uid, offset, length)
         return length
+
+    async def _first_size(self, uid: int) -> int:
+        """What is known of an object's size at the first stat of one of its keys: a local file's is
+        looked up (once); a remote one's only if a response told it already (no request is made)."""
+        url = self.refset.urls[uid]
+        size = self.fetcher.known_size(url)
+        if size is None and not is_remote(url):
+            try:
+                size = await self._whole_sizes.get(uid, self._object_size(uid))
+            except FetchError:
+                return PastEnd.UNSEEN  # (a read reports why; the next stat tries again)
+        self.past_end.set(uid, PastEnd.REMOTE_UNKNOWN if size is None else size)
+        return self.past_end.get(uid)
 
     def _object_size(self, uid: int):
         return lambda: self.fetcher.size(self.refset.urls[uid])
@@ -453,6 +479,10 @@ class RawView:
             data = await self.cache.read_exact(uid, base + offset, base + end)
         else:
             data = await self.cache.read(uid, base + offset, base + end)
+        if self.past_end.get(uid) < 0 and not whole:  # learn the object's size once a response told it
+            known = self.fetcher.known_size(self.refset.urls[uid])
+            if known is not None:
+                self.past_end.set(uid, known)
         if len(data) != end - offset:
             url = self.refset.urls[uid]
             # A short read: the object ends there (Fetcher.read), or before it if nothing came back.
