@@ -67,19 +67,25 @@ def force_unmount(path) -> None:
 class Mount:
     """A refmount daemon in --foreground, started and stopped by this test (by PID)."""
 
-    def __init__(self, refs, mountpoint: Path, args=(), log_path: Path | None = None, env=None):
+    def __init__(self, refs, mountpoint: Path, args=(), log_path: Path | None = None, env=None, cwd=None):
         self.refs = str(refs)
         self.path = Path(mountpoint)
         self.args = list(args)
         self.log_path = log_path or self.path.with_name(self.path.name + ".log")
         self.env = env
+        self.cwd = cwd  # the daemon's working directory (None: the test's)
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60.0) -> "Mount":
         self.path.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
         cmd = [*REFMOUNT, "mount", "--foreground", *self.args, self.refs, str(self.path)]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+        env = self.env
+        if self.cwd is not None:  # `python -m refmount` from elsewhere must still import this worktree's refmount
+            root = str(Path(__file__).resolve().parent.parent)
+            env = dict(os.environ if env is None else env)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -134,13 +140,13 @@ def mount(tmp_path):
     mounts: list[Mount] = []
     counter = iter(range(1000))
 
-    def make(refs, *args, env=None) -> Mount:
+    def make(refs, *args, env=None, cwd=None) -> Mount:
         n = next(counter)
         if isinstance(refs, dict):
             path = tmp_path / f"refs{n}.json"
             path.write_text(json.dumps(refs))
             refs = path
-        m = Mount(refs, tmp_path / f"mnt{n}", args, env=env)
+        m = Mount(refs, tmp_path / f"mnt{n}", args, env=env, cwd=cwd)
         mounts.append(m)
         return m.start()
 

@@ -48,6 +48,17 @@ def test_attributes_4_9_cannot_read_are_left_out_with_a_note():
     assert set(attrs) == {"_ARRAY_DIMENSIONS"} and len(notes) == 3
 
 
+def test_lists_of_objects_lists_or_nulls_are_left_out_objects_and_booleans_kept():
+    """What Debian's ncdump 4.9.0 fails the whole open on (measured): a list holding an object (OME's
+    "multiscales", which kerchunk's TIFF reader writes), a list or null. An object alone is read as
+    its JSON text, and booleans as ubytes."""
+    multiscales = [{"datasets": [{"path": "0"}, {"path": "1"}], "version": "0.1"}]
+    attrs, notes = served_attributes({"multiscales": multiscales, "nested": [[1, 2]], "holes": [1, None],
+                                      "object": {"a": [1]}, "flags": [True, False]}, None, None)
+    assert set(attrs) == {"object", "flags"}
+    assert len(notes) == 3 and all("a list of objects, lists or nulls" in n for n in notes)
+
+
 def test_text_is_served_as_the_set_holds_it():
     # kerchunk writes "" as " ", but a real " " exists too (netCDF-C's own ref_nulls.cdl): no guessing
     attrs, _ = served_attributes({"space": " ", "text": "héllo", "empty": ""}, None, None)

@@ -361,3 +361,40 @@ def test_batch_key_hashes_equal_single_key_hashes(monkeypatch):
     hashes = model.key_hashes(b"".join(keys), np.array([len(k) for k in keys]))
     assert hashes.tolist() == [model.key_hash(k) for k in keys]
     assert len(set(hashes.tolist())) == len(set(keys))
+
+
+# -- trailing commas (GDAL accepts them; its own json_ref_v1_min has one) ----------------------------
+
+@pytest.mark.parametrize("text, expected", [
+    ('{"a": "x",}', {"a": b"x"}),
+    ('{"version": 1, "refs": {"a": "x"},}', {"a": b"x"}),
+    ('{"version": 1, "refs": {"a": "x",},}', {"a": b"x"}),
+    ('{"refs": {"a": "x"}, "version": 1,}', {"a": b"x"}),
+    ('{"version": 1, "refs": {"a": ["/u", 0, 1,]}}', {"a": ["/u", 0, 1]}),
+    ('{"a": {"b": [1, 2,],},}', {"a": b'{"b":[1,2]}'}),
+    ('{"a": "text ,} inside a string",}', {"a": b"text ,} inside a string"}),
+    ('{"a": "escaped quote \\\\",}', {"a": b"escaped quote \\"}),
+])
+def test_trailing_commas_are_accepted_with_a_warning(tmp_path, caplog, text, expected):
+    path = tmp_path / "refs.json"
+    path.write_text(text)
+    assert load_refs(str(path)).to_dict() == expected
+    assert "trailing comma" in caplog.text and "accepted, as GDAL accepts them" in caplog.text
+
+
+@pytest.mark.parametrize("text", ['{"a": "x",,}', '{,}', '{"a": [1,,]}', '{"a": "x" "b": "y",}'])
+def test_other_broken_json_still_fails_in_one_line(tmp_path, text):
+    path = tmp_path / "refs.json"
+    path.write_text(text)
+    with pytest.raises(RefsError, match="not valid JSON"):
+        load_refs(str(path))
+
+
+def test_trailing_comma_from_a_pipe_says_why_it_is_refused(tmp_path):
+    from tests.conftest import run_refmount
+
+    result = run_refmount("mount", "--dry-run", "-", str(tmp_path), input='{"a": "x",}')
+    assert result.returncode != 0
+    assert result.stderr.strip() == ("refmount: reference file is not valid JSON near byte 9: trailing comma is not "
+                                     "allowed (accepted as GDAL accepts it only from a file, which can be read twice, "
+                                     "not from a pipe)")

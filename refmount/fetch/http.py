@@ -369,6 +369,8 @@ class HttpBackend:
                     total = _total_from(resp.headers.get("Content-Range", ""))
                     if total is not None and start < total:
                         raise _Retry(f"416 for a range inside the object ({total} bytes)")
+                    if total is not None:  # the object's size (and a check that it is the version seen)
+                        self._check_response(url, resp.headers, total)
                     pieces = []
                 elif status == 412 and self._conditions(url):
                     raise RemoteChanged(f"{redact(url)}: the remote object changed while mounted "

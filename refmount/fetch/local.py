@@ -79,8 +79,9 @@ class LocalBackend:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def known_size(self, url: str) -> int | None:
-        entry = self._fds.get(self.path_of(url))
-        return entry[1] if entry is not None else None
+        """The size seen when the file was first opened (a later change fails its reads), or None."""
+        first = self._first_seen.get(self.path_of(url))
+        return first[0] if first is not None else None
 
     def size(self, url: str) -> int:
         return self._open(url)[1]

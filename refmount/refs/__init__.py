@@ -52,14 +52,21 @@ def _load(location, remote_options, max_keys, progress, max_refs_size, version=N
     if is_icechunk_location(location, remote_options, version):
         return load_icechunk(location, remote_options=remote_options, version=version, max_keys=max_keys)
     reject_version(location, version)
+    from refmount.refs.zarrstore import is_zarr_store, load_zarr_store
+
+    if is_zarr_store(location):
+        return load_zarr_store(location, max_keys=max_keys, max_bytes=max_refs_size)
     if is_parquet_location(location, remote_options):
         from refmount.refs.parquet import load_parquet
 
         return load_parquet(location, remote_options=remote_options or {}, max_keys=max_keys,
                             max_bytes=max_refs_size)
+    from refmount.refs.relative import resolve_builder_urls
+
     builder = RefSetBuilder(max_keys, max_refs_size)
     try:
         load_json(lambda: open_reference_file(location, remote_options), builder, progress=progress)
+        resolve_builder_urls(builder, location)
         return builder.build()
     except RefmountError:
         raise

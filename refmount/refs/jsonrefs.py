@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import logging
 import os
 import stat
 from itertools import compress
@@ -14,11 +15,13 @@ import numpy as np
 import orjson
 
 from refmount.errors import RefsError, quote
-from refmount.refs.jsonstream import PIECE_BYTES, Converted, iter_pieces
-from refmount.refs.limits import deadline_held
+from refmount.refs.jsonstream import PIECE_BYTES, Converted, TrailingComma, iter_pieces, without_trailing_commas
+from refmount.refs.limits import RefsTooBig, deadline_held
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSetBuilder
 from refmount.refs.rangescan import Ranges, scan_ranges
 from refmount.refs.templates import TemplateSet, expand_gen
+
+log = logging.getLogger("refmount")
 
 V1_SECTIONS = ("version", "templates", "gen", "refs")
 PARALLEL_AFTER_BYTES = 8 << 20  # smaller refs objects are not worth starting worker processes
@@ -222,7 +225,30 @@ def _version_of(value) -> int:
 
 def load_json(open_stream, builder: RefSetBuilder, *, piece_bytes: int = PIECE_BYTES, progress=None,
               parallel: bool = True) -> int:
-    """Fill `builder` from the JSON text that `open_stream()` yields; returns the spec version."""
+    """Fill `builder` from the JSON text that `open_stream()` yields; returns the spec version.
+
+    A comma before a closing '}' or ']' is not JSON, but GDAL reads such sets (its own kerchunk test
+    set has one), and a reader of the set cannot tell what else it could mean: the text is read
+    again without those commas (once, in memory, within --max-refs-size), with a warning."""
+    try:
+        return _load_versions(open_stream, builder, piece_bytes, progress, parallel)
+    except TrailingComma as e:
+        first_error = e
+    with open_stream() as stream:
+        text = stream.read() if builder.max_bytes is None else stream.read(builder.max_bytes + 1)
+    if builder.max_bytes is not None and len(text) > builder.max_bytes:
+        raise RefsTooBig(builder.max_bytes)
+    text, commas = without_trailing_commas(text)
+    if not commas:  # a pipe (stdin) cannot be read twice
+        raise RefsError(f"{first_error} (accepted as GDAL accepts it only from a file, which can be read twice, "
+                        "not from a pipe)") from None
+    log.warning("the reference file is not valid JSON: %d trailing comma%s (before a closing '}' or ']') "
+                "accepted, as GDAL accepts them", commas, "" if commas == 1 else "s")
+    builder.__init__(builder.max_keys, builder.max_bytes)
+    return _load_versions(lambda: io.BytesIO(text), builder, piece_bytes, progress, parallel)
+
+
+def _load_versions(open_stream, builder, piece_bytes, progress, parallel) -> int:
     try:
         return _load(open_stream, builder, None, piece_bytes, progress, parallel)
     except _Restart as restart:

@@ -134,11 +134,35 @@ def _byte_pos(text: bytes, char_pos: int) -> int:
     return len(text.decode("utf-8", "surrogateescape")[:char_pos].encode("utf-8", "surrogateescape"))
 
 
+class TrailingComma(RefsError):
+    """The text has a comma just before a closing '}' or ']': not JSON, but GDAL (json-c, and its
+    own streaming parser) reads it, and GDAL's own kerchunk test set has one."""
+
+
 def _malformed(window: _Window, pos: int, detail: str = "") -> RefsError:
     where = f" near byte {pos}"
     if window.eof and pos >= window.end - 1:
         return RefsError(f"reference file is not valid JSON: it ends early (truncated?){where}")
-    return RefsError(f"reference file is not valid JSON{where}{': ' + detail if detail else ''}")
+    kind = TrailingComma if "trailing comma" in detail else RefsError
+    return kind(f"reference file is not valid JSON{where}{': ' + detail if detail else ''}")
+
+
+_STRING_OR_TRAILING_COMMA = re.compile(rb'"(?:[^"\\]|\\.)*"|(,)[ \t\r\n]*[}\]]')
+
+
+def without_trailing_commas(text: bytes) -> tuple[bytes, int]:
+    """`text` less every comma that stands just before a closing '}' or ']' outside strings, and
+    how many there were."""
+    commas = [m.start(1) for m in _STRING_OR_TRAILING_COMMA.finditer(text) if m.start(1) >= 0]
+    if not commas:
+        return text, 0
+    parts = []
+    last = 0
+    for at in commas:
+        parts.append(text[last:at])
+        last = at + 1
+    parts.append(text[last:])
+    return b"".join(parts), len(commas)
 
 
 _MEMBER_KEY = re.compile(rb'[ \t\r\n]*("(?:[^"\\]|\\.)*")')
@@ -310,7 +334,10 @@ def iter_pieces(stream, piece_bytes: int = PIECE_BYTES, progress=None, descend: 
         nxt = window.skip_ws(end)
         c = window.char(nxt)
         if c == b",":
-            return window.skip_ws(nxt + 1)
+            after = window.skip_ws(nxt + 1)
+            if window.char(after) == b"}":
+                raise _malformed(window, nxt, "trailing comma is not allowed")
+            return after
         if c == b"}":
             return nxt
         raise _malformed(window, nxt, "expected ',' or '}' after \"refs\"")

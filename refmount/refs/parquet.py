@@ -27,6 +27,7 @@ from refmount.cache.lru import SingleFlightLRU
 from refmount.refs.jsonrefs import add_mapping
 from refmount.refs.limits import RefsTooBig
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
+from refmount.refs.relative import RelativeTargets, base_of
 from refmount.fetch.protocols import is_remote, local_path
 from refmount.refs.source import fsspec_options
 
@@ -126,6 +127,7 @@ class ParquetRefSet:
         self.record_size = record_size
         self.remote_options = remote_options
         self.url_check = None  # optional callable(url) raising RefmountError (protocol policy)
+        self._relative = RelativeTargets(location)
         self._records = SingleFlightLRU(loaded_records)  # (array dir id, record number) -> _Record
         self.arrays: list[_Array] = []
         self._array_of_dir: dict[int, _Array] = {}
@@ -303,9 +305,12 @@ class ParquetRefSet:
             return _Record(np.zeros(0, dtype=np.int32), empty, empty, {})
         except Exception as e:  # pyarrow raises many kinds for corrupt files
             raise RefsError(f"Parquet record file {quote(path)} cannot be read: {type(e).__name__}: {e}") from None
-        return record_from_table(table, path, self._intern)
+        return record_from_table(table, path, lambda urls: self._intern(urls, base_of(path)))
 
-    def _intern(self, urls: list) -> np.ndarray:
+    def _intern(self, urls: list, base: str) -> np.ndarray:
+        """Url ids of a record file's distinct paths (None: no path), relative ones resolved
+        against the record file's directory (as GDAL resolves them)."""
+        urls = self._relative.resolve_all(urls, base)
         ids = np.full(len(urls), MISSING, dtype=np.int32)
         with self._intern_lock:
             for url in dict.fromkeys(urls):

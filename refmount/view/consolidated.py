@@ -23,10 +23,14 @@ def consolidated_metadata(refset, served_json) -> bytes:
     index i, or None when it is hidden or cannot be read without I/O."""
     entries = {}
     unread = []
-    for path in refset.dirs.paths:
-        if path.rpartition("/")[2].isdigit():
-            continue  # a chunk subdirectory ("/" separator): no metadata lives there
+    dirs = refset.dirs
+    in_array = [False] * len(dirs.paths)  # inside an array: a chunk subdirectory ("/" separator)
+    for d, path in enumerate(dirs.paths):  # (a directory's parent comes before it)
+        if d and in_array[dirs.parent[d]]:
+            in_array[d] = True
+            continue  # no metadata lives there (an array's name may be digits: kerchunk's TIFF levels 0, 1, 2)
         prefix = f"{path}/" if path else ""
+        in_array[d] = refset.find(prefix + ".zarray") >= 0
         for name in METADATA_NAMES:
             i = refset.find(prefix + name)
             if i < 0:

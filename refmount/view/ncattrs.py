@@ -23,9 +23,12 @@ otherwise get a type wrong, and only for types we know:
 
 from __future__ import annotations
 
+import base64
 import math
 
 import numpy as np
+
+from refmount.errors import quote
 
 HINT_49 = "_NCZARR_ATTR"  # read (and hidden) by netCDF-C 4.9.x
 HINT_410 = "_nczarr_attr"  # read (and hidden) by netCDF-C >= 4.10
@@ -35,6 +38,18 @@ VARIABLE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "vali
 PACKING = ("scale_factor", "add_offset")  # CF: both have the type of the unpacked data
 _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _INT_LADDER_49 = [np.dtype(t) for t in ("i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8")]
+
+
+def base64_fill(value, dtype: np.dtype) -> float | None:
+    """xarray writes a float `_FillValue` attribute of Zarr v3 as base64 of its float64 bytes, and
+    VirtualiZarr 2.8 writes it so into Zarr v2 (kerchunk) attributes too: the number, or None."""
+    if dtype.kind != "f" or not isinstance(value, str):
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except ValueError:
+        return None
+    return float(np.frombuffer(raw, "<f8")[0]) if len(raw) == 8 else None
 
 
 def fill_number(fill, dtype: np.dtype):
@@ -104,8 +119,22 @@ def _packing_is_float32(attrs: dict) -> bool:
     return bool(items) and None not in items and _float32_values(items)
 
 
+def _fails_49(value) -> bool:
+    """netCDF-C 4.9.0 fails the whole open on this attribute value, whatever the hints say: null, an
+    empty list, or a list holding anything but numbers and booleans (strings, objects, lists, null;
+    kerchunk's TIFF reader writes OME's "multiscales", a list of objects)."""
+    return value is None or value == [] or (
+        isinstance(value, list) and any(v is None or isinstance(v, (str, dict, list)) for v in value))
+
+
 def _kind(value) -> str:
-    return "a null" if value is None else "an empty list" if value == [] else "a list of strings"
+    if value is None:
+        return "a null"
+    if value == []:
+        return "an empty list"
+    if any(isinstance(v, str) for v in value):
+        return "a list of strings"
+    return "a list of objects, lists or nulls"
 
 
 def _guess_49(items: list) -> np.dtype:
@@ -144,6 +173,15 @@ def served_attributes(zattrs: dict, dtype: np.dtype | None, fill) -> tuple[dict,
              for key in HINT_KEYS}
     notes = []
     numeric = dtype is not None and dtype.kind in "biuf"
+    if numeric and isinstance(attrs.get("_FillValue"), str):
+        # a text _FillValue on a numeric variable makes netCDF-C 4.10 abort its caller (an assertion):
+        # served as the number it encodes, or left out
+        number = base64_fill(attrs["_FillValue"], dtype)
+        if number is None:
+            notes.append(f"attribute '_FillValue' left out: {quote(attrs.pop('_FillValue'), 40)} is text on a "
+                         "numeric variable (netCDF-C 4.10 aborts on it); the raw view keeps it")
+        else:
+            attrs["_FillValue"] = number
     if numeric and "_FillValue" not in attrs:
         number = fill_number(fill, dtype)
         if number is not None:
@@ -151,9 +189,8 @@ def served_attributes(zattrs: dict, dtype: np.dtype | None, fill) -> tuple[dict,
     for name, value in list(attrs.items()):
         if name == "_ARRAY_DIMENSIONS":
             continue
-        # netCDF-C 4.9.0 fails the whole open on a list of strings or an empty list, whatever the
-        # hints say; null is dropped by 4.9.0 and read as the text "null" by 4.10
-        if value is None or value == [] or isinstance(value, list) and any(isinstance(v, str) for v in value):
+        # null is dropped by 4.9.0 and read as the text "null" by 4.10
+        if _fails_49(value):
             del attrs[name]
             notes.append(f"attribute {name!r} left out: netCDF-C 4.9.0 cannot read {_kind(value)} attribute "
                          "(it fails the whole open); the raw view keeps it")

@@ -7,8 +7,10 @@ which keys/directories are hidden, each file's size, its bytes, and its extended
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 
+import numpy as np
 import trio
 
 from refmount.cache.budget import MemoryBudget
@@ -16,8 +18,10 @@ from refmount.cache.blocks import BlockCache
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, redact
 from refmount.cache.lru import SingleFlightLRU
+from refmount.fetch.protocols import is_remote
 from refmount.refs import INLINE, WHOLE_FILE, RefSet
 
+log = logging.getLogger("refmount")
 
 _ACTIVE = 1.0  # seconds since its last read for which a stream counts as reading
 # Whole read-ahead parts take these quarters of the part size in turn. Parts of one size started
@@ -292,6 +296,65 @@ class ReadStreams:
                 stream.next_block = stream.reached // bs  # its lead no longer counts
 
 
+class PastEnd:
+    """Keys whose byte range runs past the end of their object, served as fsspec serves them: the
+    bytes that exist. kerchunk's GRIB scanner writes such ranges (`["{{u}}", 0, 1653931904]` for a
+    2772-byte file), and cfgrib's codec decodes what exists.
+
+    A key's size is its reference's length until the object's size is known, then what the object
+    holds of the range (0 if it starts past the end), so that a stat after the first read agrees
+    with what reads return: local objects' sizes are looked up at the first stat of one of their keys,
+    a remote object's comes with the first response of its server. One warning per key names it and
+    both lengths. An object whose validators changed while mounted still fails with EIO (the
+    fetcher raises RemoteChanged before any bytes are served).
+
+    Object sizes are kept per url id in a growing int64 array (8 bytes per url; a stat costs an
+    array lookup, not a call into the fetcher): UNSEEN, REMOTE_UNKNOWN (remote, no response told its
+    size yet) or the size."""
+
+    UNSEEN, REMOTE_UNKNOWN = -2, -1
+    MAX_WARNINGS = 20
+
+    def __init__(self, refset) -> None:
+        self.refset = refset
+        self.sizes = np.full(max(len(refset.urls), 1), self.UNSEEN, dtype=np.int64)
+        self.clipping = False  # some object ends before a key's range does
+        self._warned: set[int] = set()
+
+    def get(self, uid: int) -> int:
+        return self.sizes.item(uid) if uid < len(self.sizes) else self.UNSEEN
+
+    def set(self, uid: int, size: int) -> None:
+        if uid >= len(self.sizes):  # a lazy (Parquet) set's url table grows as records load
+            grown = np.full(max(2 * len(self.sizes), uid + 1), self.UNSEEN, dtype=np.int64)
+            grown[: len(self.sizes)] = self.sizes
+            self.sizes = grown
+        self.sizes[uid] = size
+
+    def clip(self, uid: int, offset: int, length: int) -> int:
+        """The key's size: `length`, or what its object holds of the range once its size is known."""
+        size = self.get(uid)
+        return length if size < 0 or offset + length <= size else max(size - offset, 0)
+
+    def found(self, i: int, uid: int, offset: int, length: int, object_size: int, url: str) -> None:
+        """Key i's range runs past its object's end, `object_size` (or an upper bound of it: an empty read
+        past the end of an object whose size no response told gives only that)."""
+        known = self.get(uid)
+        if known < 0 or object_size < known:
+            self.set(uid, object_size)
+        self.clipping = True
+        if i in self._warned or len(self._warned) > self.MAX_WARNINGS:
+            return
+        self._warned.add(i)
+        if len(self._warned) > self.MAX_WARNINGS:
+            log.warning("more keys refer to bytes past their object's end (not logged; each serves the bytes "
+                        "that exist)")
+            return
+        log.warning("key %r refers to %d bytes at offset %d of %s, whose object ends after %d bytes: serving the "
+                    "%d bytes that exist (as fsspec does)", self.refset.key(i), length, offset, redact(url),
+                    self.get(uid), self.clip(uid, offset, length))
+
+
 class RawView:
     name = "raw"
     hides_nothing = True  # listings may skip asking hidden() per key
@@ -310,6 +373,7 @@ class RawView:
         # only, so with it every read goes by blocks.)
         self.small_chunk = cache.block_size // 4 if exact_small_reads else 0
         self._whole_sizes = SingleFlightLRU(1 << 62)  # url id -> size of the whole remote object (all kept)
+        self.past_end = PastEnd(refset)  # objects that end before a key's range does
         self.bytes_served = 0  # what readers got from remote objects (fetched / served = amplification)
         self.reads_served = 0
 
@@ -325,17 +389,43 @@ class RawView:
 
     def known_size(self, i: int) -> int | None:
         """The size without I/O, or None (a whole-file reference not yet looked up)."""
-        uid, _, length = self.refset.target(i)
+        uid, offset, length = self.refset.target(i)
         if length != WHOLE_FILE:
-            return length
+            return self.past_end.clip(uid, offset, length) if self.past_end.clipping and uid >= 0 else length
         return self._whole_sizes.peek(uid)
 
     async def size(self, i: int) -> int:
-        known = self.known_size(i)
-        if known is not None:
-            return known
-        uid = self.refset.target(i)[0]
-        return await self._whole_sizes.get(uid, lambda: self.fetcher.size(self.refset.urls[uid]))
+        """The key's size: its reference's length, or less where its object is known to end before
+        the range does (see PastEnd)."""
+        uid, offset, length = self.refset.target(i)
+        if length == WHOLE_FILE:
+            known = self._whole_sizes.peek(uid)
+            return known if known is not None else await self._whole_sizes.get(uid, self._object_size(uid))
+        if uid == INLINE:
+            return length
+        object_size = self.past_end.get(uid)
+        if object_size == PastEnd.UNSEEN:
+            object_size = await self._first_size(uid)
+        if offset + length > object_size >= 0:
+            self.past_end.found(i, uid, offset, length, object_size, self.refset.urls[uid])
+            return self.past_end.clip(uid, offset, length)
+        return length
+
+    async def _first_size(self, uid: int) -> int:
+        """What is known of an object's size at the first stat of one of its keys: a local file's is
+        looked up (once); a remote one's only if a response told it already (no request is made)."""
+        url = self.refset.urls[uid]
+        size = self.fetcher.known_size(url)
+        if size is None and not is_remote(url):
+            try:
+                size = await self._whole_sizes.get(uid, self._object_size(uid))
+            except FetchError:
+                return PastEnd.UNSEEN  # (a read reports why; the next stat tries again)
+        self.past_end.set(uid, PastEnd.REMOTE_UNKNOWN if size is None else size)
+        return self.past_end.get(uid)
+
+    def _object_size(self, uid: int):
+        return lambda: self.fetcher.size(self.refset.urls[uid])
 
     # -- bytes ------------------------------------------------------------------------------------
 
@@ -389,9 +479,19 @@ class RawView:
             data = await self.cache.read_exact(uid, base + offset, base + end)
         else:
             data = await self.cache.read(uid, base + offset, base + end)
+        if self.past_end.get(uid) < 0 and not whole:  # learn the object's size once a response told it
+            known = self.fetcher.known_size(self.refset.urls[uid])
+            if known is not None:
+                self.past_end.set(uid, known)
         if len(data) != end - offset:
-            raise FetchError(f"{redact(self.refset.urls[uid])}: the object ends before byte {base + end} "
-                             f"that key {self.refset.key(i)!r} refers to")
+            url = self.refset.urls[uid]
+            # A short read: the object ends there (Fetcher.read), or before it if nothing came back.
+            ends = base + offset + len(data)
+            known = self.fetcher.known_size(url)
+            if whole or (known is not None and known != ends and (len(data) > 0 or known > ends)):
+                raise FetchError(f"{redact(url)}: the object ends before byte {base + end} "
+                                 f"that key {self.refset.key(i)!r} refers to")
+            self.past_end.found(i, uid, base, ref_length, known if known is not None else ends, url)
         self.bytes_served += end - offset
         self.reads_served += 1
         return data

@@ -36,6 +36,7 @@ from numcodecs.compat import ensure_contiguous_ndarray
 from numcodecs.registry import register_codec
 
 from refmount.refs.model import INLINE, RefSet, RefSetBuilder
+from refmount.view.ncattrs import base64_fill
 from refmount.view.shards import ShardLayout, UnsupportedSharding
 
 log = logging.getLogger("refmount")
@@ -106,15 +107,8 @@ def v2_fill(fill, dtype: np.dtype):
 def decoded_attribute_fill(attrs: dict, dtype: np.dtype) -> dict:
     """xarray writes a float `_FillValue` into v3 attributes as base64 of its float64 bytes; netCDF-C
     needs a number."""
-    fill = attrs.get("_FillValue")
-    if dtype.kind == "f" and isinstance(fill, str):
-        try:
-            raw = base64.b64decode(fill, validate=True)
-        except ValueError:
-            return attrs
-        if len(raw) == 8:
-            return {**attrs, "_FillValue": float(np.frombuffer(raw, "<f8")[0])}
-    return attrs
+    number = base64_fill(attrs.get("_FillValue"), dtype)
+    return attrs if number is None else {**attrs, "_FillValue": number}
 
 
 def _bytes_codec(config: dict) -> dict:
