@@ -13,6 +13,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import os
+from datetime import timezone
 
 from refmount.errors import FetchError
 from refmount.fetch import redact
@@ -44,7 +45,9 @@ async def current_validators(fetcher, url: str) -> tuple[str | None, float | Non
     if modified is None and identity and " modified " in identity:
         modified = identity.rsplit(" modified ", 1)[1]
     seconds = None
-    if modified is not None:
+    if hasattr(modified, "timestamp"):  # a datetime (s3fs)
+        seconds = modified.timestamp() if modified.tzinfo else modified.replace(tzinfo=timezone.utc).timestamp()
+    elif modified is not None:
         try:
             seconds = email.utils.parsedate_to_datetime(str(modified)).timestamp()
         except (TypeError, ValueError):
