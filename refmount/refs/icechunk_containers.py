@@ -58,6 +58,11 @@ class Container:
     store: str  # store type, "" for a container re-pointed by the user
     options: dict = field(default_factory=dict)
 
+    @property
+    def matchable(self) -> str:
+        """The prefix as urls are matched against it (a prefix may be written percent-encoded, or not)."""
+        return _matchable(self.prefix)
+
     def describe(self) -> str:
         return quote(self.prefix) + (f" (container {self.name!r})" if self.name else "")
 
@@ -143,7 +148,7 @@ class Containers:
             containers.append(Container(prefix, name, ""))
             log.info("Icechunk repository %s: virtual chunk container %r re-pointed to %s", location, name, prefix)
         self.by_name = {c.name: c for c in containers if c.name}
-        self.containers = sorted(containers, key=lambda c: -len(c.prefix))  # longest prefix first
+        self.containers = sorted(containers, key=lambda c: -len(c.matchable))  # longest prefix first
 
     def resolve(self, location: str, array_path: str) -> str:
         """The url refmount fetches for a chunk location, or a one-line error naming it."""
@@ -164,15 +169,16 @@ class Containers:
                 absolute, container = restored
         if container is None:
             raise RefsError(f"{where} is not under any virtual chunk container of the repository's configuration")
+        url = fetch_url(absolute, where)
         self.used.setdefault(container.prefix, container)
-        return fetch_url(absolute, where)
+        return url
 
     def _match(self, url: str) -> Container | None:
         try:
             matchable = _matchable(url)
         except ValueError:
             return None
-        return next((c for c in self.containers if matchable.startswith(c.prefix)), None)
+        return next((c for c in self.containers if matchable.startswith(c.matchable)), None)
 
     def _port_restored(self, url: str) -> tuple[str, Container] | None:
         """Icechunk before 2.1 stored virtual urls without their port (http://host:8080/x.nc as
