@@ -198,12 +198,18 @@ def _decompressor(manifest: Table):
 
 
 def _decimal_columns(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ASCII digits of non-negative ints, right-aligned in a fixed width, and which bytes are digits."""
+    """ASCII digits of non-negative ints, right-aligned in a fixed width, and which bytes are digits
+    (made a digit column at a time: no n x width array of int64)."""
+    values = values.astype(np.int64, copy=False)
     width = len(str(int(values.max()))) if len(values) else 1
-    powers = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
-    digits = (values[:, None] // powers % 10 + 48).astype(np.uint8)
-    used = np.maximum((values[:, None] >= powers).sum(axis=1), 1)
-    return digits, np.arange(width) >= width - used[:, None]
+    digits = np.empty((len(values), width), np.uint8)
+    used = np.empty((len(values), width), bool)
+    for k in range(width):
+        power = 10 ** (width - 1 - k)
+        digits[:, k] = values // power % 10 + 48
+        used[:, k] = values >= power
+    used[:, -1] = True  # (0 has one digit)
+    return digits, used
 
 
 def chunk_key_batches(prefix: str, coords: np.ndarray, separator: str):
@@ -235,11 +241,13 @@ def chunk_key_batches(prefix: str, coords: np.ndarray, separator: str):
         yield blob[start : int(ends[stop - 1]) - 1], first, stop
 
 
-def _virtual_group(cols: TableColumns, which_refs: np.ndarray, start: np.ndarray, count: np.ndarray,
-                   decompressor, array: _Array, locations: _Locations) -> tuple[list[str], np.ndarray]:
-    """(urls, index into them of each ref) of the virtual refs `which_refs`, their locations at
-    (start, count) in the buffer, compressed or not."""
-    distinct, which = cols.strings(start[which_refs], count[which_refs])
+def _virtual_urls(cols: TableColumns, refs: np.ndarray, field: int, decompressor, array: _Array,
+                  locations: _Locations) -> tuple[list[str], np.ndarray]:
+    """(urls, index into them of each ref) of the virtual refs `refs`, whose location is in `field`
+    (compressed with the manifest's dictionary if `decompressor`)."""
+    start, count = cols.vectors(field, refs)
+    distinct, which = cols.strings(start, count)
+    del start, count
     if decompressor is not None:
         import zstandard
 
@@ -256,19 +264,20 @@ def _virtual_group(cols: TableColumns, which_refs: np.ndarray, start: np.ndarray
     return locations.urls(distinct, array.path), which
 
 
-def _note_checksums(cols: TableColumns, mem: memoryview, refs: np.ndarray, urls: list[str], which: np.ndarray,
+def _note_checksums(cols: TableColumns, refs: np.ndarray, urls: list[str], which: np.ndarray,
                     checksums: _Checksums) -> None:
-    modified = cols.scalar_u32(_CHUNK_MODIFIED)[refs]
+    modified = cols.scalar_u32(_CHUNK_MODIFIED, refs)
     dated = modified > 0
     if dated.any():
         oldest = np.full(len(urls), np.iinfo(np.int64).max, np.int64)
         np.minimum.at(oldest, which[dated], modified[dated])
         for j in np.flatnonzero(oldest < np.iinfo(np.int64).max).tolist():
             checksums.add(urls[j], None, int(oldest[j]))
-    etag_start, etag_count = cols.vectors(_CHUNK_ETAG)
-    for k in np.flatnonzero(etag_count[refs] > 0).tolist():
-        a, c = int(etag_start[refs[k]]), int(etag_count[refs[k]])
-        checksums.add(urls[which[k]], bytes(mem[a : a + c]).decode("utf-8", "replace"), 0)
+    del modified, dated
+    etag_start, etag_count = cols.vectors(_CHUNK_ETAG, refs)
+    for k in np.flatnonzero(etag_count > 0).tolist():
+        a, c = int(etag_start[k]), int(etag_count[k])
+        checksums.add(urls[which[k]], bytes(cols.buf[a : a + c]).decode("utf-8", "replace"), 0)
 
 
 def _within(coords: np.ndarray, extents: list[tuple[int, int]]) -> np.ndarray | None:
@@ -276,90 +285,111 @@ def _within(coords: np.ndarray, extents: list[tuple[int, int]]) -> np.ndarray | 
     (Icechunk looks a chunk up only in the manifest whose extents hold it.)"""
     if not extents or len(extents) != coords.shape[1]:
         return None
-    lo = np.array([e[0] for e in extents], np.int64)
-    hi = np.array([e[1] for e in extents], np.int64)
-    keep = ((coords >= lo) & (coords < hi)).all(axis=1)
+    keep = np.ones(len(coords), bool)
+    for j, (lo, hi) in enumerate(extents):
+        keep &= (coords[:, j] >= lo) & (coords[:, j] < hi)
     return None if keep.all() else keep
 
 
-def _add_array_chunks(builder: RefSetBuilder, files: RepoFiles, array: _Array, manifest: Table, vector_pos: int,
-                      extents: list[tuple[int, int]], locations: _Locations, checksums: _Checksums) -> int:
+@dataclass
+class _Chunks:
+    """One array's chunk references out of one manifest, in arrays of their own (the manifest's
+    buffer can go before the keys are made)."""
+
+    array: _Array
+    coords: np.ndarray  # (n, ndim) uint32
+    url_ids: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    inline: dict[int, bytes]
+
+
+def _read_chunks(builder: RefSetBuilder, files: RepoFiles, array: _Array, manifest: Table, vector_pos: int,
+                 extents: list[tuple[int, int]], locations: _Locations, checksums: _Checksums) -> _Chunks | None:
+    """The chunk references of `array` in a manifest (its ChunkRef vector at `vector_pos`), read
+    column by column: each kind (native, virtual, inline) only where it is."""
     buf = manifest.buf
     cols = TableColumns(buf, vector_pos)
     n = cols.n
     if n == 0:
-        return 0
-    mem = memoryview(buf)
+        return None
     index_start, index_count = cols.vectors(_CHUNK_INDEX)
     if (index_count != array.ndim).any() and not (array.ndim == 0 and (index_count <= 0).all()):
         raise RefsError(f"array {quote(array.path or '/')}: a manifest chunk index does not have "
                         f"{array.ndim} dimensions")
-    if array.ndim:
-        coords = cols.u32((index_start[:, None] + 4 * np.arange(array.ndim)).reshape(-1)).reshape(n, array.ndim)
-    else:
-        coords = np.zeros((n, 0), np.int64)
-    offsets = cols.scalar_u64(_CHUNK_OFFSET).astype(np.int64)
-    lengths = cols.scalar_u64(_CHUNK_LENGTH).astype(np.int64)
+    coords = np.empty((n, array.ndim), np.uint32)
+    for j in range(array.ndim):
+        coords[:, j] = cols.u32(index_start + 4 * j)
+    del index_start, index_count
+    keep = _within(coords, extents)
+    rows = None if keep is None else np.flatnonzero(keep)
+    if rows is not None:
+        coords, n = coords[rows], len(rows)
+        if n == 0:
+            return None
+        # (from here on, only the tables kept: `rows` maps their order to the manifest's)
+        cols.pos, cols.vt, cols.vt_size = cols.pos[rows], cols.vt[rows], cols.vt_size[rows]
+        cols.n = n
+    offsets = cols.scalar_u64(_CHUNK_OFFSET).view(np.int64)
+    lengths = cols.scalar_u64(_CHUNK_LENGTH).view(np.int64)
     url_ids = np.full(n, INLINE, np.int32)
 
     # Which kind each ref is, in Icechunk's order: a chunk id, else a compressed location, else a
     # location, else inline bytes.
-    native = cols.field(_CHUNK_ID)
-    is_native = native > 0
-    comp_start, comp_count = cols.vectors(_CHUNK_COMPRESSED_LOCATION)
-    is_compressed = ~is_native & (comp_count >= 0)
-    loc_start, loc_count = cols.vectors(_CHUNK_LOCATION)
-    is_plain = ~is_native & ~is_compressed & (loc_count >= 0)
-    inline_start, inline_count = cols.vectors(_CHUNK_INLINE)
-    is_inline = ~is_native & ~is_compressed & ~is_plain & (inline_count >= 0)
-
-    has_native = np.flatnonzero(is_native)
-    if len(has_native):
-        ids = cols._gather(native[has_native], 12)
-        urls = [files.url("chunks/" + object_id(row.tobytes())) for row in ids]
-        url_ids[has_native] = builder.url_ids(urls)
-
-    for mask, start, count, decompressor in ((is_plain, loc_start, loc_count, None),
-                                             (is_compressed, comp_start, comp_count, "dictionary")):
-        refs = np.flatnonzero(mask)
-        if not len(refs):
-            continue
-        if decompressor is not None:
-            decompressor = _decompressor(manifest)
-            if decompressor is None:
-                raise RefsError(f"array {quote(array.path or '/')}: compressed virtual chunk locations in a "
-                                "manifest without a location dictionary")
-        urls, which = _virtual_group(cols, refs, start, count, decompressor, array, locations)
-        url_ids[refs] = builder.url_ids(urls)[which]
-        _note_checksums(cols, mem, refs, urls, which, checksums)
-
-    inline: dict[int, bytes] = {}
-    for k in np.flatnonzero(is_inline).tolist():
-        a = int(inline_start[k])
-        inline[k] = bytes(mem[a : a + int(inline_count[k])])
-        lengths[k] = len(inline[k])
-
+    is_native = cols.present(_CHUNK_ID)
+    is_compressed = ~is_native & cols.present(_CHUNK_COMPRESSED_LOCATION)
+    is_plain = ~is_native & ~is_compressed & cols.present(_CHUNK_LOCATION)
+    is_inline = ~is_native & ~is_compressed & ~is_plain & cols.present(_CHUNK_INLINE)
     neither = ~(is_native | is_compressed | is_plain | is_inline)
     if neither.any():
         k = int(np.flatnonzero(neither)[0])
         raise RefsError(f"array {quote(array.path or '/')}: manifest entry {k} is neither inline, native nor virtual")
-    keep = _within(coords, extents)
-    if keep is not None:
-        chosen = np.flatnonzero(keep)
-        inline = {int(new): inline[int(old)] for new, old in enumerate(chosen) if int(old) in inline}
-        coords, url_ids, offsets, lengths = coords[chosen], url_ids[chosen], offsets[chosen], lengths[chosen]
-        n = len(chosen)
-        if n == 0:
-            return 0
+    del neither
+
+    refs = np.flatnonzero(is_native)
+    if len(refs):
+        ids = cols._gather(cols.field(_CHUNK_ID, refs), 12)
+        urls = [files.url("chunks/" + object_id(row.tobytes())) for row in ids]
+        url_ids[refs] = builder.url_ids(urls)
+        del ids, urls
+
+    for mask, field in ((is_plain, _CHUNK_LOCATION), (is_compressed, _CHUNK_COMPRESSED_LOCATION)):
+        refs = np.flatnonzero(mask)
+        if not len(refs):
+            continue
+        decompressor = None
+        if field == _CHUNK_COMPRESSED_LOCATION:
+            decompressor = _decompressor(manifest)
+            if decompressor is None:
+                raise RefsError(f"array {quote(array.path or '/')}: compressed virtual chunk locations in a "
+                                "manifest without a location dictionary")
+        urls, which = _virtual_urls(cols, refs, field, decompressor, array, locations)
+        url_ids[refs] = builder.url_ids(urls)[which]
+        _note_checksums(cols, refs, urls, which, checksums)
+        del which
+
+    inline: dict[int, bytes] = {}
+    refs = np.flatnonzero(is_inline)
+    if len(refs):
+        inline_start, inline_count = cols.vectors(_CHUNK_INLINE, refs)
+        for k, a, c in zip(refs.tolist(), inline_start.tolist(), inline_count.tolist()):
+            inline[k] = bytes(buf[a : a + c])
+            lengths[k] = c
+    return _Chunks(array, coords, url_ids, offsets, lengths, inline)
+
+
+def _add_chunks(builder: RefSetBuilder, chunks: _Chunks) -> int:
+    """Key every chunk reference by the array's chunk key encoding and add it."""
+    array, n = chunks.array, len(chunks.url_ids)
     if array.ndim == 0:
-        builder.add_batch([array.scalar_key] * n, url_ids, offsets, lengths, inline)
+        builder.add_batch([array.scalar_key] * n, chunks.url_ids, chunks.offsets, chunks.lengths, chunks.inline)
         return n
-    inline_at = np.array(sorted(inline), np.int64)
-    for encoded, first, stop in chunk_key_batches(array.key_prefix, coords, array.separator):
+    inline_at = np.array(sorted(chunks.inline), np.int64)
+    for encoded, first, stop in chunk_key_batches(array.key_prefix, chunks.coords, array.separator):
         lo, hi = np.searchsorted(inline_at, [first, stop])
-        batch_inline = {k - first: inline[k] for k in inline_at[lo:hi].tolist()}
-        builder.add_encoded(encoded, stop - first, url_ids[first:stop], offsets[first:stop], lengths[first:stop],
-                            batch_inline)
+        batch_inline = {k - first: chunks.inline[k] for k in inline_at[lo:hi].tolist()}
+        builder.add_encoded(encoded, stop - first, chunks.url_ids[first:stop], chunks.offsets[first:stop],
+                            chunks.lengths[first:stop], batch_inline)
     return n
 
 
@@ -398,11 +428,13 @@ def load_icechunk(location: str, *, remote_options: dict | None = None, version:
             _, _, buf = read_flatbuffer(files, f"manifests/{manifest_id}", FILE_MANIFEST)
             manifest = Table.root(buf)
             by_node = {a.struct_bytes(0, 8): a.vector_position(1) for a in manifest.tables(_MANIFEST_ARRAYS)}
-            for array, extents in readers:
-                found = by_node.get(array.node_id)
-                if found is not None:
-                    chunks += _add_array_chunks(builder, files, array, manifest, found, extents, locations, checksums)
-            del manifest, buf, by_node
+            found = [_read_chunks(builder, files, array, manifest, by_node[array.node_id], extents, locations,
+                                  checksums) for array, extents in readers if array.node_id in by_node]
+            del manifest, buf, by_node  # (the keys are made once the manifest is let go)
+            for part in found:
+                if part is not None:
+                    chunks += _add_chunks(builder, part)
+            del found
         refset = builder.build()
     except (FormatError, struct.error, IndexError, UnicodeDecodeError) as e:
         raise RefsError(f"Icechunk repository {quote(location)}: malformed snapshot or manifest "

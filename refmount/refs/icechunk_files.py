@@ -110,6 +110,28 @@ def read_flatbuffer(files: RepoFiles, relpath: str, file_type: int) -> tuple[int
     import zstandard
 
     try:
-        return spec, writer, zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True).read()
+        return spec, writer, _decompress(body)
     except zstandard.ZstdError as e:
         raise RefsError(f"{what}: corrupt zstd data: {e}") from None
+
+
+def _decompress(body: memoryview) -> bytes | bytearray:
+    """zstd data decompressed into one buffer of the size its frame header announces (a manifest of
+    a million references is 76 MB: reading it in growing pieces would need twice that)."""
+    import zstandard
+
+    reader = zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True)
+    size = zstandard.frame_content_size(body)
+    if size <= 0:
+        return reader.read()
+    out = bytearray(size)
+    view, filled = memoryview(out), 0
+    while filled < size:
+        got = reader.readinto(view[filled:])
+        if not got:
+            break
+        filled += got
+    rest = reader.read()
+    if filled < size or rest:  # (not what the header said: take what there is)
+        return bytes(view[:filled]) + rest
+    return out
