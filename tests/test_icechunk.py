@@ -76,13 +76,19 @@ def virtual_dataset(server, names):
     return xr.concat(parts, dim="time", coords="minimal", compat="override", combine_attrs="override")
 
 
+def no_credentials():
+    """What authorises an http container that needs no credentials: icechunk 2's sentinel (None is
+    deprecated there), None in icechunk 1."""
+    return getattr(getattr(icechunk, "credentials", None), "HttpAccess", None)
+
+
 def virtual_repo(path, server, names, last_updated_at=None):
     """An Icechunk repository of virtual references to `names` on `server`; returns the repository."""
     config = icechunk.RepositoryConfig.default()
     prefix = server.url + "/"
     config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(prefix, icechunk.http_store()))
     repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(path)), config,
-                                      authorize_virtual_chunk_access={prefix: None})
+                                      authorize_virtual_chunk_access={prefix: no_credentials()})
     session = repo.writable_session("main")
     virtual_dataset(server, names).vz.to_icechunk(session.store, last_updated_at=last_updated_at)
     session.commit("virtual references")

@@ -5,7 +5,9 @@ zarr 3.4.2) need no icechunk package here, so format 2 is checked on every Pytho
 - `virtual`: VirtualiZarr -> Icechunk, every chunk url relative to the named container `sources`
   (vcc://sources/part0.nc), split manifests, dictionary-compressed locations;
 - `native`: xarray.to_zarr into Icechunk sessions (chunk objects and inline chunks);
-- `mixed`: virtual and native chunks in one repository.
+- `mixed`: virtual and native chunks in one repository;
+- `spec1`: `native` written by icechunk 2.3.0 in format spec 1, and `migrated`: the same after
+  Icechunk's upgrade to spec 2 (a `repo` file over spec-1 snapshots and manifests, refs/ left).
 Each has main (both sources), tag v1 and its snapshot S1 (the first source), branch dev (S1 and an
 attribute), a deleted tag `old`. The container is re-pointed at the test's own copy of the sources
 (served over loopback HTTP, read locally, or put into moto's S3), as Icechunk users re-point one.
@@ -121,6 +123,19 @@ def test_versions_read_right(mount, served, kind, version):
     attributes = json.loads((raw / "zarr.json").read_text())["attributes"]
     assert (attributes.get("history") == "dev branch") == (version == "branch dev")
     assert json.loads((decoded / ".zattrs").read_text()).get("history") == attributes.get("history")
+
+
+@pytest.mark.parametrize("kind", ["spec1", "migrated"])
+def test_spec1_and_migrated(mount, kind):
+    """Format spec 1 as icechunk 2.3 still writes it, and a repository migrated to spec 2 (whose
+    snapshots and manifests stay spec 1): main through the decoded view, tag v1 through the raw one."""
+    decoded = mount(DATA / kind)
+    check_decoded(decoded.path, "native", NAMES)
+    assert f"format spec {1 if kind == 'spec1' else 2}" in decoded.log()
+    raw = mount(DATA / kind, "--view", "raw", "--tag", "v1")
+    check_raw(raw.path, "native", NAMES[:1])
+    dev = mount(DATA / kind, "--view", "raw", "--branch", "dev")
+    assert json.loads((dev / "zarr.json").read_text())["attributes"]["history"] == "dev branch"
 
 
 def test_chunk_kinds_and_split_manifests():
@@ -511,3 +526,23 @@ def test_written_now_s3_container_on_its_endpoint(mount, s3, tmp_path):
               "--remote-options", json.dumps(s3["options"]))
     assert (m / "blob" / "c" / "0").read_bytes() == raw
     assert part0  # (the source is the committed fixture's)
+
+
+def test_option_forms_and_local_etag(tmp_path):
+    """--container takes NAME=PREFIX lists and the JSON object the Python API and config files pass;
+    a local file's ETag is the one Icechunk's local store (object_store) gives it."""
+    import trio
+
+    from refmount.cache.checksums import current_validators
+    from refmount.refs.icechunk_containers import parse_authorized, parse_repoint
+
+    assert parse_repoint(["a=http://x/,b=s3://y/z", '{"c": "file:///d/"}']) == {
+        "a": "http://x/", "b": "s3://y/z", "c": "file:///d/"}
+    assert parse_authorized(["http://x", "s3://y/,file:///d/"]) == {"http://x/", "s3://y/", "file:///d/"}
+    path = tmp_path / "object.bin"
+    path.write_bytes(b"0123456789")
+    etag, _ = trio.run(current_validators, None, str(path))
+    obstore = pytest.importorskip("obstore")
+    from obstore.store import LocalStore
+
+    assert obstore.head(LocalStore(str(tmp_path)), "object.bin")["e_tag"].strip('"') == etag

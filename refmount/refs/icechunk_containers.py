@@ -211,9 +211,21 @@ def fetch_url(url: str, where: str) -> str:
 
 
 def parse_repoint(values) -> dict[str, str]:
-    """--container NAME=PREFIX values (each may hold several, comma-separated) -> {name: prefix}."""
+    """--container NAME=PREFIX values (each may hold several, comma-separated, or be a JSON object
+    {name: prefix}, as the Python API and config files pass a dict) -> {name: prefix}."""
+    import json
+
     out: dict[str, str] = {}
     for value in values or ():
+        if str(value).lstrip().startswith("{"):
+            try:
+                pairs = json.loads(value)
+            except ValueError:
+                raise RefmountError(f"--container {value!r}: not a JSON object of name: url prefix") from None
+            if not isinstance(pairs, dict):
+                raise RefmountError(f"--container {value!r}: not a JSON object of name: url prefix")
+            out.update({str(k): str(v) for k, v in pairs.items()})
+            continue
         for item in str(value).split(","):
             item = item.strip()
             if not item:

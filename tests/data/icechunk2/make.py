@@ -25,6 +25,9 @@ Writes, beside this file:
   - `mixed/`: virtual and native in one repository: VirtualiZarr with lat and lon loaded (native),
     the rest virtual (relative urls), plus an array `elevation` written by zarr; a low inline
     threshold so that chunk objects, inline chunks and virtual chunks all occur.
+- `spec1/`: `native`'s history written by icechunk 2.3.0 in format spec 1 (refs/, config.yaml), and
+  `migrated/`: the same after `icechunk.upgrade_icechunk_repository` (a spec-2 `repo` file over the
+  spec-1 snapshots and manifests, as Icechunk's migration leaves them).
 - `fixture.json`: what the tests need to know (snapshot ids, times, the container).
 
 Sources are served from a loopback RangeServer while writing, and every repository is read back with
@@ -168,15 +171,23 @@ def write_virtual(root: Path, server) -> dict:
     return ids
 
 
-def write_native(root: Path) -> dict:
+def write_native(root: Path, spec: int = 2) -> dict:
     import icechunk as ic
     import xarray as xr
 
-    repo = ic.Repository.create(ic.local_filesystem_storage(str(root)), repo_config(inline_threshold=48))
+    repo = ic.Repository.create(ic.local_filesystem_storage(str(root)), repo_config(inline_threshold=48),
+                                spec_version=spec)
     parts = [xr.open_dataset(HERE / "sources" / n).load() for n in NAMES]
     return history(repo,
                    lambda store: parts[0].to_zarr(store, zarr_format=3, consolidated=False),
                    lambda store: parts[1].to_zarr(store, zarr_format=3, consolidated=False, append_dim="time"))
+
+
+def write_migrated(spec1: Path, root: Path) -> None:
+    import icechunk as ic
+
+    shutil.copytree(spec1, root)
+    ic.upgrade_icechunk_repository(ic.Repository.open(ic.local_filesystem_storage(str(root))), dry_run=False)
 
 
 def write_mixed(root: Path, server) -> dict:
@@ -234,7 +245,7 @@ def main() -> int:
     versions = {"icechunk": icechunk.__version__, "virtualizarr": virtualizarr.__version__, "zarr": zarr.__version__}
     print("writing with", versions)
     sources = HERE / "sources"
-    for name in ("sources", "virtual", "native", "mixed"):
+    for name in ("sources", "virtual", "native", "mixed", "spec1", "migrated"):
         shutil.rmtree(HERE / name, ignore_errors=True)
     sources.mkdir()
     for k, name in enumerate(NAMES):
@@ -242,7 +253,9 @@ def main() -> int:
         os.utime(sources / name, ns=(SOURCES_MTIME_NS, SOURCES_MTIME_NS))
     with RangeServer(sources) as server:
         snapshots = {"virtual": write_virtual(HERE / "virtual", server), "native": write_native(HERE / "native"),
-                     "mixed": write_mixed(HERE / "mixed", server)}
+                     "mixed": write_mixed(HERE / "mixed", server), "spec1": write_native(HERE / "spec1", spec=1)}
+        write_migrated(HERE / "spec1", HERE / "migrated")
+        snapshots["migrated"] = snapshots["spec1"]
         for repo, ids in snapshots.items():
             check(HERE / repo, server, {"branch": "main"}, NAMES)
             check(HERE / repo, server, {"tag": "v1"}, NAMES[:1])
