@@ -77,7 +77,8 @@ def is_icechunk_location(location: str, remote_options: dict | None = None, vers
         root = local_path(location)
         if _starts_with_magic(os.path.join(root, REPO_FILE)):
             return True
-        return os.path.isdir(os.path.join(root, "snapshots")) and os.path.isdir(os.path.join(root, "refs"))
+        snapshots = os.path.isdir(os.path.join(root, "snapshots"))
+        return snapshots and (os.path.isdir(os.path.join(root, "refs")) or os.path.exists(os.path.join(root, REPO_FILE)))
     if version is not None and (version.branch or version.tag or version.snapshot):
         return True
     if location.rstrip("/").lower().endswith(_REFERENCE_SUFFIXES):

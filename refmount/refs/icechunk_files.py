@@ -102,7 +102,7 @@ def parse_header(data: bytes, what: str, file_type: int) -> tuple[int, str, memo
 
 def read_flatbuffer(files: RepoFiles, relpath: str, file_type: int) -> tuple[int, str, bytes]:
     """(spec version, writer, decompressed FlatBuffer) of one metadata file of the repository."""
-    what = f"{relpath} of Icechunk repository {quote(files.location)}"
+    what = f"{'the repo file' if relpath == 'repo' else relpath} of Icechunk repository {quote(files.location)}"
     data = files.read(relpath)
     spec, writer, body = parse_header(data, what, file_type)
     if data[HEADER_BYTES - 1] == 0:
