@@ -23,7 +23,6 @@ import datetime
 import json
 import os
 import shutil
-import socket
 import warnings
 from pathlib import Path
 
@@ -503,6 +502,8 @@ def test_written_now_s3_container_on_its_endpoint(mount, s3, tmp_path):
     """A container of store type s3_compatible names its own endpoint: refmount refuses to send the
     user's S3 requests elsewhere until --remote-options names that endpoint."""
     ic = icechunk2()
+    import zarr
+
     endpoint = s3["options"]["endpoint_url"]
     prefix = "s3://ic2-bucket/sources/"
     config = ic.RepositoryConfig.default()
@@ -510,13 +511,11 @@ def test_written_now_s3_container_on_its_endpoint(mount, s3, tmp_path):
         prefix, ic.s3_store(endpoint_url=endpoint, allow_http=True, region="us-east-1", force_path_style=True)))
     repo = ic.Repository.create(ic.local_filesystem_storage(str(tmp_path / "repo")), config)
     session = repo.writable_session("main")
-    import zarr
-
-    part0 = zarr_clients.concatenated_oracle([DATA / "sources" / NAMES[0]])
     group = zarr.create_group(session.store, zarr_format=3)
     raw = (DATA / "sources" / NAMES[0]).read_bytes()
     group.create_array("blob", shape=(len(raw),), chunks=(len(raw),), dtype="u1", compressors=None,
                        dimension_names=["byte"])
+    # (moto's object was modified just now: the reference records it as current until 2100)
     session.store.set_virtual_ref("blob/c/0", prefix + NAMES[0], offset=0, length=len(raw),
                                   checksum=datetime.datetime(2100, 1, 1, tzinfo=datetime.timezone.utc))
     session.commit("one virtual chunk on S3")
@@ -525,7 +524,6 @@ def test_written_now_s3_container_on_its_endpoint(mount, s3, tmp_path):
     m = mount(tmp_path / "repo", "--view", "raw", "--authorize-container", prefix,
               "--remote-options", json.dumps(s3["options"]))
     assert (m / "blob" / "c" / "0").read_bytes() == raw
-    assert part0  # (the source is the committed fixture's)
 
 
 def test_option_forms_and_local_etag(tmp_path):
