@@ -6,7 +6,10 @@ JSON (Zarr v3 keys) of the same references.
 Inputs (made once under --workdir, default /tmp/refmount-bench-icechunk, and reused): one float32 array
 of N chunks (a square chunk grid, one-element chunks) whose virtual references spread over 100 urls,
 committed to a local Icechunk repository with the icechunk package, and the same references written as
-JSON. Each probe runs `refmount mount --foreground` in a fresh process and times it from start until the
+JSON. The repository has the format of the icechunk that this Python imports: format spec 2 with
+icechunk >= 2 (Python >= 3.12; its references then carry a last-modified checksum each, as VirtualiZarr
+writes them, and their locations are zstd-compressed with a dictionary, Icechunk's default from 1000
+virtual chunks per manifest), spec 1 with icechunk 1.x. Each probe runs `refmount mount --foreground` in a fresh process and times it from start until the
 mount answers, then reads the daemon's peak and current memory (VmHWM, VmRSS of /proc/PID/status) and
 unmounts. Probes: icechunk and JSON in the raw view, and icechunk in the decoded view (which also builds
 the Zarr v2 form). Needs FUSE (root). Prints a markdown table; writes bench/out/icechunk.json. MB = 2**20 bytes.
@@ -32,12 +35,20 @@ URLS = 100
 PREFIX = "http://127.0.0.1:9/"  # never read: mounting does not fetch chunks
 
 
+def icechunk_spec() -> int:
+    import icechunk
+
+    return 2 if int(icechunk.__version__.split(".")[0]) >= 2 else 1
+
+
 def make_inputs(workdir: Path, n: int) -> tuple[Path, Path]:
     side = math.isqrt(n)
-    repo_path = workdir / f"repo-{n}.icechunk"
+    repo_path = workdir / f"repo-{n}-spec{icechunk_spec()}.icechunk"
     json_path = workdir / f"refs-{n}.json"
     if repo_path.exists() and json_path.exists():
         return repo_path, json_path
+    import datetime
+
     import icechunk
     import numpy as np
     import orjson
@@ -52,9 +63,15 @@ def make_inputs(workdir: Path, n: int) -> tuple[Path, Path]:
     array = zarr.create_array(session.store, name="data", shape=(side, side), chunks=(1, 1), dtype="f4",
                               dimension_names=["y", "x"])
     offsets = np.arange(side * side, dtype=np.int64) * 4
-    specs = [icechunk.VirtualChunkSpec(index=[k // side, k % side], location=f"{PREFIX}f{k % URLS}.nc",
-                                       offset=int(offsets[k]), length=4) for k in range(side * side)]
-    session.store.set_virtual_refs("data", specs, validate_containers=False)
+    locations = [f"{PREFIX}f{k % URLS}.nc" for k in range(side * side)]
+    if hasattr(session.store, "set_virtual_refs_arr"):  # icechunk >= 2: no Python object per reference
+        session.store.set_virtual_refs_arr("data", (side, side), locations, offsets.astype(np.uint64),
+                                           np.full(side * side, 4, np.uint64), validate_containers=False,
+                                           checksum=datetime.datetime.now(datetime.timezone.utc))
+    else:
+        specs = [icechunk.VirtualChunkSpec(index=[k // side, k % side], location=locations[k],
+                                           offset=int(offsets[k]), length=4) for k in range(side * side)]
+        session.store.set_virtual_refs("data", specs, validate_containers=False)
     session.commit("bench")
     refs = {"zarr.json": json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}),
             "data/zarr.json": json.dumps(array.metadata.to_dict(), default=str)}
@@ -132,22 +149,32 @@ def main() -> int:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     repo, refs = make_inputs(workdir, args.chunks)
-    probes = {"icechunk, raw view": (repo, ["--view", "raw"]),
+    spec = icechunk_spec()
+    authorized = ["--authorize-container", PREFIX]
+    probes = {f"icechunk (spec {spec}), raw view": (repo, ["--view", "raw", *authorized]),
               "kerchunk JSON (v3 keys), raw view": (refs, ["--view", "raw"]),
-              "icechunk, decoded view": (repo, []),
+              f"icechunk (spec {spec}), decoded view": (repo, authorized),
               "kerchunk JSON (v3 keys), decoded view": (refs, [])}
     results = {}
-    for name, (source, extra) in probes.items():
-        runs = [probe(source, workdir / "mnt", extra) for _ in range(args.runs)]
-        results[name] = {key: statistics.median(r[key] for r in runs) for key in runs[0]} | {"runs": runs}
+    runs: dict[str, list] = {name: [] for name in probes}
+    for _ in range(args.runs):  # alternating: each round probes every source once
+        for name, (source, extra) in probes.items():
+            runs[name].append(probe(source, workdir / "mnt", extra))
+    for name, measured in runs.items():
+        results[name] = {key: statistics.median(r[key] for r in measured) for key in measured[0]} | {"runs": measured}
     n = math.isqrt(args.chunks) ** 2
     print(f"\n{n:,} chunk references ({args.runs} runs, median)\n")
     print("| source | mount time (s) | peak RSS (MB) | RSS when mounted (MB) |")
     print("|---|---:|---:|---:|")
     for name, r in results.items():
         print(f"| {name} | {r['mount_s']:.2f} | {r['peak_mb']:.0f} | {r['rss_mb']:.0f} |")
+    print("\nicechunk / JSON:")
+    for view in ("raw", "decoded"):
+        ice, js = results[f"icechunk (spec {spec}), {view} view"], results[f"kerchunk JSON (v3 keys), {view} view"]
+        print(f"  {view} view: mount time {ice['mount_s'] / js['mount_s']:.2f}x, peak RSS "
+              f"{ice['peak_mb'] / js['peak_mb']:.2f}x")
     OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps({"chunks": n, "results": results}, indent=2))
+    OUT.write_text(json.dumps({"chunks": n, "spec": spec, "results": results}, indent=2))
     return 0
 
 

@@ -208,7 +208,9 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="leave the kernel readahead and FUSE max_background as they are")
     g.add_argument("--read-ahead", type=parse_size, default="1M", metavar="SIZE",
                    help="kernel readahead for the mount when tuning (default: 1M)")
-    add_version_options(p.add_argument_group("Icechunk repositories"))
+    g = p.add_argument_group("Icechunk repositories")
+    add_version_options(g)
+    add_authorization_options(g)
 
 
 def add_version_options(g) -> None:
@@ -218,6 +220,17 @@ def add_version_options(g) -> None:
                         "on that snapshot, mount again to see later commits")
     g.add_argument("--tag", metavar="NAME", help="mount the snapshot of this tag")
     g.add_argument("--snapshot", metavar="ID", help="mount this snapshot id")
+    g.add_argument("--container", action="append", metavar="NAME=URL_PREFIX",
+                   help="re-point the repository's virtual chunk container NAME to URL_PREFIX for this mount, as "
+                        "Icechunk's set_virtual_chunk_container does: its relative vcc://NAME/... chunk urls "
+                        "resolve under URL_PREFIX (repeatable, or comma-separated)")
+
+
+def add_authorization_options(g) -> None:
+    g.add_argument("--authorize-container", action="append", metavar="URL_PREFIX",
+                   help="Icechunk: read virtual chunks from the repository's virtual chunk container with this url "
+                        "prefix (as Icechunk's authorize_virtual_chunk_access; repeatable, or comma-separated). "
+                        "A mount whose snapshot uses a container not authorised is refused")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -255,6 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from_args(args):
     from refmount.fuse.daemon import MountOptions
+    from refmount.refs.icechunk_containers import parse_authorized, parse_repoint
 
     return MountOptions(
         refs="/dev/stdin" if args.refs == "-" else args.refs, mountpoint=args.mountpoint, view=args.view, foreground=args.foreground,
@@ -270,6 +284,7 @@ def options_from_args(args):
         verify_remote=args.verify_remote, ca_bundle=args.ca_bundle, http_client=args.http_client,
         max_refs_size=args.max_refs_size, load_timeout=args.load_timeout,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
+        containers=parse_repoint(args.container), authorized_containers=parse_authorized(args.authorize_container),
     )
 
 
@@ -372,8 +387,10 @@ def _run(args) -> int:
     if args.command == "inspect":
         from refmount.view.inspect import run_inspect
 
+        from refmount.refs.icechunk_containers import parse_repoint
+
         return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json,
-                           version=_version(args))
+                           version=_version(args), containers=parse_repoint(args.container))
     if args.command == "list":
         from refmount.fuse.summary import print_list
 

@@ -24,8 +24,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_refmount
-from tests.support.clients import compare_dumped, ncdump, nczarr_url, oracle_variables, parse_ncdump, served
+from tests.support import zarr_clients
+from tests.support.clients import compare_dumped, ncdump, nczarr_url, parse_ncdump
 from tests.support.rangeserver import RangeServer
+from tests.support.zarr_clients import concatenated_oracle, source_dataset
 
 icechunk = pytest.importorskip("icechunk")
 pytest.importorskip("virtualizarr")
@@ -74,36 +76,23 @@ def virtual_dataset(server, names):
     return xr.concat(parts, dim="time", coords="minimal", compat="override", combine_attrs="override")
 
 
+def no_credentials():
+    """What authorises an http container that needs no credentials: icechunk 2's sentinel (None is
+    deprecated there), None in icechunk 1."""
+    return getattr(getattr(icechunk, "credentials", None), "HttpAccess", None)
+
+
 def virtual_repo(path, server, names, last_updated_at=None):
     """An Icechunk repository of virtual references to `names` on `server`; returns the repository."""
     config = icechunk.RepositoryConfig.default()
     prefix = server.url + "/"
     config.set_virtual_chunk_container(icechunk.VirtualChunkContainer(prefix, icechunk.http_store()))
     repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(path)), config,
-                                      authorize_virtual_chunk_access={prefix: None})
+                                      authorize_virtual_chunk_access={prefix: no_credentials()})
     session = repo.writable_session("main")
     virtual_dataset(server, names).vz.to_icechunk(session.store, last_updated_at=last_updated_at)
     session.commit("virtual references")
     return repo
-
-
-def source_dataset(paths):
-    import xarray as xr
-
-    return xr.concat([xr.open_dataset(p).load() for p in paths], dim="time", data_vars="minimal")
-
-
-def concatenated_oracle(paths) -> dict:
-    """{name: (raw values of all files along time, fill)}."""
-    per_file = [oracle_variables(p) for p in paths]
-    out = {}
-    for name, var in per_file[0].items():
-        if "time" in var.dimensions:
-            values = np.concatenate([f[name].values for f in per_file], axis=var.dimensions.index("time"))
-        else:
-            values = var.values
-        out[name] = (values, var.fill)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -144,48 +133,22 @@ def raw_oracle(sources, kind) -> dict:
     return {name: values for name, (values, _) in sources["oracle"].items()}  # the source files' stored values
 
 
-def assert_decoded_clients(mnt, sources) -> None:
-    """Decoded view: ncdump, netCDF4-python (raw values) and xarray (CF-decoded) equal the sources."""
-    import netCDF4
-    import xarray as xr
+def authorized(sources, kind) -> list[str]:
+    """A virtual repository's chunks are read only from containers the user authorises (as Icechunk)."""
+    return ["--authorize-container", sources["server"].url + "/"] if kind == "virtual" else []
 
-    oracle = sources["oracle"]
-    dumped = parse_ncdump(ncdump(nczarr_url(mnt)))
-    with netCDF4.Dataset(nczarr_url(mnt)) as ds:
-        for name in VARIABLES:
-            values, fill = oracle[name]
-            expected = served(values)
-            compare_dumped(dumped[name], expected, [fill], f"ncdump {name}")
-            var = ds.variables[name]
-            var.set_auto_maskandscale(False)
-            got = np.asarray(var[...])
-            assert got.dtype == expected.dtype and np.array_equal(got, expected), f"netCDF4 {name}"
-            if name in ("air", "prcp"):
-                assert var.getncattr("_FillValue") == fill, f"netCDF4 {name} _FillValue"
-    opened = xr.open_zarr(mnt, zarr_format=2, consolidated=False)
-    for name in VARIABLES:
-        np.testing.assert_array_equal(opened[name].values, sources["decoded"][name].values, err_msg=f"xarray {name}")
+
+def assert_decoded_clients(mnt, sources) -> None:
+    zarr_clients.assert_decoded_clients(mnt, sources["oracle"], sources["decoded"], VARIABLES)
 
 
 def assert_raw_clients(mnt, expected: dict, sources) -> None:
-    """Raw view: zarr-python 3 equals icechunk's own reading; xarray equals the CF-decoded sources."""
-    import xarray as xr
-    import zarr
-
-    group = zarr.open_group(str(mnt), mode="r", zarr_format=3)
-    assert sorted(group.array_keys()) == sorted(expected)
-    for name, values in expected.items():
-        got = group[name][...]
-        assert got.dtype.kind == values.dtype.kind and got.dtype.itemsize == values.dtype.itemsize, f"zarr {name}"
-        assert np.array_equal(got, values, equal_nan=True), f"zarr {name}"
-    opened = xr.open_zarr(str(mnt), zarr_format=3, consolidated=False)
-    for name in VARIABLES:
-        np.testing.assert_array_equal(opened[name].values, sources["decoded"][name].values, err_msg=f"xarray {name}")
+    zarr_clients.assert_raw_clients(mnt, expected, sources["decoded"], VARIABLES)
 
 
 @pytest.mark.parametrize("kind", ["virtual", "native"])
 def test_icechunk_decoded_view(mount, sources, kind):
-    m = mount(sources[kind])
+    m = mount(sources[kind], *authorized(sources, kind))
     assert os.path.exists(m / ".zgroup") and os.path.exists(m / "air" / ".zarray")
     assert not os.path.exists(m / "zarr.json")
     zarray = json.loads((m / "count" / ".zarray").read_text())
@@ -197,7 +160,7 @@ def test_icechunk_decoded_view(mount, sources, kind):
 
 @pytest.mark.parametrize("kind", ["virtual", "native"])
 def test_icechunk_raw_view(mount, sources, kind):
-    m = mount(sources[kind], "--view", "raw")
+    m = mount(sources[kind], "--view", "raw", *authorized(sources, kind))
     assert json.loads((m / "air" / "zarr.json").read_text())["zarr_format"] == 3
     assert_raw_clients(m.path, raw_oracle(sources, kind), sources)
 
@@ -277,7 +240,7 @@ def test_changed_virtual_object_is_eio(mount, tmp_path):
         virtual_repo(tmp_path / "repo", server, names, last_updated_at=committed)
         make_file(data / "b.nc", 1, air_offset=1.0)  # same layout, other values
         os.utime(data / "b.nc", (committed.timestamp() + 5, committed.timestamp() + 5))
-        m = mount(tmp_path / "repo", "--view", "raw")
+        m = mount(tmp_path / "repo", "--view", "raw", "--authorize-container", server.url + "/")
         first = (m / "air" / "c" / "0" / "0" / "0").read_bytes()
         assert len(first) > 0
         with pytest.raises(OSError) as e:

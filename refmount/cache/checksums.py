@@ -13,6 +13,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import os
+from datetime import timezone
 
 from refmount.errors import FetchError
 from refmount.fetch import redact
@@ -36,7 +37,9 @@ def _bare_etag(etag: str) -> str:
 async def current_validators(fetcher, url: str) -> tuple[str | None, float | None]:
     """(ETag, Last-Modified as seconds since the epoch) of the object now, either may be None."""
     if protocol_of(url) == "file":
-        return None, os.stat(local_path(url)).st_mtime
+        # (the ETag Icechunk's local store, object_store's LocalFileSystem, gives a file)
+        st = os.stat(local_path(url))
+        return f"{st.st_ino:x}-{st.st_mtime_ns // 1000:x}-{st.st_size:x}", st.st_mtime
     identity = await fetcher.identity(url)  # one HEAD (shared with size()); fills the backend's validators
     etag, modified = fetcher.validators(url)
     if etag is None and identity and not identity.startswith("size "):
@@ -44,7 +47,9 @@ async def current_validators(fetcher, url: str) -> tuple[str | None, float | Non
     if modified is None and identity and " modified " in identity:
         modified = identity.rsplit(" modified ", 1)[1]
     seconds = None
-    if modified is not None:
+    if hasattr(modified, "timestamp"):  # a datetime (s3fs)
+        seconds = modified.timestamp() if modified.tzinfo else modified.replace(tzinfo=timezone.utc).timestamp()
+    elif modified is not None:
         try:
             seconds = email.utils.parsedate_to_datetime(str(modified)).timestamp()
         except (TypeError, ValueError):

@@ -113,5 +113,14 @@ class FsspecBackend:
                 return f"size {info['size']} modified {info[key]}"
         return None
 
+    def validators(self, url: str) -> tuple[str | None, object]:
+        """(ETag, last modification) of the object's info once fetched (no I/O), each None if absent;
+        the modification is what the store gives (s3fs: a datetime)."""
+        info = self._infos.get(url) or {}
+        etag = next((str(info[k]) for k in ("ETag", "etag") if info.get(k)), None)
+        modified = next((info[k] for k in ("LastModified", "last_modified", "mtime", "updated", "modified")
+                         if info.get(k)), None)
+        return etag, modified
+
     async def close(self) -> None:
         pass

@@ -110,11 +110,16 @@ def load_reference_set(opts):
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
                            max_refs_size=opts.max_refs_size, load_timeout=opts.load_timeout, progress=progress,
-                           version=version_from_options(opts))
+                           version=version_from_options(opts), containers=opts.containers)
     finally:
         if progress:
             progress.close()
     check_targets(refset, opts)
+    used = getattr(refset, "icechunk_containers", None)
+    if used:
+        from refmount.refs.icechunk_containers import check_authorized
+
+        check_authorized(used, opts.authorized_containers, opts.remote_options, refset.icechunk_location)
     return refset
 
 

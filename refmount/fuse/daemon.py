@@ -67,6 +67,8 @@ class MountOptions:
     branch: str | None = None  # Icechunk: which version to mount (one of branch, tag, snapshot)
     tag: str | None = None
     snapshot: str | None = None
+    containers: dict = field(default_factory=dict)  # Icechunk: named virtual chunk containers re-pointed
+    authorized_containers: set = field(default_factory=set)  # Icechunk: url prefixes of containers to read
 
 
 def _is_dead_fuse_mount(mountpoint: str) -> bool:

@@ -25,15 +25,16 @@ __all__ = ["INLINE", "WHOLE_FILE", "Ref", "RefSet", "load_refs", "refs_from_dict
 
 def load_refs(location: str, *, remote_options: dict | None = None, max_keys: int | None = DEFAULT_MAX_KEYS,
               progress=None, max_refs_size: int | None = None, load_timeout: float | None = DEFAULT_LOAD_TIMEOUT,
-              version=None) -> RefSet:
+              version=None, containers: dict[str, str] | None = None) -> RefSet:
     """Load the reference set at `location` (path or url). Errors are one-line `RefmountError`s.
     `max_refs_size` None means the machine's default; `load_timeout` None or 0 means no limit.
-    `version` (refs.icechunk.Version) picks an Icechunk repository's branch, tag or snapshot."""
+    `version` (refs.icechunk.Version) picks an Icechunk repository's branch, tag or snapshot, and
+    `containers` re-points its named virtual chunk containers (name -> url prefix)."""
     if max_refs_size is None:
         max_refs_size = default_max_refs_size()
     try:
         with load_deadline(load_timeout), memory_limit(memory_budget(max_keys, max_refs_size)):
-            return _load(location, remote_options, max_keys, progress, max_refs_size, version)
+            return _load(location, remote_options, max_keys, progress, max_refs_size, version, containers)
     except RefsTooBig as e:
         raise RefsError(f"reference file {quote(location)} exceeds --max-refs-size {format_size(e.limit)} once "
                         "decompressed (raise the option to load it)") from None
@@ -45,13 +46,16 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
         raise RefsError(f"reference file {quote(location)} nests too deeply") from None
 
 
-def _load(location, remote_options, max_keys, progress, max_refs_size, version=None):
+def _load(location, remote_options, max_keys, progress, max_refs_size, version=None, containers=None):
     from refmount.refs.jsonrefs import load_json
     from refmount.refs.icechunk import is_icechunk_location, load_icechunk, reject_version
 
     if is_icechunk_location(location, remote_options, version):
-        return load_icechunk(location, remote_options=remote_options, version=version, max_keys=max_keys)
+        return load_icechunk(location, remote_options=remote_options, version=version, max_keys=max_keys,
+                             containers=containers)
     reject_version(location, version)
+    if containers:
+        raise RefsError(f"--container applies to Icechunk repositories only; {quote(location)} is not one")
     from refmount.refs.zarrstore import is_zarr_store, load_zarr_store
 
     if is_zarr_store(location):

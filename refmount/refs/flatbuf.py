@@ -104,7 +104,9 @@ class Table:
 
 
 class TableColumns:
-    """The tables of one vector-of-tables field, read column-wise with numpy."""
+    """The tables of one vector-of-tables field, read column-wise with numpy. Methods take `rows`
+    (indexes into the vector) to read only some tables: a million tables cost a few arrays of a
+    million numbers, never a Python object each."""
 
     def __init__(self, buf: bytes, vector_pos: int) -> None:
         self.buf = buf
@@ -116,13 +118,18 @@ class TableColumns:
         self.n = n
         elements = vector_pos + 4 + 4 * np.arange(n, dtype=np.int64)
         self.pos = elements + self.u32(elements)
+        del elements
         self.vt = self.pos - self.i32(self.pos)
-        self.vt_size = self.u16(self.vt)
+        self.vt_size = self.u16(self.vt).astype(np.int32)
 
     def _gather(self, positions: np.ndarray, width: int) -> np.ndarray:
+        """`width` bytes at each position, as rows (read a column at a time: no n x width index)."""
         if len(positions) and (positions.min() < 0 or positions.max() + width > len(self.u8)):
             raise FormatError("field outside the buffer")
-        return self.u8[positions[:, None] + np.arange(width)]
+        out = np.empty((len(positions), width), np.uint8)
+        for c in range(width):
+            out[:, c] = self.u8[positions + c]
+        return out
 
     def _aligned(self, p: np.ndarray, width: int) -> np.ndarray:
         view = self._views[width]
@@ -144,52 +151,66 @@ class TableColumns:
     def u64(self, p):
         return self._aligned(p, 8)
 
-    def strings(self, start: np.ndarray, count: np.ndarray) -> tuple[list[bytes], np.ndarray]:
-        """The distinct byte strings at (start, count), and each one's index in that list."""
+    def strings(self, start: np.ndarray, count: np.ndarray, block: int = 1 << 16) -> tuple[list[bytes], np.ndarray]:
+        """The distinct byte strings at (start, count), and each one's index in that list; read
+        `block` strings at a time, so that memory stays small whatever their number."""
         n = len(start)
-        if n == 0:
-            return [], np.zeros(0, np.int64)
-        longest = int(count.max())
-        rows = np.zeros((n, longest + 4), np.uint8)  # the bytes, zero-padded, then the length
-        if int((start + count).max()) > len(self.u8) or start.min() < 0:
+        if n and (int((start + count).max()) > len(self.u8) or start.min() < 0):
             raise FormatError("string outside the buffer")
-        for c in range(longest):  # column by column: memory stays a few n-sized arrays
-            has = count > c
-            rows[has, c] = self.u8[start[has] + c]
-        rows[:, longest:] = count.astype("<u4").view(np.uint8).reshape(n, 4)
-        keyed = np.ascontiguousarray(rows).view(np.dtype((np.void, longest + 4))).reshape(-1)
-        _, first_of, inverse = np.unique(keyed, return_index=True, return_inverse=True)
-        distinct = [bytes(self.u8[int(start[k]) : int(start[k]) + int(count[k])]) for k in first_of.tolist()]
-        return distinct, inverse.reshape(-1)
+        distinct: dict[bytes, int] = {}
+        which = np.empty(n, np.int64)
+        for lo in range(0, n, block):
+            s, c = start[lo : lo + block], count[lo : lo + block]
+            longest = int(c.max())
+            rows = np.empty((len(s), longest + 4), np.uint8)  # the bytes, zero-padded, then the length
+            if longest:
+                at = s[:, None] + np.arange(longest)
+                np.minimum(at, len(self.u8) - 1, out=at)
+                rows[:, :longest] = self.u8[at]
+                del at
+                rows[:, :longest][np.arange(longest) >= c[:, None]] = 0
+            rows[:, longest:] = c.astype("<u4").view(np.uint8).reshape(len(s), 4)
+            keyed = rows.view(np.dtype((np.void, longest + 4))).reshape(-1)
+            _, first_of, inverse = np.unique(keyed, return_index=True, return_inverse=True)
+            ids = np.array([distinct.setdefault(bytes(self.u8[int(s[k]) : int(s[k]) + int(c[k])]), len(distinct))
+                            for k in first_of.tolist()], np.int64)
+            which[lo : lo + len(s)] = ids[inverse.reshape(-1)]
+        return list(distinct), which
 
-    def field(self, index: int) -> np.ndarray:
-        """Absolute position of field `index` in each table; 0 where absent."""
+    def field(self, index: int, rows: np.ndarray | None = None) -> np.ndarray:
+        """Absolute position of field `index` in each table (of `rows`); 0 where absent."""
         slot = 4 + 2 * index
-        present = self.vt_size > slot
-        off = np.zeros(self.n, np.int64)
-        off[present] = self.u16(self.vt[present] + slot)
-        return np.where(off > 0, self.pos + off, 0)
+        vt, vt_size, pos = (self.vt, self.vt_size, self.pos) if rows is None else (
+            self.vt[rows], self.vt_size[rows], self.pos[rows])
+        present = vt_size > slot
+        off = np.zeros(len(vt), np.int64)
+        off[present] = self.u16(vt[present] + slot)
+        return np.where(off > 0, pos + off, 0)
 
-    def scalar_u64(self, index: int) -> np.ndarray:
-        p = self.field(index)
-        out = np.zeros(self.n, np.uint64)
+    def present(self, index: int) -> np.ndarray:
+        return self.field(index) > 0
+
+    def scalar_u64(self, index: int, rows: np.ndarray | None = None) -> np.ndarray:
+        p = self.field(index, rows)
+        out = np.zeros(len(p), np.uint64)
         has = p > 0
         out[has] = self.u64(p[has])
         return out
 
-    def scalar_u32(self, index: int) -> np.ndarray:
-        p = self.field(index)
-        out = np.zeros(self.n, np.int64)
+    def scalar_u32(self, index: int, rows: np.ndarray | None = None) -> np.ndarray:
+        p = self.field(index, rows)
+        out = np.zeros(len(p), np.int64)
         has = p > 0
         out[has] = self.u32(p[has])
         return out
 
-    def vectors(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """(start of the elements, element count) of a vector/string field; count -1 where absent."""
-        p = self.field(index)
+    def vectors(self, index: int, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(start of the elements, element count) of a vector/string field (of `rows`); count -1
+        where absent."""
+        p = self.field(index, rows)
         has = p > 0
-        start = np.zeros(self.n, np.int64)
-        count = np.full(self.n, -1, np.int64)
+        start = np.zeros(len(p), np.int64)
+        count = np.full(len(p), -1, np.int64)
         v = p[has] + self.u32(p[has])
         start[has] = v + 4
         count[has] = self.u32(v)

@@ -1,8 +1,11 @@
-"""Icechunk repositories as reference sets, read from the on-disk format (Icechunk 1.x, spec 1).
+"""Icechunk repositories as reference sets, read from the on-disk format: format spec 1 (Icechunk
+1.x) and spec 2 (Icechunk 2.x), with no icechunk package and no generated code.
 
-The icechunk Python package can read chunks but does not tell where they are, so the snapshot and
-manifest files are read directly: each is a 39-byte header (magic, writer name, spec version, file
-type, compression) and a zstd-compressed FlatBuffer (schemas: icechunk/flatbuffers/*.fbs).
+The icechunk Python package can read chunks but does not tell where they are, so the repository's
+files are read directly (icechunk_files.py: a header and a zstd-compressed FlatBuffer each; schemas
+in icechunk-format/flatbuffers/*.fbs of the Icechunk repository): the entry point names the snapshot
+(icechunk_repo.py: `refs/` in spec 1, the `repo` file in spec 2), the snapshot lists the nodes and,
+per array, the manifests that hold its chunk references.
 
 What one snapshot becomes (Zarr v3 keys, as an Icechunk store presents them):
 - every node's ``zarr.json`` (the node's user data) -> inline bytes;
@@ -12,13 +15,14 @@ What one snapshot becomes (Zarr v3 keys, as an Icechunk store presents them):
 
 The version is resolved once, at load: a branch or tag names a snapshot id, and the mount serves that
 snapshot for its whole life (later commits do not change it).
-Virtual chunk urls must lie under one of the repository's virtual chunk containers. Their ETag or
+Virtual chunk urls resolve through the repository's virtual chunk containers (icechunk_containers.py:
+relative `vcc://` urls, re-pointing, authorisation); the containers a snapshot uses are kept in
+``refset.icechunk_containers`` for the mount to check against the user's authorisation. ETag or
 last-modified checksums are kept in ``refset.checksums`` (url id -> (kind, value)) for the fetch layer.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
@@ -29,33 +33,19 @@ import numpy as np
 
 from refmount.errors import RefsError, quote
 from refmount.refs.flatbuf import FormatError, Table, TableColumns
+from refmount.refs.icechunk_containers import Containers
+from refmount.refs.icechunk_files import (FILE_MANIFEST, FILE_SNAPSHOT, MAGIC, RepoFiles, object_id,
+                                          read_flatbuffer)
+from refmount.refs.icechunk_repo import REPO_FILE, Version, read_repo_info, resolve_snapshot
 from refmount.refs.model import INLINE, RefSetBuilder
 from refmount.fetch.protocols import is_remote, local_path
 
 log = logging.getLogger("refmount")
 
-MAGIC = "ICE🧊CHUNK".encode()
-HEADER_BYTES = len(MAGIC) + 24 + 3
-FILE_SNAPSHOT, FILE_MANIFEST = 1, 2
-SPEC_VERSION = 1
-_RFC4648 = b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
-_CROCKFORD = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_TO_CROCKFORD = bytes.maketrans(_RFC4648, _CROCKFORD)
+__all__ = ["Version", "version_from_options", "reject_version", "is_icechunk_location", "load_icechunk",
+           "object_id", "chunk_key_batches", "chunk_key_layout"]
+
 _REFERENCE_SUFFIXES = (".json", ".parq", ".parquet", ".gz", ".bz2", ".xz", ".zst", ".zstd")
-
-
-@dataclass(frozen=True)
-class Version:
-    """Which snapshot to mount: exactly one of branch, tag, snapshot (default: branch main)."""
-
-    branch: str | None = None
-    tag: str | None = None
-    snapshot: str | None = None
-
-    def describe(self) -> str:
-        if self.snapshot:
-            return f"snapshot {self.snapshot}"
-        return f"tag {self.tag!r}" if self.tag else f"branch {self.branch or 'main'!r}"
 
 
 def version_from_options(opts) -> Version | None:
@@ -67,62 +57,28 @@ def version_from_options(opts) -> Version | None:
 def reject_version(location: str, version: Version | None) -> None:
     if version is not None and (version.branch or version.tag or version.snapshot):
         raise RefsError(f"--branch, --tag and --snapshot apply to Icechunk repositories only; {quote(location)} "
-                        "is not one (no refs/ and snapshots/)")
+                        "is not one (no repo file, nor refs/ and snapshots/)")
 
 
-def object_id(raw: bytes) -> str:
-    """Icechunk's text form of an object id: Crockford base32, no padding."""
-    return base64.b32encode(raw).rstrip(b"=").translate(_TO_CROCKFORD).decode()
-
-
-class RepoFiles:
-    """Reads the repository's own objects (local directory, or any fsspec url)."""
-
-    def __init__(self, location: str, remote_options: dict | None = None) -> None:
-        self.location = location.rstrip("/")
-        self.remote = is_remote(location)
-        self.remote_options = remote_options or {}
-        self._fs = None
-        if self.remote:
-            import fsspec
-
-            self._fs, self._root = fsspec.core.url_to_fs(self.location, **self.remote_options)
-        else:
-            self._root = os.path.abspath(local_path(self.location))
-
-    def url(self, relpath: str) -> str:
-        """The url a chunk object is read from (an absolute path for a local repository)."""
-        return f"{self.location}/{relpath}" if self.remote else os.path.join(self._root, relpath)
-
-    def exists(self, relpath: str) -> bool:
-        if not self.remote:
-            return os.path.exists(os.path.join(self._root, relpath))
-        try:
-            return bool(self._fs.exists(f"{self._root}/{relpath}"))
-        except Exception:
-            return False
-
-    def read(self, relpath: str) -> bytes:
-        try:
-            if not self.remote:
-                with open(os.path.join(self._root, relpath), "rb") as f:
-                    return f.read()
-            return self._fs.cat_file(f"{self._root}/{relpath}")
-        except FileNotFoundError:
-            raise RefsError(f"Icechunk repository {quote(self.location)} has no {relpath}") from None
-        except OSError as e:
-            raise RefsError(f"cannot read {relpath} of Icechunk repository {quote(self.location)}: {e}") from None
-        except Exception as e:  # network errors of every kind from every fsspec backend
-            raise RefsError(f"cannot read {relpath} of Icechunk repository {quote(self.location)}: "
-                            f"{type(e).__name__}: {e}") from None
+def _starts_with_magic(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
 
 
 def is_icechunk_location(location: str, remote_options: dict | None = None, version: Version | None = None) -> bool:
-    """A local directory with refs/ and snapshots/; remotely, any version option given, or a url that
-    does not look like a reference file and holds a main branch or a config.yaml."""
+    """Locally: a directory with an Icechunk `repo` file (spec 2 and later: any version, so that a newer
+    one is refused by name), or with refs/ and snapshots/ (spec 1). Remotely: any version option given,
+    or a url that does not look like a reference file and holds a repo file, a main branch or a
+    config.yaml."""
     if not is_remote(location):
         root = local_path(location)
-        return os.path.isdir(os.path.join(root, "snapshots")) and os.path.isdir(os.path.join(root, "refs"))
+        if _starts_with_magic(os.path.join(root, REPO_FILE)):
+            return True
+        snapshots = os.path.isdir(os.path.join(root, "snapshots"))
+        return snapshots and (os.path.isdir(os.path.join(root, "refs")) or os.path.exists(os.path.join(root, REPO_FILE)))
     if version is not None and (version.branch or version.tag or version.snapshot):
         return True
     if location.rstrip("/").lower().endswith(_REFERENCE_SUFFIXES):
@@ -131,96 +87,7 @@ def is_icechunk_location(location: str, remote_options: dict | None = None, vers
         files = RepoFiles(location, remote_options)
     except Exception:
         return False
-    return files.exists("refs/branch.main/ref.json") or files.exists("config.yaml")
-
-
-def read_flatbuffer(files: RepoFiles, relpath: str, file_type: int) -> bytes:
-    data = files.read(relpath)
-    if len(data) < HEADER_BYTES or not data.startswith(MAGIC):
-        raise RefsError(f"{relpath} of Icechunk repository {quote(files.location)} is not an Icechunk file")
-    spec, kind, compression = data[HEADER_BYTES - 3 : HEADER_BYTES]
-    if spec != SPEC_VERSION:
-        raise RefsError(f"{relpath}: Icechunk format spec {spec} is not supported (refmount reads spec "
-                        f"{SPEC_VERSION}, as written by Icechunk 1.x)")
-    if kind != file_type:
-        raise RefsError(f"{relpath}: Icechunk file type {kind}, expected {file_type}")
-    body = memoryview(data)[HEADER_BYTES:]
-    if compression == 0:
-        return bytes(body)
-    if compression != 1:
-        raise RefsError(f"{relpath}: unknown Icechunk compression {compression}")
-    import zstandard
-
-    try:
-        return zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True).read()
-    except zstandard.ZstdError as e:
-        raise RefsError(f"{relpath}: corrupt zstd data: {e}") from None
-
-
-def resolve_snapshot(files: RepoFiles, version: Version) -> str:
-    """The snapshot id a branch or tag points at now (or the given snapshot id, checked)."""
-    if version.snapshot:
-        if not files.exists(f"snapshots/{version.snapshot}"):
-            raise RefsError(f"Icechunk repository {quote(files.location)} has no snapshot {version.snapshot!r}")
-        return version.snapshot
-    if version.tag:
-        relpath = f"refs/tag.{version.tag}/ref.json"
-        if files.exists(f"refs/tag.{version.tag}/ref.json.deleted"):
-            raise RefsError(f"tag {version.tag!r} of Icechunk repository {quote(files.location)} was deleted")
-    else:
-        relpath = f"refs/branch.{version.branch or 'main'}/ref.json"
-    if not files.exists(relpath):
-        raise RefsError(f"Icechunk repository {quote(files.location)} has no {version.describe()}")
-    try:
-        snapshot = json.loads(files.read(relpath))["snapshot"]
-    except (ValueError, KeyError, TypeError):
-        raise RefsError(f"{relpath} of Icechunk repository {quote(files.location)} is malformed") from None
-    return str(snapshot)
-
-
-def virtual_container_prefixes(files: RepoFiles) -> list[str]:
-    """url_prefix of every virtual chunk container in the repository's config.yaml."""
-    if not files.exists("config.yaml"):
-        return []
-    import yaml
-
-    class _Loader(yaml.SafeLoader):
-        pass
-
-    # store types are YAML tags (!http, !s3, ...): only the url prefixes matter here
-    _Loader.add_multi_constructor("!", lambda loader, suffix, node: (
-        loader.construct_mapping(node) if isinstance(node, yaml.MappingNode) else None))
-    try:
-        config = yaml.load(files.read("config.yaml"), Loader=_Loader) or {}
-    except yaml.YAMLError as e:
-        raise RefsError(f"config.yaml of Icechunk repository {quote(files.location)} is malformed: "
-                        f"{str(e).splitlines()[0]}") from None
-    containers = config.get("virtual_chunk_containers") or {}
-    return [str(c.get("url_prefix") or name) for name, c in containers.items() if isinstance(c, dict)]
-
-
-def container_url(url: str, prefixes: list[str], array_path: str) -> str:
-    """`url` if it lies under one of the virtual chunk containers, else a one-line error.
-
-    Icechunk 1.x stores virtual urls without their port (http://host:8080/x.nc is written as
-    http://host/x.nc; fixed in Icechunk 2.1, issue earth-mover/icechunk#2223): a url that matches no
-    container as written, but exactly one container whose prefix has a port once that port is left
-    out, gets the port back from that container."""
-    if any(url.startswith(prefix) for prefix in prefixes):
-        return url
-    from urllib.parse import urlsplit
-
-    candidates = []
-    for prefix in prefixes:
-        parts = urlsplit(prefix)
-        if parts.port is not None:
-            portless = prefix.replace(parts.netloc, parts.netloc.rsplit(":", 1)[0], 1)
-            if url.startswith(portless):
-                candidates.append(prefix + url[len(portless):])
-    if len(candidates) == 1:
-        return candidates[0]
-    raise RefsError(f"virtual chunk url {quote(url)} of array {quote(array_path or '/')} is not under any "
-                    "virtual chunk container of the repository's configuration")
+    return any(files.exists(p) for p in (REPO_FILE, "refs/branch.main/ref.json", "config.yaml"))
 
 
 @dataclass
@@ -231,7 +98,7 @@ class _Array:
     key_prefix: str  # e.g. "air/c/"
     separator: str
     scalar_key: str  # the one chunk key of a 0-d array ("air/c", or "air/0" in the v2 encoding)
-    manifests: list[str]
+    manifests: list[tuple[str, list[tuple[int, int]]]]  # (manifest id, [from, to) chunk indexes per dimension)
 
 
 def chunk_key_layout(meta: dict, path: str) -> tuple[str, str, str]:
@@ -245,45 +112,42 @@ def chunk_key_layout(meta: dict, path: str) -> tuple[str, str, str]:
     return base + "c/", config.get("separator", "/"), base + "c"
 
 
+# Field numbers of snapshot.fbs and manifest.fbs (a union takes two: its type, then its value).
+_NODE_ID, _NODE_PATH, _NODE_USER_DATA, _NODE_DATA_TYPE, _NODE_DATA = 0, 1, 2, 3, 4
+_ARRAY_SHAPE, _ARRAY_MANIFESTS, _ARRAY_SHAPE_V2 = 0, 2, 3
+_MANIFEST_REF_ID, _MANIFEST_REF_EXTENTS = 0, 1
+_MANIFEST_ARRAYS, _MANIFEST_DICTIONARY, _MANIFEST_LOCATION_COMPRESSION = 1, 2, 3
+_CHUNK_INDEX, _CHUNK_INLINE, _CHUNK_OFFSET, _CHUNK_LENGTH, _CHUNK_ID, _CHUNK_LOCATION = 0, 1, 2, 3, 4, 5
+_CHUNK_ETAG, _CHUNK_MODIFIED, _CHUNK_COMPRESSED_LOCATION = 6, 7, 8
+_NODE_ARRAY = 1  # NodeData union: 1 array, 2 group
+
 
 def _nodes(snapshot: bytes, location: str) -> tuple[list[tuple[str, bytes]], list[_Array]]:
-    """(zarr.json key, bytes) of every node, and the arrays with their manifests."""
+    """(zarr.json key, bytes) of every node, and the arrays with their manifests. Spec 1 gives an
+    array's dimensions in `shape`; spec 2 leaves that empty and fills `shape_v2`."""
     root = Table.root(snapshot)
     metadata, arrays = [], []
     for node in root.tables(2):
-        path = (node.string(1) or "/").strip("/")
-        user_data = node.bytes_(2) or b""
+        path = (node.string(_NODE_PATH) or "/").strip("/")
+        user_data = node.bytes_(_NODE_USER_DATA) or b""
         metadata.append((f"{path}/zarr.json" if path else "zarr.json", user_data))
-        if node.scalar(3, "B") != 1:  # NodeData union: 1 array, 2 group
+        if node.scalar(_NODE_DATA_TYPE, "B") != _NODE_ARRAY:
             continue
-        data = node.table(4)
-        shape = data.structs(0, "QQ")
-        manifests = [object_id(ref.struct_bytes(0, 12)) for ref in data.tables(2)]
+        data = node.table(_NODE_DATA)
+        if data is None:
+            raise FormatError(f"array {path or '/'} has no array data")
+        ndim = len(data.structs(_ARRAY_SHAPE, "QQ")) or len(data.tables(_ARRAY_SHAPE_V2))
+        manifests = [(object_id(ref.struct_bytes(_MANIFEST_REF_ID, 12) or b""),
+                      ref.structs(_MANIFEST_REF_EXTENTS, "II")) for ref in data.tables(_ARRAY_MANIFESTS)]
         try:
             meta = json.loads(user_data)
         except ValueError:
             raise RefsError(f"array {quote(path or '/')} of Icechunk repository {quote(location)} "
                             "has malformed zarr.json") from None
-        arrays.append(_Array(path, node.struct_bytes(0, 8), len(shape), *chunk_key_layout(meta, path), manifests))
+        if ndim == 0 and isinstance(meta, dict) and meta.get("shape"):
+            ndim = len(meta["shape"])  # (a snapshot that lists no dimensions: trust the metadata)
+        arrays.append(_Array(path, node.struct_bytes(_NODE_ID, 8), ndim, *chunk_key_layout(meta, path), manifests))
     return metadata, arrays
-
-
-class _Manifests:
-    """Manifest files, read once each: node id -> (buffer, position of its ChunkRef vector)."""
-
-    def __init__(self, files: RepoFiles) -> None:
-        self.files = files
-        self._read: dict[str, dict[bytes, tuple[bytes, int]]] = {}
-
-    def refs_of(self, manifest_id: str, node_id: bytes) -> tuple[bytes, int] | None:
-        found = self._read.get(manifest_id)
-        if found is None:
-            buf = read_flatbuffer(self.files, f"manifests/{manifest_id}", FILE_MANIFEST)
-            found = {}
-            for array in Table.root(buf).tables(1):
-                found[array.struct_bytes(0, 8)] = (buf, array.vector_position(1))
-            self._read[manifest_id] = found
-        return found.get(node_id)
 
 
 class _Checksums:
@@ -306,13 +170,47 @@ class _Checksums:
             self.by_url[url] = ("modified", min(old[1], new[1]))  # the strictest bound
 
 
+class _Locations:
+    """Virtual chunk locations -> url ids, each distinct location resolved once per load."""
+
+    def __init__(self, builder: RefSetBuilder, containers: Containers) -> None:
+        self.builder = builder
+        self.containers = containers
+        self._resolved: dict[bytes, str] = {}
+
+    def urls(self, distinct: list[bytes], array_path: str) -> list[str]:
+        out = []
+        for raw in distinct:
+            url = self._resolved.get(raw)
+            if url is None:
+                url = self._resolved[raw] = self.containers.resolve(raw.decode("utf-8"), array_path)
+            out.append(url)
+        return out
+
+
+def _decompressor(manifest: Table):
+    """Spec 2: virtual chunk locations may be zstd-compressed with a dictionary kept in the manifest."""
+    dictionary = manifest.bytes_(_MANIFEST_DICTIONARY)
+    if manifest.scalar(_MANIFEST_LOCATION_COMPRESSION, "B", 1) != 1 or not dictionary:
+        return None
+    import zstandard
+
+    return zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(dictionary))
+
+
 def _decimal_columns(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ASCII digits of non-negative ints, right-aligned in a fixed width, and which bytes are digits."""
+    """ASCII digits of non-negative ints, right-aligned in a fixed width, and which bytes are digits
+    (made a digit column at a time: no n x width array of int64)."""
+    values = values.astype(np.int64, copy=False)
     width = len(str(int(values.max()))) if len(values) else 1
-    powers = 10 ** np.arange(width - 1, -1, -1, dtype=np.int64)
-    digits = (values[:, None] // powers % 10 + 48).astype(np.uint8)
-    used = np.maximum((values[:, None] >= powers).sum(axis=1), 1)
-    return digits, np.arange(width) >= width - used[:, None]
+    digits = np.empty((len(values), width), np.uint8)
+    used = np.empty((len(values), width), bool)
+    for k in range(width):
+        power = 10 ** (width - 1 - k)
+        digits[:, k] = values // power % 10 + 48
+        used[:, k] = values >= power
+    used[:, -1] = True  # (0 has one digit)
+    return digits, used
 
 
 def chunk_key_batches(prefix: str, coords: np.ndarray, separator: str):
@@ -344,102 +242,209 @@ def chunk_key_batches(prefix: str, coords: np.ndarray, separator: str):
         yield blob[start : int(ends[stop - 1]) - 1], first, stop
 
 
-def _add_array_chunks(builder: RefSetBuilder, files: RepoFiles, array: _Array, buf: bytes, vector_pos: int,
-                      allowed_prefixes: list[str], checksums: _Checksums) -> int:
+def _virtual_urls(cols: TableColumns, refs: np.ndarray, field: int, decompressor, array: _Array,
+                  locations: _Locations) -> tuple[list[str], np.ndarray]:
+    """(urls, index into them of each ref) of the virtual refs `refs`, whose location is in `field`
+    (compressed with the manifest's dictionary if `decompressor`)."""
+    start, count = cols.vectors(field, refs)
+    distinct, which = cols.strings(start, count)
+    del start, count
+    if decompressor is not None:
+        import zstandard
+
+        try:
+            distinct = [decompressor.decompress(raw, max_output_size=1024) for raw in distinct]
+        except zstandard.ZstdError as e:
+            raise RefsError(f"array {quote(array.path or '/')}: a compressed virtual chunk location does not "
+                            f"decompress ({e})") from None
+        # (two compressed forms of one location are one url: merge them)
+        merged, remap = {}, np.empty(len(distinct), np.int64)
+        for k, raw in enumerate(distinct):
+            remap[k] = merged.setdefault(raw, len(merged))
+        distinct, which = list(merged), remap[which]
+    return locations.urls(distinct, array.path), which
+
+
+def _note_checksums(cols: TableColumns, refs: np.ndarray, urls: list[str], which: np.ndarray,
+                    checksums: _Checksums) -> None:
+    modified = cols.scalar_u32(_CHUNK_MODIFIED, refs)
+    dated = modified > 0
+    if dated.any():
+        oldest = np.full(len(urls), np.iinfo(np.int64).max, np.int64)
+        np.minimum.at(oldest, which[dated], modified[dated])
+        for j in np.flatnonzero(oldest < np.iinfo(np.int64).max).tolist():
+            checksums.add(urls[j], None, int(oldest[j]))
+    del modified, dated
+    etag_start, etag_count = cols.vectors(_CHUNK_ETAG, refs)
+    for k in np.flatnonzero(etag_count > 0).tolist():
+        a, c = int(etag_start[k]), int(etag_count[k])
+        checksums.add(urls[which[k]], bytes(cols.buf[a : a + c]).decode("utf-8", "replace"), 0)
+
+
+def _within(coords: np.ndarray, extents: list[tuple[int, int]]) -> np.ndarray | None:
+    """Which chunks lie in a manifest ref's extents ([from, to) per dimension); None: all of them.
+    (Icechunk looks a chunk up only in the manifest whose extents hold it.)"""
+    if not extents or len(extents) != coords.shape[1]:
+        return None
+    keep = np.ones(len(coords), bool)
+    for j, (lo, hi) in enumerate(extents):
+        keep &= (coords[:, j] >= lo) & (coords[:, j] < hi)
+    return None if keep.all() else keep
+
+
+@dataclass
+class _Chunks:
+    """One array's chunk references out of one manifest, in arrays of their own (the manifest's
+    buffer can go before the keys are made)."""
+
+    array: _Array
+    coords: np.ndarray  # (n, ndim) uint32
+    url_ids: np.ndarray
+    offsets: np.ndarray
+    lengths: np.ndarray
+    inline: dict[int, bytes]
+
+
+def _read_chunks(builder: RefSetBuilder, files: RepoFiles, array: _Array, manifest: Table, vector_pos: int,
+                 extents: list[tuple[int, int]], locations: _Locations, checksums: _Checksums) -> _Chunks | None:
+    """The chunk references of `array` in a manifest (its ChunkRef vector at `vector_pos`), read
+    column by column: each kind (native, virtual, inline) only where it is."""
+    buf = manifest.buf
     cols = TableColumns(buf, vector_pos)
     n = cols.n
     if n == 0:
-        return 0
-    mem = memoryview(buf)
-    index_start, index_count = cols.vectors(0)
+        return None
+    index_start, index_count = cols.vectors(_CHUNK_INDEX)
     if (index_count != array.ndim).any() and not (array.ndim == 0 and (index_count <= 0).all()):
         raise RefsError(f"array {quote(array.path or '/')}: a manifest chunk index does not have "
                         f"{array.ndim} dimensions")
-    offsets = cols.scalar_u64(2).astype(np.int64)
-    lengths = cols.scalar_u64(3).astype(np.int64)
+    coords = np.empty((n, array.ndim), np.uint32)
+    for j in range(array.ndim):
+        coords[:, j] = cols.u32(index_start + 4 * j)
+    del index_start, index_count
+    keep = _within(coords, extents)
+    rows = None if keep is None else np.flatnonzero(keep)
+    if rows is not None:
+        coords, n = coords[rows], len(rows)
+        if n == 0:
+            return None
+        # (from here on, only the tables kept: `rows` maps their order to the manifest's)
+        cols.pos, cols.vt, cols.vt_size = cols.pos[rows], cols.vt[rows], cols.vt_size[rows]
+        cols.n = n
+    offsets = cols.scalar_u64(_CHUNK_OFFSET).view(np.int64)
+    lengths = cols.scalar_u64(_CHUNK_LENGTH).view(np.int64)
     url_ids = np.full(n, INLINE, np.int32)
-    inline: dict[int, bytes] = {}
 
-    inline_start, inline_count = cols.vectors(1)
-    for k in np.flatnonzero(inline_count >= 0).tolist():
-        a = int(inline_start[k])
-        inline[k] = bytes(mem[a : a + int(inline_count[k])])
-        lengths[k] = len(inline[k])
-
-    native = cols.field(4)
-    has_native = np.flatnonzero(native > 0)
-    if len(has_native):
-        ids = cols._gather(native[has_native], 12)
-        urls = [files.url("chunks/" + object_id(row.tobytes())) for row in ids]
-        url_ids[has_native] = builder.url_ids(urls)
-
-    loc_start, loc_count = cols.vectors(5)
-    virtual = np.flatnonzero(loc_count >= 0)
-    if len(virtual):
-        distinct, which = cols.strings(loc_start[virtual], loc_count[virtual])
-        urls = [container_url(raw.decode("utf-8"), allowed_prefixes, array.path) for raw in distinct]
-        url_ids[virtual] = builder.url_ids(urls)[which]
-        modified = cols.scalar_u32(7)[virtual]
-        dated = modified > 0
-        if dated.any():
-            oldest = np.full(len(urls), np.iinfo(np.int64).max, np.int64)
-            np.minimum.at(oldest, which[dated], modified[dated])
-            for j in np.flatnonzero(oldest < np.iinfo(np.int64).max).tolist():
-                checksums.add(urls[j], None, int(oldest[j]))
-        etag_start, etag_count = cols.vectors(6)
-        for k in np.flatnonzero(etag_count[virtual] > 0).tolist():
-            a, c = int(etag_start[virtual[k]]), int(etag_count[virtual[k]])
-            checksums.add(urls[which[k]], bytes(mem[a : a + c]).decode("utf-8", "replace"), 0)
-
-    neither = (url_ids == INLINE) & (inline_count < 0)
+    # Which kind each ref is, in Icechunk's order: a chunk id, else a compressed location, else a
+    # location, else inline bytes.
+    is_native = cols.present(_CHUNK_ID)
+    is_compressed = ~is_native & cols.present(_CHUNK_COMPRESSED_LOCATION)
+    is_plain = ~is_native & ~is_compressed & cols.present(_CHUNK_LOCATION)
+    is_inline = ~is_native & ~is_compressed & ~is_plain & cols.present(_CHUNK_INLINE)
+    neither = ~(is_native | is_compressed | is_plain | is_inline)
     if neither.any():
         k = int(np.flatnonzero(neither)[0])
         raise RefsError(f"array {quote(array.path or '/')}: manifest entry {k} is neither inline, native nor virtual")
+    del neither
+
+    refs = np.flatnonzero(is_native)
+    if len(refs):
+        ids = cols._gather(cols.field(_CHUNK_ID, refs), 12)
+        urls = [files.url("chunks/" + object_id(row.tobytes())) for row in ids]
+        url_ids[refs] = builder.url_ids(urls)
+        del ids, urls
+
+    for mask, field in ((is_plain, _CHUNK_LOCATION), (is_compressed, _CHUNK_COMPRESSED_LOCATION)):
+        refs = np.flatnonzero(mask)
+        if not len(refs):
+            continue
+        decompressor = None
+        if field == _CHUNK_COMPRESSED_LOCATION:
+            decompressor = _decompressor(manifest)
+            if decompressor is None:
+                raise RefsError(f"array {quote(array.path or '/')}: compressed virtual chunk locations in a "
+                                "manifest without a location dictionary")
+        urls, which = _virtual_urls(cols, refs, field, decompressor, array, locations)
+        url_ids[refs] = builder.url_ids(urls)[which]
+        _note_checksums(cols, refs, urls, which, checksums)
+        del which
+
+    inline: dict[int, bytes] = {}
+    refs = np.flatnonzero(is_inline)
+    if len(refs):
+        inline_start, inline_count = cols.vectors(_CHUNK_INLINE, refs)
+        for k, a, c in zip(refs.tolist(), inline_start.tolist(), inline_count.tolist()):
+            inline[k] = bytes(buf[a : a + c])
+            lengths[k] = c
+    return _Chunks(array, coords, url_ids, offsets, lengths, inline)
+
+
+def _add_chunks(builder: RefSetBuilder, chunks: _Chunks) -> int:
+    """Key every chunk reference by the array's chunk key encoding and add it."""
+    array, n = chunks.array, len(chunks.url_ids)
     if array.ndim == 0:
-        builder.add_batch([array.scalar_key] * n, url_ids, offsets, lengths, inline)
+        builder.add_batch([array.scalar_key] * n, chunks.url_ids, chunks.offsets, chunks.lengths, chunks.inline)
         return n
-    coords = cols.u32((index_start[:, None] + 4 * np.arange(array.ndim)).reshape(-1)).reshape(n, array.ndim)
-    inline_at = np.array(sorted(inline), np.int64)
-    for encoded, first, stop in chunk_key_batches(array.key_prefix, coords, array.separator):
+    inline_at = np.array(sorted(chunks.inline), np.int64)
+    for encoded, first, stop in chunk_key_batches(array.key_prefix, chunks.coords, array.separator):
         lo, hi = np.searchsorted(inline_at, [first, stop])
-        batch_inline = {k - first: inline[k] for k in inline_at[lo:hi].tolist()}
-        builder.add_encoded(encoded, stop - first, url_ids[first:stop], offsets[first:stop], lengths[first:stop],
-                            batch_inline)
+        batch_inline = {k - first: chunks.inline[k] for k in inline_at[lo:hi].tolist()}
+        builder.add_encoded(encoded, stop - first, chunks.url_ids[first:stop], chunks.offsets[first:stop],
+                            chunks.lengths[first:stop], batch_inline)
     return n
 
 
+def _chunks_by_manifest(arrays: list[_Array]) -> dict[str, list[tuple[_Array, list[tuple[int, int]]]]]:
+    """manifest id -> the (array, extents) that read it, so that each manifest is read once and let go."""
+    out: dict[str, list] = {}
+    for array in arrays:
+        for manifest_id, extents in array.manifests:
+            out.setdefault(manifest_id, []).append((array, extents))
+    return out
+
+
 def load_icechunk(location: str, *, remote_options: dict | None = None, version: Version | None = None,
-                  max_keys: int | None = None):
-    """The RefSet of one snapshot of the Icechunk repository at `location`."""
+                  max_keys: int | None = None, containers: dict[str, str] | None = None):
+    """The RefSet of one snapshot of the Icechunk repository at `location`. `containers` re-points
+    named virtual chunk containers (name -> url prefix)."""
     version = version or Version()
     if sum(bool(x) for x in (version.branch, version.tag, version.snapshot)) > 1:
         raise RefsError("give at most one of --branch, --tag and --snapshot")
     files = RepoFiles(location, remote_options)
-    snapshot_id = resolve_snapshot(files, version)
+    info = read_repo_info(files)
+    snapshot_id = resolve_snapshot(files, info, version)
+    vccs = Containers(info.config, location, containers)
     try:
-        snapshot = read_flatbuffer(files, f"snapshots/{snapshot_id}", FILE_SNAPSHOT)
+        _, _, snapshot = read_flatbuffer(files, f"snapshots/{snapshot_id}", FILE_SNAPSHOT)
         metadata, arrays = _nodes(snapshot, location)
+        del snapshot
         builder = RefSetBuilder(max_keys)
         builder.add_batch([k for k, _ in metadata], np.full(len(metadata), INLINE, np.int32),
                           np.zeros(len(metadata), np.int64), np.array([len(v) for _, v in metadata], np.int64),
                           {k: v for k, (_, v) in enumerate(metadata)})
-        prefixes = virtual_container_prefixes(files)
-        manifests = _Manifests(files)
+        locations = _Locations(builder, vccs)
         checksums = _Checksums()
         chunks = 0
-        for array in arrays:
-            for manifest_id in array.manifests:
-                found = manifests.refs_of(manifest_id, array.node_id)
-                if found is not None:
-                    chunks += _add_array_chunks(builder, files, array, *found, prefixes, checksums)
-        del manifests
+        for manifest_id, readers in _chunks_by_manifest(arrays).items():
+            _, _, buf = read_flatbuffer(files, f"manifests/{manifest_id}", FILE_MANIFEST)
+            manifest = Table.root(buf)
+            by_node = {a.struct_bytes(0, 8): a.vector_position(1) for a in manifest.tables(_MANIFEST_ARRAYS)}
+            found = [_read_chunks(builder, files, array, manifest, by_node[array.node_id], extents, locations,
+                                  checksums) for array, extents in readers if array.node_id in by_node]
+            del manifest, buf, by_node  # (the keys are made once the manifest is let go)
+            for part in found:
+                if part is not None:
+                    chunks += _add_chunks(builder, part)
+            del found
         refset = builder.build()
     except (FormatError, struct.error, IndexError, UnicodeDecodeError) as e:
         raise RefsError(f"Icechunk repository {quote(location)}: malformed snapshot or manifest "
                         f"({type(e).__name__}: {e})") from None
     refset.snapshot_id = snapshot_id
+    refset.icechunk_containers = vccs.used
+    refset.icechunk_location = location
     refset.checksums = {builder.url_ids([url])[0].item(): value for url, value in checksums.by_url.items()}
-    log.info("Icechunk repository %s: %s is snapshot %s (%d arrays, %d chunk references); this mount stays "
-             "on that snapshot", location, version.describe(), snapshot_id, len(arrays), chunks)
+    written = f" (format spec {info.spec}" + (f", {info.writer})" if info.writer else ")")
+    log.info("Icechunk repository %s%s: %s is snapshot %s (%d arrays, %d chunk references); this mount stays "
+             "on that snapshot", location, written, version.describe(), snapshot_id, len(arrays), chunks)
     return refset
-

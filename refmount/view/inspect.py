@@ -49,10 +49,11 @@ def inspect_refs(refset, zarr3: bool = False) -> list[dict]:
     return rows
 
 
-def run_inspect(location: str, *, remote_options: dict | None = None, as_json: bool = False, version=None) -> int:
+def run_inspect(location: str, *, remote_options: dict | None = None, as_json: bool = False, version=None,
+                containers: dict | None = None) -> int:
     from refmount.view.zarr3 import is_v3, v2_refset
 
-    refset = load_refs(location, remote_options=remote_options, version=version)
+    refset = load_refs(location, remote_options=remote_options, version=version, containers=containers)
     rows = inspect_refs(v2_refset(refset), zarr3=True) if is_v3(refset) else inspect_refs(refset)
     if as_json:
         print(json.dumps(rows, indent=2))

@@ -406,7 +406,8 @@ class RangeServer:
             headers["Accept-Ranges"] = "bytes"
         if_match = request.headers.get("If-Match")
         if_unmodified = request.headers.get("If-Unmodified-Since")
-        if (if_match is not None and if_match.strip() not in ("*", etag)) or (
+        # (an unquoted If-Match is compared as S3 does: Icechunk sends its recorded ETags so)
+        if (if_match is not None and if_match.strip() not in ("*", etag, etag.strip('"'))) or (
                 if_match is None and if_unmodified is not None
                 and email.utils.parsedate_to_datetime(if_unmodified).timestamp() < int(st.st_mtime)):
             return self._simple(412, headers)
