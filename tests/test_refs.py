@@ -88,6 +88,13 @@ def test_gen_arithmetic_fast_path_matches_jinja():
         assert got[f"k{i}_{j}"][1] == int(template.render(i=i, j=j))
 
 
+def test_gen_constant_expressions_render_as_jinja_does():
+    # found by test_fuzz: "{{0}}" in a key made the fast path map over a number instead of a column
+    spec = {"version": 1, "gen": [{"key": "g/{{i}}.{{0}}", "url": "u{{2 * 3}}", "offset": "{{7}}", "length": "{{i + 1}}",
+                                   "dimensions": {"i": {"stop": 3}}}]}
+    assert refs_from_dict(spec).to_dict() == {f"g/{i}.0": ["u6", 7, i + 1] for i in range(3)}
+
+
 @pytest.mark.parametrize("gen,message", [
     ({"key": "k{{i}}", "url": "u", "offset": "1", "dimensions": {"i": {"stop": 2}}}, "together"),
     ({"key": "k{{i}}", "url": "u", "dimensions": {"i": {"stop": 10**9}, "j": {"stop": 10**9}}}, "--max-keys"),

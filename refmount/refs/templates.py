@@ -465,7 +465,8 @@ class Template:
                 values = _eval_grid(part, grid, n)
                 if values is None:
                     return None
-                out.append(values)
+                # an expression of constants alone ("{{0}}", "{{2 * 3}}") is one number: a literal part
+                out.append(str(int(values)) if np.ndim(values) == 0 else values)
         return out
 
 
