@@ -136,6 +136,12 @@ def _cast(items: list, dtype: np.dtype) -> list:
     return [int(v) for v in items]
 
 
+def left_out_for_49(value) -> bool:
+    """netCDF-C 4.9.0 fails the whole open on a list of strings or an empty list, whatever the hints
+    say; null is dropped by 4.9.0 and read as the text "null" by 4.10."""
+    return value is None or value == [] or isinstance(value, list) and any(isinstance(v, str) for v in value)
+
+
 def served_attributes(zattrs: dict, dtype: np.dtype | None, fill) -> tuple[dict, list[str]]:
     """The .zattrs that netCDF-C reads faithfully for an array of `dtype` with .zarray `fill`
     (dtype None: a group). Returns (attributes, notes for the mount log)."""
@@ -151,9 +157,7 @@ def served_attributes(zattrs: dict, dtype: np.dtype | None, fill) -> tuple[dict,
     for name, value in list(attrs.items()):
         if name == "_ARRAY_DIMENSIONS":
             continue
-        # netCDF-C 4.9.0 fails the whole open on a list of strings or an empty list, whatever the
-        # hints say; null is dropped by 4.9.0 and read as the text "null" by 4.10
-        if value is None or value == [] or isinstance(value, list) and any(isinstance(v, str) for v in value):
+        if left_out_for_49(value):
             del attrs[name]
             notes.append(f"attribute {name!r} left out: netCDF-C 4.9.0 cannot read {_kind(value)} attribute "
                          "(it fails the whole open); the raw view keeps it")
