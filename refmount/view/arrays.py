@@ -552,10 +552,12 @@ def raw_verdicts(info: ArrayInfo) -> tuple[str, str]:
 
 
 def decoded_verdicts(info: ArrayInfo) -> tuple[str, str]:
-    """(netCDF-C 4.9.0, netCDF-C >= 4.10) verdicts for the decoded view in its default --chars form."""
+    """(netCDF-C 4.9.0, netCDF-C >= 4.10) verdicts for the decoded view, each reading its own form
+    (refmount.view.forms)."""
     if info.hidden_reason:
         return (f"hidden: {info.hidden_reason}",) * 2
+    if info.scalar:
+        return ("yes, as shape [1] (no netCDF-C reads a Zarr scalar)",) * 2
     if info.dtype is not None and info.dtype.kind == "S":
-        return ("yes, characters as numbers (--chars char: text)",
-                "yes, characters as numbers (--chars string: text)")
+        return "yes, characters as its own '<U1'", "yes, characters as '|S1' (strings in zarr mode)"
     return "yes", "yes"

@@ -175,19 +175,13 @@ def _unsigned(z: dict, a: dict) -> None:
 
 
 def form_notes(info: ArrayInfo) -> dict[str, str]:
-    """How each form serves this array, where it differs from the base plan (for `refmount inspect`)."""
-    base_z, base_a = info.out_zarray, info.zattrs
+    """What each form serves of this array (dtype, shape, fill, hints), where forms differ (for
+    `refmount inspect`); {} when every form serves the same .zarray."""
     out = {}
     for name, form in FORMS.items():
         z, a = served_array(info, form)
-        changes = []
-        if z["dtype"] != base_z["dtype"] or name == NC49.name and base_z["dtype"] == CHAR_DTYPE_49:
-            changes.append(f"dtype {z['dtype']}")
-        if z["shape"] != base_z["shape"] or info.scalar:
-            changes.append(f"shape {z['shape']}")
         hints = [k for k in HINT_KEYS if k in a]
-        if hints != [k for k in HINT_KEYS if k in base_a]:
-            changes.append("hints " + (", ".join(hints) or "none"))
-        if changes:
-            out[name] = "; ".join(changes)
-    return out
+        out[name] = (f"{z['dtype']} {z['shape']} fill {z.get('fill_value')!r}"
+                     + (f" ({', '.join(hints)})" if hints else ""))
+    shown = {v.split(" (")[0] for v in out.values()}
+    return out if len(shown) > 1 else {}

@@ -522,7 +522,8 @@ def _text(values) -> Optional[str]:
         return values.rstrip("\0")
     if isinstance(values, list) and all(isinstance(v, (str, list)) for v in values):
         parts = [_text(v) for v in values]
-        return None if None in parts else "\x1e".join(parts)
+        # (ncks prints a 2-D char array's rows with an empty string after them)
+        return None if None in parts else "\x1e".join(parts).rstrip("\x1e")
     return None
 
 
@@ -551,9 +552,12 @@ def _compare_tool(client, src, got, refs_attrs, zarray, values_undefined, notes)
             problems.append(_array_difference(np.asarray(src.values, dtype=object), np.asarray(values, dtype=object),
                                               "values") or "values differ")
         if client == "gdal":
+            refs_attrs = dict(refs_attrs or {})
             for name, prop in GDAL_AS_PROPERTIES.items():
                 for attrs in (src_attrs, got_attrs):
                     attrs.pop(name, None)
+                if name in refs_attrs:  # (what the refs hold of it, for telling kerchunk's losses)
+                    refs_attrs[prop] = refs_attrs.pop(name)
     wrong_attrs, lost_attrs = attr_differences(client, src_attrs, got_attrs, refs_attrs, zarray, notes)
     problems += wrong_attrs
     lost += lost_attrs

@@ -119,12 +119,15 @@ def nofill_variables(nc: Path) -> set:
     return undefined
 
 
+NO_LOG_LINE = "no log line names it"
+
+
 def hidden_reason(log: str, vpath: str) -> str:
     name = vpath.rpartition("/")[2]
     for line in log.splitlines():
         if "hid" in line and (vpath in line or f" {name}:" in line or f" {name} " in line):
             return line.split("decoded view:", 1)[-1].strip()[:300]
-    return "no log line names it"
+    return NO_LOG_LINE
 
 
 def isolated_snapshot(client: str, path: Path, zarr: bool, groups: List[str], work: Path) -> dict:
@@ -193,6 +196,12 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path, mount_args: List[s
     m = Mount(refs_path, mnt, ["--view", "decoded", *mount_args], log_path=work / f"mnt_{variant}.log")
     copies: dict = {}  # form -> a cp -r copy of the mount made in that form
     own_results: dict = {}  # client -> its results on a Zarr store its own library wrote
+
+    def own_result(client: str) -> dict:
+        if client not in own_results:
+            own_results[client] = own_store_result(client, nc, work, variant, sources[client], ref_index, nofill,
+                                                   snapshot, groups)
+        return own_results[client]
     try:
         m.start()
         with open(work / "pids", "a") as f:
@@ -209,6 +218,9 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path, mount_args: List[s
                     r["reason"] = untranslatable_reason(r["var"])
                 elif r["cls"] == HIDDEN:
                     r["reason"] = hidden_reason(m.log(), r["var"])
+                    if r["reason"] == NO_LOG_LINE and client in OWN_STORE_CLIENTS:  # (the client did not show it)
+                        o = own_result(client).get(r["var"])
+                        extra["same_on_own_store"] = o is not None and o["cls"] == HIDDEN
                 elif r["cls"] in (WRONG, ERROR):
                     if copy_result is None:
                         copy = copies.get(form)
@@ -226,10 +238,7 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path, mount_args: List[s
                     if not same:
                         extra["copy"] = f"{c['cls']}: {c['reason']}" if c else "absent on the copy"
                     if client in OWN_STORE_CLIENTS:
-                        if client not in own_results:
-                            own_results[client] = own_store_result(client, nc, work, variant, sources[client],
-                                                                   ref_index, nofill, snapshot, groups)
-                        o = own_results[client].get(r["var"])
+                        o = own_result(client).get(r["var"])
                         extra["same_on_own_store"] = o is not None and o["cls"] == r["cls"] and o["reason"] == r["reason"]
                 if form:
                     extra["form"] = form
@@ -259,9 +268,9 @@ def own_store(client: str, nc: Path, work: Path, variant: str):
     if client == "gdal":
         store = work / f"own_{variant}_gdal.zarr"
         cmd = ["/usr/bin/gdalmdimtranslate", "-q", "-of", "ZARR", str(nc), str(store)]
-    else:
+    else:  # (-u: netCDF-C 4.9.0 writes no unlimited dimension to Zarr, it fails unless they are made fixed)
         store = work / f"own_{variant}_netcdf49"
-        cmd = [NCCOPY, str(nc), f"file://{store}#mode=nczarr,file"]
+        cmd = [NCCOPY, "-u", str(nc), f"file://{store}#mode=nczarr,file"]
     if store.exists():
         return store
     try:
@@ -380,7 +389,7 @@ def proc_crashed(failure: str) -> bool:
 
 
 def row_class(r: dict) -> str:
-    if r["cls"] in ("error", "wrong") and r.get("same_on_own_store"):
+    if r["cls"] in ("error", "wrong", "hidden") and r.get("same_on_own_store"):
         return f"{r['cls']} (reader's limitation)"  # its own library's Zarr store shows it too
     if r["cls"] == "error" and r.get("same_on_copy"):
         return "error (limitation)"
@@ -396,7 +405,7 @@ def summarise(rows: List[dict]) -> str:
     c = Counter(row_class(r) for r in counted)
     limitation = c["error (limitation)"]
     errors = c["error"] + limitation
-    readers = c["error (reader's limitation)"] + c["wrong (reader's limitation)"]
+    readers = sum(c[f"{cls} (reader's limitation)"] for cls in ("error", "wrong", "hidden"))
     parts = [f"{c['identical']} identical", f"{c['wrong'] + c['wrong (FUSE: copy differs)']} wrong",
              f"{errors} error ({limitation} limitation)",
              f"{readers} reader's limitation (its own library's Zarr shows it too)", f"{c['hidden']} hidden",

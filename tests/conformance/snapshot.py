@@ -190,7 +190,8 @@ def netcdf4_snapshot(path: Path, zarr: bool) -> dict:
 # ----------------------------------------------------------------------------- xarray
 
 
-def xarray_snapshot(path: Path, zarr: bool, group_paths: List[str]) -> dict:
+def xarray_snapshot(path: Path, zarr: bool, group_paths: List[str], engine: str = "zarr") -> dict:
+    """`engine` "netcdf4": xarray's netcdf4 engine, on the mount through netCDF-C's Zarr url."""
     import xarray as xr
 
     out, groups, errors = {}, {}, []
@@ -198,7 +199,9 @@ def xarray_snapshot(path: Path, zarr: bool, group_paths: List[str]) -> dict:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                if zarr:
+                if zarr and engine == "netcdf4":
+                    ds = xr.open_dataset(nczarr_url(path), group=gpath or None, engine="netcdf4")
+                elif zarr:
                     ds = xr.open_zarr(str(path), group=gpath or None, consolidated=False)
                 else:
                     ds = xr.open_dataset(str(path), group=gpath or None)
@@ -335,13 +338,20 @@ def gdal_snapshot(path: Path, zarr: bool) -> dict:
                 if key in a:
                     attrs[f"({key})"] = ("json", a[key])
             out[f"{gpath}/{name}" if gpath else name] = VarShot(
-                type=str(a.get("datatype")), dims=tuple(d.rpartition("/")[2] for d in a.get("dimensions", ())),
+                type=str(a.get("datatype")), dims=tuple(_dimension_name(d) for d in a.get("dimensions", ())),
                 shape=tuple(a.get("dimension_size", ())), attrs=attrs, values=a.get("values"))
         for name, g in (node.get("groups") or {}).items():
             walk(g, f"{gpath}/{name}" if gpath else name)
 
     walk(tree, "")
     return {"vars": out, "groups": groups, "error": None}
+
+
+def _dimension_name(d) -> str:
+    """gdalmdiminfo names a dimension by its full name, or describes one it has no name for."""
+    if isinstance(d, dict):
+        d = d.get("full_name") or d.get("name") or ""
+    return str(d).rpartition("/")[2]
 
 
 CLIENTS = ("ncdump", "netcdf4", "xarray", "nco", "cdo", "gdal")
@@ -361,6 +371,8 @@ def snapshot(client: str, path: Path, zarr: bool, group_paths: List[str]) -> dic
         shot = cdo_snapshot(path, zarr)
     elif client == "gdal":
         shot = gdal_snapshot(path, zarr)
+    elif client == "xarray-netcdf4":  # (not in CLIENTS: compared as "xarray")
+        shot = xarray_snapshot(path, zarr, group_paths, engine="netcdf4")
     else:
         shot = xarray_snapshot(path, zarr, group_paths)
     return without_paths(shot, path)
