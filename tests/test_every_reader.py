@@ -32,7 +32,8 @@ pytestmark = pytest.mark.skipif(not all(Path(t).exists() for t in TOOLS),
 
 
 def write_source(path: Path) -> None:
-    """Characters (2-D names, 1-D flags), variable-length strings, a gridded float with a fill, an
+    """Characters (2-D names, one not ASCII: netCDF-C >= 4.10 reads '|S1' as one-byte strings, which
+    netCDF4-python decodes as UTF-8, so its form joins them into strings; 1-D flags), variable-length strings, a gridded float with a fill, an
     `_Unsigned` short holding values above 32767, and a scalar (a CF grid mapping)."""
     with netCDF4.Dataset(path, "w") as d:
         d.createDimension("station", 3)
@@ -40,7 +41,7 @@ def write_source(path: Path) -> None:
         d.createDimension("y", 4)
         d.createDimension("x", 5)
         names = d.createVariable("station_name", "S1", ("station", "name_len"))
-        names[:] = netCDF4.stringtochar(np.array(["Oslo", "Bergen", "Tromsø".encode()], "S8"))
+        names[:] = np.array([b"Oslo", b"Bergen", "Tromsø".encode()], "S8").view("S1").reshape(3, 8)
         d.createVariable("flag", "S1", ("station",))[:] = np.array([b"a", b"b", b"c"], "S1")
         d.createVariable("comment", str, ("station",))[:] = np.array(["first", "", "third één"], object)
         tas = d.createVariable("tas", "f4", ("y", "x"), fill_value=np.float32(-999.0))

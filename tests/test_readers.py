@@ -138,9 +138,14 @@ def test_characters_in_each_form():
     info = planned(zarray("|S1", [3, 4]), {"_ARRAY_DIMENSIONS": ["x", "n"]})
     served = {name: served_array(info, form) for name, form in FORMS.items()}
     assert {n: (z["dtype"], z["shape"]) for n, (z, _) in served.items()} == {
-        "nc49": ("<U1", [3, 4]), "nc410": ("|S1", [3, 4]), "zarr": ("|S1", [3, 4]), "gdal": ("|S4", [3]),
+        "nc49": ("<U1", [3, 4]), "nc410": ("|S4", [3]), "zarr": ("|S1", [3, 4]), "gdal": ("|S4", [3]),
         "portable": ("|u1", [3, 4])}
-    assert served["gdal"][1]["_ARRAY_DIMENSIONS"] == ["x"]
+    assert served["gdal"][1]["_ARRAY_DIMENSIONS"] == served["nc410"][1]["_ARRAY_DIMENSIONS"] == ["x"]
+    one = planned(zarray("|S1", [5]), {"_ARRAY_DIMENSIONS": ["n"]})  # (1-D: one string in netCDF, bytes to GDAL)
+    assert {n: served_array(one, f)[0]["dtype"] for n, f in FORMS.items()} == {
+        "nc49": "<U1", "nc410": "|S1", "zarr": "|S1", "gdal": "|u1", "portable": "|u1"}
+    split = planned(zarray("|S1", [3, 4], chunks=[3, 2]), {"_ARRAY_DIMENSIONS": ["x", "n"]})  # (strings across chunks)
+    assert served_array(split, FORMS["nc410"])[0]["dtype"] == "|S1"
 
 
 def test_fixed_strings_in_each_form():

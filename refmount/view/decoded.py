@@ -105,8 +105,7 @@ class DecodedView:
         renames: dict[str, int] = {}
         strlen_renames: dict[str, int] = {}
         fill_keys: dict[str, ArrayInfo] = {}  # missing chunks served as files (_fill_missing_chunks)
-        chars_with_dimension = any(f.chars not in ("string", "strings") for f in self.forms)
-        joined = any(f.chars == "strings" for f in self.forms)
+        chars_with_dimension = any(f.chars in ("char", "ubyte") for f in self.forms)
         for info in self.arrays:
             if info.strlen and getattr(self.refset, "lazy", False):
                 info.hidden_reason = "strings served as characters need their chunk keys renamed, not done for Parquet sets"
@@ -124,7 +123,7 @@ class DecodedView:
                 served[prefix + ".zattrs"] = [a for _, a in forms]
             if info.strlen and chars_with_dimension:
                 strlen_renames.update(self._strlen_chunk_names(info))
-            if joined and info.out_zarray["dtype"] == CHAR_DTYPE_49 and joins_last_dimension(info):
+            if any(joins_last_dimension(info, form) for form in self.forms):
                 renames.update(self._joined_chunk_names(info))
             if info.transforms_chunks or info.dir_id in self._shards:  # (an inner chunk is never its key's bytes)
                 self._chunks[info.dir_id] = info
@@ -148,7 +147,8 @@ class DecodedView:
         chars = [a.name for a in self.arrays if not a.hidden_reason and a.out_zarray["dtype"] == CHAR_DTYPE_49]
         if chars and len(self.forms) > 1:
             log.info("decoded view: character arrays %s are served in each reader's form (netCDF-C 4.9: '<U1'; "
-                     "netCDF-C >= 4.10 and zarr: '|S1'; GDAL: strings; unidentified readers: numbers)", listed(chars))
+                     "netCDF-C >= 4.10: strings; zarr: '|S1'; GDAL: as its netCDF driver; unidentified readers: "
+                     "numbers)", listed(chars))
         served[".zmetadata"] = [None] * len(self.forms)  # filled in below, once every key has its index
         added = {k: b"" for k in served if self.refset.find(k) < 0}
         self.refset = OverlayRefSet(self.refset, {**added, **dict.fromkeys(renames, b""),
@@ -156,7 +156,7 @@ class DecodedView:
         for key, i in renames.items():
             self._renamed[self.refset.find(key)] = i
         self._fill_keys = {self.refset.find(key): info for key, info in fill_keys.items()}
-        if not any(f.chars in ("string", "strings") for f in self.forms):  # (no form reads their own names)
+        if all(f.chars in ("char", "ubyte") for f in self.forms):  # (no form reads their own names)
             self._renamed_away = set(strlen_renames.values())
         by_index = {self.refset.find(k): v for k, v in served.items()}
         for n in range(len(self.forms)):

@@ -32,14 +32,15 @@ import numpy as np
 from refmount.view.arrays import CHAR_DTYPE_49, SCALAR_DIMENSION, ArrayInfo
 from refmount.view.ncattrs import HINT_49, HINT_410, HINT_KEYS, VARIABLE_TYPED
 
-CHARS = ("char", "string", "ubyte", "strings")
+CHARS = ("char", "string", "ubyte", "strings", "gdal")
 
 
 @dataclass(frozen=True)
 class Form:
     name: str
-    # "char": netCDF-C 4.9's '<U1'; "string": '|S1' and '|Sn'; "ubyte": '|u1' numbers; "strings": as GDAL's
-    # netCDF driver shows them, the last dimension joined into '|Sn' strings, a 1-D char array as bytes
+    # "char": netCDF-C 4.9's '<U1'; "string": '|S1' and '|Sn'; "ubyte": '|u1' numbers; "strings": a char
+    # array of 2 or more dimensions as '|Sn' strings of its last one, others '|S1'; "gdal": as GDAL's netCDF
+    # driver shows them, a 2-D char array as strings, others as bytes
     chars: str
     zarr_scalars: bool  # a scalar as shape [] (else [1] with dimension _scalar_)
     hints: tuple  # the NCZarr attribute type hints kept (each netCDF-C shows the other one as text)
@@ -48,24 +49,37 @@ class Form:
     # fill_value is the nodata GDAL's netCDF driver gives the source (_FillValue, else missing_value,
     # else none); missing chunks are then served as files (decoded.py) so that they still read as fill
     nodata_fill: bool = False
+    # strings served as UTF-8 bytes get `_Encoding: utf-8`, so that xarray's zarr engine gives str as for
+    # the source; not for netCDF-C >= 4.10, which reads '|Sn' as strings itself (and xarray's netcdf4
+    # engine then fails to decode them again)
+    encoding_attribute: bool = False
     description: str = ""
 
     def with_chars(self, chars: str | None) -> "Form":
         return self if chars is None or chars == self.chars else dataclasses.replace(self, chars=chars)
 
 
-NC49 = Form("nc49", "char", False, (HINT_49,), False, False,
-            "netCDF-C 4.9.x (Debian 12's ncdump, NCO, CDO): characters '<U1', scalars [1], _NCZARR_ATTR")
-NC410 = Form("nc410", "string", False, (HINT_410,), False, False,
-             "netCDF-C >= 4.10 (netCDF4-python wheels): characters '|S1', scalars [1], _nczarr_attr")
-ZARR = Form("zarr", "string", True, (), True, False,
-            "programs without netCDF-C or GDAL (zarr-python, xarray's zarr engine, cp): '|S1', real scalars")
-GDAL = Form("gdal", "strings", True, (), True, True, True,
-            "GDAL's Zarr driver: characters as strings (as GDAL's netCDF driver shows them), real scalars, "
-            "`_Unsigned` integers as unsigned dtypes")
-PORTABLE = Form("portable", "ubyte", False, (HINT_49, HINT_410), False, False,
-                "readers that cannot be identified: characters as numbers, scalars [1], both hints (no reader "
-                "crashes on it)")
+NC49 = Form("nc49", chars="char", zarr_scalars=False, hints=(HINT_49,), all_attributes=False,
+            unsigned_dtype=False,
+            description="netCDF-C 4.9.x (Debian 12's ncdump, NCO, CDO): characters '<U1', scalars [1], "
+                        "_NCZARR_ATTR hints")
+NC410 = Form("nc410", chars="strings", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
+             unsigned_dtype=False,
+             description="netCDF-C >= 4.10 (netCDF4-python wheels): characters '|S1', scalars [1], "
+                         "_nczarr_attr hints; char arrays as strings of their last dimension (netCDF-C reads "
+                         "'|S1' as one-byte strings, which netCDF4-python cannot decode when not ASCII)")
+ZARR = Form("zarr", chars="string", zarr_scalars=True, hints=(), all_attributes=True, unsigned_dtype=False,
+            encoding_attribute=True,
+            description="programs without netCDF-C or GDAL (zarr-python, xarray's zarr engine, cp): '|S1', "
+                        "real scalars, every attribute")
+GDAL = Form("gdal", chars="gdal", zarr_scalars=True, hints=(), all_attributes=True, unsigned_dtype=True,
+            nodata_fill=True,
+            description="GDAL's Zarr driver: characters as GDAL's netCDF driver shows them (2-D as strings), "
+                        "real scalars, `_Unsigned` integers as unsigned dtypes, fill_value as its nodata")
+PORTABLE = Form("portable", chars="ubyte", zarr_scalars=False, hints=(HINT_49, HINT_410), all_attributes=False,
+                unsigned_dtype=False,
+                description="programs that cannot be identified: characters as numbers, scalars [1], both hints "
+                            "(no reader crashes on it)")
 FORMS = {f.name: f for f in (NC49, NC410, ZARR, GDAL, PORTABLE)}
 FALLBACK = PORTABLE.name  # the form of a reader that cannot be identified
 
@@ -104,13 +118,17 @@ def served_hints(attrs: dict, form: Form) -> None:
             attrs.pop(key, None)
 
 
-def joins_last_dimension(info: ArrayInfo) -> bool:
-    """Does the "strings" form serve this char array's rows as '|Sn' strings of its last dimension?
-    GDAL's netCDF driver does so for a 2-D char array (1-D and 3-D ones are bytes: measured, GDAL 3.6).
-    Only where one chunk spans that dimension (a chunk's bytes are then whole strings), with the "."
-    separator: the chunk "i.0" of the characters is the chunk "i" of the strings (decoded.py)."""
+def joins_last_dimension(info: ArrayInfo, form: Form) -> bool:
+    """Does `form` serve this char array's rows as '|Sn' strings of its last dimension? "gdal" does
+    so for a 2-D char array, as GDAL's netCDF driver shows it (1-D and 3-D ones are bytes: measured,
+    GDAL 3.6); "strings" for 2 or more dimensions. Only where one chunk spans that dimension (a chunk's
+    bytes are then whole strings), with the "." separator: the chunk "i.0" of the characters is the
+    chunk "i" of the strings (decoded.py)."""
+    if form.chars not in ("gdal", "strings") or info.out_zarray["dtype"] != CHAR_DTYPE_49:
+        return False
     shape, chunks = info.out_zarray["shape"], info.out_zarray["chunks"]
-    return (not info.strlen and not info.scalar and len(shape) == 2 and chunks[-1] == shape[-1] > 0
+    rank_ok = len(shape) == 2 if form.chars == "gdal" else len(shape) >= 2
+    return (not info.strlen and not info.scalar and rank_ok and chunks[-1] == shape[-1] > 0
             and info.separator == ".")
 
 
@@ -124,19 +142,19 @@ def _drop_last_dimension(z: dict, a: dict) -> None:
 def _characters(info: ArrayInfo, form: Form, z: dict, a: dict) -> None:
     if form.chars == "ubyte":
         z["dtype"] = "|u1"
-    elif form.chars == "strings":
-        if info.strlen or joins_last_dimension(info):
+    elif form.chars in ("gdal", "strings"):
+        if info.strlen or joins_last_dimension(info, form):
             z["dtype"] = f"|S{info.strlen or z['shape'][-1]}"
             _drop_last_dimension(z, a)
         else:
-            z["dtype"] = "|u1"
+            z["dtype"] = "|u1" if form.chars == "gdal" else "|S1"
     elif form.chars == "string":
         z["dtype"] = "|S1"
         if info.strlen:  # |Sn as it is: the added last dimension goes
             z["dtype"] = f"|S{info.strlen}"
             _drop_last_dimension(z, a)
-        if info.recode_from is not None and "_Encoding" not in a:
-            a["_Encoding"] = "utf-8"  # (strings served as UTF-8 bytes: xarray then gives str, as for the source)
+        if info.recode_from is not None and form.encoding_attribute and "_Encoding" not in a:
+            a["_Encoding"] = "utf-8"
 
 
 def _nodata(a: dict):

@@ -503,6 +503,8 @@ def compare_var(client: str, src, got, refs_attrs, zarray, values_undefined: boo
 
 # ----------------------------------------------------------------------------- NCO, CDO and GDAL
 
+PACKING = ("scale_factor", "add_offset")
+
 TOOLS = ("nco", "cdo", "gdal")
 # GDAL's drivers show these attributes' meaning as the array's unit, scale and offset (the Zarr driver
 # only then); those are compared instead
@@ -534,7 +536,12 @@ def _compare_tool(client, src, got, refs_attrs, zarray, values_undefined, notes)
     if client == "cdo":
         a, b = src.values or [], got.values or []
         if not values_undefined and a != b:
-            problems.append(_cdo_difference(a, b))
+            integers = [k for k in PACKING if isinstance((refs_attrs or {}).get(k), int)]
+            if integers:  # (CDO 2.1 ignores an int64 add_offset: applied on the mount, where it is an int)
+                lost.append(f"[kerchunk] {'/'.join(integers)} a JSON integer (the source's integer type is lost): "
+                            f"CDO unpacks differently ({_cdo_difference(a, b)})")
+            else:
+                problems.append(_cdo_difference(a, b))
     else:
         values, squeezed = _unwrap_scalar(src.dims, got.dims, got.values)
         if squeezed:

@@ -258,13 +258,21 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path, mount_args: List[s
 
 
 # Clients whose library writes Zarr: a difference that a store their own library wrote from the source
-# shows too is a limitation of that library (Debian's netCDF-C 4.9.0; GDAL 3.6).
-OWN_STORE_CLIENTS = ("ncdump", "nco", "cdo", "gdal")
+# shows too is a limitation of that library (Debian's netCDF-C 4.9.0; GDAL 3.6; the netCDF4 wheel's 4.10.1).
+OWN_STORE_CLIENTS = ("ncdump", "nco", "cdo", "gdal", "netcdf4")
 
 
 def own_store(client: str, nc: Path, work: Path, variant: str):
     """A Zarr store of the source written by the client's own library: Debian's nccopy (netCDF-C
     4.9.0, NCZarr) for ncdump, NCO and CDO; gdalmdimtranslate (GDAL 3.6) for GDAL. None if it fails."""
+    if client == "netcdf4":
+        store = work / f"own_{variant}_netcdf410"
+        if not store.exists():
+            try:
+                copy_with_netcdf4(nc, f"file://{store}#mode=nczarr,file")
+            except Exception:  # noqa: BLE001 - no store, no proof
+                return None
+        return store
     if client == "gdal":
         store = work / f"own_{variant}_gdal.zarr"
         cmd = ["/usr/bin/gdalmdimtranslate", "-q", "-of", "ZARR", str(nc), str(store)]
@@ -278,6 +286,30 @@ def own_store(client: str, nc: Path, work: Path, variant: str):
     except subprocess.TimeoutExpired:
         return None
     return store if proc.returncode == 0 and store.exists() else None
+
+
+def copy_with_netcdf4(nc: Path, url: str) -> None:
+    """The source copied by netCDF4-python (its wheel's netCDF-C writes the NCZarr store): groups,
+    dimensions, variables with their fill, attributes and raw values."""
+    import netCDF4
+
+    def copy(src, dst) -> None:
+        for name, dim in src.dimensions.items():
+            dst.createDimension(name, None if dim.isunlimited() else len(dim))
+        for name, v in src.variables.items():
+            fill = v.getncattr("_FillValue") if "_FillValue" in v.ncattrs() else None
+            w = dst.createVariable(name, v.datatype, v.dimensions, fill_value=fill)
+            w.setncatts({a: v.getncattr(a) for a in v.ncattrs() if a != "_FillValue"})
+            v.set_auto_maskandscale(False)
+            w.set_auto_maskandscale(False)
+            if v.size:
+                w[...] = v[...]
+        dst.setncatts({a: src.getncattr(a) for a in src.ncattrs()})
+        for name, g in src.groups.items():
+            copy(g, dst.createGroup(name))
+
+    with netCDF4.Dataset(nc) as src, netCDF4.Dataset(url, "w") as dst:
+        copy(src, dst)
 
 
 def own_store_result(client, nc, work, variant, source, ref_index, nofill, snapshot, groups) -> dict:
