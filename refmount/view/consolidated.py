@@ -25,8 +25,9 @@ def consolidated_metadata(refset, served_json) -> bytes:
     return dump_json(value) if value is not None else b""
 
 
-def consolidated_value(refset, served_json) -> dict | None:
-    """The JSON value of `consolidated_metadata` (None: no .zmetadata)."""
+def consolidated_value(refset, served_json, quiet: bool = False) -> dict | None:
+    """The JSON value of `consolidated_metadata` (None: no .zmetadata). `quiet`: say nothing of
+    metadata stored remotely (a view building one per reader's form says it once)."""
     entries = {}
     unread = []
     for path in refset.dirs.paths:
@@ -44,6 +45,8 @@ def consolidated_value(refset, served_json) -> dict | None:
                 continue
             entries[prefix + name] = value
     if unread:
+        if quiet:
+            return None
         log.warning("no consolidated metadata: %s and %d more metadata keys are stored remotely",
                     unread[0], len(unread) - 1)
         return None

@@ -167,7 +167,7 @@ class DecodedView:
                     return by_index[i][n]
                 return self._inline_json(i)
 
-            by_index[self.refset.find(".zmetadata")][n] = consolidated_value(self.refset, served_json)
+            by_index[self.refset.find(".zmetadata")][n] = consolidated_value(self.refset, served_json, quiet=n > 0)
         for i, values in by_index.items():
             self._set_versions(i, values)
 
