@@ -58,6 +58,7 @@ class ArrayInfo:
     recode_from: np.dtype | None = None  # |O or <U strings, served as the fixed-length UTF-8 `dtype`
     # attributes netCDF-C 4.9.0 cannot read (it fails the whole open): left out of its forms only
     left_out: dict = field(default_factory=dict)
+    lazy: bool = False  # of a Parquet set, whose chunk keys are not known at mount (none can be renamed)
 
     @property
     def scalar(self) -> bool:
@@ -120,7 +121,7 @@ def scan_arrays(refset: RefSet) -> list[ArrayInfo]:
         i, raw = _inline(refset, prefix + ".zarray")
         if i is None:
             continue
-        info = ArrayInfo(path=path, dir_id=d, zarray={}, zattrs={})
+        info = ArrayInfo(path=path, dir_id=d, zarray={}, zattrs={}, lazy=getattr(refset, "lazy", False))
         if raw is None:
             info.hidden_reason = "its .zarray is stored remotely, so it cannot be rewritten at mount time"
         else:

@@ -129,7 +129,7 @@ def joins_last_dimension(info: ArrayInfo, form: Form) -> bool:
     shape, chunks = info.out_zarray["shape"], info.out_zarray["chunks"]
     rank_ok = len(shape) == 2 if form.chars == "gdal" else len(shape) >= 2
     return (not info.strlen and not info.scalar and rank_ok and chunks[-1] == shape[-1] > 0
-            and info.separator == ".")
+            and info.separator == "." and not info.lazy)
 
 
 def _drop_last_dimension(z: dict, a: dict) -> None:
