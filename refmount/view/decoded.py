@@ -244,7 +244,7 @@ class DecodedView:
         names = {}
         for i in self.refset.files_in(info.dir_id).tolist():
             name = self.refset.key(i)[len(prefix):]
-            if info.chunk_index(name) is not None and name.endswith(".0"):
+            if info.chunk_index(name) is not None and name.endswith(".0") and self.refset.find(prefix + name[:-2]) < 0:
                 names[f"{prefix}{name[:-2]}"] = i
         return names
 
