@@ -471,7 +471,8 @@ def _extend_unwritten_records(arrays: list[ArrayInfo]) -> None:
         info.out_zarray["shape"] = lengths
         info.out_zarray["chunks"] = [min(c, n) if size == 0 else c for n, size, c in zip(lengths, shape, chunks)]
         info.out_chunk_shape = tuple(info.out_zarray["chunks"])
-        if info.out_zarray.get("fill_value") is None and info.out_dtype.kind in "iuf":
+        # (numbers only: characters are served as one byte each, u1, but have no fill; nor has bool)
+        if info.out_zarray.get("fill_value") is None and info.dtype.kind in "iuf":
             info.out_zarray["fill_value"] = NC_DEFAULT_FILL[info.out_dtype.str[1:]]
         short = [f"{n} ({s} of {n_})" for n, s, n_ in zip(dims, shape, lengths) if s != n_]
         info.notes.append(f"records never written along {', '.join(short)}: given the dimension's length, "

@@ -216,6 +216,8 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path, mount_args: List[s
                 if r["cls"] == HIDDEN and not r["var"].startswith("(") and not ref_index.has_array(r["var"]):
                     r["cls"] = UNTRANSLATABLE
                     r["reason"] = untranslatable_reason(r["var"])
+                elif r["cls"] == HIDDEN and r.pop("limitation", False):
+                    extra["limitation"] = True  # (the client itself says why it left the variable out)
                 elif r["cls"] == HIDDEN:
                     r["reason"] = hidden_reason(m.log(), r["var"])
                     if r["reason"] == NO_LOG_LINE and client in OWN_STORE_CLIENTS:  # (the client did not show it)
@@ -421,7 +423,7 @@ def proc_crashed(failure: str) -> bool:
 
 
 def row_class(r: dict) -> str:
-    if r["cls"] in ("error", "wrong", "hidden") and r.get("same_on_own_store"):
+    if r["cls"] in ("error", "wrong", "hidden") and (r.get("same_on_own_store") or r.get("limitation")):
         return f"{r['cls']} (reader's limitation)"  # its own library's Zarr store shows it too
     if r["cls"] == "error" and r.get("same_on_copy"):
         return "error (limitation)"

@@ -11,6 +11,7 @@ paths are "" for the root. Three clients:
 
 from __future__ import annotations
 
+import re
 import subprocess
 import warnings
 from dataclasses import dataclass, field
@@ -301,6 +302,8 @@ def cdo_snapshot(path: Path, zarr: bool) -> dict:
     if proc.returncode != 0:
         return {"vars": {}, "groups": {}, "error": _tool_failure(proc)}
     out: Dict[str, VarShot] = {}
+    # CDO takes one variable for its time axis and skips the others it would take for time too
+    skipped = re.findall(r"more than one time variable, skipped variable (.+?)!", proc.stderr)
     for line in proc.stdout.splitlines():
         parts = [p.strip() for p in line.split(" : ")]
         if len(parts) != 4 or not parts[0].isdigit():
@@ -308,7 +311,7 @@ def cdo_snapshot(path: Path, zarr: bool) -> dict:
         head, stats, name = parts[1].split(), parts[2].split(), parts[3]
         shot = out.setdefault(name, VarShot(type="cdo", values=[]))
         shot.values.append((*head, *stats))
-    return {"vars": out, "groups": {"": {}}, "error": None}
+    return {"vars": out, "groups": {"": {}}, "error": None, "cdo_time_skipped": skipped}
 
 
 def gdal_snapshot(path: Path, zarr: bool) -> dict:
