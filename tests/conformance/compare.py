@@ -508,8 +508,8 @@ PACKING = ("scale_factor", "add_offset")
 TOOLS = ("nco", "cdo", "gdal")
 # CDO takes the unlimited dimension for time; netCDF-C 4.9.0 has none in Zarr, so CDO takes the first
 # variable with time units (in the order netCDF-C lists them) and skips the others, saying so
-CDO_TIME_AXIS = ("CDO took another variable for its time axis and skipped this one (its warning): netCDF-C 4.9.0 "
-                 "has no unlimited dimension in Zarr, which CDO takes for time in the source")
+CDO_TIME_AXIS = ("CDO took this variable for its time axis, or skipped it for another one (as it says): netCDF-C "
+                 "4.9.0 has no unlimited dimension in Zarr, which CDO takes for time in the source")
 # GDAL's drivers show these attributes' meaning as the array's unit, scale and offset (the Zarr driver
 # only then); those are compared instead
 GDAL_AS_PROPERTIES = {"units": "(unit)", "scale_factor": "(scale)", "add_offset": "(offset)"}

@@ -302,7 +302,8 @@ def cdo_snapshot(path: Path, zarr: bool) -> dict:
     if proc.returncode != 0:
         return {"vars": {}, "groups": {}, "error": _tool_failure(proc)}
     out: Dict[str, VarShot] = {}
-    # CDO takes one variable for its time axis and skips the others it would take for time too
+    # CDO takes one variable for its time axis (sinfon names it) and skips the others it would take for
+    # time too (its warnings name them): none of them is shown as data
     skipped = re.findall(r"more than one time variable, skipped variable (.+?)!", proc.stderr)
     for line in proc.stdout.splitlines():
         parts = [p.strip() for p in line.split(" : ")]
@@ -311,6 +312,10 @@ def cdo_snapshot(path: Path, zarr: bool) -> dict:
         head, stats, name = parts[1].split(), parts[2].split(), parts[3]
         shot = out.setdefault(name, VarShot(type="cdo", values=[]))
         shot.values.append((*head, *stats))
+    time_axis = _tool([CDO, "-s", "sinfon", target_of(path, "ncdump", zarr)])  # (its time coordinate's name)
+    if not isinstance(time_axis, str):
+        found = re.search(r"Time coordinate :\s*\n\s*(\S+) :", time_axis.stdout)
+        skipped += [found.group(1)] if found else []
     return {"vars": out, "groups": {"": {}}, "error": None, "cdo_time_skipped": skipped}
 
 
