@@ -1,4 +1,4 @@
-"""Which metadata form a program gets (refmount.mount.readers), and what each form serves
+"""Which metadata form a program gets (refmount.fuse.readers), and what each form serves
 (refmount.view.forms): on real processes and on a /proc tree made here."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from refmount.mount.readers import ReaderIdentifier
+from refmount.fuse.readers import ReaderIdentifier
 from refmount.view.arrays import SCALAR_DIMENSION, ArrayInfo
 from refmount.view.forms import FORMS, served_array
 

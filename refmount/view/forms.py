@@ -14,7 +14,7 @@ issue 24, see docs-notes/24.md):
   '|S1' and '|Sn' as text, and real scalars.
 
 So every metadata file (.zarray, .zattrs, .zmetadata) is served in the form of the program that
-opens it (refmount.mount.readers tells which). A `Form` is a set of choices; `served_array` derives
+opens it (refmount.fuse.readers tells which). A `Form` is a set of choices; `served_array` derives
 an array's metadata in a form from its base plan (refmount.view.arrays: the netCDF-C 4.9 form, with
 both hints). Chunk files are the same bytes in every form: characters are one byte each in all of
 them, a scalar's one chunk is "0" at [] and at [1], an unsigned dtype reinterprets the same bytes.

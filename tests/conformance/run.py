@@ -338,7 +338,7 @@ def own_store_result(client, nc, work, variant, source, ref_index, nofill, snaps
                                                    ref_index, nofill)}
 
 
-# how each client's program shows in the mount's forms_served (refmount.mount.readers labels)
+# how each client's program shows in the mount's forms_served (refmount.fuse.readers labels)
 _PROGRAMS = {"ncdump": ("ncdump",), "nco": ("ncks",), "cdo": ("cdo",), "gdal": ("gdalmdiminfo",),
              "netcdf4": ("python",), "xarray": ("python",)}
 

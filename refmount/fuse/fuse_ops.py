@@ -16,7 +16,7 @@ import pyfuse3
 import trio
 
 from refmount.errors import RefmountError
-from refmount.mount.fs import FILE_MODE, Attributes, Filesystem, FsError
+from refmount.fuse.fs import FILE_MODE, Attributes, Filesystem, FsError
 
 log = logging.getLogger("refmount")
 

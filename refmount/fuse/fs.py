@@ -54,7 +54,7 @@ class FileEntries:
 
 class Filesystem:
     def __init__(self, refset: RefSet, view, *, attr_timeout: float = 3600.0, stats=None, readers=None) -> None:
-        """`readers`: a refmount.mount.readers.ReaderIdentifier, for a view whose metadata has a form
+        """`readers`: a refmount.fuse.readers.ReaderIdentifier, for a view whose metadata has a form
         per reader (the decoded view); None serves every file as it is."""
         self.refset = refset
         self.view = view

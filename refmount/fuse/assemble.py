@@ -12,7 +12,7 @@ from refmount.view.consolidated import with_consolidated_metadata
 from refmount.errors import FetchError, RefmountError
 from refmount.fetch import Fetcher, RetryPolicy, check_protocols, reaches_local, redact
 from refmount.fetch.tls import set_ca_bundle
-from refmount.mount.fs import Filesystem
+from refmount.fuse.fs import Filesystem
 from refmount.cache.pacer import HostPacer
 from refmount.refs import load_refs
 from refmount.refs.icechunk import version_from_options
@@ -71,7 +71,7 @@ def load_progress():
     """A progress callback for long loads on a terminal (None elsewhere)."""
     if not sys.stderr.isatty():
         return None
-    from refmount.mount.progress import LoadProgress
+    from refmount.fuse.progress import LoadProgress
 
     return LoadProgress()
 
@@ -150,7 +150,7 @@ def build_filesystem(opts):
         view = DecodedView(raw, cache_size=opts.decoded_cache_size, chars=opts.chars, form=opts.form)
         refset = view.refset
         if opts.form is None:
-            from refmount.mount.readers import ReaderIdentifier
+            from refmount.fuse.readers import ReaderIdentifier
 
             readers = ReaderIdentifier(fallback=opts.fallback_form)
     else:

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from refmount.errors import RefmountError, quote
-from refmount.mount.table import mount_entry
+from refmount.fuse.table import mount_entry
 
 log = logging.getLogger("refmount")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -425,8 +425,8 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     import pyfuse3
     import trio
 
-    from refmount.mount.assemble import build_filesystem
-    from refmount.mount.fuse_ops import FuseOperations
+    from refmount.fuse.assemble import build_filesystem
+    from refmount.fuse.fuse_ops import FuseOperations
 
     if opts.proxy:  # the http(s) targets' client follows the usual variables (as aiohttp's trust_env)
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
@@ -524,7 +524,7 @@ async def _announce_ready(opts: MountOptions, ready: int | None, warmed=None) ->
     import pyfuse3
     import trio
 
-    from refmount.mount.tuning import tune_kernel
+    from refmount.fuse.tuning import tune_kernel
 
     deadline = time.monotonic() + 30
     while True:
