@@ -109,6 +109,7 @@ def did_you_mean(word: str, choices) -> str:
 
 def add_mount_options(p: argparse.ArgumentParser) -> None:
     """Every option of `refmount mount` (also used by the fstab helper and the systemd config)."""
+    FORM_NAMES = ("nc49", "nc410", "zarr", "gdal", "portable")  # refmount.view.forms.FORMS (not imported: numpy)
     from refmount.refs import DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_KEYS, default_max_refs_size
     from refmount.refs.limits import format_size
 
@@ -122,12 +123,22 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="decoded (default): chunks decompressed and metadata rewritten so that any netCDF-C "
                         "(even without filter plugins) reads correct values; raw: every key's bytes exactly "
                         "as referenced")
-    g.add_argument("--chars", choices=("char", "string", "ubyte"), default="char",
-                   help="how --view decoded serves netCDF char arrays and strings (no Zarr form reads as char "
-                        "in every netCDF-C): char (default: text for netCDF-C 4.9, e.g. Debian 12's ncdump; "
-                        "netCDF-C >= 4.10 cannot open such a dataset and zarr cannot read those arrays), "
-                        "string (text for netCDF-C >= 4.10, e.g. netCDF4-python, and zarr/xarray; crashes "
-                        "netCDF-C 4.9), ubyte (the bytes as numbers, which every client reads)")
+    g.add_argument("--chars", choices=("char", "string", "ubyte"), default=None,
+                   help="serve netCDF char arrays and strings in this form to every reader, overriding the form "
+                        "each reader gets (see --form): char (netCDF-C 4.9's '<U1', which netCDF-C >= 4.10 and "
+                        "zarr cannot read), string ('|S1', which crashes netCDF-C 4.9), ubyte (the bytes as "
+                        "numbers, which every client reads)")
+    g.add_argument("--form", choices=("auto", *FORM_NAMES), default="auto",
+                   help="the metadata form of --view decoded: auto (default) gives each program the form it reads "
+                        "right, told from the netCDF-C or GDAL library it has loaded: nc49 (netCDF-C 4.9: Debian "
+                        "12's ncdump, NCO, CDO), nc410 (netCDF-C >= 4.10: netCDF4-python wheels), gdal (GDAL's "
+                        "Zarr driver), zarr (everything else: zarr, xarray's zarr engine, cp); a form name serves "
+                        "that form to every program. A program may choose its own with REFMOUNT_FORM=<form> in "
+                        "its environment")
+    g.add_argument("--fallback-form", choices=FORM_NAMES, default="portable",
+                   help="the form of a program that cannot be identified (another user's process, a pid "
+                        "namespace without /proc): portable (default: characters as numbers, scalars [1], both "
+                        "netCDF-C type hints; no reader crashes on it)")
     g = p.add_argument_group("process")
     g.add_argument("-f", "--foreground", action="store_true",
                    help="stay attached to the terminal (for systemd and debugging) instead of daemonising")
@@ -279,7 +290,7 @@ def options_from_args(args):
         log_level=args.log_level, log_file=args.log_file, tune_kernel=args.tune_kernel,
         read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
-        chars=args.chars,
+        chars=args.chars, form=None if args.form == "auto" else args.form, fallback_form=args.fallback_form,
         proxy=args.proxy, owner_pid=args.owner_pid,
         verify_remote=args.verify_remote, ca_bundle=args.ca_bundle, http_client=args.http_client,
         max_refs_size=args.max_refs_size, load_timeout=args.load_timeout,

@@ -147,12 +147,17 @@ def build_filesystem(opts):
     pacer = HostPacer(lambda url_id: urlsplit(urls[url_id]).netloc, opts.connections, opts.block_size)
     cache = BlockCache(fetch, block_size=opts.block_size, max_request=16 << 20, budget=budget, pacer=pacer)
     view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
+    readers = None  # who reads which metadata form (the decoded view's)
     if opts.view == "decoded":
         from refmount.view.decoded import DecodedView
 
         view = raw = v2_view(raw)  # (a Zarr v3 set is shown through its v2 form)
-        view = DecodedView(raw, cache_size=opts.decoded_cache_size, chars=opts.chars)
+        view = DecodedView(raw, cache_size=opts.decoded_cache_size, chars=opts.chars, form=opts.form)
         refset = view.refset
+        if opts.form is None:
+            from refmount.fuse.readers import ReaderIdentifier
+
+            readers = ReaderIdentifier(fallback=opts.fallback_form)
     else:
         warn_raw_view(refset)
         view = with_consolidated_metadata(view)
@@ -164,10 +169,12 @@ def build_filesystem(opts):
                           "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3)}}
         if hasattr(view, "statistics"):
             out["decoded"] = view.statistics()
+        if readers is not None:
+            out["forms_served"] = readers.statistics()
         if hasattr(refset, "statistics"):
             out["parquet"] = refset.statistics()
         if disk is not None:
             out["disk"] = disk.statistics()
         return out
 
-    return Filesystem(view.refset, view, stats=stats), fetcher
+    return Filesystem(view.refset, view, stats=stats, readers=readers), fetcher

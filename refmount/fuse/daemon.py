@@ -56,7 +56,9 @@ class MountOptions:
     prefetch: bool = True
     cache_dir: str | None = None
     disk_cache_size: int = 10 << 30
-    chars: str = "char"
+    chars: str | None = None  # an override of every form's characters (refmount.view.forms)
+    form: str | None = None  # serve this form to every reader; None: each reader its own
+    fallback_form: str = "portable"  # the form of a reader that cannot be identified
     proxy: str | None = None
     owner_pid: int | None = None
     verify_remote: bool = False

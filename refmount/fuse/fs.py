@@ -20,6 +20,10 @@ ROOT_INODE = 1
 FILE_MODE = stat.S_IFREG | 0o444
 DIR_MODE = stat.S_IFDIR | 0o555
 XATTR_PREFIX = "user.refmount."
+# A file handle is the file's inode; a metadata file served in its reader's form (see open) adds
+# the form's index + 1 above this bit.
+FORM_SHIFT = 56
+_INODE_BITS = (1 << FORM_SHIFT) - 1
 
 
 class FsError(Exception):
@@ -49,7 +53,9 @@ class FileEntries:
 
 
 class Filesystem:
-    def __init__(self, refset: RefSet, view, *, attr_timeout: float = 3600.0, stats=None) -> None:
+    def __init__(self, refset: RefSet, view, *, attr_timeout: float = 3600.0, stats=None, readers=None) -> None:
+        """`readers`: a refmount.fuse.readers.ReaderIdentifier, for a view whose metadata has a form
+        per reader (the decoded view); None serves every file as it is."""
         self.refset = refset
         self.view = view
         self.dirs = refset.dirs
@@ -62,6 +68,7 @@ class Filesystem:
         self.mount_info: dict[str, str] = {}  # shown as root xattrs: refs, log (for `refmount list`)
         self._subdir_names = [sorted(children) for children in self.dirs.children]
         self._may_hide = not getattr(view, "hides_nothing", False)  # a view may promise to hide no key
+        self.readers = readers if hasattr(view, "varies") else None
 
     # -- inode numbering --------------------------------------------------------------------------
 
@@ -172,21 +179,33 @@ class Filesystem:
 
     # -- files ------------------------------------------------------------------------------------
 
-    async def open(self, ino: int, flags: int) -> int:
+    async def open(self, ino: int, flags: int, pid: int = 0) -> tuple[int, bool]:
+        """(file handle, whether reads must bypass the page cache). A metadata file whose bytes
+        depend on who reads it is opened in the form of the process `pid` (the same size in every
+        form), and read around the page cache, so that no reader sees another one's form."""
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
             raise FsError(errno.EROFS)
-        if await self._key_of_ino(ino) is None:
-            raise FsError(errno.EISDIR if self._dir_of_ino(ino) is not None else errno.ENOENT)
-        return ino
-
-    async def read(self, ino: int, offset: int, size: int) -> bytes:
         i = await self._key_of_ino(ino)
         if i is None:
+            raise FsError(errno.EISDIR if self._dir_of_ino(ino) is not None else errno.ENOENT)
+        if self.readers is not None and self.view.varies(i):
+            index = self.view.form_index
+            form = index.get(self.readers.form_of(pid), index.get(self.readers.fallback, 0))
+            return ino | (form + 1) << FORM_SHIFT, True
+        return ino, False
+
+    async def read(self, fh: int, offset: int, size: int) -> bytes:
+        i = await self._key_of_ino(fh & _INODE_BITS)
+        if i is None:
             raise FsError(errno.ENOENT)
+        form = (fh >> FORM_SHIFT) - 1
+        if form >= 0:
+            return await self.view.read(i, offset, size, form)
         return await self.view.read(i, offset, size)
 
     def key_of(self, ino: int) -> str:
-        """The reference key behind an inode (for log lines; no I/O)."""
+        """The reference key behind an inode or file handle (for log lines; no I/O)."""
+        ino &= _INODE_BITS
         i = ino - self._first_file_ino
         if 0 <= i < self.refset.capacity:
             return self.refset.key(i)

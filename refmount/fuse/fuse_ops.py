@@ -136,7 +136,8 @@ class FuseOperations(pyfuse3.Operations):
 
     @_reply
     async def open(self, inode, flags, ctx):
-        return pyfuse3.FileInfo(fh=await self.fs.open(inode, flags), keep_cache=True, direct_io=False)
+        fh, direct = await self.fs.open(inode, flags, ctx.pid)
+        return pyfuse3.FileInfo(fh=fh, keep_cache=not direct, direct_io=direct)
 
     @_reply
     async def read(self, fh, off, size):

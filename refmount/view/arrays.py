@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from refmount.view.ncattrs import fill_number, served_attributes
+from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes
 from refmount.refs import RefSet
 
 log = logging.getLogger("refmount")
@@ -29,6 +29,7 @@ NC_DEFAULT_FILL = {"i1": -127, "u1": 255, "i2": -32767, "u2": 65535, "i4": -2147
                    "i8": -9223372036854775806, "u8": 18446744073709551614,
                    "f4": 9.969209968386869e36, "f8": 9.969209968386869e36}
 CHAR_DTYPE_49 = "<U1"  # netCDF-C 4.9.x's own char dtype, one byte per character
+SCALAR_DIMENSION = "_scalar_"  # the dimension of a scalar served as [1] (netCDF-C's XARRAYSCALAR)
 # A decoded chunk is held whole in memory: bigger ones (absurd chunk shapes) hide their array.
 MAX_CHUNK_BYTES = 1 << 30
 
@@ -55,6 +56,14 @@ class ArrayInfo:
     renamed_dims: dict = field(default_factory=dict)
     strlen: int = 0  # |Sn (n > 1) served as characters: the length of the added last dimension
     recode_from: np.dtype | None = None  # |O or <U strings, served as the fixed-length UTF-8 `dtype`
+    # attributes netCDF-C 4.9.0 cannot read (it fails the whole open): left out of its forms only
+    left_out: dict = field(default_factory=dict)
+    lazy: bool = False  # of a Parquet set, whose chunk keys are not known at mount (none can be renamed)
+
+    @property
+    def scalar(self) -> bool:
+        """A Zarr array of shape [] (the plan serves it as [1] to netCDF-C: refmount.view.forms)."""
+        return not self.zarray.get("shape")
 
     @property
     def name(self) -> str:
@@ -102,14 +111,17 @@ def _inline(refset: RefSet, key: str):
     return i, refset.inline_data(i)
 
 
-def scan_arrays(refset: RefSet, chars: str = "char") -> list[ArrayInfo]:
+def scan_arrays(refset: RefSet) -> list[ArrayInfo]:
+    """Every array's plan, in its base form: the one netCDF-C 4.9 reads (characters as '<U1' with
+    strings given a last dimension, scalars as [1], both NCZarr type hints, no attribute 4.9.0
+    fails on). refmount.view.forms derives every reader's form from it."""
     arrays = []
     for d, path in enumerate(refset.dirs.paths):
         prefix = f"{path}/" if path else ""
         i, raw = _inline(refset, prefix + ".zarray")
         if i is None:
             continue
-        info = ArrayInfo(path=path, dir_id=d, zarray={}, zattrs={})
+        info = ArrayInfo(path=path, dir_id=d, zarray={}, zattrs={}, lazy=getattr(refset, "lazy", False))
         if raw is None:
             info.hidden_reason = "its .zarray is stored remotely, so it cannot be rewritten at mount time"
         else:
@@ -125,7 +137,7 @@ def scan_arrays(refset: RefSet, chars: str = "char") -> list[ArrayInfo]:
         if info.hidden_reason:
             continue
         try:
-            _plan(info, chars, refset, fills_declared)
+            _plan(info, refset, fills_declared)
         except (ValueError, TypeError, KeyError, RecursionError) as e:
             info.hidden_reason = _malformed(e)
     layouts = getattr(refset, "shards", None) or {}  # sharded Zarr v3 arrays (refmount.view.zarr3)
@@ -185,7 +197,7 @@ def _codec(config: dict):
     return numcodecs.get_codec(dict(config))
 
 
-def _plan(info: ArrayInfo, chars: str = "char", refset=None, fills_declared: bool = False) -> None:
+def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     z = info.zarray
     if z.get("zarr_format", 2) != 2:
         raise ValueError(f"zarr_format {z.get('zarr_format')} is not 2")
@@ -213,8 +225,6 @@ def _plan(info: ArrayInfo, chars: str = "char", refset=None, fills_declared: boo
     if dtype.kind in "OU":
         info.recode_from = dtype
         info.dtype = dtype = np.dtype(f"S{longest}")
-        if chars == "string" and "_Encoding" not in info.zattrs:
-            info.zattrs = {**info.zattrs, "_Encoding": "utf-8"}  # xarray then gives str, as for the source
     if dtype.kind == "V":
         info.hidden_reason = f"dtype {z['dtype']} (raw bytes) is not a netCDF type"
         return
@@ -238,19 +248,21 @@ def _plan(info: ArrayInfo, chars: str = "char", refset=None, fills_declared: boo
         info.swap = True
         info.notes.append(f"big-endian {dtype.str} served as little-endian {out_dtype.str}")
     if dtype.kind == "S":
-        out_dtype = _plan_characters(info, out, dtype, chars)
-    out["dtype"] = CHAR_DTYPE_49 if out_dtype is None else out_dtype.str
-    out_dtype = out_dtype or np.dtype("u1")  # (the 4.9 char form is one byte per character too)
+        _plan_characters(info, out, dtype)
+    if dtype.kind == "S":
+        out["dtype"], out_dtype = CHAR_DTYPE_49, np.dtype("u1")  # (one byte per character, in every form)
+    else:
+        out["dtype"] = out_dtype.str
     if z.get("order", "C") == "F" and len(chunks) > 1:
         info.fortran = True
         info.notes.append("Fortran-order chunks served in C order")
     out["order"] = "C"
     if not shape:
         out["shape"], out["chunks"] = [1], [1]
-        info.notes.append("scalar served as shape [1]")
+        info.notes.append("scalar served as shape [1] to netCDF-C (which cannot read a Zarr scalar), as [] to others")
         dims = info.zattrs.get("_ARRAY_DIMENSIONS")
-        if not dims:
-            info.zattrs = {**info.zattrs, "_ARRAY_DIMENSIONS": [f"{info.path.rsplit('/', 1)[-1] or 'scalar'}_scalar"]}
+        if not dims:  # (the name netCDF-C >= 4.9.2 itself gives a scalar's Zarr dimension)
+            info.zattrs = {**info.zattrs, "_ARRAY_DIMENSIONS": [SCALAR_DIMENSION]}
     else:
         crop = []
         new_chunks = []
@@ -295,6 +307,7 @@ def _plan(info: ArrayInfo, chars: str = "char", refset=None, fills_declared: boo
         # fill_value) would mask it. Without a fill, netCDF-C reads missing chunks as 0, as HDF5 does.
         fill = out["fill_value"] = None
         info.notes.append("fill_value 0 not served (0 is data in files written without fill values)")
+    info.left_out = {k: v for k, v in info.zattrs.items() if k != "_ARRAY_DIMENSIONS" and left_out_for_49(v)}
     info.zattrs, attr_notes = served_attributes(info.zattrs, typed, fill)
     info.notes.extend(attr_notes)
     if info.codecs:
@@ -394,28 +407,19 @@ def fixed_strings(values, source: np.dtype, length: int) -> bytes:
     return np.array(encoded, dtype=f"S{length}").tobytes()
 
 
-def _plan_characters(info: ArrayInfo, out: dict, dtype: np.dtype, chars: str) -> np.dtype | None:
-    """Byte strings (netCDF char arrays are |S1; |Sn are fixed-length strings, served as characters
-    with a last dimension of length n, named string<n> as xarray does). No Zarr form of characters
-    reads as netCDF char in every netCDF-C (NOTES §6): 4.9.x reads only its own '<U1' holding one
-    byte per character, which netCDF-C >= 4.10 and zarr refuse; any '|S' dtype crashes 4.9.0's
-    ncdump for the whole dataset. `chars` picks the form: 'ubyte' (numbers every client reads),
-    'char' (text for netCDF-C 4.9.x only), 'string' (the bytes as they are, for >= 4.10 and zarr) or
-    'ubyte' (numbers every client reads).
-    Returns the served dtype (None for 4.9's char form)."""
-    if dtype.itemsize > 1 and chars != "string":
+def _plan_characters(info: ArrayInfo, out: dict, dtype: np.dtype) -> None:
+    """Byte strings (netCDF char arrays are |S1; |Sn are fixed-length strings), planned as netCDF-C
+    4.9's characters: '<U1' holding one byte each, |Sn with a last dimension of length n, named
+    string<n> as xarray does. No Zarr form of characters reads as netCDF char in every netCDF-C
+    (NOTES §6): 4.9.x reads only that form, which netCDF-C >= 4.10 and zarr refuse; any '|S' dtype
+    crashes 4.9.0's ncdump for the whole dataset. refmount.view.forms gives each reader its form."""
+    if dtype.itemsize > 1:
         info.strlen = dtype.itemsize
-        info.notes.append(f"strings {dtype.str} served as characters with a last dimension string{dtype.itemsize}")
+        info.notes.append(f"strings {dtype.str} served as characters with a last dimension string{dtype.itemsize} "
+                          "to netCDF-C 4.9")
     # kerchunk's fill for text is a space or NUL ("IA==", "AA=="): xarray would mask every such
     # character, and netCDF-C >= 4.10 reads the base64 text itself as the value of a missing chunk
     out["fill_value"] = None
-    if chars == "string":
-        return dtype
-    if chars == "char":
-        info.notes.append("characters served as netCDF-C 4.9's char ('<U1', one byte each)")
-        return None
-    info.notes.append(f"characters {dtype.str} served as |u1 numbers (--chars ubyte)")
-    return np.dtype("u1")
 
 
 def _dimensions(info: ArrayInfo) -> list[str] | None:
@@ -467,7 +471,8 @@ def _extend_unwritten_records(arrays: list[ArrayInfo]) -> None:
         info.out_zarray["shape"] = lengths
         info.out_zarray["chunks"] = [min(c, n) if size == 0 else c for n, size, c in zip(lengths, shape, chunks)]
         info.out_chunk_shape = tuple(info.out_zarray["chunks"])
-        if info.out_zarray.get("fill_value") is None and info.out_dtype.kind in "iuf":
+        # (numbers only: characters are served as one byte each, u1, but have no fill; nor has bool)
+        if info.out_zarray.get("fill_value") is None and info.dtype.kind in "iuf":
             info.out_zarray["fill_value"] = NC_DEFAULT_FILL[info.out_dtype.str[1:]]
         short = [f"{n} ({s} of {n_})" for n, s, n_ in zip(dims, shape, lengths) if s != n_]
         info.notes.append(f"records never written along {', '.join(short)}: given the dimension's length, "
@@ -549,10 +554,12 @@ def raw_verdicts(info: ArrayInfo) -> tuple[str, str]:
 
 
 def decoded_verdicts(info: ArrayInfo) -> tuple[str, str]:
-    """(netCDF-C 4.9.0, netCDF-C >= 4.10) verdicts for the decoded view in its default --chars form."""
+    """(netCDF-C 4.9.0, netCDF-C >= 4.10) verdicts for the decoded view, each reading its own form
+    (refmount.view.forms)."""
     if info.hidden_reason:
         return (f"hidden: {info.hidden_reason}",) * 2
+    if info.scalar:
+        return ("yes, as shape [1] (no netCDF-C reads a Zarr scalar)",) * 2
     if info.dtype is not None and info.dtype.kind == "S":
-        return ("yes, characters as numbers (--chars char: text)",
-                "yes, characters as numbers (--chars string: text)")
+        return "yes, characters as its own '<U1'", "yes, characters as '|S1' (strings in zarr mode)"
     return "yes", "yes"

@@ -21,6 +21,13 @@ def consolidated_metadata(refset, served_json) -> bytes:
     """The .zmetadata of every directory's served metadata; b"" when the set has no Zarr
     metadata at all (the key is then hidden). `served_json(i)` is the JSON value served for key
     index i, or None when it is hidden or cannot be read without I/O."""
+    value = consolidated_value(refset, served_json)
+    return dump_json(value) if value is not None else b""
+
+
+def consolidated_value(refset, served_json, quiet: bool = False) -> dict | None:
+    """The JSON value of `consolidated_metadata` (None: no .zmetadata). `quiet`: say nothing of
+    metadata stored remotely (a view building one per reader's form says it once)."""
     entries = {}
     unread = []
     dirs = refset.dirs
@@ -42,12 +49,14 @@ def consolidated_metadata(refset, served_json) -> bytes:
                 continue
             entries[prefix + name] = value
     if unread:
+        if quiet:
+            return None
         log.warning("no consolidated metadata: %s and %d more metadata keys are stored remotely",
                     unread[0], len(unread) - 1)
-        return b""
+        return None
     if not entries:
-        return b""
-    return dump_json({"metadata": entries, "zarr_consolidated_format": 1})
+        return None
+    return {"metadata": entries, "zarr_consolidated_format": 1}
 
 
 class _RawWithConsolidated:

@@ -18,21 +18,46 @@ an inner chunk the index marks empty reads as the Zarr fill value.
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import trio
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from refmount.view.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, dump_json, fixed_strings, load_json_value, scan_arrays
+from refmount.view.forms import FORMS, joins_last_dimension, served_array, served_group_attributes
 from refmount.view.bounded import decode_bounded
-from refmount.view.consolidated import consolidated_metadata
+from refmount.view.consolidated import consolidated_value
 from refmount.errors import RefmountError
 from refmount.cache.lru import SingleFlightLRU
-from refmount.view.ncattrs import served_attributes
+from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes
 from refmount.view.overlay import OverlayRefSet
 from refmount.view.shards import ShardReader
 
 log = logging.getLogger("refmount")
+
+
+MAX_FILL_CHUNKS = 100_000  # missing chunks served as files, per mount
+
+
+def _fill_bytes(fill, dtype: str) -> bytes | None:
+    """One value of `fill` as bytes of `dtype` (None: no fill, or not a number)."""
+    try:
+        dt = np.dtype(dtype)
+        number = fill_number(fill, dt)
+        return None if number is None else np.array(number).astype(dt).tobytes()
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _fill_range(info: ArrayInfo, offset: int, size: int) -> bytes:
+    """Bytes [offset, offset+size) of a chunk of `info` holding only its (base) fill value."""
+    one = _fill_bytes(info.out_zarray.get("fill_value"), info.out_zarray["dtype"]) or bytes(info.out_dtype.itemsize)
+    end = min(offset + size, info.out_chunk_bytes)
+    if end <= offset:
+        return b""
+    first = offset // len(one)
+    return (one * (-(-end // len(one)) - first))[offset - first * len(one): end - first * len(one)]
 
 
 class DecodeError(RefmountError):
@@ -42,19 +67,29 @@ class DecodeError(RefmountError):
 class DecodedView:
     name = "decoded"
 
-    def __init__(self, raw, cache_size: int = 256 << 20, chars: str = "char") -> None:
+    def __init__(self, raw, cache_size: int = 256 << 20, chars: str | None = None, form: str | None = None) -> None:
+        """`form`: serve every reader this form (refmount.view.forms); None: each reader its own.
+        `chars`: the characters' form in every form (an override; None: each form's own)."""
         self.raw = raw
         self.refset = raw.refset
-        self.arrays = scan_arrays(self.refset, chars)
+        chosen = FORMS.values() if form is None else [FORMS[form]]
+        self.forms = [f.with_chars(chars) for f in chosen]
+        self.form_index = {f.name: n for n, f in enumerate(self.forms)}
+        self.arrays = scan_arrays(self.refset)
         self._by_dir: dict[int, ArrayInfo] = {a.dir_id: a for a in self.arrays}
         self._hidden_dirs: set[int] = set()
         self._hidden_prefixes: list[str] = []
-        self._metadata: dict[int, bytes] = {}  # key index -> rewritten metadata bytes
+        self._hidden_keys: set[int] = set()  # metadata keys of broken root arrays
+        # key index -> its bytes in each form (self.forms order), padded to one length; a key whose
+        # forms all hold the same bytes is in _metadata but not in _varies
+        self._metadata: dict[int, tuple[bytes, ...]] = {}
+        self._varies: set[int] = set()
         self._chunks: dict[int, ArrayInfo] = {}  # array dir id -> info, for arrays whose chunks change
         self._decoded = SingleFlightLRU(cache_size, weigh=len)  # key index -> decoded chunk
         self._codecs: dict[int, list] = {}
         self._renamed: dict[int, int] = {}  # added chunk key index -> the key it serves
-        self._renamed_away: set[int] = set()  # chunk keys served under another name
+        self._renamed_away: set[int] = set()  # chunk keys no form reads by their own name
+        self._fill_keys: dict[int, ArrayInfo] = {}  # missing chunks served as files of the fill value
         layouts = getattr(self.refset, "shards", None) or {}  # sharded Zarr v3 arrays, by path
         self._shards = {a.dir_id: layouts[a.path] for a in self.arrays if a.path in layouts}
         self._shard_reader = ShardReader(raw)
@@ -64,8 +99,13 @@ class DecodedView:
 
     def _plan(self) -> None:
         dirs = self.refset.dirs
-        added: dict[str, bytes] = {}  # metadata keys the set lacks
-        renames: dict[str, int] = {}  # chunk keys of arrays given a last dimension -> the key served
+        served: dict[str, list] = {}  # metadata key -> its JSON value in each form
+        # added chunk keys -> the key they serve: of strings given a last dimension (characters),
+        # and of characters whose last dimension is joined into strings (the "strings" form)
+        renames: dict[str, int] = {}
+        strlen_renames: dict[str, int] = {}
+        fill_keys: dict[str, ArrayInfo] = {}  # missing chunks served as files (_fill_missing_chunks)
+        chars_with_dimension = any(f.chars in ("char", "ubyte") for f in self.forms)
         for info in self.arrays:
             if info.strlen and getattr(self.refset, "lazy", False):
                 info.hidden_reason = "strings served as characters need their chunk keys renamed, not done for Parquet sets"
@@ -76,11 +116,15 @@ class DecodedView:
             if info.notes:
                 log.info("decoded view: array %s: %s", info.name, "; ".join(info.notes))
             prefix = f"{info.path}/" if info.path else ""
-            self._set_metadata(prefix + ".zarray", info.out_zarray)
+            forms = [served_array(info, form) for form in self.forms]
+            self._fill_missing_chunks(info, [z for z, _ in forms], fill_keys)
+            served[prefix + ".zarray"] = [z for z, _ in forms]
             if info.zattrs or self.refset.find(prefix + ".zattrs") >= 0:
-                self._set_metadata(prefix + ".zattrs", info.zattrs, added)
-            if info.strlen:
-                renames.update(self._strlen_chunk_names(info))
+                served[prefix + ".zattrs"] = [a for _, a in forms]
+            if info.strlen and chars_with_dimension:
+                strlen_renames.update(self._strlen_chunk_names(info))
+            if any(joins_last_dimension(info, form) for form in self.forms):
+                renames.update(self._joined_chunk_names(info))
             if info.transforms_chunks or info.dir_id in self._shards:  # (an inner chunk is never its key's bytes)
                 self._chunks[info.dir_id] = info
                 self._codecs[info.dir_id] = [_codec(c) for c in info.codecs]
@@ -93,24 +137,60 @@ class DecodedView:
         for d, path in enumerate(dirs.paths):
             prefix = f"{path}/" if path else ""
             for name in (".zgroup", ".zattrs"):
-                i = self.refset.find(prefix + name)
-                if i >= 0 and i not in self._metadata and self.refset.inline_data(i) is not None:
-                    self._rewrite_plain(i, name, prefix)
-        in_49_form = [a.name for a in self.arrays if not a.hidden_reason and a.out_zarray["dtype"] == CHAR_DTYPE_49]
-        if in_49_form:
-            log.warning("decoded view: character arrays %s are served in netCDF-C 4.9's char form (Debian 12's "
-                        "ncdump prints their text); netCDF-C >= 4.10 (netCDF4-python) cannot open this mount "
-                        "and zarr cannot read those arrays: mount with --chars string for them",
-                        listed(in_49_form))
-        added[".zmetadata"] = b""  # filled in below, once every key has its index
-        new = {k: v for k, v in added.items() if self.refset.find(k) < 0}
-        self.refset = OverlayRefSet(self.refset, {**new, **dict.fromkeys(renames, b"")})
-        for key, data in added.items():
-            self._metadata[self.refset.find(key)] = data
+                key = prefix + name
+                i = self.refset.find(key)
+                if i >= 0 and key not in served and i not in self._hidden_keys and self.refset.inline_data(i) is not None:
+                    value = self._plain(i, name, prefix)
+                    if value is not None:
+                        served[key] = value
+        renames.update(strlen_renames)
+        chars = [a.name for a in self.arrays if not a.hidden_reason and a.out_zarray["dtype"] == CHAR_DTYPE_49]
+        if chars and len(self.forms) > 1:
+            log.info("decoded view: character arrays %s are served in each reader's form (netCDF-C 4.9: '<U1'; "
+                     "netCDF-C >= 4.10: strings; zarr: '|S1'; GDAL: as its netCDF driver; unidentified readers: "
+                     "numbers)", listed(chars))
+        served[".zmetadata"] = [None] * len(self.forms)  # filled in below, once every key has its index
+        added = {k: b"" for k in served if self.refset.find(k) < 0}
+        self.refset = OverlayRefSet(self.refset, {**added, **dict.fromkeys(renames, b""),
+                                                  **dict.fromkeys(fill_keys, b"")})
         for key, i in renames.items():
             self._renamed[self.refset.find(key)] = i
-        self._renamed_away = set(renames.values())
-        self._metadata[self.refset.find(".zmetadata")] = consolidated_metadata(self.refset, self._served_json)
+        self._fill_keys = {self.refset.find(key): info for key, info in fill_keys.items()}
+        if all(f.chars in ("char", "ubyte") for f in self.forms):  # (no form reads their own names)
+            self._renamed_away = set(strlen_renames.values())
+        by_index = {self.refset.find(k): v for k, v in served.items()}
+        for n in range(len(self.forms)):
+            def served_json(i: int, n=n):
+                if self.hidden(i):
+                    return None
+                if i in by_index:
+                    return by_index[i][n]
+                return self._inline_json(i)
+
+            by_index[self.refset.find(".zmetadata")][n] = consolidated_value(self.refset, served_json, quiet=n > 0)
+        for i, values in by_index.items():
+            self._set_versions(i, values)
+
+    def _set_versions(self, i: int, values: list) -> None:
+        """Key i's bytes in each form, padded with spaces (JSON allows them) to one length: a file has
+        one size for every reader. None: hidden."""
+        if all(v is None for v in values):
+            self._hidden_keys.add(i)
+            return
+        dumped: dict[bytes, bytes] = {}
+        datas = [dumped.setdefault(d, d) for d in (dump_json(v) for v in values)]  # (one object per distinct form)
+        size = max(map(len, datas))
+        padded: dict[bytes, bytes] = {}
+        self._metadata[i] = tuple(padded.setdefault(d, d + b" " * (size - len(d))) for d in datas)
+        if len(padded) > 1:
+            self._varies.add(i)
+
+    def _inline_json(self, i: int):
+        data = self.refset.inline_data(i)
+        try:
+            return load_json_value(data) if data else None
+        except (ValueError, RecursionError):
+            return None
 
     def _strlen_chunk_names(self, info: ArrayInfo) -> dict[str, int]:
         """Chunk keys of an array served with an added last dimension: key "1.2" answers as "1.2.0"."""
@@ -125,17 +205,48 @@ class DecodedView:
                     names[f"{prefix}{name}{info.separator}0"] = i
         return names
 
-    def _served_json(self, i: int):
-        """The metadata value served for key index i (None: hidden, or not inline JSON)."""
-        if self.hidden(i):
+    def _fill_missing_chunks(self, info: ArrayInfo, zarrays: list[dict], fill_keys: dict) -> None:
+        """A form whose fill_value is not the one the array's missing chunks read as (GDAL's nodata,
+        refmount.view.forms) gets them as files of that fill instead, so that every form reads the
+        same values; where that cannot be (a Parquet set, the "/" separator, more than
+        MAX_FILL_CHUNKS, no base fill) every form keeps the base fill_value."""
+        base = info.out_zarray.get("fill_value")
+        differ = [z for z in zarrays if _fill_bytes(z.get("fill_value"), z["dtype"]) != _fill_bytes(base, info.out_zarray["dtype"])]
+        if not differ:
+            return
+        missing = self._missing_chunk_names(info) if base is not None else None
+        if missing is None or len(fill_keys) + len(missing) > MAX_FILL_CHUNKS:
+            for z in differ:
+                z["fill_value"] = base
+            log.info("decoded view: array %s: fill_value %r kept in every form (its missing chunks cannot be "
+                     "served as files)", info.name, base)
+            return
+        prefix = f"{info.path}/" if info.path else ""
+        for name in missing:
+            fill_keys[prefix + name] = info
+
+    def _missing_chunk_names(self, info: ArrayInfo) -> list[str] | None:
+        """The chunk keys of the array's grid (as served) that the set lacks; None: not known at mount."""
+        if getattr(self.refset, "lazy", False) or info.separator != "." or info.dir_id in self._shards:
             return None
-        data = self._metadata.get(i)
-        if data is None:
-            data = self.refset.inline_data(i)
-        try:
-            return load_json_value(data) if data else None
-        except ValueError:
+        shape, chunks = info.out_zarray["shape"], info.out_zarray["chunks"]
+        grid = [-(-n // c) for n, c in zip(shape, chunks)] if shape else [1]
+        if math.prod(grid) > MAX_FILL_CHUNKS:
             return None
+        prefix = f"{info.path}/" if info.path else ""
+        names = (".".join(map(str, index)) for index in np.ndindex(*grid))
+        return [name for name in names if self.refset.find(prefix + name) < 0]
+
+    def _joined_chunk_names(self, info: ArrayInfo) -> dict[str, int]:
+        """Chunk keys of a char array served as strings of its last dimension ("strings" form):
+        key "1.0" answers as "1" too."""
+        prefix = f"{info.path}/" if info.path else ""
+        names = {}
+        for i in self.refset.files_in(info.dir_id).tolist():
+            name = self.refset.key(i)[len(prefix):]
+            if info.chunk_index(name) is not None and name.endswith(".0") and self.refset.find(prefix + name[:-2]) < 0:
+                names[f"{prefix}{name[:-2]}"] = i
+        return names
 
     def _hide_tree(self, dir_id: int) -> None:
         path = self.refset.dirs.paths[dir_id]
@@ -143,28 +254,23 @@ class DecodedView:
             for name in (".zarray",):
                 i = self.refset.find(name)
                 if i >= 0:
-                    self._metadata[i] = b""
+                    self._hidden_keys.add(i)
             return
         self._hidden_dirs.add(dir_id)
         self._hidden_prefixes.append(path + "/")
 
-    def _set_metadata(self, key: str, value, added: dict | None = None) -> None:
-        i = self.refset.find(key)
-        if i >= 0:
-            self._metadata[i] = dump_json(value)
-        elif added is not None:
-            added[key] = dump_json(value)
-
-    def _rewrite_plain(self, i: int, name: str, prefix: str) -> None:
-        try:
-            value = load_json_value(self.refset.inline_data(i))
-        except (ValueError, RecursionError):
-            return  # not JSON: serve it as it is
-        if name == ".zattrs" and isinstance(value, dict):
-            value, notes = served_attributes(value, None, None)
-            for note in notes:
-                log.info("decoded view: group %s: %s", prefix.rstrip("/") or "/", note)
-        self._metadata[i] = dump_json(value)
+    def _plain(self, i: int, name: str, prefix: str) -> list | None:
+        """A group's .zgroup or .zattrs in each form (None: not JSON, served as it is)."""
+        value = self._inline_json(i)
+        if value is None:
+            return None
+        if name != ".zattrs" or not isinstance(value, dict):
+            return [value] * len(self.forms)
+        left_out = {k: v for k, v in value.items() if left_out_for_49(v)}
+        attrs, notes = served_attributes(value, None, None)
+        for note in notes:
+            log.info("decoded view: group %s: %s", prefix.rstrip("/") or "/", note)
+        return [served_group_attributes(attrs, left_out, form) for form in self.forms]
 
     # -- visibility -------------------------------------------------------------------------------
 
@@ -175,9 +281,13 @@ class DecodedView:
         return any(path.startswith(prefix) for prefix in self._hidden_prefixes)
 
     def hidden(self, i: int) -> bool:
-        if self._metadata.get(i) == b"" or i in self._renamed_away:
+        if i in self._hidden_keys or i in self._renamed_away:
             return True
         return bool(self._hidden_dirs) and self.hidden_dir(self.refset.dir_id(i))
+
+    def varies(self, i: int) -> bool:
+        """Does key i hold other bytes for other readers (then each open asks whose form it is)?"""
+        return i in self._varies
 
     # -- sizes and bytes --------------------------------------------------------------------------
 
@@ -191,9 +301,11 @@ class DecodedView:
 
     def known_size(self, i: int) -> int | None:
         i = self._renamed.get(i, i)
+        if i in self._fill_keys:
+            return self._fill_keys[i].out_chunk_bytes
         meta = self._metadata.get(i)
         if meta is not None:
-            return len(meta)
+            return len(meta[0])
         info = self._chunk_info(i)
         if info is not None:
             return info.out_chunk_bytes
@@ -203,11 +315,14 @@ class DecodedView:
         known = self.known_size(i)
         return known if known is not None else await self.raw.size(self._renamed.get(i, i))
 
-    async def read(self, i: int, offset: int, size: int) -> bytes:
+    async def read(self, i: int, offset: int, size: int, form: int = 0) -> bytes:
+        """`form`: an index into self.forms (metadata keys only)."""
         i = self._renamed.get(i, i)
         meta = self._metadata.get(i)
         if meta is not None:
-            return meta[offset : offset + size]
+            return meta[form][offset : offset + size]
+        if i in self._fill_keys:
+            return _fill_range(self._fill_keys[i], offset, size)
         info = self._chunk_info(i)
         if info is None:
             return await self.raw.read(i, offset, size)
@@ -273,6 +388,8 @@ class DecodedView:
 
     def xattrs(self, i: int) -> dict[str, str]:
         i = self._renamed.get(i, i)
+        if i in self._fill_keys:
+            return {"user.refmount.source": "a missing chunk, served as the array's fill value"}
         attrs = self.raw.xattrs(i)
         info = self._chunk_info(i)
         if info is not None and info.codecs:
@@ -280,7 +397,8 @@ class DecodedView:
         if info is not None and info.dir_id in self._shards:  # (url, offset and length are its shard's)
             attrs["user.refmount.shard"] = "an inner chunk of the shard referenced here"
         if i in self._metadata:
-            attrs["user.refmount.rewritten"] = "metadata rewritten for the decoded view"
+            attrs["user.refmount.rewritten"] = ("metadata rewritten for the decoded view"
+                                                + (", in each reader's form" if i in self._varies else ""))
         return attrs
 
     def statistics(self) -> dict:

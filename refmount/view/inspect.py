@@ -6,6 +6,7 @@ import json
 import math
 
 from refmount.view.arrays import count_chunks, decoded_verdicts, raw_verdicts, scan_arrays
+from refmount.view.forms import FORMS, form_notes
 from refmount.refs import load_refs
 from refmount.refs.model import each_file
 
@@ -45,6 +46,8 @@ def inspect_refs(refset, zarr3: bool = False) -> list[dict]:
             "raw": {"netcdf-c 4.9.0": raw49, "netcdf-c >= 4.10": raw410},
             "decoded": {"netcdf-c 4.9.0": decoded49, "netcdf-c >= 4.10": decoded410},
             "decoded_changes": info.notes,
+            # the metadata each kind of reader gets (refmount.view.forms; `refmount stats` says who got which)
+            "decoded_forms": form_notes(info) if not info.hidden_reason and info.out_zarray else {},
         })
     return rows
 
@@ -61,6 +64,9 @@ def run_inspect(location: str, *, remote_options: dict | None = None, as_json: b
     if not rows:
         print(f"{location}: no Zarr arrays (no .zarray or zarr.json keys)")
         return 0
+    print("decoded view forms (each program gets its own; `refmount stats MOUNTPOINT` says which programs got which):")
+    for form in FORMS.values():
+        print(f"    {form.name:<9}{form.description}")
     for row in rows:
         codecs = "+".join(map(str, row["codecs"])) or "none"
         print(f"{row['array']}: {row['dtype']} shape {row['shape']} chunks {row['chunks']} codecs {codecs}; "
@@ -70,4 +76,6 @@ def run_inspect(location: str, *, remote_options: dict | None = None, as_json: b
                 print(f"    {view:<8}{version:<18}{verdict}")
         if row["decoded_changes"]:
             print(f"    decoded view changes: {'; '.join(row['decoded_changes'])}")
+        for form, served in row["decoded_forms"].items():
+            print(f"    decoded form {form:<9}{served}")
     return 0

@@ -119,14 +119,6 @@ def _packing_is_float32(attrs: dict) -> bool:
     return bool(items) and None not in items and _float32_values(items)
 
 
-def _fails_49(value) -> bool:
-    """netCDF-C 4.9.0 fails the whole open on this attribute value, whatever the hints say: null, an
-    empty list, or a list holding anything but numbers and booleans (strings, objects, lists, null;
-    kerchunk's TIFF reader writes OME's "multiscales", a list of objects)."""
-    return value is None or value == [] or (
-        isinstance(value, list) and any(v is None or isinstance(v, (str, dict, list)) for v in value))
-
-
 def _kind(value) -> str:
     if value is None:
         return "a null"
@@ -165,6 +157,15 @@ def _cast(items: list, dtype: np.dtype) -> list:
     return [int(v) for v in items]
 
 
+def left_out_for_49(value) -> bool:
+    """netCDF-C 4.9.0 fails the whole open on this attribute value, whatever the hints say: an empty
+    list, or a list holding anything but numbers and booleans (strings, objects, lists, null;
+    kerchunk's TIFF reader writes OME's "multiscales", a list of objects). null is dropped by 4.9.0
+    and read as the text "null" by 4.10."""
+    return value is None or value == [] or (
+        isinstance(value, list) and any(v is None or isinstance(v, (str, dict, list)) for v in value))
+
+
 def served_attributes(zattrs: dict, dtype: np.dtype | None, fill) -> tuple[dict, list[str]]:
     """The .zattrs that netCDF-C reads faithfully for an array of `dtype` with .zarray `fill`
     (dtype None: a group). Returns (attributes, notes for the mount log)."""
@@ -190,7 +191,7 @@ def served_attributes(zattrs: dict, dtype: np.dtype | None, fill) -> tuple[dict,
         if name == "_ARRAY_DIMENSIONS":
             continue
         # null is dropped by 4.9.0 and read as the text "null" by 4.10
-        if _fails_49(value):
+        if left_out_for_49(value):
             del attrs[name]
             notes.append(f"attribute {name!r} left out: netCDF-C 4.9.0 cannot read {_kind(value)} attribute "
                          "(it fails the whole open); the raw view keeps it")

@@ -11,6 +11,7 @@ paths are "" for the root. Three clients:
 
 from __future__ import annotations
 
+import re
 import subprocess
 import warnings
 from dataclasses import dataclass, field
@@ -190,7 +191,8 @@ def netcdf4_snapshot(path: Path, zarr: bool) -> dict:
 # ----------------------------------------------------------------------------- xarray
 
 
-def xarray_snapshot(path: Path, zarr: bool, group_paths: List[str]) -> dict:
+def xarray_snapshot(path: Path, zarr: bool, group_paths: List[str], engine: str = "zarr") -> dict:
+    """`engine` "netcdf4": xarray's netcdf4 engine, on the mount through netCDF-C's Zarr url."""
     import xarray as xr
 
     out, groups, errors = {}, {}, []
@@ -198,7 +200,9 @@ def xarray_snapshot(path: Path, zarr: bool, group_paths: List[str]) -> dict:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                if zarr:
+                if zarr and engine == "netcdf4":
+                    ds = xr.open_dataset(nczarr_url(path), group=gpath or None, engine="netcdf4")
+                elif zarr:
                     ds = xr.open_zarr(str(path), group=gpath or None, consolidated=False)
                 else:
                     ds = xr.open_dataset(str(path), group=gpath or None)
@@ -225,7 +229,143 @@ def xarray_snapshot(path: Path, zarr: bool, group_paths: List[str]) -> dict:
     return {"vars": out, "groups": groups, "error": "; ".join(errors) if errors and not out else None}
 
 
-CLIENTS = ("ncdump", "netcdf4", "xarray")
+# ----------------------------------------------------------------------------- NCO, CDO and GDAL (Debian's)
+
+NCKS, CDO, GDALMDIMINFO = "/usr/bin/ncks", "/usr/bin/cdo", "/usr/bin/gdalmdiminfo"
+TOOL_TIMEOUT = 60
+
+
+def _tool(cmd: List[str]) -> subprocess.CompletedProcess | str:
+    """The finished process, or why it did not finish (a crash is named by its signal)."""
+    import signal
+
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="surrogateescape", timeout=TOOL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return f"{Path(cmd[0]).name} timed out"
+    if proc.returncode < 0:
+        return f"{Path(cmd[0]).name} crashed ({signal.Signals(-proc.returncode).name})"
+    return proc
+
+
+def _tool_failure(proc: subprocess.CompletedProcess) -> str:
+    lines = [line for line in (proc.stderr or proc.stdout).strip().splitlines() if line.strip()]
+    return f"{Path(proc.args[0]).name} exit {proc.returncode}: {(lines or ['(no message)'])[-1][:240]}"
+
+
+def _loads(text: str):
+    """JSON as NCO and GDAL print it (NaN and infinities bare, sometimes lower-case)."""
+    import json
+    import re
+
+    text = re.sub(r"(?<![\w\"])(-?)\b(nan|inf|infinity)\b(?![\w\"])",
+                  lambda m: m.group(1) + ("NaN" if m.group(2).lower() == "nan" else "Infinity"), text,
+                  flags=re.IGNORECASE)
+    return json.loads(text.replace("-NaN", "NaN"))
+
+
+def nco_snapshot(path: Path, zarr: bool) -> dict:
+    """``ncks --jsn_fmt=1``: every group's dimensions, variables (type, dimensions, attributes as JSON
+    values, data as printed: fills are data) and attributes."""
+    proc = _tool([NCKS, "--jsn_fmt=1", target_of(path, "ncdump", zarr)])
+    if isinstance(proc, str):
+        return {"vars": {}, "groups": {}, "error": proc}
+    if proc.returncode != 0:
+        return {"vars": {}, "groups": {}, "error": _tool_failure(proc)}
+    try:
+        tree = _loads(proc.stdout)
+    except ValueError as e:
+        return {"vars": {}, "groups": {}, "error": f"ncks output not parseable by this harness: {first_line(e)}"}
+    out, groups = {}, {}
+
+    def walk(node: dict, gpath: str, dims: dict) -> None:
+        dims = {**dims, **node.get("dimensions", {})}
+        groups[gpath] = {a: ("json", v) for a, v in node.get("attributes", {}).items()}
+        for name, v in node.get("variables", {}).items():
+            vdims = tuple(v.get("shape", ()))
+            out[f"{gpath}/{name}" if gpath else name] = VarShot(
+                type=v.get("type", ""), dims=vdims, shape=tuple(dims.get(d, -1) for d in vdims),
+                attrs={a: ("json", x) for a, x in v.get("attributes", {}).items()}, values=v.get("data"))
+        for name, g in node.get("groups", {}).items():
+            walk(g, f"{gpath}/{name}" if gpath else name, dims)
+
+    walk(tree, "", {})
+    return {"vars": out, "groups": groups, "error": None}
+
+
+def cdo_snapshot(path: Path, zarr: bool) -> dict:
+    """``cdo -s infon``: per variable (by name) its rows of date, time, level, grid size, missing
+    points, minimum, mean and maximum. CDO reads gridded variables only: the others are not shown."""
+    proc = _tool([CDO, "-s", "infon", target_of(path, "ncdump", zarr)])
+    if isinstance(proc, str):
+        return {"vars": {}, "groups": {}, "error": proc}
+    if proc.returncode != 0:
+        return {"vars": {}, "groups": {}, "error": _tool_failure(proc)}
+    out: Dict[str, VarShot] = {}
+    # CDO takes one variable for its time axis (sinfon names it) and skips the others it would take for
+    # time too (its warnings name them): none of them is shown as data
+    skipped = re.findall(r"more than one time variable, skipped variable (.+?)!", proc.stderr)
+    for line in proc.stdout.splitlines():
+        parts = [p.strip() for p in line.split(" : ")]
+        if len(parts) != 4 or not parts[0].isdigit():
+            continue
+        head, stats, name = parts[1].split(), parts[2].split(), parts[3]
+        shot = out.setdefault(name, VarShot(type="cdo", values=[]))
+        shot.values.append((*head, *stats))
+    time_axis = _tool([CDO, "-s", "sinfon", target_of(path, "ncdump", zarr)])  # (its time coordinate's name)
+    if not isinstance(time_axis, str):
+        found = re.search(r"Time coordinate :\s*\n\s*(\S+) :", time_axis.stdout)
+        skipped += [found.group(1)] if found else []
+    return {"vars": out, "groups": {"": {}}, "error": None, "cdo_time_skipped": skipped}
+
+
+def gdal_snapshot(path: Path, zarr: bool) -> dict:
+    """``gdalmdiminfo -detailed``: GDAL's multidimensional view (the netCDF driver for the source, the
+    Zarr driver for the mount): per array its data type, dimensions, values, nodata, scale, offset,
+    unit and attributes (values only: the Zarr driver types attributes from JSON)."""
+    proc = _tool([GDALMDIMINFO, "-detailed", str(path)])
+    if isinstance(proc, str):
+        return {"vars": {}, "groups": {}, "error": proc}
+    if proc.returncode != 0:
+        return {"vars": {}, "groups": {}, "error": _tool_failure(proc)}
+    try:
+        tree = _loads(proc.stdout)
+    except ValueError as e:
+        return {"vars": {}, "groups": {}, "error": f"gdalmdiminfo output not parseable by this harness: {first_line(e)}"}
+    out, groups = {}, {}
+
+    def attrs_of(node: dict) -> dict:
+        return {a: ("json", x.get("value") if isinstance(x, dict) and "value" in x else x)
+                for a, x in (node.get("attributes") or {}).items()}
+
+    def walk(node: dict, gpath: str) -> None:
+        groups[gpath] = attrs_of(node)
+        for name, a in (node.get("arrays") or {}).items():
+            attrs = attrs_of(a)
+            for key in ("nodata_value", "scale", "offset", "unit"):
+                if key in a:
+                    attrs[f"({key})"] = ("json", a[key])
+            out[f"{gpath}/{name}" if gpath else name] = VarShot(
+                type=str(a.get("datatype")), dims=tuple(_dimension_name(d) for d in a.get("dimensions", ())),
+                shape=tuple(a.get("dimension_size", ())), attrs=attrs, values=a.get("values"))
+        for name, g in (node.get("groups") or {}).items():
+            walk(g, f"{gpath}/{name}" if gpath else name)
+
+    walk(tree, "")
+    return {"vars": out, "groups": groups, "error": None}
+
+
+def _dimension_name(d) -> str:
+    """gdalmdiminfo names a dimension by its full name, or describes one it has no name for."""
+    if isinstance(d, dict):
+        d = d.get("full_name") or d.get("name") or ""
+    return str(d).rpartition("/")[2]
+
+
+CLIENTS = ("ncdump", "netcdf4", "xarray", "nco", "cdo", "gdal")
+# the clients whose snapshot of the mount runs in a process of its own: xarray's zarr engine as a
+# program that has not loaded netCDF-C (the harness's own process has, for netcdf4)
+OWN_PROCESS = ("xarray",)
 
 
 def snapshot(client: str, path: Path, zarr: bool, group_paths: List[str]) -> dict:
@@ -233,6 +373,14 @@ def snapshot(client: str, path: Path, zarr: bool, group_paths: List[str]) -> dic
         shot = ncdump_snapshot(path, zarr)
     elif client == "netcdf4":
         shot = netcdf4_snapshot(path, zarr)
+    elif client == "nco":
+        shot = nco_snapshot(path, zarr)
+    elif client == "cdo":
+        shot = cdo_snapshot(path, zarr)
+    elif client == "gdal":
+        shot = gdal_snapshot(path, zarr)
+    elif client == "xarray-netcdf4":  # (not in CLIENTS: compared as "xarray")
+        shot = xarray_snapshot(path, zarr, group_paths, engine="netcdf4")
     else:
         shot = xarray_snapshot(path, zarr, group_paths)
     return without_paths(shot, path)

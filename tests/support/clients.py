@@ -141,7 +141,17 @@ def assert_same(got, expected: np.ndarray, what: str, check_dtype: bool = True) 
 
 # ----------------------------------------------------------------------------- ncdump
 
-FILL = object()  # ncdump's "_" marker: the value equals the variable's fill value
+class _Fill:
+    """ncdump's "_" marker: one object, also after pickling (a snapshot taken in another process)."""
+
+    def __repr__(self) -> str:
+        return "_"
+
+    def __reduce__(self) -> str:
+        return "FILL"
+
+
+FILL = _Fill()  # ncdump's "_" marker: the value equals the variable's fill value
 
 
 def ncdump(target: str, variables: Optional[List[str]] = None, timeout: float = 60) -> str:

@@ -1,0 +1,170 @@
+"""Which program opens a file, and so which metadata form it reads right (refmount.view.forms).
+
+A FUSE request carries the caller's thread id. From /proc we read what the program is and the
+libraries it has mapped:
+- a netCDF-C library (Debian's libnetcdf.so.19, the wheels' netcdf4.libs/libnetcdf-*.so.22, ...):
+  its version string ("4.9.0 of Aug  7 2022 ...", what nc_inq_libvers returns) gives "nc49" for
+  4.9.x and older, "nc410" for >= 4.10;
+- a GDAL library with a GDAL program (gdalinfo, gdalmdiminfo, ogr2ogr, qgis, ...) or without netCDF-C:
+  "gdal" (GDAL's own tools map netCDF-C too, for their netCDF driver);
+- neither: "zarr" (zarr-python, xarray's zarr engine, cp, tar, rclone, ...).
+`REFMOUNT_FORM=<form>` in a program's environment chooses its form (e.g. `REFMOUNT_FORM=nc49 cp -r`
+makes a copy for Debian's ncdump). A reader whose /proc we cannot read (another user's process
+without root, a pid from another pid namespace: 0) gets the fallback form.
+
+A library's version is read once per file (device, inode); a process's form is kept per (thread,
+start time) and, until a netCDF-C or GDAL library is found, looked at again whenever the process's
+virtual size changed (a library loaded since: `import netCDF4` after zarr first read the mount).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+from refmount.view.forms import FALLBACK, FORMS
+
+ENV_VAR = "REFMOUNT_FORM"
+_NETCDF = re.compile(r"^libnetcdf(?:[-.].*)?\.so(?:\.(\d+))?")
+_GDAL = re.compile(r"^libgdal(?:[-.].*)?\.so")
+_VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)(?:\.\d+)?(?:-[\w.]+)? of [A-Z][a-z]{2} [ \d]\d \d{4} \d\d:\d\d:\d\d \$")
+# GDAL's programs (they map netCDF-C too, for the netCDF driver, but read Zarr through GDAL's driver)
+_GDAL_PROGRAMS = re.compile(r"^(gdal|ogr|gnm|nearblack|qgis)")
+_MAX_PROCESSES = 4096
+_MAX_LIBRARY_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Reader:
+    program: str  # the executable's name ("ncdump", "python3.11"), or why it is unknown
+    library: str  # "netCDF-C 4.9.0", "GDAL", "REFMOUNT_FORM", or ""
+    form: str
+    final: bool = True  # no library loaded later can change it
+
+    @property
+    def label(self) -> str:
+        return f"{self.program} ({self.library})" if self.library else self.program
+
+
+class ReaderIdentifier:
+    def __init__(self, fallback: str = FALLBACK, proc: str = "/proc") -> None:
+        self.fallback = fallback
+        self.proc = proc
+        self._processes: OrderedDict[tuple[int, int], tuple[int, Reader]] = OrderedDict()
+        self._versions: dict[tuple[str, str], tuple[int, int, int] | None] = {}  # (device, inode) -> version
+        self.served: Counter[tuple[str, str]] = Counter()  # (reader label, form) -> files opened
+
+    def form_of(self, pid: int) -> str:
+        """The form to serve to the process that sent a request with this pid; counted in `served`."""
+        reader = self.identify(pid)
+        self.served[reader.label, reader.form] += 1
+        return reader.form
+
+    def identify(self, pid: int) -> Reader:
+        stat = self._stat(pid)
+        if stat is None:
+            return Reader("unidentified" if pid else "unidentified (another pid namespace)", "", self.fallback, False)
+        comm, start, vsize = stat
+        key = (pid, start)
+        cached = self._processes.get(key)
+        if cached is not None and (cached[1].final or cached[0] == vsize):
+            self._processes.move_to_end(key)
+            return cached[1]
+        reader = self._examine(pid, comm, cached[1] if cached else None)
+        self._processes[key] = (vsize, reader)
+        self._processes.move_to_end(key)
+        while len(self._processes) > _MAX_PROCESSES:
+            self._processes.popitem(last=False)
+        return reader
+
+    def statistics(self) -> dict:
+        """{form: {reader: files opened}}, for `refmount stats`."""
+        out: dict[str, dict[str, int]] = {}
+        for (label, form), count in sorted(self.served.items()):
+            out.setdefault(form, {})[label] = count
+        return out
+
+    # -- /proc ------------------------------------------------------------------------------------
+
+    def _read(self, pid: int, name: str) -> bytes | None:
+        try:
+            with open(f"{self.proc}/{pid}/{name}", "rb") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def _stat(self, pid: int) -> tuple[str, int, int] | None:
+        """(command name, start time, virtual size) from /proc/PID/stat."""
+        if pid <= 0:
+            return None
+        data = self._read(pid, "stat")
+        if not data:
+            return None
+        head, _, rest = data.rpartition(b")")
+        fields = rest.split()
+        try:  # fields 22 (start time) and 23 (vsize) of proc(5), counted after the command name
+            return head.partition(b"(")[2].decode("utf-8", "replace"), int(fields[19]), int(fields[20])
+        except (IndexError, ValueError):
+            return None
+
+    def _examine(self, pid: int, comm: str, before: Reader | None) -> Reader:
+        try:
+            program = os.path.basename(os.readlink(f"{self.proc}/{pid}/exe")) or comm
+        except OSError:
+            program = comm
+        if before is None:  # (the environment is read once: it is what the program was started with)
+            wanted = self._environment_form(pid)
+            if wanted:
+                return Reader(program, ENV_VAR, wanted)
+        maps = self._read(pid, "maps")
+        if maps is None:  # another user's process: its libraries are not ours to see
+            return Reader(program, "", self.fallback, False)
+        netcdf, gdal = None, False
+        for line in maps.splitlines():
+            parts = line.split(None, 5)
+            if len(parts) < 6:
+                continue
+            path = parts[5].decode("utf-8", "surrogateescape")
+            name = path.rpartition("/")[2]
+            if netcdf is None and (m := _NETCDF.match(name)):
+                netcdf = self._netcdf_version(pid, path, parts[3].decode(), parts[4].decode(), m.group(1))
+            elif not gdal and _GDAL.match(name):
+                gdal = True
+        if gdal and (netcdf is None or _GDAL_PROGRAMS.match(program)):
+            return Reader(program, "GDAL", "gdal")
+        if netcdf is not None:
+            version = ".".join(map(str, netcdf)) if netcdf != (0, 0, 0) else "unknown version"
+            return Reader(program, f"netCDF-C {version}", "nc410" if netcdf >= (4, 10, 0) else "nc49")
+        return Reader(program, "", "zarr", False)
+
+    def _environment_form(self, pid: int) -> str | None:
+        data = self._read(pid, "environ") or b""
+        for item in data.split(b"\0"):
+            if item.startswith(ENV_VAR.encode() + b"="):
+                value = item.partition(b"=")[2].decode("utf-8", "replace").strip()
+                return value if value in FORMS else None
+        return None
+
+    def _netcdf_version(self, pid: int, path: str, device: str, inode: str, soname: str | None) -> tuple[int, int, int]:
+        """The version netCDF-C's library file names itself by (what nc_inq_libvers returns); else a
+        guess from its soname (19: 4.8-4.9, 22: 4.10); (0, 0, 0) when neither tells."""
+        key = (device, inode)
+        if key not in self._versions:
+            found = None
+            for candidate in (f"{self.proc}/{pid}/root{path}", path):  # (the process may see another root)
+                try:
+                    with open(candidate, "rb") as f:
+                        m = _VERSION.search(f.read(_MAX_LIBRARY_BYTES))
+                except OSError:
+                    continue
+                found = tuple(int(x) for x in m.groups()) if m else None
+                break
+            self._versions[key] = found
+        version = self._versions[key]
+        if version is not None:
+            return version
+        if soname and soname.isdigit():
+            return (4, 10, 0) if int(soname) >= 22 else (4, 9, 0)
+        return (0, 0, 0)

@@ -1,0 +1,207 @@
+"""The metadata forms of the decoded view: what each kind of reader reads right.
+
+No one Zarr form of netCDF data reads right in every client (NOTES §2, §6; measured again for
+issue 24, see docs-notes/24.md):
+
+- netCDF-C 4.9.x (Debian 12's ncdump, NCO, CDO) reads characters only as its own '<U1' (one byte
+  each) and crashes on any '|S'; it crashes reading a rank-0 array in every mode (also one its own
+  nccopy wrote), so a scalar must be [1]; it fails the whole open on attributes that are lists of
+  strings, [] or null; it types attributes right only with the `_NCZARR_ATTR` hint.
+- netCDF-C >= 4.10 (the netCDF4 wheels) fails the whole open on '<U1' and reads '|S1'; in zarr mode it
+  silently drops a rank-0 array, so a scalar must be [1] too; it reads the `_nczarr_attr` hint.
+- zarr-python/xarray cannot read '<U1' holding one byte per character; they take real scalars.
+- GDAL's Zarr driver ignores `_Unsigned` (65535 reads as -1): it needs the unsigned dtype; it reads
+  '|S1' and '|Sn' as text, and real scalars.
+
+So every metadata file (.zarray, .zattrs, .zmetadata) is served in the form of the program that
+opens it (refmount.fuse.readers tells which). A `Form` is a set of choices; `served_array` derives
+an array's metadata in a form from its base plan (refmount.view.arrays: the netCDF-C 4.9 form, with
+both hints). Chunk files are the same bytes in every form: characters are one byte each in all of
+them, a scalar's one chunk is "0" at [] and at [1], an unsigned dtype reinterprets the same bytes.
+Strings served as characters ('<U1' or u1 with a last dimension) have their chunk keys with an
+added ".0" as well (decoded.py); the form that serves them as |Sn uses the original keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from refmount.view.arrays import CHAR_DTYPE_49, SCALAR_DIMENSION, ArrayInfo
+from refmount.view.ncattrs import HINT_49, HINT_410, HINT_KEYS, VARIABLE_TYPED
+
+CHARS = ("char", "string", "ubyte", "strings", "gdal")
+
+
+@dataclass(frozen=True)
+class Form:
+    name: str
+    # "char": netCDF-C 4.9's '<U1'; "string": '|S1' and '|Sn'; "ubyte": '|u1' numbers; "strings": a char
+    # array of 2 or more dimensions as '|Sn' strings of its last one, others '|S1'; "gdal": as GDAL's netCDF
+    # driver shows them, a 2-D char array as strings, others as bytes
+    chars: str
+    zarr_scalars: bool  # a scalar as shape [] (else [1] with dimension _scalar_)
+    hints: tuple  # the NCZarr attribute type hints kept (each netCDF-C shows the other one as text)
+    all_attributes: bool  # keep attributes netCDF-C 4.9.0 fails the whole open on (JSON readers take them)
+    unsigned_dtype: bool  # `_Unsigned` integers as an unsigned dtype (GDAL ignores `_Unsigned`)
+    # fill_value is the nodata GDAL's netCDF driver gives the source (_FillValue, else missing_value,
+    # else none); missing chunks are then served as files (decoded.py) so that they still read as fill
+    nodata_fill: bool = False
+    # strings served as UTF-8 bytes get `_Encoding: utf-8`, so that xarray's zarr engine gives str as for
+    # the source; not for netCDF-C >= 4.10, which reads '|Sn' as strings itself (and xarray's netcdf4
+    # engine then fails to decode them again)
+    encoding_attribute: bool = False
+    description: str = ""
+
+    def with_chars(self, chars: str | None) -> "Form":
+        return self if chars is None or chars == self.chars else dataclasses.replace(self, chars=chars)
+
+
+NC49 = Form("nc49", chars="char", zarr_scalars=False, hints=(HINT_49,), all_attributes=False,
+            unsigned_dtype=False,
+            description="netCDF-C 4.9.x (Debian 12's ncdump, NCO, CDO): characters '<U1', scalars [1], "
+                        "_NCZARR_ATTR hints")
+NC410 = Form("nc410", chars="strings", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
+             unsigned_dtype=False,
+             description="netCDF-C >= 4.10 (netCDF4-python wheels): characters '|S1', scalars [1], "
+                         "_nczarr_attr hints; char arrays as strings of their last dimension (netCDF-C reads "
+                         "'|S1' as one-byte strings, which netCDF4-python cannot decode when not ASCII)")
+ZARR = Form("zarr", chars="string", zarr_scalars=True, hints=(), all_attributes=True, unsigned_dtype=False,
+            encoding_attribute=True,
+            description="programs without netCDF-C or GDAL (zarr-python, xarray's zarr engine, cp): '|S1', "
+                        "real scalars, every attribute")
+GDAL = Form("gdal", chars="gdal", zarr_scalars=True, hints=(), all_attributes=True, unsigned_dtype=True,
+            nodata_fill=True,
+            description="GDAL's Zarr driver: characters as GDAL's netCDF driver shows them (2-D as strings), "
+                        "real scalars, `_Unsigned` integers as unsigned dtypes, fill_value as its nodata")
+PORTABLE = Form("portable", chars="ubyte", zarr_scalars=False, hints=(HINT_49, HINT_410), all_attributes=False,
+                unsigned_dtype=False,
+                description="programs that cannot be identified: characters as numbers, scalars [1], both hints "
+                            "(no reader crashes on it)")
+FORMS = {f.name: f for f in (NC49, NC410, ZARR, GDAL, PORTABLE)}
+FALLBACK = PORTABLE.name  # the form of a reader that cannot be identified
+
+
+def served_array(info: ArrayInfo, form: Form) -> tuple[dict, dict]:
+    """(.zarray, .zattrs) of a planned, visible array in `form`."""
+    z, a = dict(info.out_zarray), dict(info.zattrs)
+    if z["dtype"] == CHAR_DTYPE_49:
+        _characters(info, form, z, a)
+    if info.scalar and form.zarr_scalars:
+        z["shape"], z["chunks"] = [], []
+        dims = a.get("_ARRAY_DIMENSIONS")
+        if isinstance(dims, list) and dims[:1] == [SCALAR_DIMENSION]:
+            a["_ARRAY_DIMENSIONS"] = dims[1:]
+    if form.unsigned_dtype:
+        _unsigned(z, a)
+    if form.nodata_fill and info.dtype is not None and info.dtype.kind in "iuf":
+        z["fill_value"] = _nodata(a)
+    elif form.nodata_fill and z["dtype"].startswith("|S") and z.get("fill_value") is None:
+        z["fill_value"] = ""  # (GDAL reads a missing chunk of strings as null ones without it; netCDF's are NUL)
+    served_hints(a, form)
+    if form.all_attributes:
+        a.update(info.left_out)
+    return z, a
+
+
+def served_group_attributes(attrs: dict, left_out: dict, form: Form) -> dict:
+    a = dict(attrs)
+    served_hints(a, form)
+    if form.all_attributes:
+        a.update(left_out)
+    return a
+
+
+def served_hints(attrs: dict, form: Form) -> None:
+    for key in HINT_KEYS:
+        if key not in form.hints:
+            attrs.pop(key, None)
+
+
+def joins_last_dimension(info: ArrayInfo, form: Form) -> bool:
+    """Does `form` serve this char array's rows as '|Sn' strings of its last dimension? "gdal" does
+    so for a 2-D char array, as GDAL's netCDF driver shows it (1-D and 3-D ones are bytes: measured,
+    GDAL 3.6); "strings" for 2 or more dimensions. Only where one chunk spans that dimension (a chunk's
+    bytes are then whole strings), with the "." separator: the chunk "i.0" of the characters is the
+    chunk "i" of the strings (decoded.py)."""
+    if form.chars not in ("gdal", "strings") or info.out_zarray["dtype"] != CHAR_DTYPE_49:
+        return False
+    shape, chunks = info.out_zarray["shape"], info.out_zarray["chunks"]
+    rank_ok = len(shape) == 2 if form.chars == "gdal" else len(shape) >= 2
+    return (not info.strlen and not info.scalar and rank_ok and chunks[-1] == shape[-1] > 0
+            and info.separator == "." and not info.lazy)
+
+
+def _drop_last_dimension(z: dict, a: dict) -> None:
+    z["shape"], z["chunks"] = z["shape"][:-1], z["chunks"][:-1]
+    dims = a.get("_ARRAY_DIMENSIONS")
+    if isinstance(dims, list) and dims:
+        a["_ARRAY_DIMENSIONS"] = dims[:-1]
+
+
+def _characters(info: ArrayInfo, form: Form, z: dict, a: dict) -> None:
+    if form.chars == "ubyte":
+        z["dtype"] = "|u1"
+    elif form.chars in ("gdal", "strings"):
+        if info.strlen or joins_last_dimension(info, form):
+            z["dtype"] = f"|S{info.strlen or z['shape'][-1]}"
+            _drop_last_dimension(z, a)
+        else:
+            z["dtype"] = "|u1" if form.chars == "gdal" else "|S1"
+    elif form.chars == "string":
+        z["dtype"] = "|S1"
+        if info.strlen:  # |Sn as it is: the added last dimension goes
+            z["dtype"] = f"|S{info.strlen}"
+            _drop_last_dimension(z, a)
+        if info.recode_from is not None and form.encoding_attribute and "_Encoding" not in a:
+            a["_Encoding"] = "utf-8"
+
+
+def _nodata(a: dict):
+    """GDAL's netCDF driver's nodata: _FillValue, else missing_value, else none."""
+    for name in ("_FillValue", "missing_value"):
+        value = a.get(name)
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _unsigned(z: dict, a: dict) -> None:
+    """A signed integer with `_Unsigned = "true"` as the unsigned type of its size: the same bytes;
+    its fill and the attributes that have the variable's type (CF) as that type's values, as GDAL's
+    netCDF driver shows them for the source. `_Unsigned` stays: GDAL shows it for the source too."""
+    if str(a.get("_Unsigned", "")).lower() != "true":
+        return
+    dtype = np.dtype(z["dtype"])
+    if dtype.kind != "i":
+        return
+    unsigned = np.dtype(f"{dtype.byteorder if dtype.itemsize > 1 else '|'}u{dtype.itemsize}")
+    z["dtype"] = unsigned.str
+    modulus = 1 << (8 * dtype.itemsize)
+
+    def convert(v):
+        if isinstance(v, list):
+            return [convert(x) for x in v]
+        if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+            return v + modulus
+        return v
+
+    z["fill_value"] = convert(z.get("fill_value"))
+    for name in (*VARIABLE_TYPED, "flag_values", "flag_masks"):
+        if name in a:
+            a[name] = convert(a[name])
+
+
+def form_notes(info: ArrayInfo) -> dict[str, str]:
+    """What each form serves of this array (dtype, shape, fill, hints), where forms differ (for
+    `refmount inspect`); {} when every form serves the same .zarray."""
+    out = {}
+    for name, form in FORMS.items():
+        z, a = served_array(info, form)
+        hints = [k for k in HINT_KEYS if k in a]
+        out[name] = (f"{z['dtype']} {z['shape']} fill {z.get('fill_value')!r}"
+                     + (f" ({', '.join(hints)})" if hints else ""))
+    shown = {v.split(" (")[0] for v in out.values()}
+    return out if len(shown) > 1 else {}
