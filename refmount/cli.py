@@ -143,12 +143,20 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="unmount when process PID exits (refmount.mount() in Python passes its own PID for a "
                         "temporary mountpoint)")
     g = p.add_argument_group("caching")
-    g.add_argument("--cache-size", type=parse_size, default="512M", metavar="SIZE",
-                   help="memory budget for cached blocks, requests in flight and read-ahead (default: 512M)")
+    g.add_argument("--memory-target", type=parse_size, default=None, metavar="SIZE",
+                   help="the daemon's whole memory (RSS): Python and its libraries, the reference set's tables, "
+                        "cached blocks, fetches in flight and read-ahead, decoded chunks and decoding; the caches "
+                        "get what the rest leaves, and shrink (read-ahead first) if the process nears it "
+                        "(default: 1G, or what --cache-size and --decoded-cache-size add up to when given)")
+    g.add_argument("--cache-size", type=parse_size, default=None, metavar="SIZE",
+                   help="the block cache's part of the memory: cached blocks, requests in flight and read-ahead "
+                        "(default: two thirds of what --memory-target leaves for caches in --view decoded, all of "
+                        "it in --view raw; 512M when only the cache sizes are given)")
     g.add_argument("--block-size", type=parse_block_size, default="1M", metavar="SIZE",
                    help="size of a cached block, the unit of caching: a power of two from 4K to 64M (default: 1M)")
-    g.add_argument("--decoded-cache-size", type=parse_size, default="256M", metavar="SIZE",
-                   help="memory for decoded chunks in --view decoded (default: 256M)")
+    g.add_argument("--decoded-cache-size", type=parse_size, default=None, metavar="SIZE",
+                   help="memory for decoded chunks in --view decoded (default: the rest of what --memory-target "
+                        "leaves for caches; 256M when only the cache sizes are given)")
     g.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="do not read ahead of sequential readers")
     g.add_argument("--cache-dir", metavar="DIR",
@@ -258,7 +266,7 @@ def options_from_args(args):
 
     return MountOptions(
         refs="/dev/stdin" if args.refs == "-" else args.refs, mountpoint=args.mountpoint, view=args.view, foreground=args.foreground,
-        cache_size=args.cache_size, block_size=args.block_size, remote_options=args.remote_options,
+        memory_target=args.memory_target, cache_size=args.cache_size, block_size=args.block_size, remote_options=args.remote_options,
         read_timeout=args.read_timeout, stall_timeout=args.stall_timeout, connections=args.connections,
         allow_other=args.allow_other, allow_protocols=args.allow_protocols,
         allow_cross_host_redirects=args.allow_cross_host_redirects, max_keys=args.max_keys,

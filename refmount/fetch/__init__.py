@@ -63,6 +63,7 @@ class Fetcher:
         self._loop = None
         self._warming: threading.Thread | None = None
         self._warm_protocols: set[str] = set()
+        self.pool = None  # where the http paths receive bodies (the caches' buffer pool), if set
 
     def _backend(self, url: str):
         proto = protocol_of(url)
@@ -76,6 +77,7 @@ class Fetcher:
                 from refmount.fetch.http import HttpBackend
 
                 backend = HttpBackend(self.policy, self.stats, **self._http_options)
+                backend.pool = self.pool
                 if backend.direct:
                     from refmount.fetch.fastget import FastGet
 

@@ -170,6 +170,7 @@ class HttpBackend:
         self._origins: dict[tuple, direct.Origin] = {}  # (scheme, host) -> its direct connections
         self._host_slots: dict[tuple, Slots] = {}  # (scheme, host) -> ranges of every path in flight
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.pool = None  # the caches' buffer pool (cache/buffers.py): bodies are received into its slots
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -439,7 +440,7 @@ class HttpBackend:
         origin, path, extra = target
         headers = {**self.headers, **extra, "Range": f"bytes={start}-{end - 1}", **self._conditions(url),
                    "Accept-Encoding": "identity"}
-        request = direct.Request(origin, path, headers)
+        request = direct.Request(origin, path, headers, take=self.pool.take if self.pool is not None else None)
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(4 * self.connections_per_host,
                                                                    thread_name_prefix="refmount-http")

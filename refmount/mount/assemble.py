@@ -6,8 +6,14 @@ import logging
 import sys
 from urllib.parse import urlsplit
 
-from refmount.cache.budget import MemoryBudget
+import os
+
+from refmount.cache.budget import MemoryBudget, ScratchLimiter
 from refmount.cache.blocks import BlockCache
+from refmount.cache.buffers import BufferPool
+from refmount.cache.governor import MemoryGovernor
+from refmount.cache.malloc import give_back_freed_memory, malloc_statistics
+from refmount.cache.target import later_imports, plan_memory, resident_bytes
 from refmount.view.consolidated import with_consolidated_metadata
 from refmount.errors import FetchError, RefmountError
 from refmount.fetch import Fetcher, RetryPolicy, check_protocols, reaches_local, redact
@@ -136,25 +142,34 @@ def build_filesystem(opts):
         from refmount.cache.checksums import verified_fetch
 
         fetch = verified_fetch(fetch, fetcher, urls, refset.checksums)
-    # One memory budget (--cache-size) for cached blocks, fetches in flight and read-ahead; read-ahead
-    # parts paced per host up to --connections at once.
-    budget = MemoryBudget(opts.cache_size)
+    # One memory budget (the block cache's share of --memory-target, or --cache-size) for cached
+    # blocks, fetches in flight and read-ahead; read-ahead parts paced per host up to --connections
+    # at once. The caches are sized once the views are built (see below).
+    budget = MemoryBudget(0)
     pacer = HostPacer(lambda url_id: urlsplit(urls[url_id]).netloc, opts.connections, opts.block_size)
-    cache = BlockCache(fetch, block_size=opts.block_size, max_request=16 << 20, budget=budget, pacer=pacer)
+    pool = BufferPool()  # what both caches keep lives in its slots, outside malloc's heaps
+    fetcher.pool = pool  # (http bodies are received straight into them)
+    cache = BlockCache(fetch, block_size=opts.block_size, max_request=16 << 20, budget=budget, pacer=pacer,
+                       pool=pool)
     view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
+    scratch = None
     if opts.view == "decoded":
         from refmount.view.decoded import DecodedView
 
         view = raw = v2_view(raw)  # (a Zarr v3 set is shown through its v2 form)
-        view = DecodedView(raw, cache_size=opts.decoded_cache_size, chars=opts.chars)
+        scratch = ScratchLimiter(0, os.cpu_count() or 2)
+        view = DecodedView(raw, cache_size=0, chars=opts.chars, scratch=scratch, pool=pool)
         refset = view.refset
     else:
         warn_raw_view(refset)
         view = with_consolidated_metadata(view)
+    governor = plan_caches(opts, urls, budget, cache, view, scratch, pool)
 
     def stats() -> dict:
         out = {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
-               "keys": len(refset), "memory": budget.statistics(), "hosts": pacer.statistics(),
+               "keys": len(refset), "memory": {**governor.statistics(), **budget.statistics(), **pool.statistics(),
+                          "malloc": malloc_statistics()},
+               "hosts": pacer.statistics(),
                "served": {"bytes": raw.bytes_served, "reads": raw.reads_served,
                           "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3)}}
         if hasattr(view, "statistics"):
@@ -165,4 +180,24 @@ def build_filesystem(opts):
             out["disk"] = disk.statistics()
         return out
 
-    return Filesystem(view.refset, view, stats=stats), fetcher
+    fs = Filesystem(view.refset, view, stats=stats)
+    fs.governor = governor  # (the daemon runs it while serving)
+    return fs, fetcher
+
+
+def plan_caches(opts, urls, budget, cache, view, scratch, pool) -> MemoryGovernor:
+    """Size the caches from the memory target now that the daemon holds everything it needs to
+    serve (the reference set's tables, the views' plans), measured (cache/target.py)."""
+    give_back_freed_memory()  # what loading left behind is no part of the daemon's own size
+    decoded = scratch is not None
+    plan = plan_memory(opts.memory_target, opts.cache_size, opts.decoded_cache_size if decoded else None, decoded,
+                       resident_bytes() + later_imports(urls))
+    cache.resize(plan.blocks)
+    caches = [(plan.blocks, cache.resize)]
+    if decoded:
+        view.resize_decoded(plan.decoded)
+        scratch.limit = plan.scratch
+        caches.append((plan.decoded, view.resize_decoded))
+    pool.keep_free = plan.reserve // 2  # free slots kept for reuse count against the reserve
+    log.info("%s", plan.describe())
+    return MemoryGovernor(plan, budget, caches, pool)

@@ -37,7 +37,8 @@ class MountOptions:
     mountpoint: str
     view: str = "decoded"
     foreground: bool = False
-    cache_size: int = 512 << 20
+    memory_target: int | None = None  # the whole daemon (cache/target.py); None: 1G, or what the cache sizes add up to
+    cache_size: int | None = None  # None: a share of the memory target
     block_size: int = 1 << 20
     remote_options: dict = field(default_factory=dict)
     read_timeout: float = 30.0
@@ -52,7 +53,7 @@ class MountOptions:
     tune_kernel: bool = True
     read_ahead_kb: int = 1024
     max_background: int = 64
-    decoded_cache_size: int = 256 << 20
+    decoded_cache_size: int | None = None
     prefetch: bool = True
     cache_dir: str | None = None
     disk_cache_size: int = 10 << 30
@@ -423,9 +424,11 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     import pyfuse3
     import trio
 
+    from refmount.cache.malloc import configure_malloc
     from refmount.mount.assemble import build_filesystem
     from refmount.mount.fuse_ops import FuseOperations
 
+    configure_malloc()  # before any thread makes a heap of its own
     if opts.proxy:  # the http(s) targets' client follows the usual variables (as aiohttp's trust_env)
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
             os.environ[name] = opts.proxy
@@ -458,6 +461,7 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
             nursery.start_soon(_look_up_sizes, fs, warmed)
             nursery.start_soon(_announce_ready, opts, ready, warmed)
             nursery.start_soon(_stop_on_signals, nursery)
+            nursery.start_soon(fs.governor.run)
             if opts.owner_pid:
                 nursery.start_soon(_unmount_when_gone, opts.owner_pid)
             await pyfuse3.main(min_tasks=4, max_tasks=256)
