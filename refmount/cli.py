@@ -109,7 +109,7 @@ def did_you_mean(word: str, choices) -> str:
 
 def add_mount_options(p: argparse.ArgumentParser) -> None:
     """Every option of `refmount mount` (also used by the fstab helper and the systemd config)."""
-    from refmount.refs import DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_KEYS, default_max_refs_size
+    from refmount.refs import DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_KEYS, DEFAULT_MAX_VALUE_SIZE, default_max_refs_size
     from refmount.refs.limits import format_size
 
     p.add_argument("refs", metavar="REFS",
@@ -209,6 +209,10 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="refuse reference files larger than this once decompressed, and gen sections that "
                         "would make more text of keys and urls (default: a sixth of the memory available at "
                         f"start, here {format_size(default_max_refs_size())})")
+    g.add_argument("--max-value-size", type=parse_size, default=DEFAULT_MAX_VALUE_SIZE, metavar="SIZE",
+                   help="refuse reference files in which one JSON value (an inline chunk, a metadata object) is "
+                        f"larger than this once decompressed; loading holds at most about twice it in memory "
+                        f"(default: {format_size(DEFAULT_MAX_VALUE_SIZE)})")
     g.add_argument("--load-timeout", type=positive_float, default=DEFAULT_LOAD_TIMEOUT, metavar="SECONDS",
                    help=f"give up loading the reference set after this long (default: {DEFAULT_LOAD_TIMEOUT:g})")
     g = p.add_argument_group("kernel tuning (root only)")
@@ -276,7 +280,7 @@ def options_from_args(args):
         chars=args.chars,
         proxy=args.proxy, owner_pid=args.owner_pid,
         verify_remote=args.verify_remote, ca_bundle=args.ca_bundle, http_client=args.http_client,
-        max_refs_size=args.max_refs_size, load_timeout=args.load_timeout,
+        max_refs_size=args.max_refs_size, max_value_size=args.max_value_size, load_timeout=args.load_timeout,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
     )
 

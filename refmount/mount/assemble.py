@@ -115,7 +115,8 @@ def load_reference_set(opts):
     progress = load_progress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
-                           max_refs_size=opts.max_refs_size, load_timeout=opts.load_timeout, progress=progress,
+                           max_refs_size=opts.max_refs_size, max_value_size=opts.max_value_size,
+                           load_timeout=opts.load_timeout, progress=progress,
                            version=version_from_options(opts))
     finally:
         if progress:

@@ -64,6 +64,7 @@ class MountOptions:
     http_client: str = "stdlib"  # "stdlib" (http.client in threads for plain 206s, else aiohttp) or "aiohttp"
     ca_bundle: str | None = None
     max_refs_size: int | None = None  # None: the machine's default (refs/limits.py)
+    max_value_size: int | None = 64 << 20  # the most text one JSON member may have (None: no limit)
     load_timeout: float | None = 300.0
     branch: str | None = None  # Icechunk: which version to mount (one of branch, tag, snapshot)
     tag: str | None = None

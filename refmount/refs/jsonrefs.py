@@ -221,16 +221,17 @@ def _version_of(value) -> int:
 
 
 def load_json(open_stream, builder: RefSetBuilder, *, piece_bytes: int = PIECE_BYTES, progress=None,
-              parallel: bool = True) -> int:
-    """Fill `builder` from the JSON text that `open_stream()` yields; returns the spec version."""
+              parallel: bool = True, max_value: int | None = None) -> int:
+    """Fill `builder` from the JSON text that `open_stream()` yields; returns the spec version.
+    `max_value`: --max-value-size, the most text one member may have."""
     try:
-        return _load(open_stream, builder, None, piece_bytes, progress, parallel)
+        return _load(open_stream, builder, None, piece_bytes, progress, parallel, max_value)
     except _Restart as restart:
         builder.__init__(builder.max_keys, builder.max_bytes)
-        return _load(open_stream, builder, restart.version, piece_bytes, progress, parallel)
+        return _load(open_stream, builder, restart.version, piece_bytes, progress, parallel, max_value)
 
 
-def _load(open_stream, builder, version, piece_bytes, progress, parallel) -> int:
+def _load(open_stream, builder, version, piece_bytes, progress, parallel, max_value=None) -> int:
     sections: dict = {}
     skipped_refs = False
     tentative_v0 = 0  # top-level members added as v0 refs before the version was known
@@ -239,7 +240,7 @@ def _load(open_stream, builder, version, piece_bytes, progress, parallel) -> int
         workers = Workers(stream, builder.max_bytes) if parallel else None
         try:
             pieces = iter_pieces(stream, piece_bytes, progress, descend=version != 0, workers=workers,
-                                 max_bytes=builder.max_bytes)
+                                 max_bytes=builder.max_bytes, max_value=max_value)
             for section, piece in pieces:
                 if section == "refs":
                     if version is None:
