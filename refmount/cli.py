@@ -195,8 +195,10 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "CURL_CA_BUNDLE, SSL_CERT_FILE, then the system store; AWS_CA_BUNDLE for s3)")
     g = p.add_argument_group("security")
     g.add_argument("--allow-other", action="store_true",
-                   help="let other users read the mount (needs user_allow_other in /etc/fuse.conf unless root); "
-                        "permissions are still enforced (files 0444)")
+                   help="let every user of this machine read the mount (needs user_allow_other in /etc/fuse.conf "
+                        "unless root): every key whose bytes are inline or remote, fetched with the mount's own "
+                        "credentials (--remote-options, ~/.netrc, a proxy's); a key whose bytes come from local "
+                        "files only for a user who may read those files (checked at each open; files show as 0444)")
     g.add_argument("--allow-protocols", type=parse_protocols, metavar="LIST",
                    help="comma-separated target protocols allowed, e.g. 'https,s3' (default: all, except that "
                         "a remote reference set may not point at local files)")

@@ -440,7 +440,10 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     operations = FuseOperations(fs)
     fuse_options = {fsname_option(shown_refs(opts.refs)), "subtype=refmount", "ro", "default_permissions", "noatime"}
     if opts.allow_other:
+        from refmount.mount.access import LocalAccess
+
         fuse_options.add("allow_other")
+        fs.local_access = LocalAccess()  # other users open local files' keys only if they may read the files
     if _parent_gone(ready):  # interrupted while loading: never mount behind the user's back
         raise RefmountError("the mount was interrupted")
     # From the mount on, a stop signal must unmount: it is noted until the main loop listens for

@@ -60,6 +60,7 @@ class Filesystem:
         self.mtime_ns = time.time_ns()
         self.stats = stats or (lambda: {})
         self.mount_info: dict[str, str] = {}  # shown as root xattrs: refs, log (for `refmount list`)
+        self.local_access = None  # mount.access.LocalAccess with --allow-other: who may open local files' keys
         self._subdir_names = [sorted(children) for children in self.dirs.children]
         self._may_hide = not getattr(view, "hides_nothing", False)  # a view may promise to hide no key
 
@@ -172,11 +173,16 @@ class Filesystem:
 
     # -- files ------------------------------------------------------------------------------------
 
-    async def open(self, ino: int, flags: int) -> int:
+    async def open(self, ino: int, flags: int, caller=None) -> int:
+        """`caller` (mount.access.Caller): who opens, for keys whose bytes come from local files."""
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
             raise FsError(errno.EROFS)
-        if await self._key_of_ino(ino) is None:
+        i = await self._key_of_ino(ino)
+        if i is None:
             raise FsError(errno.EISDIR if self._dir_of_ino(ino) is not None else errno.ENOENT)
+        if self.local_access is not None and caller is not None and \
+                not await self.local_access.allows(caller, self.view.targets(i), self.refset.key(i)):
+            raise FsError(errno.EACCES)
         return ino
 
     async def read(self, ino: int, offset: int, size: int) -> bytes:

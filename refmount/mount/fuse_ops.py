@@ -16,6 +16,7 @@ import pyfuse3
 import trio
 
 from refmount.errors import RefmountError
+from refmount.mount.access import Caller
 from refmount.mount.fs import FILE_MODE, Attributes, Filesystem, FsError
 
 log = logging.getLogger("refmount")
@@ -136,7 +137,8 @@ class FuseOperations(pyfuse3.Operations):
 
     @_reply
     async def open(self, inode, flags, ctx):
-        return pyfuse3.FileInfo(fh=await self.fs.open(inode, flags), keep_cache=True, direct_io=False)
+        caller = Caller(ctx.uid, ctx.gid, ctx.pid) if ctx is not None else None
+        return pyfuse3.FileInfo(fh=await self.fs.open(inode, flags, caller), keep_cache=True, direct_io=False)
 
     @_reply
     async def read(self, fh, off, size):

@@ -306,6 +306,13 @@ class DecodedView:
         np.copyto(np.frombuffer(out, dtype=info.out_dtype).reshape(array.shape), array, casting="unsafe")
         return out.toreadonly()
 
+    def targets(self, i: int) -> list[str]:
+        """The urls whose bytes key `i` is made of (none for metadata, rewritten from inline text)."""
+        i = self._renamed.get(i, i)
+        if i in self._metadata or i >= self.raw.refset.capacity:
+            return []
+        return self.raw.targets(i)
+
     # -- extended attributes ----------------------------------------------------------------------
 
     def xattrs(self, i: int) -> dict[str, str]:
