@@ -177,6 +177,11 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="most parallel connections per host, opened (--http-client stdlib) when the mount first "
                         "meets the host, so that parallel reads skip the handshake; read-ahead "
                         "adapts below it, and one remote object gets all but one of them (default: 8)")
+    g.add_argument("--max-full-download", type=parse_size, default=None, metavar="SIZE",
+                   help="a server that ignores Range sends every object from its first byte: reads of an object "
+                        "share one pass over it (which keeps the blocks the reference set refers to as it goes), "
+                        "and no pass streams further into an object than this; a read beyond gets EIO "
+                        "(default: 1G, or --disk-cache-size with --cache-dir)")
     g.add_argument("--proxy", metavar="URL",
                    help="send http(s) target requests through this proxy (default: the HTTP_PROXY, HTTPS_PROXY "
                         "and NO_PROXY variables)")
@@ -279,6 +284,7 @@ def options_from_args(args):
         log_level=args.log_level, log_file=args.log_file, tune_kernel=args.tune_kernel,
         read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
+        max_full_download=args.max_full_download,
         chars=args.chars,
         proxy=args.proxy, owner_pid=args.owner_pid,
         verify_remote=args.verify_remote, ca_bundle=args.ca_bundle, http_client=args.http_client,

@@ -147,6 +147,14 @@ class BlockCache:
             self._store(key, data)
         return data
 
+    def put(self, source, index: int, block) -> bool:
+        """Keep block `index` of `source` that came by some other way (a whole-object pass over an
+        object whose server ignores Range: cache/passing.py), unless it is cached or being fetched."""
+        key = (source, index)
+        if key in self._blocks or key in self._inflight:
+            return False
+        return self._store(key, self._keep(block))
+
     def has_exact(self, source, start: int, end: int) -> bool:
         """Whether the exact range [start, end) is cached or being fetched (no I/O)."""
         key = (source, start, end)

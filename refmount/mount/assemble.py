@@ -8,9 +8,12 @@ from urllib.parse import urlsplit
 
 import os
 
+import trio
+
 from refmount.cache.budget import MemoryBudget, ScratchLimiter
 from refmount.cache.blocks import BlockCache
 from refmount.cache.buffers import BufferPool
+from refmount.cache.passing import PassingBlocks
 from refmount.cache.governor import MemoryGovernor
 from refmount.cache.malloc import give_back_freed_memory, malloc_statistics
 from refmount.cache.target import later_imports, plan_memory, resident_bytes
@@ -133,12 +136,17 @@ def build_filesystem(opts):
                       http_client=opts.http_client)
     urls = refset.urls
 
+    passing = None
+
     async def fetch(url_id, start, end):
+        if passing.token is None:  # (the trio run is on now: a pass hands its blocks over to it)
+            passing.bind(trio.lowlevel.current_trio_token())
         return await fetcher.read(urls[url_id], start, end, opts.block_size)
 
-    disk = None
+    disk = disk_fetch = None
     if opts.cache_dir:
-        fetch, disk = disk_backed(fetch, fetcher, urls, opts)
+        disk_fetch, disk = disk_backed(fetch, fetcher, urls, opts)
+        fetch = disk_fetch
     if getattr(refset, "checksums", None):  # Icechunk virtual chunks: is each object the committed version?
         from refmount.cache.checksums import verified_fetch
 
@@ -152,6 +160,10 @@ def build_filesystem(opts):
     fetcher.pool = pool  # (http bodies are received straight into them)
     cache = BlockCache(fetch, block_size=opts.block_size, max_request=16 << 20, budget=budget, pacer=pacer,
                        pool=pool)
+    # a server that ignores Range: one pass over an object serves its reads and keeps what the set
+    # refers to (fetch/http.py, cache/passing.py), never further into it than --max-full-download
+    passing = fetcher.passing = PassingBlocks(cache, refset, disk_fetch)
+    fetcher.max_full_download = opts.max_full_download or (max(1 << 30, opts.disk_cache_size) if disk else 1 << 30)
     view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
     scratch = None
     if opts.view == "decoded":
@@ -170,7 +182,7 @@ def build_filesystem(opts):
         out = {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
                "keys": len(refset), "memory": {**governor.statistics(), **budget.statistics(), **pool.statistics(),
                           "malloc": malloc_statistics()},
-               "hosts": pacer.statistics(),
+               "hosts": pacer.statistics(), "passes": passing.statistics(),
                "served": {"bytes": raw.bytes_served, "reads": raw.reads_served,
                           "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3)}}
         if hasattr(view, "statistics"):

@@ -57,6 +57,7 @@ class MountOptions:
     prefetch: bool = True
     cache_dir: str | None = None
     disk_cache_size: int = 10 << 30
+    max_full_download: int | None = None  # None: 1G, or --disk-cache-size with --cache-dir
     chars: str = "char"
     proxy: str | None = None
     owner_pid: int | None = None

@@ -38,8 +38,12 @@ def _reply(handler):
             raise pyfuse3.FUSEError(e.errno) from None
         except RefmountError as e:  # fetch and decode failures: the reader gets EIO, the log says why
             self.failed_reads += 1
-            log.error("%s of %s failed: %s", _ACTIONS.get(handler.__name__, handler.__name__),
-                      self._subject(handler.__name__, args), e)
+            once = getattr(e, "once", None)  # a limit's refusal: said once, not at every read it refuses
+            said = once is not None and once in self._said
+            if once is not None:
+                self._said.add(once)
+            (log.debug if said else log.error)("%s of %s failed: %s", _ACTIONS.get(handler.__name__, handler.__name__),
+                                               self._subject(handler.__name__, args), e)
             raise pyfuse3.FUSEError(errno.EIO) from None
         except (trio.Cancelled, KeyboardInterrupt):
             raise
@@ -63,6 +67,7 @@ class FuseOperations(pyfuse3.Operations):
         super().__init__()
         self.fs = fs
         self.failed_reads = 0
+        self._said: set[str] = set()  # limits whose refusal the log has told
 
     def _subject(self, handler_name: str, args) -> str:
         """The key a failed request was about, for its log line (a lookup names the child it stats)."""
