@@ -95,6 +95,8 @@ def plan_memory(target: int | None, cache_size: int | None, decoded_cache_size: 
     if room < needed:
         name = "--memory-target" if given_target else "the default memory target"
         least = -(-(target - room + needed) // MiB)
+        while least * MiB - runtime - scratch_for(least * MiB, decoded_view) - reserve_for(least * MiB) < needed:
+            least += 1  # (scratch and reserve grow with the target)
         raise RefmountError(
             f"{name} {_mib(target)} is too small: the daemon itself takes {_mib(runtime)} (Python, its libraries "
             f"and this reference set), decoding {_mib(scratch)} and a reserve {_mib(reserve)}, and the caches "
