@@ -288,11 +288,15 @@ def report(args, result: dict) -> None:
           f"minor page faults per GB read")
     print(f"  fetched         {s['fetch']['bytes'] / 1e6:,.0f} MB in {s['fetch']['requests']:,} requests")
     m = s["memory"]
-    print(f"  memory target   {m['target'] / MiB:,.0f} MiB (the daemon itself {m['runtime'] / MiB:,.0f} MiB at mount); "
-          f"caches now: blocks {m['cached'] / MiB:,.0f} of {m['budget'] / MiB:,.0f} MiB, decoded "
-          f"{s.get('decoded', {}).get('decoded_bytes', 0) / MiB:,.0f} of "
-          f"{s.get('decoded', {}).get('decoded_capacity', 0) / MiB:,.0f} MiB; squeezed {m['squeezed'] / MiB:,.1f} MiB, "
-          f"malloc_trim {m['trims']}x, read-ahead wasted {m['prefetch_wasted']}")
+    if "target" in m:
+        print(f"  memory target   {m['target'] / MiB:,.0f} MiB (the daemon itself {m['runtime'] / MiB:,.0f} MiB at "
+              f"mount); caches now: blocks {m['cached'] / MiB:,.0f} of {m['budget'] / MiB:,.0f} MiB, decoded "
+              f"{s.get('decoded', {}).get('decoded_bytes', 0) / MiB:,.0f} of "
+              f"{s.get('decoded', {}).get('decoded_capacity', 0) / MiB:,.0f} MiB; squeezed "
+              f"{m['squeezed'] / MiB:,.1f} MiB, malloc_trim {m['trims']}x, read-ahead wasted {m['prefetch_wasted']}")
+    else:  # (a refmount before issue 25)
+        print(f"  memory          blocks {m['cached'] / MiB:,.0f} of {m['budget'] / MiB:,.0f} MiB, decoded "
+              f"{s.get('decoded', {}).get('decoded_bytes', 0) / MiB:,.0f} MiB")
     if result["wrong"] or result["eio"]:
         print("  daemon log tail:\n    " + "\n    ".join(result["log_tail"]))
 

@@ -31,7 +31,7 @@ def test_the_target_is_split_after_what_the_daemon_holds():
     plan = plan_memory(512 * MiB, None, None, decoded_view=True, runtime=60 * MiB)
     assert plan.target == 512 * MiB and not plan.derived
     assert plan.runtime + plan.blocks + plan.decoded + plan.scratch + plan.reserve == plan.target
-    assert plan.blocks == 2 * plan.decoded or plan.blocks == 2 * plan.decoded + 1  # two thirds, a third
+    assert abs(plan.blocks - 2 * plan.decoded) <= 2  # two thirds, a third
     raw = plan_memory(512 * MiB, None, None, decoded_view=False, runtime=60 * MiB)
     assert raw.decoded == 0 and raw.scratch == 0 and raw.blocks > plan.blocks
     fixed = plan_memory(512 * MiB, 100 * MiB, None, decoded_view=True, runtime=60 * MiB)
@@ -47,9 +47,9 @@ def test_cache_sizes_without_a_target_make_the_target():
 
 def test_too_small_a_target_is_one_line_with_the_least_that_works():
     with pytest.raises(RefmountError) as e:
-        plan_memory(70 * MiB, None, None, decoded_view=True, runtime=60 * MiB)
+        plan_memory(96 * MiB, None, None, decoded_view=True, runtime=60 * MiB)
     message = str(e.value)
-    assert message.startswith("--memory-target 70 MiB is too small") and "the daemon itself takes 60 MiB" in message
+    assert message.startswith("--memory-target 96 MiB is too small") and "the daemon itself takes 60 MiB" in message
     least = int(message.rsplit("give --memory-target ", 1)[1].split("M")[0])
     plan_memory(least * MiB, None, None, decoded_view=True, runtime=60 * MiB)  # that one works
     with pytest.raises(RefmountError, match="--memory-target"):
@@ -130,13 +130,13 @@ def test_governor_backs_off_read_ahead_then_shrinks_the_caches_then_gives_back(m
     monkeypatch.setattr(governor_module, "give_back_freed_memory", lambda: None)
     gov.check(0.0)
     assert budget.pressure == 0 and gov.squeezed == 0
-    rss["now"] = plan.target - plan.reserve  # nearing: read-ahead backs off, caches stay
+    rss["now"] = plan.target - 10 * MiB  # nearing: read-ahead backs off, caches stay
     gov.check(1.0)
     assert 0 < budget.pressure < 1 and gov.squeezed == 0
     rss["now"] = plan.target + 10 * MiB  # over: read-ahead stops, the caches shrink by the excess
     gov.check(2.0)
     assert budget.pressure == 1
-    assert gov.squeezed == 10 * MiB + plan.reserve // 2
+    assert gov.squeezed == 10 * MiB + governor_module.ACT
     assert abs(sizes["blocks"] + sizes["decoded"] - (plan.blocks + plan.decoded - gov.squeezed)) <= 2
     rss["now"] = 100 * MiB  # well below again: they grow back
     for t in range(3, 20):

@@ -4,11 +4,11 @@ The plan counts what it can (cached blocks, fetches in flight, read-ahead, decod
 decoders' scratch); the rest (libraries loaded later, a backend's own buffers, Parquet record
 files, glibc's free pages) is only seen in the process's RSS. Four times a second the governor
 reads it and, as it nears the target:
-- read-ahead backs off, in proportion, over the last two reserves before the target
-  (`MemoryBudget.pressure`): prefetched blocks are the first bytes the daemon can do without;
-- past the target less half a reserve, the buffer pool unmaps its free slots and glibc gives back
-  the free memory it holds (malloc_trim), and if that is not enough the caches shrink by the
-  excess (least recently used first);
+- over the last 16 MiB before the target, read-ahead backs off in proportion
+  (`MemoryBudget.pressure`): prefetched blocks are the first bytes the daemon can do without; and
+  once a second the buffer pool unmaps its free slots and glibc gives back the free memory it
+  holds (malloc_trim);
+- past the target less 4 MiB the caches shrink by the excess (least recently used first);
 - once well below again, the caches grow back to their planned sizes.
 
 Runs on the trio thread.
@@ -22,6 +22,8 @@ from refmount.cache.malloc import give_back_freed_memory
 from refmount.cache.target import MemoryPlan, resident_bytes
 
 INTERVAL = 0.25  # seconds between looks
+BACK_OFF = 16 << 20  # read-ahead backs off over the last this many bytes before the target
+ACT = 4 << 20  # and this far below it, the governor gives back and shrinks
 _TRIM_EVERY = 1.0  # seconds at least between two malloc_trim calls (each walks the heaps)
 
 
@@ -50,8 +52,8 @@ class MemoryGovernor:
         if not rss:
             return
         self.peak = max(self.peak, rss)
-        high = plan.target - plan.reserve // 2
-        low = plan.target - 2 * plan.reserve
+        high = plan.target - ACT
+        low = plan.target - BACK_OFF
         if rss > low and now - self._trimmed_at >= _TRIM_EVERY:
             self._trimmed_at = now
             self.trims += 1
@@ -59,7 +61,7 @@ class MemoryGovernor:
                 self.pool.trim()
             give_back_freed_memory()
             rss = resident_bytes() or rss
-        # read-ahead: full share up to two reserves below the target, none from half a reserve below
+        # read-ahead: its full share up to BACK_OFF below the target, none from ACT below
         self.budget.pressure = min(max((rss - low) / max(high - low, 1), 0.0), 1.0)
         if rss > high:
             self._resize(self.squeezed + rss - high)

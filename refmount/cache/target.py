@@ -66,11 +66,11 @@ def scratch_for(target: int, decoded_view: bool) -> int:
 
 
 def reserve_for(target: int) -> int:
-    """A tenth of the target, from 12 to 64 MiB. Under 32 random readers (bench/bench_memory.py) the
-    daemon's own memory grew by 10-12 MiB over what it held at mount (Python objects of requests
-    under way, the second malloc heap, buffers being joined or replied), and the governor acts
-    half a reserve before the target."""
-    return min(max(target // 10, 12 * MiB), 64 * MiB)
+    """An eighth of the target, from 32 to 64 MiB. Under 32 random readers of the decoded view
+    (bench/bench_memory.py) the daemon's own memory grew 35-55 MiB over what it held at mount:
+    Python objects of the requests under way (pyfuse3's workers each keep a 1 MiB request buffer),
+    decoders' intermediate buffers, free memory between glibc's pages."""
+    return min(max(target // 8, 32 * MiB), 64 * MiB)
 
 
 def plan_memory(target: int | None, cache_size: int | None, decoded_cache_size: int | None,

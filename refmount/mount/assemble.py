@@ -211,6 +211,6 @@ def plan_caches(opts, urls, budget, cache, view, scratch, pool) -> MemoryGoverno
         view.resize_decoded(plan.decoded)
         scratch.limit = plan.scratch
         caches.append((plan.decoded, view.resize_decoded))
-    pool.keep_free = plan.reserve // 2  # free slots kept for reuse count against the reserve
+    pool.keep_free = plan.reserve // 4  # free slots kept for reuse count against the reserve
     log.info("%s", plan.describe())
     return MemoryGovernor(plan, budget, caches, pool)
