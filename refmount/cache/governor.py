@@ -4,11 +4,11 @@ The plan counts what it can (cached blocks, fetches in flight, read-ahead, decod
 decoders' scratch); the rest (libraries loaded later, a backend's own buffers, Parquet record
 files, glibc's free pages) is only seen in the process's RSS. Four times a second the governor
 reads it and, as it nears the target:
-- over the last 16 MiB before the target, read-ahead backs off in proportion
+- over the last 24 MiB before the target, read-ahead backs off in proportion
   (`MemoryBudget.pressure`): prefetched blocks are the first bytes the daemon can do without; and
   once a second the buffer pool unmaps its free slots and glibc gives back the free memory it
   holds (malloc_trim);
-- past the target less 4 MiB the caches shrink by the excess (least recently used first);
+- past the target less 8 MiB the caches shrink by the excess (least recently used first);
 - once well below again, the caches grow back to their planned sizes.
 
 Runs on the trio thread.
@@ -22,8 +22,10 @@ from refmount.cache.malloc import give_back_freed_memory
 from refmount.cache.target import MemoryPlan, resident_bytes
 
 INTERVAL = 0.25  # seconds between looks
-BACK_OFF = 16 << 20  # read-ahead backs off over the last this many bytes before the target
-ACT = 4 << 20  # and this far below it, the governor gives back and shrinks
+BACK_OFF = 24 << 20  # read-ahead backs off over the last this many bytes before the target
+# and this far below it the caches shrink: what the governor sees 4 times a second is the RSS between
+# spikes, which went 4-9 MiB higher (VmHWM against the samples, bench/bench_memory.py)
+ACT = 8 << 20
 _TRIM_EVERY = 1.0  # seconds at least between two malloc_trim calls (each walks the heaps)
 
 
@@ -66,8 +68,8 @@ class MemoryGovernor:
         if rss > high:
             self._resize(self.squeezed + rss - high)
             self.squeezes += 1
-        elif rss < low and self.squeezed:
-            self._resize(max(self.squeezed - (low - rss) // 2, 0))
+        elif rss < low - ACT and self.squeezed:  # (well below: not back and forth across `low`)
+            self._resize(max(self.squeezed - (low - ACT - rss) // 2, 0))
 
     def _resize(self, squeezed: int) -> None:
         """Shrink (or grow back) the caches to their planned sizes less `squeezed` bytes in all,

@@ -66,11 +66,11 @@ def scratch_for(target: int, decoded_view: bool) -> int:
 
 
 def reserve_for(target: int) -> int:
-    """An eighth of the target, from 32 to 64 MiB. Under 32 random readers of the decoded view
+    """An eighth of the target, from 48 to 64 MiB. Under 32 random readers of the decoded view
     (bench/bench_memory.py) the daemon's own memory grew 35-55 MiB over what it held at mount:
     Python objects of the requests under way (pyfuse3's workers each keep a 1 MiB request buffer),
     decoders' intermediate buffers, free memory between glibc's pages."""
-    return min(max(target // 8, 32 * MiB), 64 * MiB)
+    return min(max(target // 8, 48 * MiB), 64 * MiB)
 
 
 def plan_memory(target: int | None, cache_size: int | None, decoded_cache_size: int | None,
