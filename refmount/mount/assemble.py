@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from urllib.parse import urlsplit
 
-import os
-
 import trio
 
-from refmount.cache.budget import MemoryBudget, ScratchLimiter
 from refmount.cache.blocks import BlockCache
+from refmount.cache.budget import MemoryBudget, ScratchLimiter
 from refmount.cache.buffers import BufferPool
-from refmount.cache.passing import PassingBlocks
 from refmount.cache.governor import MemoryGovernor
 from refmount.cache.malloc import give_back_freed_memory, malloc_statistics
+from refmount.cache.passing import PassingBlocks
 from refmount.cache.target import later_imports, plan_memory, resident_bytes
 from refmount.view.consolidated import with_consolidated_metadata
 from refmount.errors import FetchError, RefmountError
