@@ -17,14 +17,14 @@ import threading
 
 import numpy as np
 
-from refmount.refs import WHOLE_FILE
-
 _MAX_PENDING = 64 << 20  # bytes handed over and not yet kept: past this a block is let go (a busy trio thread)
 
 
 class PassingBlocks:
-    def __init__(self, cache, refset, disk_fetch=None) -> None:
+    def __init__(self, cache, refset, whole_file: int, disk_fetch=None) -> None:
+        """`whole_file`: the length that marks a whole-file reference in the set's arrays."""
         self.cache = cache
+        self.whole_file = whole_file
         self.block_size = cache.block_size
         self.refset = refset
         self.disk_fetch = disk_fetch  # cache.disk.DiskBackedFetch with --cache-dir
@@ -54,7 +54,7 @@ class PassingBlocks:
             return []
         mine = url_ids == uid
         offsets, lengths = self.refset.offset[mine], self.refset.length[mine]
-        if (lengths == WHOLE_FILE).any():
+        if (lengths == self.whole_file).any():
             return [(0, 1 << 62)]
         bs = self.block_size
         keep = lengths > 0

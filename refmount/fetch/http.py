@@ -681,8 +681,9 @@ class _SharedDownload:
                 async with resp:
                     backend.stats.requests += 1
                     if resp.status != 200:
-                        backend._raise_for_status(self.url, resp)
-                        raise _Retry(f"HTTP {resp.status} to a plain GET")
+                        if resp.status >= 400:
+                            backend._raise_for_status(self.url, resp)
+                        raise _Retry(f"HTTP {resp.status} to a plain GET")  # (a 206 to no Range: a lying server)
                     backend._check_response(self.url, resp.headers, resp.content_length)
                     self.size = resp.content_length
                     self._clip()
@@ -844,9 +845,12 @@ async def _read_exactly(resp, n: int, allow_eof: bool = False) -> bytes:
 
 
 def _format_size(n: int) -> str:
-    from refmount.refs.limits import format_size
-
-    return format_size(n)
+    """Bytes as the size options take them back: 1G, 768M, 4096."""
+    for suffix, unit in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= unit:
+            value = n / unit
+            return f"{value:.0f}{suffix}" if value == int(value) else f"{value:.1f}{suffix}"
+    return str(n)
 
 
 def _total_from(content_range: str) -> int | None:

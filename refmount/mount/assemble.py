@@ -22,7 +22,7 @@ from refmount.fetch import Fetcher, RetryPolicy, check_protocols, reaches_local,
 from refmount.fetch.tls import set_ca_bundle
 from refmount.mount.fs import Filesystem
 from refmount.cache.pacer import HostPacer
-from refmount.refs import load_refs
+from refmount.refs import WHOLE_FILE, load_refs
 from refmount.refs.icechunk import version_from_options
 from refmount.fetch.protocols import is_remote
 from refmount.view.raw import RawView
@@ -161,7 +161,7 @@ def build_filesystem(opts):
                        pool=pool)
     # a server that ignores Range: one pass over an object serves its reads and keeps what the set
     # refers to (fetch/http.py, cache/passing.py), never further into it than --max-full-download
-    passing = fetcher.passing = PassingBlocks(cache, refset, disk_fetch)
+    passing = fetcher.passing = PassingBlocks(cache, refset, WHOLE_FILE, disk_fetch)
     fetcher.max_full_download = opts.max_full_download or (max(1 << 30, opts.disk_cache_size) if disk else 1 << 30)
     view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
     scratch = None
