@@ -98,7 +98,7 @@ class Mount:
         return f"<refmount.Mount {self.refs!r} on {str(self.path)!r} ({state}, log: {self.log_file})>"
 
     def stats(self) -> dict:
-        from refmount.mount.summary import read_stats
+        from refmount.fuse.summary import read_stats
 
         return read_stats(str(self.path))
 
@@ -106,8 +106,8 @@ class Mount:
         """Unmount (waiting for the daemon to exit); a temporary mountpoint is removed too."""
         if not self.mounted:
             return
-        from refmount.mount.daemon import umount
-        from refmount.mount.table import mount_entry
+        from refmount.fuse.daemon import umount
+        from refmount.fuse.table import mount_entry
 
         if mount_entry(str(self.path)) is not None:
             umount(str(self.path), lazy=lazy)

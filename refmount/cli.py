@@ -273,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options_from_args(args):
-    from refmount.mount.daemon import MountOptions
+    from refmount.fuse.daemon import MountOptions
 
     return MountOptions(
         refs="/dev/stdin" if args.refs == "-" else args.refs, mountpoint=args.mountpoint, view=args.view, foreground=args.foreground,
@@ -373,20 +373,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     if args.command == "mount":
-        from refmount.mount import daemon
+        from refmount.fuse import daemon
 
         opts = options_from_args(args)
         if args.dry_run:
-            from refmount.mount.summary import print_summary
+            from refmount.fuse.summary import print_summary
 
             return print_summary(opts)
         return daemon.mount(opts)
     if args.command == "umount":
-        from refmount.mount.daemon import umount
+        from refmount.fuse.daemon import umount
 
         return umount(args.mountpoint, lazy=args.lazy)
     if args.command == "stats":
-        from refmount.mount.summary import print_stats
+        from refmount.fuse.summary import print_stats
 
         return print_stats(args.mountpoint, as_json=args.json)
     if args.command == "inspect":
@@ -395,7 +395,7 @@ def _run(args) -> int:
         return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json,
                            version=_version(args))
     if args.command == "list":
-        from refmount.mount.summary import print_list
+        from refmount.fuse.summary import print_list
 
         return print_list(as_json=args.json)
     return 0

@@ -26,7 +26,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 import refmount
 from refmount.api import Mount
-from refmount.mount.table import mount_entry
+from refmount.fuse.table import mount_entry
 
 
 class RefmountPlugin(WorkerPlugin):

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import trio
 
-from refmount.mount.fs import ROOT_INODE, Filesystem, FsError
+from refmount.fuse.fs import ROOT_INODE, Filesystem, FsError
 from refmount.refs import WHOLE_FILE, refs_from_dict
 from refmount.refs.model import each_file
 from refmount.refs.parquet import load_parquet

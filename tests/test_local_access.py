@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from refmount.mount.access import may_read
+from refmount.fuse.access import may_read
 from tests.conftest import IN_CI, Mount, force_unmount
 
 USER = "nobody"

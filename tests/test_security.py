@@ -80,7 +80,7 @@ def test_urls_that_reach_only_the_network(url):
 
 
 def test_check_targets_refuses_each_local_alias_for_a_remote_set_unless_file_is_allowed():
-    from refmount.mount.assemble import check_targets
+    from refmount.fuse.assemble import check_targets
 
     for url in ["local:///etc/shadow", "memory://x", "simplecache::file:///etc/shadow", "weird://x"]:
         refset = SimpleNamespace(urls=[url], lazy=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import os
 
-from refmount.mount.table import mount_entry
+from refmount.fuse.table import mount_entry
 
 log = logging.getLogger("refmount")
 

@@ -16,8 +16,8 @@ import pyfuse3
 import trio
 
 from refmount.errors import RefmountError
-from refmount.mount.access import Caller
-from refmount.mount.fs import FILE_MODE, Attributes, Filesystem, FsError
+from refmount.fuse.access import Caller
+from refmount.fuse.fs import FILE_MODE, Attributes, Filesystem, FsError
 
 log = logging.getLogger("refmount")
 

@@ -58,8 +58,8 @@ def print_summary(opts) -> int:
 
 
 def _dry_run(opts) -> dict:
-    from refmount.mount.assemble import load_reference_set
-    from refmount.mount.daemon import check_remote_options, refuse_data_file
+    from refmount.fuse.assemble import load_reference_set
+    from refmount.fuse.daemon import check_remote_options, refuse_data_file
 
     refuse_data_file(opts.refs)
     refset = load_reference_set(opts)
@@ -68,7 +68,7 @@ def _dry_run(opts) -> dict:
 
 
 def read_stats(mountpoint: str) -> dict:
-    from refmount.mount.table import mount_entry
+    from refmount.fuse.table import mount_entry
 
     entry = mount_entry(mountpoint)
     if entry is None or entry["fstype"] != "fuse.refmount":
@@ -87,7 +87,7 @@ def live_mounts(timeout: float = 2.0) -> list[dict]:
     import threading
     import time
 
-    from refmount.mount.table import refmount_mounts
+    from refmount.fuse.table import refmount_mounts
 
     entries = refmount_mounts()
     answers: dict[int, dict] = {}

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from refmount.errors import RefmountError, quote
-from refmount.mount.table import mount_entry
+from refmount.fuse.table import mount_entry
 
 log = logging.getLogger("refmount")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -427,8 +427,8 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     import trio
 
     from refmount.cache.malloc import configure_malloc
-    from refmount.mount.assemble import build_filesystem
-    from refmount.mount.fuse_ops import FuseOperations
+    from refmount.fuse.assemble import build_filesystem
+    from refmount.fuse.fuse_ops import FuseOperations
 
     configure_malloc()  # before any thread makes a heap of its own
     if opts.proxy:  # the http(s) targets' client follows the usual variables (as aiohttp's trust_env)
@@ -441,7 +441,7 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     operations = FuseOperations(fs)
     fuse_options = {fsname_option(shown_refs(opts.refs)), "subtype=refmount", "ro", "default_permissions", "noatime"}
     if opts.allow_other:
-        from refmount.mount.access import LocalAccess
+        from refmount.fuse.access import LocalAccess
 
         fuse_options.add("allow_other")
         fs.local_access = LocalAccess()  # other users open local files' keys only if they may read the files
@@ -531,7 +531,7 @@ async def _announce_ready(opts: MountOptions, ready: int | None, warmed=None) ->
     import pyfuse3
     import trio
 
-    from refmount.mount.tuning import tune_kernel
+    from refmount.fuse.tuning import tune_kernel
 
     deadline = time.monotonic() + 30
     while True:

@@ -20,7 +20,7 @@ from refmount.view.consolidated import with_consolidated_metadata
 from refmount.errors import FetchError, RefmountError
 from refmount.fetch import Fetcher, RetryPolicy, check_protocols, reaches_local, redact
 from refmount.fetch.tls import set_ca_bundle
-from refmount.mount.fs import Filesystem
+from refmount.fuse.fs import Filesystem
 from refmount.cache.pacer import HostPacer
 from refmount.refs import WHOLE_FILE, load_refs
 from refmount.refs.icechunk import version_from_options
@@ -79,7 +79,7 @@ def load_progress():
     """A progress callback for long loads on a terminal (None elsewhere)."""
     if not sys.stderr.isatty():
         return None
-    from refmount.mount.progress import LoadProgress
+    from refmount.fuse.progress import LoadProgress
 
     return LoadProgress()
 
