@@ -110,7 +110,7 @@ def did_you_mean(word: str, choices) -> str:
 def add_mount_options(p: argparse.ArgumentParser) -> None:
     """Every option of `refmount mount` (also used by the fstab helper and the systemd config)."""
     FORM_NAMES = ("nc49", "nc410", "zarr", "gdal", "portable")  # refmount.view.forms.FORMS (not imported: numpy)
-    from refmount.refs import DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_KEYS, default_max_refs_size
+    from refmount.refs import DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_KEYS, DEFAULT_MAX_VALUE_SIZE, default_max_refs_size
     from refmount.refs.limits import format_size
 
     p.add_argument("refs", metavar="REFS",
@@ -154,12 +154,20 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="unmount when process PID exits (refmount.mount() in Python passes its own PID for a "
                         "temporary mountpoint)")
     g = p.add_argument_group("caching")
-    g.add_argument("--cache-size", type=parse_size, default="512M", metavar="SIZE",
-                   help="memory budget for cached blocks, requests in flight and read-ahead (default: 512M)")
+    g.add_argument("--memory-target", type=parse_size, default=None, metavar="SIZE",
+                   help="the daemon's whole memory (RSS): Python and its libraries, the reference set's tables, "
+                        "cached blocks, fetches in flight and read-ahead, decoded chunks and decoding; the caches "
+                        "get what the rest leaves, and shrink (read-ahead first) if the process nears it "
+                        "(default: 1G, or what --cache-size and --decoded-cache-size add up to when given)")
+    g.add_argument("--cache-size", type=parse_size, default=None, metavar="SIZE",
+                   help="the block cache's part of the memory: cached blocks, requests in flight and read-ahead "
+                        "(default: two thirds of what --memory-target leaves for caches in --view decoded, all of "
+                        "it in --view raw; 512M when only the cache sizes are given)")
     g.add_argument("--block-size", type=parse_block_size, default="1M", metavar="SIZE",
                    help="size of a cached block, the unit of caching: a power of two from 4K to 64M (default: 1M)")
-    g.add_argument("--decoded-cache-size", type=parse_size, default="256M", metavar="SIZE",
-                   help="memory for decoded chunks in --view decoded (default: 256M)")
+    g.add_argument("--decoded-cache-size", type=parse_size, default=None, metavar="SIZE",
+                   help="memory for decoded chunks in --view decoded (default: the rest of what --memory-target "
+                        "leaves for caches; 256M when only the cache sizes are given)")
     g.add_argument("--no-prefetch", dest="prefetch", action="store_false",
                    help="do not read ahead of sequential readers")
     g.add_argument("--cache-dir", metavar="DIR",
@@ -180,6 +188,11 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="most parallel connections per host, opened (--http-client stdlib) when the mount first "
                         "meets the host, so that parallel reads skip the handshake; read-ahead "
                         "adapts below it, and one remote object gets all but one of them (default: 8)")
+    g.add_argument("--max-full-download", type=parse_size, default=None, metavar="SIZE",
+                   help="a server that ignores Range sends every object from its first byte: reads of an object "
+                        "share one pass over it (which keeps the blocks the reference set refers to as it goes), "
+                        "and no pass streams further into an object than this; a read beyond gets EIO "
+                        "(default: 1G, or --disk-cache-size with --cache-dir)")
     g.add_argument("--proxy", metavar="URL",
                    help="send http(s) target requests through this proxy (default: the HTTP_PROXY, HTTPS_PROXY "
                         "and NO_PROXY variables)")
@@ -198,8 +211,10 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "CURL_CA_BUNDLE, SSL_CERT_FILE, then the system store; AWS_CA_BUNDLE for s3)")
     g = p.add_argument_group("security")
     g.add_argument("--allow-other", action="store_true",
-                   help="let other users read the mount (needs user_allow_other in /etc/fuse.conf unless root); "
-                        "permissions are still enforced (files 0444)")
+                   help="let every user of this machine read the mount (needs user_allow_other in /etc/fuse.conf "
+                        "unless root): every key whose bytes are inline or remote, fetched with the mount's own "
+                        "credentials (--remote-options, ~/.netrc, a proxy's); a key whose bytes come from local "
+                        "files only for a user who may read those files (checked at each open; files show as 0444)")
     g.add_argument("--allow-protocols", type=parse_protocols, metavar="LIST",
                    help="comma-separated target protocols allowed, e.g. 'https,s3' (default: all, except that "
                         "a remote reference set may not point at local files)")
@@ -212,6 +227,10 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="refuse reference files larger than this once decompressed, and gen sections that "
                         "would make more text of keys and urls (default: a sixth of the memory available at "
                         f"start, here {format_size(default_max_refs_size())})")
+    g.add_argument("--max-value-size", type=parse_size, default=DEFAULT_MAX_VALUE_SIZE, metavar="SIZE",
+                   help="refuse reference files in which one JSON value (an inline chunk, a metadata object) is "
+                        f"larger than this once decompressed; loading holds at most about twice it in memory "
+                        f"(default: {format_size(DEFAULT_MAX_VALUE_SIZE)})")
     g.add_argument("--load-timeout", type=positive_float, default=DEFAULT_LOAD_TIMEOUT, metavar="SECONDS",
                    help=f"give up loading the reference set after this long (default: {DEFAULT_LOAD_TIMEOUT:g})")
     g = p.add_argument_group("kernel tuning (root only)")
@@ -283,17 +302,18 @@ def options_from_args(args):
 
     return MountOptions(
         refs="/dev/stdin" if args.refs == "-" else args.refs, mountpoint=args.mountpoint, view=args.view, foreground=args.foreground,
-        cache_size=args.cache_size, block_size=args.block_size, remote_options=args.remote_options,
+        memory_target=args.memory_target, cache_size=args.cache_size, block_size=args.block_size, remote_options=args.remote_options,
         read_timeout=args.read_timeout, stall_timeout=args.stall_timeout, connections=args.connections,
         allow_other=args.allow_other, allow_protocols=args.allow_protocols,
         allow_cross_host_redirects=args.allow_cross_host_redirects, max_keys=args.max_keys,
         log_level=args.log_level, log_file=args.log_file, tune_kernel=args.tune_kernel,
         read_ahead_kb=args.read_ahead // 1024, decoded_cache_size=args.decoded_cache_size,
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
+        max_full_download=args.max_full_download,
         chars=args.chars, form=None if args.form == "auto" else args.form, fallback_form=args.fallback_form,
         proxy=args.proxy, owner_pid=args.owner_pid,
         verify_remote=args.verify_remote, ca_bundle=args.ca_bundle, http_client=args.http_client,
-        max_refs_size=args.max_refs_size, load_timeout=args.load_timeout,
+        max_refs_size=args.max_refs_size, max_value_size=args.max_value_size, load_timeout=args.load_timeout,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
         containers=parse_repoint(args.container), authorized_containers=parse_authorized(args.authorize_container),
     )

@@ -21,6 +21,15 @@ class RemoteChanged(FetchError):
     """The remote object's validator (ETag/size) changed while mounted."""
 
 
+class ReadRefused(FetchError):
+    """A read a limit refuses (not a failure of its url: other reads of it go on). `once` names the
+    limit and the url: the log says it once, not at every read it refuses."""
+
+    def __init__(self, message: str, once: str) -> None:
+        super().__init__(message)
+        self.once = once
+
+
 def quote(value, limit: int = 120) -> str:
     """repr() of a key or url, shortened so error lines stay one line."""
     text = repr(value)

@@ -143,6 +143,9 @@ CASES = {
     "gzip-string": (lambda p: _gzip_bomb(p, b'{"k": "', b"a", b'"}'), [], ["--max-refs-size 64M", "decompressed"], 20),
     "gzip-spaces": (lambda p: _gzip_bomb(p, b"{", b" ", b'"k": "v"}'), [], ["--max-refs-size 64M"], 20),
     "zstd-string": (lambda p: _zstd_bomb(p, b'{"k": "', b"a", b'"}'), [], ["--max-refs-size 64M"], 20),
+    # one JSON string of 1 GiB within the reference text's limit (issue 25: 3,113 MiB and "not valid JSON")
+    "gzip-one-value": (lambda p: _gzip_bomb(p, b'{"version": 1, "refs": {"ok": "x", "k": "', b"a", b'"}}'),
+                       ["--max-refs-size", "8G"], ["--max-value-size 64M", "key 'k'"], 20),
     "gen-keys": (_gen(dimensions={"i": {"stop": 10**12}}), [], ["gen[0]", "--max-keys"], 15),
     "gen-dims": (_gen(dimensions={"i": {"stop": 10**6}, "j": {"stop": 10**6}, "k": {"stop": 10**6}}), [],
                  ["gen[0]", "--max-keys"], 15),
@@ -375,3 +378,28 @@ def test_memory_net_under_the_load(tmp_path):
             bytearray(1 << 30)
     assert resource.getrlimit(resource.RLIMIT_DATA) == before
     assert len(bytearray(256 << 20)) == 256 << 20
+
+
+def test_one_value_limit_counts_each_member(tmp_path):
+    """--max-value-size refuses the first member whose text is bigger than it, naming its key (a
+    string with nowhere to cut, a nested object full of false cuts); members within it load, however
+    many, nested or not."""
+    mib = 1 << 20
+
+    def load(name, value, limit=4 * mib):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(value))
+        return load_refs(str(path), max_value_size=limit)
+
+    nested = {f"a{j}": "x" * 20 for j in range(100_000)}  # 3 MiB, a place to cut every 30 bytes
+    assert len(load("nested-ok", {f"k{i}": nested for i in range(6)})) == 6
+    assert len(load("string-ok", {"a": "x" * (3 * mib), "b": "y"})) == 2
+    assert len(load("many-small", {f"k/{i}": ["http://h/x", i, 10] for i in range(100_000)}, limit=mib)) == 100_000
+    for name, value, key in [
+        ("string", {"a": "x", "b": "x" * (9 * mib), "c": "y"}, "b"),
+        ("string-last", {"version": 1, "refs": {"a": "x", "b": "x" * (9 * mib)}}, "b"),
+        ("nested", {"small": "x", "big": {f"a{j}": "x" * 20 for j in range(400_000)}}, "big"),
+    ]:
+        with pytest.raises(RefsError) as e:
+            load(name, value)
+        assert f"(key '{key}') larger than --max-value-size 4M" in str(e.value)

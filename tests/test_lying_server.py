@@ -297,7 +297,9 @@ def test_server_ignoring_range_stops_early_and_warns_once(mount, server):
         assert (mnt / "c" / str(i)).read_bytes() == data[i * CHUNK:(i + 1) * CHUNK]
     sent = server.stats["bytes_sent"]
     assert sent < 8 * (3 << 20), f"{sent} bytes sent for 8 chunks near the start of a 16 MiB object"
-    assert mnt.log().count("ignores Range") == 1
+    # (one pass may serve all eight, keeping the referenced chunks as it goes: then the server has
+    # answered one 200 only, which could be a passing fault, and nothing is said)
+    assert mnt.log().count("ignores Range") <= 1
 
 
 def test_reads_of_an_object_whose_server_ignores_range_share_one_download(mount, server):
@@ -322,3 +324,45 @@ def test_reads_of_an_object_whose_server_ignores_range_share_one_download(mount,
     assert all(results[i] == data[near_end + i * CHUNK:near_end + (i + 1) * CHUNK] for i in range(8))
     sent = server.stats["bytes_sent"]
     assert sent < 2 * size, f"{sent / size:.1f} whole objects sent for 8 concurrent reads"
+
+
+@pytest.mark.parametrize("order", ["forward", "backward", "shuffled"])
+def test_reads_one_after_the_other_near_the_end_take_one_pass(mount, server, order):
+    """Eight 4 KiB keys near the end of an object whose server ignores Range, read one after the
+    other (issue 25: eight passes): one pass serves them all, keeping the referenced blocks it goes
+    past and waiting, its connection open, for a read further on."""
+    size = 64 << 20
+    data = write_blob(server, size=size)
+    server.ignore_range = True
+    offsets = [size - (9 - n) * (1 << 20) + 123 for n in range(8)]
+    refs = {f"k{n}": [server.url_for("blob.bin"), offset, CHUNK] for n, offset in enumerate(offsets)}
+    mnt = mount(refs, "--view", "raw")
+    keys = list(range(8))
+    if order == "backward":
+        keys.reverse()
+    elif order == "shuffled":
+        random.Random(5).shuffle(keys)
+    for n in keys:
+        assert (mnt / f"k{n}").read_bytes() == data[offsets[n]:offsets[n] + CHUNK]
+    sent = server.stats["bytes_sent"]
+    assert sent <= 1.2 * size, f"{sent / size:.2f} passes over the object for 8 reads"
+
+
+def test_a_read_past_max_full_download_gets_eio_and_one_log_line(mount, server):
+    size = 16 << 20
+    data = write_blob(server, size=size)
+    server.ignore_range = True
+    url = server.url_for("blob.bin")
+    refs = {"near": [url, 1 << 20, CHUNK], "far": [url, 12 << 20, CHUNK], "farther": [url, 14 << 20, CHUNK]}
+    mnt = mount(refs, "--view", "raw", "--max-full-download", "8M")
+    assert (mnt / "near").read_bytes() == data[1 << 20:(1 << 20) + CHUNK]
+    requests = server.stats["requests"]
+    for _ in range(2):
+        assert read_or_errno(mnt / "far") == errno.EIO
+        assert read_or_errno(mnt / "farther") == errno.EIO
+    # one ranged GET (a lone 200 so far could have been a passing fault), answered 200 again and
+    # closed at once; then refused before asking the server for anything
+    assert server.stats["requests"] <= requests + 1
+    assert (mnt / "near").read_bytes() == data[1 << 20:(1 << 20) + CHUNK]  # the url itself did not fail
+    lines = [line for line in mnt.log().splitlines() if "--max-full-download" in line]
+    assert len(lines) == 1 and url in lines[0] and "8M" in lines[0], lines

@@ -28,6 +28,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from refmount.cache.budget import MemoryBudget
+from refmount.cache.buffers import BufferPool
 from refmount.errors import FetchError
 
 
@@ -45,13 +46,15 @@ class _Flight:
 
 class BlockCache:
     def __init__(self, fetch, *, block_size: int = 1 << 20, capacity: int = 512 << 20,
-                 max_request: int = 16 << 20, budget: MemoryBudget | None = None, pacer=None) -> None:
+                 max_request: int = 16 << 20, budget: MemoryBudget | None = None, pacer=None,
+                 pool: BufferPool | None = None) -> None:
         if block_size <= 0 or capacity < 0:
             raise ValueError("block_size must be positive and capacity non-negative")
         self._fetch = fetch
         self.block_size = block_size
         self.budget = budget or MemoryBudget(capacity)
         self.pacer = pacer  # paces read-ahead requests per host (refmount.cache.pacer), or None
+        self.pool = pool  # where kept blocks live (refmount.cache.buffers), or None: as fetched
         self.max_request_blocks = max(1, max_request // block_size)
         self._blocks: OrderedDict[tuple, bytes] = OrderedDict()
         self._inflight: dict[tuple, _Flight] = {}
@@ -71,6 +74,11 @@ class BlockCache:
     def __repr__(self) -> str:
         return (f"<BlockCache block_size={self.block_size} {self.budget.cached}/{self.capacity} bytes, "
                 f"{len(self._blocks)} blocks, hits={self.hits} misses={self.misses}>")
+
+    def resize(self, capacity: int) -> None:
+        """A new budget (the memory governor shrinks it under pressure); evicts down to it now."""
+        self.budget.total = max(capacity, 0)
+        self._evict()
 
     def statistics(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions,
@@ -134,9 +142,18 @@ class BlockCache:
             self._landed(flight)
             if self.pacer is not None:
                 self.pacer.observe(source, began, sum(map(len, pieces)))
-            data = flight.blocks[key] = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            data = self._keep(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            flight.blocks[key] = data
             self._store(key, data)
         return data
+
+    def put(self, source, index: int, block) -> bool:
+        """Keep block `index` of `source` that came by some other way (a whole-object pass over an
+        object whose server ignores Range: cache/passing.py), unless it is cached or being fetched."""
+        key = (source, index)
+        if key in self._blocks or key in self._inflight:
+            return False
+        return self._store(key, self._keep(block))
 
     def has_exact(self, source, start: int, end: int) -> bool:
         """Whether the exact range [start, end) is cached or being fetched (no I/O)."""
@@ -326,7 +343,7 @@ class BlockCache:
             if self.pacer is not None and not prefetched:
                 self.pacer.observe(source, began, sum(map(len, pieces)))
             for index, block in enumerate(pieces, first):
-                blocks[index] = block
+                blocks[index] = block = self._keep(block)
                 if self._store((source, index), block) and prefetched:
                     self._unread.add((source, index))
                 if len(block) < bs:
@@ -361,15 +378,24 @@ class BlockCache:
         self.budget.end_fetch(flight.reserved)
         flight.reserved = 0
 
+    def _keep(self, data):
+        """Fetched bytes as the cache keeps them (in a slot of the pool, if there is one)."""
+        return data if self.pool is None else self.pool.keep(data)
+
+    def _weigh(self, block) -> int:
+        return len(block) if self.pool is None else self.pool.footprint(block)
+
     def _store(self, key, block: bytes) -> bool:
         budget = self.budget
-        if len(block) > budget.total:
+        weight = self._weigh(block)
+        if weight > budget.total:
             return False
         old = self._blocks.pop(key, None)
         if old is not None:
-            budget.cached -= len(old)
+            budget.cached -= self._weigh(old)
+            self._let_go(old)
         self._blocks[key] = block
-        budget.cached += len(block)
+        budget.cached += weight
         self._evict()
         budget.note_cached()
         return key in self._blocks
@@ -379,13 +405,19 @@ class BlockCache:
         blocks = self._blocks
         while budget.cached + budget.inflight > budget.total and blocks:
             key, evicted = blocks.popitem(last=False)
-            budget.cached -= len(evicted)
+            budget.cached -= self._weigh(evicted)
+            self._let_go(evicted)
             self.evictions += 1
             if key in self._unread:
                 self._unread.discard(key)
                 budget.prefetch_wasted += 1
                 if self.on_wasted is not None:
                     self.on_wasted(*key)
+
+
+    def _let_go(self, block) -> None:
+        if self.pool is not None:
+            self.pool.release(block)
 
 
 def _runs(indexes: list[int], max_len: int) -> list[tuple[int, int]]:

@@ -1,10 +1,13 @@
-"""One memory budget for the data path: cached blocks, bytes being fetched, and read-ahead.
+"""The block cache's memory budget (cached blocks, bytes being fetched, and read-ahead), and the
+decoders' scratch space: the parts of the daemon's memory target (cache/target.py) that are counted
+byte by byte.
 
 Many open files must never multiply memory, so every byte the block cache keeps, and every byte a
 fetch in flight is about to bring, is counted against one number (`--cache-size`). The block cache
 evicts to keep cached + in flight within it, before a fetch starts; read-ahead of all streams
 together may claim only a share of it (`prefetch_limit`), so that prefetched blocks do not evict
-each other (or the blocks readers are using) before they are read.
+each other (or the blocks readers are using) before they are read. That share shrinks as the whole
+process nears its memory target (`pressure`, set by cache/governor.py).
 
 Everything here runs on the trio thread.
 """
@@ -19,13 +22,18 @@ class MemoryBudget:
         if total < 0:
             raise ValueError("the memory budget must be non-negative")
         self.total = total
-        self.prefetch_limit = int(total * prefetch_share)
+        self.prefetch_share = prefetch_share
+        self.pressure = 0.0  # 0: memory to spare; 1: the process is at its target, read no more ahead
         self.cached = 0  # bytes of blocks the cache holds
         self.inflight = 0  # bytes that fetches under way may still bring
         self.ahead = 0  # bytes read-ahead has claimed (fetched or in flight, not yet read)
         self.prefetch_wasted = 0  # prefetched blocks evicted before anyone read them
         self.peak = 0
         self._freed: trio.Event | None = None  # set when in-flight bytes are given back
+
+    @property
+    def prefetch_limit(self) -> int:
+        return int(self.total * self.prefetch_share * (1.0 - self.pressure))
 
     @property
     def used(self) -> int:
@@ -58,3 +66,40 @@ class MemoryBudget:
         return {"budget": self.total, "used": self.used, "cached": self.cached, "inflight": self.inflight,
                 "prefetch_ahead": self.ahead, "prefetch_limit": self.prefetch_limit,
                 "prefetch_wasted": self.prefetch_wasted, "peak": self.peak}
+
+
+class ScratchLimiter:
+    """Working memory of CPU work in worker threads (decoding chunks): at most `tasks` at once, and
+    at most `limit` bytes of their estimated scratch space together; one bigger than the whole
+    limit goes alone. More decodes at once than cores only add their buffers to the peak."""
+
+    def __init__(self, limit: int, tasks: int) -> None:
+        self.limit = limit
+        self.tasks = max(1, tasks)
+        self.in_use = 0
+        self.running = 0
+        self.peak = 0
+        self._freed: trio.Event | None = None
+
+    async def __call__(self, nbytes: int, work, *args):
+        """`work(*args)` in a worker thread, once `nbytes` of scratch and a task slot are free."""
+        while self.running >= self.tasks or (self.running and self.in_use + nbytes > self.limit):
+            if self._freed is None:
+                self._freed = trio.Event()
+            await self._freed.wait()
+        self.in_use += nbytes
+        self.running += 1
+        self.peak = max(self.peak, self.in_use)
+        try:
+            return await trio.to_thread.run_sync(work, *args)
+        finally:
+            self.in_use -= nbytes
+            self.running -= 1
+            if self._freed is not None:
+                self._freed.set()
+                self._freed = None
+
+    def statistics(self) -> dict:
+        return {"scratch_limit": self.limit, "scratch_in_use": self.in_use, "scratch_peak": self.peak,
+                "decoding": self.running}
+

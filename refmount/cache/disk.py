@@ -226,6 +226,22 @@ class DiskBackedFetch:
             self._write_behind(obj, [(lo + k, block) for k, block in enumerate(fetched) if block])
         return list(_until_short(blocks, bs))
 
+    def keep(self, uid: int, index: int, block) -> None:
+        """Write block `index` of url `uid` that came by some other way (a whole-object pass) to
+        disk, in the background, if the object can be cached on disk."""
+        if not self.disk.enabled:
+            return
+
+        async def write() -> None:  # a background task: it must not raise
+            try:
+                identity = await self._identity(uid)
+            except Exception:  # noqa: BLE001 - not kept on disk: only a later miss
+                return
+            if identity is not None:
+                self._write_behind(identity[0], [(index, bytes(block))])
+
+        trio.lowlevel.spawn_system_task(write)
+
     def _load_run(self, obj: str, first: int, last: int) -> list:
         blocks = []
         for index in range(first, last + 1):

@@ -9,9 +9,10 @@ import trio
 
 
 class SingleFlightLRU:
-    def __init__(self, capacity: int, weigh=lambda value: 1) -> None:
+    def __init__(self, capacity: int, weigh=lambda value: 1, on_evict=None) -> None:
         self.capacity = capacity
         self._weigh = weigh
+        self._on_evict = on_evict  # called with each value evicted (a buffer pool takes its memory back)
         self._values: OrderedDict = OrderedDict()
         self._weight = 0
         self._pending: dict = {}
@@ -51,6 +52,12 @@ class SingleFlightLRU:
             del self._pending[key]
             done.set()
 
+    def resize(self, capacity: int) -> None:
+        """A new capacity; the least recently used values go now if it is smaller."""
+        self.capacity = capacity
+        while self._weight > self.capacity and self._values:
+            self._evict_oldest()
+
     def _remember(self, key, value) -> None:
         weight = self._weigh(value)
         if weight > self.capacity:
@@ -58,5 +65,10 @@ class SingleFlightLRU:
         self._values[key] = value
         self._weight += weight
         while self._weight > self.capacity:
-            _, old = self._values.popitem(last=False)
-            self._weight -= self._weigh(old)
+            self._evict_oldest()
+
+    def _evict_oldest(self) -> None:
+        _, old = self._values.popitem(last=False)
+        self._weight -= self._weigh(old)
+        if self._on_evict is not None:
+            self._on_evict(old)

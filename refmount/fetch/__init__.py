@@ -18,7 +18,7 @@ import time
 
 import trio
 
-from refmount.errors import FetchError, RefmountError
+from refmount.errors import FetchError, ReadRefused, RefmountError
 from refmount.fetch.bridge import asyncio_loop, run_on_asyncio
 from refmount.fetch.local import LocalBackend
 from refmount.fetch.protocols import is_local_protocol, protocol_chain, reaches_local
@@ -63,6 +63,9 @@ class Fetcher:
         self._loop = None
         self._warming: threading.Thread | None = None
         self._warm_protocols: set[str] = set()
+        self.pool = None  # where the http paths receive bodies (the caches' buffer pool), if set
+        self.passing = None  # keeps the referenced blocks of whole-object passes (cache/passing.py), if set
+        self.max_full_download: int | None = None  # --max-full-download (None: the backend's default)
 
     def _backend(self, url: str):
         proto = protocol_of(url)
@@ -76,6 +79,10 @@ class Fetcher:
                 from refmount.fetch.http import HttpBackend
 
                 backend = HttpBackend(self.policy, self.stats, **self._http_options)
+                backend.pool = self.pool
+                backend.passing = self.passing
+                if self.max_full_download is not None:
+                    backend.max_pass = self.max_full_download
                 if backend.direct:
                     from refmount.fetch.fastget import FastGet
 
@@ -177,6 +184,8 @@ class Fetcher:
             del self._failed[url]
         try:
             return await operation()
+        except ReadRefused:
+            raise  # (a limit refused that read, the url did not fail)
         except FetchError as e:
             self._failed[url] = (time.monotonic(), str(e))
             raise

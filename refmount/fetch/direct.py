@@ -122,8 +122,9 @@ class Origin:
 class Request:
     """One ranged GET; `run` blocks in a worker thread, `abort` may be called from any thread."""
 
-    def __init__(self, origin: Origin, target: str, headers: dict) -> None:
+    def __init__(self, origin: Origin, target: str, headers: dict, take=None) -> None:
         self.origin, self.target, self.headers = origin, target, headers
+        self.take = take  # take(n) -> a writable buffer of n bytes to receive a piece into (cache/buffers.py)
         self._lock = threading.Lock()
         self._conn: http.client.HTTPConnection | None = None  # the connection in use
         self._sock: socket.socket | None = None  # its socket (http.client drops conn.sock on Connection: close)
@@ -150,9 +151,9 @@ class Request:
             if length is None:
                 return None
             if isinstance(self._sock, ssl.SSLSocket):
-                pieces = _readinto_body(resp, start, length, piece)
+                pieces = _readinto_body(resp, start, length, piece, self.take)
             else:
-                pieces = _recv_body(resp, self._sock, start, length, piece, self.origin.stall_timeout)
+                pieces = _recv_body(resp, self._sock, start, length, piece, self.origin.stall_timeout, self.take)
             with self._lock:
                 if not self._aborted and not resp.will_close:
                     self.origin.give_back(self._conn)
@@ -183,11 +184,12 @@ class Request:
 
 
 def _recv_body(resp: http.client.HTTPResponse, sock: socket.socket, start: int, length: int, piece: int,
-               stall_timeout: float) -> list:
+               stall_timeout: float, take=None) -> list:
     """The body as pieces (see Request.run), received straight from the socket in blocking mode, one
-    `MSG_WAITALL` receive per piece: into a new bytes object, or, for the piece that begins with what
-    http.client buffered with the headers, into a bytearray after those bytes (joining bytes objects
-    would hold that piece twice: 12-15 MiB more peak RSS with 64 streams of small parts)."""
+    `MSG_WAITALL` receive per piece: into a buffer from `take` (the caches' pool: reused pages, no
+    copy into the cache later), else into a new bytes object, or, for the piece that begins with
+    what http.client buffered with the headers, into a bytearray after those bytes (joining bytes
+    objects would hold that piece twice: 12-15 MiB more peak RSS with 64 streams of small parts)."""
     head = resp.fp.read1(min(length, 8192))
     if not head:
         raise ShortBody(f"body ended after 0 of {length} bytes")
@@ -197,8 +199,8 @@ def _recv_body(resp: http.client.HTTPResponse, sock: socket.socket, start: int, 
     sock.settimeout(None)
     try:
         for size in piece_sizes(start, start + length, piece):
-            if head:
-                block = bytearray(size)
+            if head or take is not None:
+                block = bytearray(size) if take is None else take(size)
                 got = min(len(head), size)
                 block[:got] = head[:got]
                 head = head[got:]
@@ -263,10 +265,10 @@ def _timeval(seconds: float) -> bytes:
     return struct.pack("ll", int(whole), micro)
 
 
-def _readinto_body(resp: http.client.HTTPResponse, start: int, length: int, piece: int) -> list[bytearray]:
+def _readinto_body(resp: http.client.HTTPResponse, start: int, length: int, piece: int, take=None) -> list:
     pieces = []
     for size in piece_sizes(start, start + length, piece):
-        block = bytearray(size)
+        block = bytearray(size) if take is None else take(size)
         view = memoryview(block)
         got = 0
         while got < size:

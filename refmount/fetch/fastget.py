@@ -149,12 +149,18 @@ class FastGet:
             length = self._accept(url, version, status, headers, start, end)
             if len(rest) > length:
                 raise _Failed(f"206 body longer than its Content-Length {length}")
-            body = rest
-            while len(body) < length:
-                chunk = await self._receive(stream, length - len(body))
-                if not chunk:
-                    raise _Failed(f"body ended after {len(body)} of {length} bytes")
-                body += chunk
+            sizes = piece_sizes(start, start + length, piece)
+            pool = self.backend.pool
+            if pool is not None and len(sizes) == 1 and length >= pool.min_pooled \
+                    and isinstance(stream, trio.SocketStream):
+                body = await self._receive_into(stream, pool.take(length), rest)
+            else:
+                body = rest
+                while len(body) < length:
+                    chunk = await self._receive(stream, length - len(body))
+                    if not chunk:
+                        raise _Failed(f"body ended after {len(body)} of {length} bytes")
+                    body += chunk
         except BaseException:
             if stream is not None:
                 _close_now(stream)  # cancelled or failed: this connection is never reused
@@ -163,7 +169,6 @@ class FastGet:
             _close_now(stream)
         else:
             self._idle.setdefault(key, []).append((stream, time.monotonic()))
-        sizes = piece_sizes(start, start + length, piece)
         if len(sizes) == 1:
             return [body]
         pieces, pos = [], 0
@@ -262,6 +267,24 @@ class FastGet:
         if buffer:
             raise _Failed("connection closed in the middle of the response head")
         raise _ClosedBeforeAnswer()
+
+    async def _receive_into(self, stream, body, rest):
+        """The body received into `body` (a buffer of the caches' pool, its exact length), after the
+        bytes `rest` that came with the head: no growing buffer, no copy into the cache later."""
+        got = len(rest)
+        body[:got] = rest
+        while got < len(body):
+            with trio.move_on_after(self.backend.policy.stall_timeout):
+                try:
+                    n = await stream.socket.recv_into(body[got:])
+                except OSError as e:
+                    raise _Failed(f"{type(e).__name__}: {e}") from None
+                if not n:
+                    raise _Failed(f"body ended after {got} of {len(body)} bytes")
+                got += n
+                continue
+            raise _Failed("timed out (connection stalled)")
+        return body
 
     async def _receive(self, stream, max_bytes: int) -> bytes:
         with trio.move_on_after(self.backend.policy.stall_timeout):

@@ -29,6 +29,7 @@ user's headers (--remote-options "headers", e.g. Authorization) go only to the o
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import concurrent.futures
 import contextlib
@@ -42,7 +43,7 @@ from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 
-from refmount.errors import FetchError, RemoteChanged
+from refmount.errors import FetchError, ReadRefused, RemoteChanged
 from refmount.fetch import direct
 from refmount.fetch.pieces import piece_sizes, split
 from refmount.fetch.retry import RetryPolicy
@@ -58,6 +59,9 @@ _MAX_REDIRECTS = 5
 # against 0.90).
 DIRECT_MIN_BYTES = 512 << 10
 _REDIRECTS = (301, 302, 303, 307, 308)
+# How far into an object a pass may stream for a server that ignores Range (--max-full-download)
+DEFAULT_MAX_PASS = 1 << 30
+_PASS_IDLE = 10.0  # seconds a pass waits, its connection open, for a read further on
 # The direct path opens a host's --connections when it first meets the host (direct.Origin.start_warming),
 # for this many hosts: a set spread over many hosts would hold that many idle sockets for each one
 # it touched once.
@@ -162,7 +166,7 @@ class HttpBackend:
         self._whole_only: set[str] = set()  # urls whose server answered a ranged GET with the whole object
         self._honours_range: set[str] = set()  # urls that have answered 206
         self._ignored_count: dict[str, int] = {}  # url -> 200s to ranged GETs
-        self._downloads: dict[str, _SharedDownload] = {}  # url -> the whole-object download reads may join
+        self._downloads: dict[str, _SharedDownload] = {}  # url -> the whole-object pass reads may join
         self._routes: dict[tuple, dict] = {}  # (scheme, host) -> proxy and netrc options for its requests
         self._versions_lock = threading.Lock()  # the direct path checks validators in its worker threads
         self.direct = client == "stdlib"
@@ -170,6 +174,9 @@ class HttpBackend:
         self._origins: dict[tuple, direct.Origin] = {}  # (scheme, host) -> its direct connections
         self._host_slots: dict[tuple, Slots] = {}  # (scheme, host) -> ranges of every path in flight
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.pool = None  # the caches' buffer pool (cache/buffers.py): bodies are received into its slots
+        self.passing = None  # cache/passing.py: keeps the referenced blocks a whole-object pass streams by
+        self.max_pass = DEFAULT_MAX_PASS  # --max-full-download: how far into an object a pass may stream
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -350,6 +357,7 @@ class HttpBackend:
             pieces = await self._shared_read(url, start, end, piece)
             self.stats.record(sum(map(len, pieces)), time.monotonic() - t0)
             return pieces
+        ignored = False
         async with self._object_slot(url), self._host_slot(url):
             if self.direct and end - start >= DIRECT_MIN_BYTES and url not in self._whole_only:
                 pieces = await self._get_range_direct(url, start, end, piece)
@@ -364,7 +372,12 @@ class HttpBackend:
                     self._honours_range.add(url)
                     pieces = await self._read_206(url, resp, start, end, piece)
                 elif status == 200:
-                    pieces = await self._read_200_sliced(url, resp, start, end, piece)
+                    # The whole object from byte 0: not read here, but through a pass that keeps
+                    # what the reference set refers to as it goes (see _SharedDownload)
+                    self._check_response(url, resp.headers, resp.content_length)
+                    self._note_range_ignored(url)
+                    resp.close()
+                    ignored = True
                 elif status == 416:
                     total = _total_from(resp.headers.get("Content-Range", ""))
                     if total is not None and start < total:
@@ -377,6 +390,8 @@ class HttpBackend:
                                         f"(the server refused {', '.join(self._conditions(url))} with 412)")
                 else:
                     self._raise_for_status(url, resp)
+        if ignored:  # (outside the slots: the pass takes one of its own)
+            pieces = await self._shared_read(url, start, end, piece)
         self.stats.record(sum(map(len, pieces)), time.monotonic() - t0)
         return pieces
 
@@ -441,7 +456,7 @@ class HttpBackend:
         origin, path, extra = target
         headers = {**self.headers, **extra, "Range": f"bytes={start}-{end - 1}", **self._conditions(url),
                    "Accept-Encoding": "identity"}
-        request = direct.Request(origin, path, headers)
+        request = direct.Request(origin, path, headers, take=self.pool.take if self.pool is not None else None)
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(4 * self.connections_per_host,
                                                                    thread_name_prefix="refmount-http")
@@ -481,26 +496,6 @@ class HttpBackend:
         self._raise_for_status(url, resp)
         raise _Retry(f"HTTP {status} to a ranged GET")
 
-    async def _read_200_sliced(self, url, resp, start, end, piece) -> list[bytes]:
-        """The server ignored Range: stream the body up to the wanted end, keep only the wanted slice,
-        then close the connection rather than download the rest."""
-        self._check_response(url, resp.headers, resp.content_length)
-        self._note_range_ignored(url)
-        try:
-            if resp.content_length is not None and start >= resp.content_length:
-                return []
-            skipped = 0
-            while skipped < start:
-                chunk = await resp.content.read(min(start - skipped, 1 << 20))
-                if not chunk:
-                    return []
-                skipped += len(chunk)
-            if resp.content_length is not None:
-                end = min(end, resp.content_length)
-            return await _read_pieces(resp, start, end, piece, allow_eof=resp.content_length is None)
-        finally:
-            resp.close()  # the rest of the body is not wanted: drop the connection
-
     def _note_range_ignored(self, url: str) -> None:
         """After a second 200 to a ranged GET, and none 206 ever (a lone 200 may be a fault), later reads
         of `url` share whole-object downloads; one warning per host."""
@@ -513,14 +508,23 @@ class HttpBackend:
         host = _host(urlsplit(url))
         if host not in self._range_ignored:
             self._range_ignored.add(host)
-            log.warning("%s ignores Range requests (answers 200 with the whole object): reads download the "
-                        "object up to the bytes they need, sharing one download where they can", host)
+            log.warning("%s ignores Range requests (answers 200 with the whole object): reads of an object share "
+                        "one pass over it, which keeps the blocks the reference set refers to as it goes", host)
 
     async def _shared_read(self, url: str, start: int, end: int, piece: int) -> list[bytes]:
-        """A read of an object whose server ignores Range: join the download of the whole object
-        under way if it has not passed `start` yet, else start one."""
+        """A read of an object whose server ignores Range: join the pass over the object under way
+        (or waiting) if it has not gone past `start` yet, else start one. Never past --max-full-download."""
+        size = self.known_size(url)
+        if size is not None:
+            end = min(end, size)
+        if end > self.max_pass:
+            raise ReadRefused(f"{redact(url)} ignores Range: reads beyond byte {self.max_pass:,} of it would stream "
+                              f"it from its start past --max-full-download {_format_size(self.max_pass)} (raise "
+                              "the option to read them)", once=f"--max-full-download {url}")
         download = self._downloads.get(url)
         if download is None or not download.can_join(start):
+            if download is not None:
+                download.stop_when_idle()
             download = self._downloads[url] = _SharedDownload(self, url)
         return split(await download.wait_for(start, end), start, piece)
 
@@ -624,28 +628,47 @@ class HttpBackend:
 
 
 class _SharedDownload:
-    """One GET of a whole object (from a server that ignores Range) feeding every read that joined
-    it before the stream passed its start. It reads only as far as its readers need, then closes the
-    connection; a reader that gives up leaves, and the download stops when no reader is left."""
+    """One pass over an object whose server ignores Range: a GET of the whole object that feeds
+    every read that joined it before the stream passed its start. It streams only as far as the
+    furthest byte a read has asked for, then waits, its connection open, up to _PASS_IDLE seconds
+    for a read further on (reads one after the other, in offset order, take one pass). As it goes,
+    the blocks that keys of the reference set refer to are handed to `backend.passing` (the block
+    cache keeps them): a later read of bytes it went past needs no new pass while they are cached.
+    A reader that gives up leaves; a pass nobody waits for ends after the idle time."""
 
     def __init__(self, backend: HttpBackend, url: str) -> None:
         self.backend, self.url = backend, url
         self.pos = 0
         self.size: int | None = None
         self.done = False
+        self.goal = 0  # the furthest byte asked for
         self.readers: list[list] = []  # [start, end, parts, future]
+        self._wake = asyncio.Event()
+        self._stop = False
+        passing = backend.passing
+        self._runs = passing.blocks_of(url) if passing is not None else []
+        self._firsts = [first for first, _ in self._runs]
+        self._block: tuple[int, bytearray] | None = None  # the referenced block being gathered
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     def can_join(self, start: int) -> bool:
-        return not self.done and start >= self.pos
+        return not self.done and not self._stop and start >= self.pos
+
+    def stop_when_idle(self) -> None:
+        """Another pass takes over: end once the reads waiting on this one are served."""
+        self._stop = True
+        self._wake.set()
 
     async def wait_for(self, start: int, end: int) -> bytes:
         if self.size is not None:
             end = min(end, self.size)
-        reader = [start, end, [], asyncio.get_running_loop().create_future()]
         if end <= start:
             return b""
+        reader = [start, end, [], asyncio.get_running_loop().create_future()]
         self.readers.append(reader)
+        if end > self.goal:
+            self.goal = end
+            self._wake.set()
         try:
             return await reader[3]
         finally:
@@ -653,23 +676,37 @@ class _SharedDownload:
                 self.readers.remove(reader)
 
     async def _run(self) -> None:
-        backend, error = self.backend, None
+        backend, error, ended = self.backend, None, False
         try:
             async with backend._object_slot(self.url):
                 resp = await backend._request(self.url, "GET", {})
                 async with resp:
                     backend.stats.requests += 1
                     if resp.status != 200:
-                        backend._raise_for_status(self.url, resp)
-                        raise _Retry(f"HTTP {resp.status} to a plain GET")
+                        if resp.status >= 400:
+                            backend._raise_for_status(self.url, resp)
+                        raise _Retry(f"HTTP {resp.status} to a plain GET")  # (a 206 to no Range: a lying server)
                     backend._check_response(self.url, resp.headers, resp.content_length)
                     self.size = resp.content_length
                     self._clip()
-                    while self.readers:
-                        chunk = await resp.content.read(1 << 20)
-                        if not chunk:
+                    while True:
+                        while self.pos < self.goal and not ended:
+                            chunk = await resp.content.read(1 << 20)
+                            if not chunk:
+                                ended = True
+                                break
+                            self._feed(chunk)
+                        if ended or (self._stop and not self.readers):
                             break
-                        self._feed(chunk)
+                        self._wake.clear()
+                        if self.pos < self.goal:
+                            continue
+                        try:  # as far as asked: wait for a read further on
+                            await asyncio.wait_for(self._wake.wait(), _PASS_IDLE)
+                        except asyncio.TimeoutError:
+                            break
+                    if ended:
+                        self._flush_block()
                     resp.close()  # the rest is not wanted: drop the connection
         except BaseException as e:  # noqa: BLE001 - handed to every reader, which retries or fails
             error = e
@@ -680,7 +717,7 @@ class _SharedDownload:
             for start, end, parts, future in self.readers:
                 if future.done():
                     continue
-                if error is None and self.size is None:  # no Content-Length: the body's end is the object's
+                if error is None and ended and self.size is None:  # no Content-Length: the body's end is the object's
                     future.set_result(b"".join(parts))
                 else:
                     future.set_exception(error if isinstance(error, Exception)
@@ -691,6 +728,8 @@ class _SharedDownload:
             reader[1] = min(reader[1], self.size) if self.size is not None else reader[1]
             if reader[1] <= reader[0] and not reader[3].done():
                 reader[3].set_result(b"")
+        if self.size is not None:
+            self.goal = min(self.goal, self.size)
 
     def _feed(self, chunk: bytes) -> None:
         lo, hi = self.pos, self.pos + len(chunk)
@@ -702,6 +741,39 @@ class _SharedDownload:
             if hi >= end:
                 future.set_result(b"".join(parts))
         self.readers = [r for r in self.readers if not r[3].done()]
+        if self._runs:
+            self._keep_referenced(chunk, lo, hi)
+        if self.size is not None and hi >= self.size:
+            self._flush_block()
+
+    def _keep_referenced(self, chunk: bytes, lo: int, hi: int) -> None:
+        """Gather the referenced blocks in [lo, hi) and hand each whole one to `backend.passing`."""
+        bs = self.backend.passing.block_size
+        index = lo // bs
+        while index * bs < hi:
+            run = bisect.bisect_right(self._firsts, index) - 1
+            if run < 0 or self._runs[run][1] < index:  # not referenced: on to the next run's first block
+                if run + 1 >= len(self._runs):
+                    return
+                index = self._runs[run + 1][0]
+                continue
+            a, b = max(index * bs, lo), min((index + 1) * bs, hi)
+            if self._block is None or self._block[0] != index:
+                if a != index * bs:  # joined after the block began (a pass always starts at 0): skip it
+                    index += 1
+                    continue
+                self._block = (index, bytearray())
+            self._block[1].extend(chunk[a - lo:b - lo])
+            if len(self._block[1]) == bs:
+                self._flush_block()
+            index += 1
+
+    def _flush_block(self) -> None:
+        """Hand the block being gathered over (a whole one, or the object's last, shorter one)."""
+        if self._block is not None and self._block[1]:
+            index, data = self._block
+            self.backend.passing.keep(self.url, index, bytes(data))
+        self._block = None
 
 
 def _route_from_env(url: str) -> dict:
@@ -772,6 +844,15 @@ async def _read_exactly(resp, n: int, allow_eof: bool = False) -> bytes:
         parts.append(chunk)
         got += len(chunk)
     return b"".join(parts)
+
+
+def _format_size(n: int) -> str:
+    """Bytes as the size options take them back: 1G, 768M, 4096."""
+    for suffix, unit in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= unit:
+            value = n / unit
+            return f"{value:.0f}{suffix}" if value == int(value) else f"{value:.1f}{suffix}"
+    return str(n)
 
 
 def _total_from(content_range: str) -> int | None:

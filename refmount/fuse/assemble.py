@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from urllib.parse import urlsplit
 
-from refmount.cache.budget import MemoryBudget
+import trio
+
 from refmount.cache.blocks import BlockCache
+from refmount.cache.budget import MemoryBudget, ScratchLimiter
+from refmount.cache.buffers import BufferPool
+from refmount.cache.governor import MemoryGovernor
+from refmount.cache.malloc import give_back_freed_memory, malloc_statistics
+from refmount.cache.passing import PassingBlocks
+from refmount.cache.target import later_imports, plan_memory, resident_bytes
 from refmount.view.consolidated import with_consolidated_metadata
 from refmount.errors import FetchError, RefmountError
 from refmount.fetch import Fetcher, RetryPolicy, check_protocols, reaches_local, redact
 from refmount.fetch.tls import set_ca_bundle
 from refmount.fuse.fs import Filesystem
 from refmount.cache.pacer import HostPacer
-from refmount.refs import load_refs
+from refmount.refs import WHOLE_FILE, load_refs
 from refmount.refs.icechunk import version_from_options
 from refmount.fetch.protocols import is_remote
 from refmount.view.raw import RawView
@@ -109,7 +117,8 @@ def load_reference_set(opts):
     progress = load_progress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
-                           max_refs_size=opts.max_refs_size, load_timeout=opts.load_timeout, progress=progress,
+                           max_refs_size=opts.max_refs_size, max_value_size=opts.max_value_size,
+                           load_timeout=opts.load_timeout, progress=progress,
                            version=version_from_options(opts), containers=opts.containers)
     finally:
         if progress:
@@ -131,28 +140,43 @@ def build_filesystem(opts):
                       http_client=opts.http_client)
     urls = refset.urls
 
+    passing = None
+
     async def fetch(url_id, start, end):
+        if passing.token is None:  # (the trio run is on now: a pass hands its blocks over to it)
+            passing.bind(trio.lowlevel.current_trio_token())
         return await fetcher.read(urls[url_id], start, end, opts.block_size)
 
-    disk = None
+    disk = disk_fetch = None
     if opts.cache_dir:
-        fetch, disk = disk_backed(fetch, fetcher, urls, opts)
+        disk_fetch, disk = disk_backed(fetch, fetcher, urls, opts)
+        fetch = disk_fetch
     if getattr(refset, "checksums", None):  # Icechunk virtual chunks: is each object the committed version?
         from refmount.cache.checksums import verified_fetch
 
         fetch = verified_fetch(fetch, fetcher, urls, refset.checksums)
-    # One memory budget (--cache-size) for cached blocks, fetches in flight and read-ahead; read-ahead
-    # parts paced per host up to --connections at once.
-    budget = MemoryBudget(opts.cache_size)
+    # One memory budget (the block cache's share of --memory-target, or --cache-size) for cached
+    # blocks, fetches in flight and read-ahead; read-ahead parts paced per host up to --connections
+    # at once. The caches are sized once the views are built (see below).
+    budget = MemoryBudget(0)
     pacer = HostPacer(lambda url_id: urlsplit(urls[url_id]).netloc, opts.connections, opts.block_size)
-    cache = BlockCache(fetch, block_size=opts.block_size, max_request=16 << 20, budget=budget, pacer=pacer)
+    pool = BufferPool()  # what both caches keep lives in its slots, outside malloc's heaps
+    fetcher.pool = pool  # (http bodies are received straight into them)
+    cache = BlockCache(fetch, block_size=opts.block_size, max_request=16 << 20, budget=budget, pacer=pacer,
+                       pool=pool)
+    # a server that ignores Range: one pass over an object serves its reads and keeps what the set
+    # refers to (fetch/http.py, cache/passing.py), never further into it than --max-full-download
+    passing = fetcher.passing = PassingBlocks(cache, refset, WHOLE_FILE, disk_fetch)
+    fetcher.max_full_download = opts.max_full_download or (max(1 << 30, opts.disk_cache_size) if disk else 1 << 30)
     view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
     readers = None  # who reads which metadata form (the decoded view's)
+    scratch = None
     if opts.view == "decoded":
         from refmount.view.decoded import DecodedView
 
         view = raw = v2_view(raw)  # (a Zarr v3 set is shown through its v2 form)
-        view = DecodedView(raw, cache_size=opts.decoded_cache_size, chars=opts.chars, form=opts.form)
+        scratch = ScratchLimiter(0, os.cpu_count() or 2)
+        view = DecodedView(raw, cache_size=0, chars=opts.chars, form=opts.form, scratch=scratch, pool=pool)
         refset = view.refset
         if opts.form is None:
             from refmount.fuse.readers import ReaderIdentifier
@@ -161,10 +185,13 @@ def build_filesystem(opts):
     else:
         warn_raw_view(refset)
         view = with_consolidated_metadata(view)
+    governor = plan_caches(opts, urls, budget, cache, view, scratch, pool)
 
     def stats() -> dict:
         out = {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
-               "keys": len(refset), "memory": budget.statistics(), "hosts": pacer.statistics(),
+               "keys": len(refset), "memory": {**governor.statistics(), **budget.statistics(), **pool.statistics(),
+                          "malloc": malloc_statistics()},
+               "hosts": pacer.statistics(), "passes": passing.statistics(),
                "served": {"bytes": raw.bytes_served, "reads": raw.reads_served,
                           "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3)}}
         if hasattr(view, "statistics"):
@@ -177,4 +204,24 @@ def build_filesystem(opts):
             out["disk"] = disk.statistics()
         return out
 
-    return Filesystem(view.refset, view, stats=stats, readers=readers), fetcher
+    fs = Filesystem(view.refset, view, stats=stats, readers=readers)
+    fs.governor = governor  # (the daemon runs it while serving)
+    return fs, fetcher
+
+
+def plan_caches(opts, urls, budget, cache, view, scratch, pool) -> MemoryGovernor:
+    """Size the caches from the memory target now that the daemon holds everything it needs to
+    serve (the reference set's tables, the views' plans), measured (cache/target.py)."""
+    give_back_freed_memory()  # what loading left behind is no part of the daemon's own size
+    decoded = scratch is not None
+    plan = plan_memory(opts.memory_target, opts.cache_size, opts.decoded_cache_size if decoded else None, decoded,
+                       resident_bytes() + later_imports(urls))
+    cache.resize(plan.blocks)
+    caches = [(plan.blocks, cache.resize)]
+    if decoded:
+        view.resize_decoded(plan.decoded)
+        scratch.limit = plan.scratch
+        caches.append((plan.decoded, view.resize_decoded))
+    pool.keep_free = plan.reserve // 4  # free slots kept for reuse count against the reserve
+    log.info("%s", plan.describe())
+    return MemoryGovernor(plan, budget, caches, pool)

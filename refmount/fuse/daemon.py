@@ -37,7 +37,8 @@ class MountOptions:
     mountpoint: str
     view: str = "decoded"
     foreground: bool = False
-    cache_size: int = 512 << 20
+    memory_target: int | None = None  # the whole daemon (cache/target.py); None: 1G, or what the cache sizes add up to
+    cache_size: int | None = None  # None: a share of the memory target
     block_size: int = 1 << 20
     remote_options: dict = field(default_factory=dict)
     read_timeout: float = 30.0
@@ -52,10 +53,11 @@ class MountOptions:
     tune_kernel: bool = True
     read_ahead_kb: int = 1024
     max_background: int = 64
-    decoded_cache_size: int = 256 << 20
+    decoded_cache_size: int | None = None
     prefetch: bool = True
     cache_dir: str | None = None
     disk_cache_size: int = 10 << 30
+    max_full_download: int | None = None  # None: 1G, or --disk-cache-size with --cache-dir
     chars: str | None = None  # an override of every form's characters (refmount.view.forms)
     form: str | None = None  # serve this form to every reader; None: each reader its own
     fallback_form: str = "portable"  # the form of a reader that cannot be identified
@@ -65,6 +67,7 @@ class MountOptions:
     http_client: str = "stdlib"  # "stdlib" (http.client in threads for plain 206s, else aiohttp) or "aiohttp"
     ca_bundle: str | None = None
     max_refs_size: int | None = None  # None: the machine's default (refs/limits.py)
+    max_value_size: int | None = 64 << 20  # the most text one JSON member may have (None: no limit)
     load_timeout: float | None = 300.0
     branch: str | None = None  # Icechunk: which version to mount (one of branch, tag, snapshot)
     tag: str | None = None
@@ -427,9 +430,11 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     import pyfuse3
     import trio
 
+    from refmount.cache.malloc import configure_malloc
     from refmount.fuse.assemble import build_filesystem
     from refmount.fuse.fuse_ops import FuseOperations
 
+    configure_malloc()  # before any thread makes a heap of its own
     if opts.proxy:  # the http(s) targets' client follows the usual variables (as aiohttp's trust_env)
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
             os.environ[name] = opts.proxy
@@ -440,7 +445,10 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     operations = FuseOperations(fs)
     fuse_options = {fsname_option(shown_refs(opts.refs)), "subtype=refmount", "ro", "default_permissions", "noatime"}
     if opts.allow_other:
+        from refmount.fuse.access import LocalAccess
+
         fuse_options.add("allow_other")
+        fs.local_access = LocalAccess()  # other users open local files' keys only if they may read the files
     if _parent_gone(ready):  # interrupted while loading: never mount behind the user's back
         raise RefmountError("the mount was interrupted")
     # From the mount on, a stop signal must unmount: it is noted until the main loop listens for
@@ -462,6 +470,7 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
             nursery.start_soon(_look_up_sizes, fs, warmed)
             nursery.start_soon(_announce_ready, opts, ready, warmed)
             nursery.start_soon(_stop_on_signals, nursery)
+            nursery.start_soon(fs.governor.run)
             if opts.owner_pid:
                 nursery.start_soon(_unmount_when_gone, opts.owner_pid)
             await pyfuse3.main(min_tasks=4, max_tasks=256)

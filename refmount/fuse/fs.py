@@ -66,6 +66,7 @@ class Filesystem:
         self.mtime_ns = time.time_ns()
         self.stats = stats or (lambda: {})
         self.mount_info: dict[str, str] = {}  # shown as root xattrs: refs, log (for `refmount list`)
+        self.local_access = None  # mount.access.LocalAccess with --allow-other: who may open local files' keys
         self._subdir_names = [sorted(children) for children in self.dirs.children]
         self._may_hide = not getattr(view, "hides_nothing", False)  # a view may promise to hide no key
         self.readers = readers if hasattr(view, "varies") else None
@@ -179,18 +180,23 @@ class Filesystem:
 
     # -- files ------------------------------------------------------------------------------------
 
-    async def open(self, ino: int, flags: int, pid: int = 0) -> tuple[int, bool]:
-        """(file handle, whether reads must bypass the page cache). A metadata file whose bytes
-        depend on who reads it is opened in the form of the process `pid` (the same size in every
-        form), and read around the page cache, so that no reader sees another one's form."""
+    async def open(self, ino: int, flags: int, caller=None) -> tuple[int, bool]:
+        """(file handle, whether reads must bypass the page cache). `caller` (fuse.access.Caller): who
+        opens. With --allow-other, a key whose bytes come from local files opens only for those who
+        may read the files. A metadata file whose bytes depend on who reads it is opened in the form
+        of the caller's process (the same size in every form), and read around the page cache, so
+        that no reader sees another one's form."""
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
             raise FsError(errno.EROFS)
         i = await self._key_of_ino(ino)
         if i is None:
             raise FsError(errno.EISDIR if self._dir_of_ino(ino) is not None else errno.ENOENT)
+        if self.local_access is not None and caller is not None and \
+                not await self.local_access.allows(caller, self.view.targets(i), self.refset.key(i)):
+            raise FsError(errno.EACCES)
         if self.readers is not None and self.view.varies(i):
             index = self.view.form_index
-            form = index.get(self.readers.form_of(pid), index.get(self.readers.fallback, 0))
+            form = index.get(self.readers.form_of(caller.pid if caller is not None else 0), index.get(self.readers.fallback, 0))
             return ino | (form + 1) << FORM_SHIFT, True
         return ino, False
 

@@ -16,6 +16,7 @@ import pyfuse3
 import trio
 
 from refmount.errors import RefmountError
+from refmount.fuse.access import Caller
 from refmount.fuse.fs import FILE_MODE, Attributes, Filesystem, FsError
 
 log = logging.getLogger("refmount")
@@ -37,8 +38,12 @@ def _reply(handler):
             raise pyfuse3.FUSEError(e.errno) from None
         except RefmountError as e:  # fetch and decode failures: the reader gets EIO, the log says why
             self.failed_reads += 1
-            log.error("%s of %s failed: %s", _ACTIONS.get(handler.__name__, handler.__name__),
-                      self._subject(handler.__name__, args), e)
+            once = getattr(e, "once", None)  # a limit's refusal: said once, not at every read it refuses
+            said = once is not None and once in self._said
+            if once is not None:
+                self._said.add(once)
+            (log.debug if said else log.error)("%s of %s failed: %s", _ACTIONS.get(handler.__name__, handler.__name__),
+                                               self._subject(handler.__name__, args), e)
             raise pyfuse3.FUSEError(errno.EIO) from None
         except (trio.Cancelled, KeyboardInterrupt):
             raise
@@ -62,6 +67,7 @@ class FuseOperations(pyfuse3.Operations):
         super().__init__()
         self.fs = fs
         self.failed_reads = 0
+        self._said: set[str] = set()  # limits whose refusal the log has told
 
     def _subject(self, handler_name: str, args) -> str:
         """The key a failed request was about, for its log line (a lookup names the child it stats)."""
@@ -136,7 +142,8 @@ class FuseOperations(pyfuse3.Operations):
 
     @_reply
     async def open(self, inode, flags, ctx):
-        fh, direct = await self.fs.open(inode, flags, ctx.pid)
+        caller = Caller(ctx.uid, ctx.gid, ctx.pid) if ctx is not None else None
+        fh, direct = await self.fs.open(inode, flags, caller)
         return pyfuse3.FileInfo(fh=fh, keep_cache=not direct, direct_io=direct)
 
     @_reply

@@ -2,7 +2,8 @@
 
 Everything is parsed once, at mount time, into a compact `RefSet`; reads never look at strings again.
 Every load is bounded (refs/limits.py): keys (--max-keys), reference text once decompressed and text
-that `gen` makes (--max-refs-size), and time (--load-timeout).
+that `gen` makes (--max-refs-size), the text of one JSON member (--max-value-size), and time
+(--load-timeout).
 """
 
 from __future__ import annotations
@@ -12,29 +13,38 @@ import io
 import orjson
 
 from refmount.errors import RefmountError, RefsError, quote
-from refmount.refs.limits import (DEFAULT_LOAD_TIMEOUT, RefsTooBig, default_max_keys, default_max_refs_size,
-                                  format_size, load_deadline, memory_budget, memory_limit)
+from refmount.refs.limits import (DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_VALUE_SIZE, RefsTooBig, ValueTooBig,
+                                  default_max_keys, default_max_refs_size, format_size, load_deadline, memory_budget,
+                                  memory_limit)
 from refmount.refs.model import INLINE, WHOLE_FILE, Ref, RefSet, RefSetBuilder
 from refmount.refs.source import is_parquet_location, open_reference_file
 
 DEFAULT_MAX_KEYS = default_max_keys()  # from the memory available at start (refs/limits.py)
 
 __all__ = ["INLINE", "WHOLE_FILE", "Ref", "RefSet", "load_refs", "refs_from_dict", "DEFAULT_MAX_KEYS",
-           "DEFAULT_LOAD_TIMEOUT", "default_max_refs_size"]
+           "DEFAULT_LOAD_TIMEOUT", "DEFAULT_MAX_VALUE_SIZE", "default_max_refs_size"]
 
 
 def load_refs(location: str, *, remote_options: dict | None = None, max_keys: int | None = DEFAULT_MAX_KEYS,
               progress=None, max_refs_size: int | None = None, load_timeout: float | None = DEFAULT_LOAD_TIMEOUT,
-              version=None, containers: dict[str, str] | None = None) -> RefSet:
+              version=None, containers: dict[str, str] | None = None,
+              max_value_size: int | None = DEFAULT_MAX_VALUE_SIZE) -> RefSet:
     """Load the reference set at `location` (path or url). Errors are one-line `RefmountError`s.
     `max_refs_size` None means the machine's default; `load_timeout` None or 0 means no limit.
     `version` (refs.icechunk.Version) picks an Icechunk repository's branch, tag or snapshot, and
-    `containers` re-points its named virtual chunk containers (name -> url prefix)."""
+    `containers` re-points its named virtual chunk containers (name -> url prefix).
+    `max_value_size`: the most text one JSON member may have (None: no limit)."""
     if max_refs_size is None:
         max_refs_size = default_max_refs_size()
     try:
         with load_deadline(load_timeout), memory_limit(memory_budget(max_keys, max_refs_size)):
-            return _load(location, remote_options, max_keys, progress, max_refs_size, version, containers)
+            return _load(location, remote_options, max_keys, progress, max_refs_size, version, containers,
+                         max_value_size)
+    except ValueTooBig as e:
+        key = f" (key {quote(e.key)})" if e.key is not None else ""
+        raise RefsError(f"reference file {quote(location)} holds a single JSON value{key} larger than "
+                        f"--max-value-size {format_size(e.limit)} near byte {e.pos} once decompressed "
+                        "(raise the option to load it)") from None
     except RefsTooBig as e:
         raise RefsError(f"reference file {quote(location)} exceeds --max-refs-size {format_size(e.limit)} once "
                         "decompressed (raise the option to load it)") from None
@@ -46,7 +56,8 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
         raise RefsError(f"reference file {quote(location)} nests too deeply") from None
 
 
-def _load(location, remote_options, max_keys, progress, max_refs_size, version=None, containers=None):
+def _load(location, remote_options, max_keys, progress, max_refs_size, version=None, containers=None,
+          max_value_size=None):
     from refmount.refs.jsonrefs import load_json
     from refmount.refs.icechunk import is_icechunk_location, load_icechunk, reject_version
 
@@ -69,7 +80,8 @@ def _load(location, remote_options, max_keys, progress, max_refs_size, version=N
 
     builder = RefSetBuilder(max_keys, max_refs_size)
     try:
-        load_json(lambda: open_reference_file(location, remote_options), builder, progress=progress)
+        load_json(lambda: open_reference_file(location, remote_options), builder, progress=progress,
+                  max_value=max_value_size)
         resolve_builder_urls(builder, location)
         return builder.build()
     except RefmountError:

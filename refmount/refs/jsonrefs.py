@@ -224,14 +224,15 @@ def _version_of(value) -> int:
 
 
 def load_json(open_stream, builder: RefSetBuilder, *, piece_bytes: int = PIECE_BYTES, progress=None,
-              parallel: bool = True) -> int:
+              parallel: bool = True, max_value: int | None = None) -> int:
     """Fill `builder` from the JSON text that `open_stream()` yields; returns the spec version.
+    `max_value`: --max-value-size, the most text one member may have.
 
     A comma before a closing '}' or ']' is not JSON, but GDAL reads such sets (its own kerchunk test
     set has one), and a reader of the set cannot tell what else it could mean: the text is read
     again without those commas (once, in memory, within --max-refs-size), with a warning."""
     try:
-        return _load_versions(open_stream, builder, piece_bytes, progress, parallel)
+        return _load_versions(open_stream, builder, piece_bytes, progress, parallel, max_value)
     except TrailingComma as e:
         first_error = e
     with open_stream() as stream:
@@ -245,18 +246,18 @@ def load_json(open_stream, builder: RefSetBuilder, *, piece_bytes: int = PIECE_B
     log.warning("the reference file is not valid JSON: %d trailing comma%s (before a closing '}' or ']') "
                 "accepted, as GDAL accepts them", commas, "" if commas == 1 else "s")
     builder.__init__(builder.max_keys, builder.max_bytes)
-    return _load_versions(lambda: io.BytesIO(text), builder, piece_bytes, progress, parallel)
+    return _load_versions(lambda: io.BytesIO(text), builder, piece_bytes, progress, parallel, max_value)
 
 
-def _load_versions(open_stream, builder, piece_bytes, progress, parallel) -> int:
+def _load_versions(open_stream, builder, piece_bytes, progress, parallel, max_value) -> int:
     try:
-        return _load(open_stream, builder, None, piece_bytes, progress, parallel)
+        return _load(open_stream, builder, None, piece_bytes, progress, parallel, max_value)
     except _Restart as restart:
         builder.__init__(builder.max_keys, builder.max_bytes)
-        return _load(open_stream, builder, restart.version, piece_bytes, progress, parallel)
+        return _load(open_stream, builder, restart.version, piece_bytes, progress, parallel, max_value)
 
 
-def _load(open_stream, builder, version, piece_bytes, progress, parallel) -> int:
+def _load(open_stream, builder, version, piece_bytes, progress, parallel, max_value=None) -> int:
     sections: dict = {}
     skipped_refs = False
     tentative_v0 = 0  # top-level members added as v0 refs before the version was known
@@ -265,7 +266,7 @@ def _load(open_stream, builder, version, piece_bytes, progress, parallel) -> int
         workers = Workers(stream, builder.max_bytes) if parallel else None
         try:
             pieces = iter_pieces(stream, piece_bytes, progress, descend=version != 0, workers=workers,
-                                 max_bytes=builder.max_bytes)
+                                 max_bytes=builder.max_bytes, max_value=max_value)
             for section, piece in pieces:
                 if section == "refs":
                     if version is None:

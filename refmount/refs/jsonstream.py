@@ -18,7 +18,7 @@ import re
 import orjson
 
 from refmount.errors import RefsError, quote
-from refmount.refs.limits import RefsTooBig
+from refmount.refs.limits import RefsTooBig, ValueTooBig
 
 PIECE_BYTES = 4 << 20
 READ_BYTES = 1 << 20  # small reads: growing the window by big chunks costs fresh pages every time
@@ -35,9 +35,14 @@ class _Window:
     worker processes read their own pieces, the parent only looks at the bytes around each cut."""
 
     def __init__(self, stream, read_bytes: int = READ_BYTES, seekable: bool = False,
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | None = None, max_value: int | None = None) -> None:
         self._stream = stream
         self._max_bytes = max_bytes
+        # --max-value-size: the most text one member may have. The window holds the piece being
+        # parsed, and one member can make it grow (a string with no place to cut; a value a cut
+        # fell into, doubling the piece each time): `search` and `member_boundary` stop that at
+        # the first member found bigger than this.
+        self.max_value = max_value
         self._read_bytes = read_bytes
         self._seekable = seekable
         self._step = read_bytes
@@ -111,12 +116,17 @@ class _Window:
             pos = self.base + m.end()  # go on from there: a gigabyte of spaces is read once
 
     def search(self, pattern: re.Pattern, pos: int) -> int | None:
-        """Absolute start of the first match at or after `pos`, loading data as needed."""
+        """Absolute start of the first match at or after `pos`, loading data as needed. (Every
+        member ends where a candidate cut begins: more than --max-value-size bytes without one is a
+        member bigger than that, and ValueTooBig.)"""
+        began = pos
         while True:
             self.need(pos)
             m = pattern.search(self.data, max(pos - self.base, 0))
             # a match ending at the buffer's end might be cut short: only trust it with more data
             if m and (m.end() < len(self.data) or self.eof):
+                if self.max_value is not None and self.base + m.start() - began > self.max_value:
+                    raise self.too_big(self._member_before(began))
                 return self.base + m.start()
             # search again only where a match could still start: at this match, or at the last
             # ',' (each pattern starts with one), so that a gigabyte-long string is scanned once
@@ -125,8 +135,134 @@ class _Window:
             else:
                 last = self.data.rfind(b",", max(pos - self.base, 0))
                 pos = self.base + (last if last >= 0 else len(self.data))
+            if self.max_value is not None and pos - began > self.max_value:
+                raise self.too_big(self._member_before(began))
             if not self._read_more():
                 return None
+
+    def _member_before(self, pos: int) -> int:
+        """Where the member holding `pos` starts, as far as the window tells (the last candidate cut
+        before it, else the window's start)."""
+        last = None
+        for last in _CANDIDATE.finditer(self.data, 0, max(pos - self.base, 0)):
+            pass
+        return self.base + (last.start() + 1 if last is not None else 0)
+
+    def too_big(self, member: int) -> ValueTooBig:
+        """ValueTooBig for the member starting at `member`, naming its key if it has a plain one."""
+        at = _WS.match(self.data, max(member - self.base, 0)).end()
+        key = None
+        if self.data[at:at + 1] == b'"':
+            end = _string_end(self.data, at + 1, 258)
+            if end > 0:
+                try:
+                    key = orjson.loads(bytes(self.data[at:end]))
+                except orjson.JSONDecodeError:
+                    key = None
+        return ValueTooBig(self.max_value, self.base + at, key if isinstance(key, str) else None)
+
+    def member_boundary(self, s: int) -> int | None:
+        """A cut that cannot fall inside a value: the comma after the last member starting at or after
+        `s` that ends in the window (members skipped token by token, reading more as needed), or the
+        object's closing brace; ValueTooBig for a member bigger than --max-value-size; None when the
+        text is not well formed there (the parser then reports it)."""
+        pos, boundary, scan = s, None, None
+        while True:
+            member = self.skip_ws(pos)
+            scan = scan or _MemberScan(member - self.base)
+            end = scan.end(self.data)
+            if end == -2:
+                return boundary
+            if end == -1:  # runs past the window
+                if self.end - member > self.max_value:
+                    raise self.too_big(member)
+                if boundary is not None:
+                    return boundary
+                if not self._read_more():
+                    return None
+                continue
+            if self.base + end - member > self.max_value:
+                raise self.too_big(member)
+            scan = None
+            after = self.skip_ws(self.base + end)
+            c = self.char(after)
+            if c == b"}":
+                return after
+            if c != b",":
+                return boundary
+            boundary, pos = after, after + 1
+
+
+def _string_end(data, pos: int, within: int | None = None) -> int:
+    """Just past the closing quote of the JSON string whose text starts at `pos` (after its opening
+    quote), or -1 if it does not end in `data` (within `within` bytes). A scan, not a regex: Python's
+    regex engine needs memory per character repeated in a group."""
+    limit = len(data) if within is None else min(len(data), pos + within)
+    while True:
+        quote_at = data.find(b'"', pos, limit)
+        if quote_at < 0:
+            return -1
+        backslashes = 0
+        while quote_at - backslashes - 1 >= pos and data[quote_at - backslashes - 1] == 0x5C:
+            backslashes += 1
+        if backslashes % 2 == 0:
+            return quote_at + 1
+        pos = quote_at + 1
+
+
+_KEY_COLON = re.compile(rb"[ \t\r\n]*:[ \t\r\n]*")
+_STRUCTURE = re.compile(rb'["\[\]{}]')
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # (unrolled: no regex memory per character)
+_SCALAR = re.compile(rb"[^,\]}\s]*")
+
+
+class _MemberScan:
+    """Where a member ("key": value) that starts at `start` in a window's data ends, found token by
+    token (strings skipped whole, brackets counted), resumed where it stopped as the data grows."""
+
+    def __init__(self, start: int) -> None:
+        self.j = start
+        self.depth = 0
+        self.stage = "key"
+
+    def end(self, data) -> int:
+        """Just past the member; -1 if it runs past the data (call again with more), -2 if the text
+        is not a well-formed member."""
+        j = self.j
+        if self.stage == "key":
+            m = _STRING.match(data, j) if data[j:j + 1] == b'"' else None
+            if m is None:
+                return -1 if data[j:j + 1] == b'"' else -2
+            j = _KEY_COLON.match(data, m.end()).end()
+            if j >= len(data):
+                return -1
+            self.j, self.stage = j, "value"
+        if self.stage == "value":
+            c = data[j:j + 1]
+            if c == b'"':
+                m = _STRING.match(data, j)
+                return m.end() if m is not None else -1
+            if c not in (b"[", b"{"):
+                k = _SCALAR.match(data, j).end()
+                return k if k < len(data) else -1
+            self.stage = "nested"
+        while True:
+            m = _STRUCTURE.search(data, j)
+            if m is None:
+                self.j = len(data)
+                return -1
+            k = m.start()
+            if data[k] == 0x22:  # a string: skipped whole (brackets inside it are text)
+                string = _STRING.match(data, k)
+                if string is None:
+                    self.j = k
+                    return -1
+                j = string.end()
+                continue
+            self.depth += 1 if data[k] in (0x5B, 0x7B) else -1
+            j = k + 1
+            if self.depth == 0:
+                return j
 
 
 def _byte_pos(text: bytes, char_pos: int) -> int:
@@ -287,6 +423,12 @@ def iter_object(window: _Window, pos: int, piece_bytes: int, on_piece=None, work
                 raise _too_deep(window.get(s, stop), s) from None
             if cut is None:  # no further place to cut: the text itself is broken
                 raise _malformed(window, s + max(e.pos - 1, 0), str(e).split(":")[0]) from None
+            if window.max_value is not None and (stop - s) * 2 > window.max_value + 2 * piece_bytes:
+                # doubling again could hold more than the biggest value allowed: find a true boundary
+                boundary = window.member_boundary(s)
+                if boundary is not None and boundary > s:
+                    step = boundary - s
+                    continue
             step = (stop - s) * 2  # cut fell inside a value: try a cut twice as far on
             continue
         if cut is None:  # the object closed exactly at the end of the data
@@ -299,12 +441,15 @@ def iter_object(window: _Window, pos: int, piece_bytes: int, on_piece=None, work
 
 
 def iter_pieces(stream, piece_bytes: int = PIECE_BYTES, progress=None, descend: bool = True, workers=None,
-                max_bytes: int | None = None):
+                max_bytes: int | None = None, max_value: int | None = None):
     """Yield ("top", dict) for top-level members and ("refs", dict) for members of a top-level
     "refs" object, without holding the whole text or its Python form in memory. More than
-    `max_bytes` of text (whitespace too) raises RefsTooBig as soon as it has been read."""
+    `max_bytes` of text (whitespace too) raises RefsTooBig as soon as it has been read; one member
+    of more than `max_value` bytes raises ValueTooBig, the window then holding at most about twice
+    that."""
     window = _Window(stream, read_bytes=max(READ_BYTES, piece_bytes),
-                     seekable=workers is not None and workers.reads_itself, max_bytes=max_bytes)
+                     seekable=workers is not None and workers.reads_itself, max_bytes=max_bytes,
+                     max_value=max_value)
     start = window.skip_ws(0)
     first = window.char(start)
     if first != b"{":

@@ -66,6 +66,18 @@ class RefsTooBig(RefsError):
         self.limit = limit
 
 
+class ValueTooBig(RefsError):
+    """One JSON member (a key and its value) holds more text than --max-value-size; the loader names
+    the file, the option and, when it can, the key."""
+
+    def __init__(self, limit: int, pos: int, key: str | None = None) -> None:
+        super().__init__(f"a single JSON value near byte {pos} is larger than --max-value-size {format_size(limit)}")
+        self.limit, self.pos, self.key = limit, pos, key
+
+
+DEFAULT_MAX_VALUE_SIZE = 64 << 20  # an inline chunk or a metadata object; kerchunk inlines values of 500 bytes
+
+
 MEMORY_SLACK = 256 << 20  # the interpreter, numpy and parser buffers, beyond what the limits account for
 
 

@@ -63,3 +63,18 @@ def decode_bounded(codec, data, limit: int):
         at = 4 if cid == "blosc" else 0
         _declared(struct.unpack_from("<I", raw, at)[0] if len(raw) >= at + 4 else 0, limit)
     return codec.decode(data)
+
+
+def decode_into(codec, data, out) -> bool:
+    """Decode `data` straight into `out` (writable, exactly the decoded size) when the codec can and
+    the data says it decodes to exactly that size; False (nothing written) otherwise."""
+    cid = getattr(codec, "codec_id", None)
+    raw = _raw(data)
+    if cid == "blosc":
+        if len(raw) < 8 or struct.unpack_from("<I", raw, 4)[0] != out.nbytes:
+            return False
+    elif cid != "shuffle" or raw.nbytes != out.nbytes:
+        return False
+    codec.decode(raw, out=out)
+    return True
+

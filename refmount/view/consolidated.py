@@ -94,6 +94,9 @@ class _RawWithConsolidated:
     async def read_all(self, i: int) -> bytes:
         return self._data if i == self._index else await self.raw.read_all(i)
 
+    def targets(self, i: int) -> list[str]:
+        return [] if i == self._index else self.raw.targets(i)
+
     def xattrs(self, i: int) -> dict[str, str]:
         if i == self._index:
             return {"user.refmount.source": "synthesised from the reference set's metadata"}

@@ -19,22 +19,35 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 import numpy as np
-import trio
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from refmount.view.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, dump_json, fixed_strings, load_json_value, scan_arrays
 from refmount.view.forms import FORMS, joins_last_dimension, served_array, served_group_attributes
-from refmount.view.bounded import decode_bounded
+from refmount.view.bounded import decode_bounded, decode_into
 from refmount.view.consolidated import consolidated_value
 from refmount.errors import RefmountError
+from refmount.cache.budget import ScratchLimiter
 from refmount.cache.lru import SingleFlightLRU
 from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes
 from refmount.view.overlay import OverlayRefSet
 from refmount.view.shards import ShardReader
 
 log = logging.getLogger("refmount")
+DEFAULT_SCRATCH = 16 << 20  # decoders' working memory when the mount's memory plan gives none
+
+
+def _nbytes(value) -> int:
+    return value.nbytes if isinstance(value, memoryview) else len(value)
+
+
+def decode_scratch(compressed: int, info: ArrayInfo) -> int:
+    """Estimated working memory of decoding one chunk: the compressed bytes, the output of one
+    stage and the next (each codec and the transform make a new buffer, the one before is freed)."""
+    stored = int(np.prod(info.chunk_shape or (1,))) * info.dtype.itemsize
+    return compressed + 2 * max(stored, info.out_chunk_bytes)
 
 
 MAX_FILL_CHUNKS = 100_000  # missing chunks served as files, per mount
@@ -67,7 +80,8 @@ class DecodeError(RefmountError):
 class DecodedView:
     name = "decoded"
 
-    def __init__(self, raw, cache_size: int = 256 << 20, chars: str | None = None, form: str | None = None) -> None:
+    def __init__(self, raw, cache_size: int = 256 << 20, chars: str | None = None, form: str | None = None,
+                 scratch=None, pool=None) -> None:
         """`form`: serve every reader this form (refmount.view.forms); None: each reader its own.
         `chars`: the characters' form in every form (an override; None: each form's own)."""
         self.raw = raw
@@ -85,7 +99,12 @@ class DecodedView:
         self._metadata: dict[int, tuple[bytes, ...]] = {}
         self._varies: set[int] = set()
         self._chunks: dict[int, ArrayInfo] = {}  # array dir id -> info, for arrays whose chunks change
-        self._decoded = SingleFlightLRU(cache_size, weigh=len)  # key index -> decoded chunk
+        # key index -> decoded chunk (in a slot of the buffer pool, if there is one)
+        self._pool = pool
+        self._decoded = SingleFlightLRU(cache_size, weigh=pool.footprint if pool else _nbytes,
+                                        on_evict=pool.release if pool else None)
+        # decodes run in worker threads, as many at once as their scratch space allows
+        self._scratch = scratch or ScratchLimiter(DEFAULT_SCRATCH, os.cpu_count() or 2)
         self._codecs: dict[int, list] = {}
         self._renamed: dict[int, int] = {}  # added chunk key index -> the key it serves
         self._renamed_away: set[int] = set()  # chunk keys no form reads by their own name
@@ -315,8 +334,9 @@ class DecodedView:
         known = self.known_size(i)
         return known if known is not None else await self.raw.size(self._renamed.get(i, i))
 
-    async def read(self, i: int, offset: int, size: int, form: int = 0) -> bytes:
-        """`form`: an index into self.forms (metadata keys only)."""
+    async def read(self, i: int, offset: int, size: int, form: int = 0):
+        """The bytes, or a memoryview of a decoded chunk (a FUSE reply needs no copy). `form`: an
+        index into self.forms (metadata keys only)."""
         i = self._renamed.get(i, i)
         meta = self._metadata.get(i)
         if meta is not None:
@@ -331,17 +351,21 @@ class DecodedView:
     async def read_all(self, i: int) -> bytes:
         return await self.read(i, 0, await self.size(i))
 
-    async def _decoded_chunk(self, i: int, info: ArrayInfo) -> bytes:
-        async def decode() -> bytes:
+    async def _decoded_chunk(self, i: int, info: ArrayInfo):
+        async def decode():
             layout = self._shards.get(info.dir_id)
             if layout is not None:
                 return await self._inner_chunk(i, info, layout)
-            raw = await self.raw.read_all(i)
-            return await trio.to_thread.run_sync(self._decode, i, info, raw)
+            # (a view of the cached bytes, not a copy: the buffer pool reuses no slot still viewed)
+            return await self._decode_in_thread(i, info, await self.raw.read(i, 0, await self.raw.size(i)))
 
         return await self._decoded.get(i, decode)
 
-    async def _inner_chunk(self, i: int, info: ArrayInfo, layout) -> bytes:
+    async def _decode_in_thread(self, i: int, info: ArrayInfo, raw, decoded: bool = False):
+        chunk = await self._scratch(decode_scratch(len(raw), info), self._decode, i, info, raw, decoded)
+        return chunk if self._pool is None else self._pool.keep(chunk)
+
+    async def _inner_chunk(self, i: int, info: ArrayInfo, layout):
         """An inner chunk of a sharded array, decoded: its bytes from its shard, or the fill."""
         key = self.refset.key(i)
         shard, local = layout.shard_of(info.chunk_index(key[len(info.path) + 1 if info.path else 0:]))
@@ -350,17 +374,25 @@ class DecodedView:
         else:
             raw = await self._shard_reader.inner_chunk(i, layout, shard, local, key)
             if raw is None:  # an empty inner chunk: the fill value, as the codecs would give it
-                return await trio.to_thread.run_sync(self._decode, i, info, layout.fill_chunk, True)
-        return await trio.to_thread.run_sync(self._decode, i, info, raw)
+                return await self._decode_in_thread(i, info, layout.fill_chunk, True)
+        return await self._decode_in_thread(i, info, raw)
 
-    def _decode(self, i: int, info: ArrayInfo, raw: bytes, decoded: bool = False) -> bytes:
+    def _decode(self, i: int, info: ArrayInfo, raw, decoded: bool = False):
         """Runs in a worker thread: codecs in reverse (unless `decoded`), then swap/reorder/crop.
-        Exact size or error."""
+        Exact size or error. The last step writes into a slot of the buffer pool (where the cache
+        keeps it), or, without a pool, the result is the last stage's own buffer."""
         key = self.refset.key(i)
         data = raw
         expected = int(np.prod(info.chunk_shape or (1,))) * info.dtype.itemsize
+        pool = self._pool
+        out = pool.take(info.out_chunk_bytes) if pool is not None and info.out_chunk_bytes >= pool.min_pooled else None
+        plain = not (info.swap or info.fortran or info.crop is not None or info.recode_from is not None)
+        codecs = [] if decoded else self._codecs[info.dir_id][::-1]
         try:
-            for codec in [] if decoded else reversed(self._codecs[info.dir_id]):
+            for n, codec in enumerate(codecs):
+                # the last stage of a plain chunk may write straight into the pool's slot
+                if n == len(codecs) - 1 and plain and out is not None and decode_into(codec, data, out):
+                    return out.toreadonly()
                 # no stage may grow past the chunk's size (filters such as fixedscaleoffset shrink
                 # it at most by 8x before the compressor, so 8x leaves them room)
                 data = decode_bounded(codec, data, 8 * expected)
@@ -372,17 +404,29 @@ class DecodedView:
         if buffer.nbytes != expected:
             raise DecodeError(f"chunk {key!r} decoded to {buffer.nbytes} bytes, expected {expected}")
         if not (info.swap or info.fortran or info.crop is not None):
-            return buffer.tobytes()
+            if out is None:
+                return data if isinstance(data, bytes) else memoryview(buffer)
+            out[:] = buffer
+            return out.toreadonly()
         array = buffer.view(info.dtype).reshape(info.chunk_shape or (1,), order="F" if info.fortran else "C")
-        # (byte strings keep their bytes: only numeric types are swapped below, with astype)
+        # (byte strings keep their bytes: only numeric types are swapped, in the copy below)
         if info.crop is not None:
             array = array[info.crop]
-        if info.swap:
-            array = array.astype(info.out_dtype)
-        out = np.ascontiguousarray(array).tobytes()
-        if len(out) != info.out_chunk_bytes:
-            raise DecodeError(f"chunk {key!r} transformed to {len(out)} bytes, expected {info.out_chunk_bytes}")
-        return out
+        if array.size * info.out_dtype.itemsize != info.out_chunk_bytes:
+            raise DecodeError(f"chunk {key!r} transforms to {array.size * info.out_dtype.itemsize} bytes, "
+                              f"expected {info.out_chunk_bytes}")
+        if out is None:
+            return memoryview(np.ascontiguousarray(array.astype(info.out_dtype, copy=False)).reshape(-1).view(np.uint8))
+        # swapped, reordered to C order and cropped in one copy, straight into the slot
+        np.copyto(np.frombuffer(out, dtype=info.out_dtype).reshape(array.shape), array, casting="unsafe")
+        return out.toreadonly()
+
+    def targets(self, i: int) -> list[str]:
+        """The urls whose bytes key `i` is made of (none for metadata, rewritten from inline text)."""
+        i = self._renamed.get(i, i)
+        if i in self._metadata or i >= self.raw.refset.capacity:
+            return []
+        return self.raw.targets(i)
 
     # -- extended attributes ----------------------------------------------------------------------
 
@@ -401,6 +445,11 @@ class DecodedView:
                                                 + (", in each reader's form" if i in self._varies else ""))
         return attrs
 
+    def resize_decoded(self, capacity: int) -> None:
+        """The decoded chunks' share of the memory target (the governor shrinks it under pressure)."""
+        self._decoded.resize(capacity)
+
     def statistics(self) -> dict:
         return {"decodes": self._decoded.computed, "decoded_cached": len(self._decoded),
-                "decoded_bytes": self._decoded.weight, **self._shard_reader.statistics()}
+                "decoded_bytes": self._decoded.weight, "decoded_capacity": self._decoded.capacity,
+                **self._scratch.statistics(), **self._shard_reader.statistics()}

@@ -517,6 +517,11 @@ class RawView:
         data = await self.read(i, 0, await self.size(i))
         return data if isinstance(data, bytes) else bytes(data)
 
+    def targets(self, i: int) -> list[str]:
+        """The urls whose bytes key `i` serves (none for inline data)."""
+        uid = self.refset.target(i)[0]
+        return [] if uid == INLINE else [self.refset.urls[uid]]
+
     # -- extended attributes ----------------------------------------------------------------------
 
     def xattrs(self, i: int) -> dict[str, str]:
