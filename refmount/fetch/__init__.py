@@ -1,9 +1,9 @@
 """Fetching remote bytes: one `Fetcher` routes each url to its backend by protocol.
 
 - file paths and file:// -> `LocalBackend` (pread in a worker thread);
-- http:// and https://  -> `HttpBackend` (aiohttp on the asyncio loop thread; with `http_client="stdlib"`
-  plain ranged answers are received by http.client in worker threads, see direct.py, and small ranges
-  of urls that answered 206 are fetched by the trio task itself, see fastget.py);
+- http:// and https://  -> `HttpBackend`: with `http_client="stdlib"` (the default) the trio task hands
+  each range to the stdlib engine (http.client in a worker thread, see direct.py), which takes plain
+  206 answers and hands anything else to aiohttp on the asyncio loop thread (the general client);
 - anything else         -> `FsspecBackend` (fsspec's async filesystems, `--remote-options`).
 
 Callers are trio tasks; the asyncio side is reached through `run_on_asyncio`. A remote url whose
@@ -58,7 +58,7 @@ class Fetcher:
                                   headers=self.remote_options.get("headers"), verify_remote=verify_remote,
                                   ssl=ssl_setting(self.remote_options), client=http_client)
         self._remotes: dict = {}  # protocol -> backend, made on first use (aiohttp alone takes 0.1 s to import)
-        self._fast_get = None  # the http backend's fast path (fastget.py), with the stdlib client
+        self.pool = None  # where the stdlib engine receives bodies (see HttpBackend.pool), if set
         self._failed: dict[str, tuple[float, str]] = {}  # url -> (when, message) of its last failure
         self._loop = None
         self._warming: threading.Thread | None = None
@@ -76,10 +76,7 @@ class Fetcher:
                 from refmount.fetch.http import HttpBackend
 
                 backend = HttpBackend(self.policy, self.stats, **self._http_options)
-                if backend.direct:
-                    from refmount.fetch.fastget import FastGet
-
-                    self._fast_get = FastGet(backend)
+                backend.pool = self.pool
             else:
                 from refmount.fetch.fsspec_backend import FsspecBackend
 
@@ -148,17 +145,17 @@ class Fetcher:
         return await self._remembering_failure(url, lambda: self._read_remote(backend, url, start, end, piece))
 
     async def _read_remote(self, backend, url: str, start: int, end: int, piece: int) -> list[bytes]:
-        """A small range of an url that answers 206 is fetched right here on the trio thread (no
-        thread hand-off: fastget.py); anything else, or anything unusual there, on the asyncio side,
+        """A range the http backend's stdlib engine takes is fetched from here (the request in a
+        worker thread, no asyncio hop); anything else, or anything unusual there, on the asyncio side,
         within the same --read-timeout."""
-        fast = self._fast_get
-        if fast is None or fast.backend is not backend or not fast.eligible(url, start, end):
+        takes = getattr(backend, "takes", None)
+        if takes is None or not takes(url, start, end):
             return await run_on_asyncio(backend.read(url, start, end, piece), self._asyncio())
-        from refmount.fetch.fastget import HandOver
+        from refmount.fetch.http import HandOver
 
         started = time.monotonic()
         try:
-            return await fast.read(url, start, end, piece, started)
+            return await backend.read_direct(url, start, end, piece, started)
         except HandOver as e:
             failed = e.failure
         return await run_on_asyncio(backend.read(url, start, end, piece, started=started, failed=failed),
@@ -206,8 +203,6 @@ class Fetcher:
 
     async def aclose(self) -> None:
         self.local.close()
-        if self._fast_get is not None:
-            self._fast_get.close()
         if self._loop is not None:
             for backend in self._remotes.values():
                 await run_on_asyncio(backend.close(), self._loop)

@@ -1,23 +1,26 @@
-"""Ranged GETs received by the standard library's http.client in worker threads, straight into blocks.
+"""The stdlib HTTP engine: ranged GETs sent and received by http.client in a worker thread, straight
+into blocks.
 
-The aiohttp path copies each body several times (socket chunks, stream buffer, joined pieces) and
-runs Python per chunk on the asyncio thread. Here a worker thread sends the request on a kept-alive
+The trio task that needs a range hands one `Request` to a worker thread and is woken once, when the
+body is in (bridge.run_in_worker; no asyncio hop). The thread sends the request on a kept-alive
 connection, lets http.client read the status and headers, and receives the body itself, one piece
 per cache block, with the GIL released while the kernel copies it (kernel -> block, once), so the
 trio thread serves FUSE meanwhile:
-- plain http: one `recv(MSG_WAITALL)` per block, the socket in blocking mode (SO_RCVTIMEO bounds a
-  stall); the kernel fills a new bytes object. (`bytearray(n)` + `recv_into` zeroes the n bytes
-  first with the GIL held, faulting in every fresh page while the FUSE thread waits for the GIL:
-  0.14 s of a 320 MB scan; only the block that starts with the bytes http.client buffered with the
+- plain http: one `MSG_WAITALL` receive per block, the socket in blocking mode (SO_RCVTIMEO bounds a
+  stall): `recv_into` a buffer from `take` (a pool's reused block buffer) if given, else `recv`, where
+  the kernel fills a new bytes object. (`bytearray(n)` + `recv_into` would zero the n bytes first
+  with the GIL held, faulting in every fresh page while the FUSE thread waits for the GIL: 0.14 s
+  of a 320 MB scan; only the block that starts with the bytes http.client buffered with the
   headers still goes that way. And each segment received would take the GIL back.)
-- https: `readinto` fresh bytearrays (TLS hands over one record at a time anyway).
+- https: `readinto` buffers from `take`, or fresh bytearrays (TLS hands over one record at a time
+  anyway).
 
 Only the plain case is handled here: `accept` (the HTTP backend's checks) looks at the status and
 headers and says how many body bytes to read, raises for a refused answer (an encoded body, a wrong
-Content-Range), or returns None to hand the request back to the aiohttp path (redirects, a 200 from
-a server that ignores Range, chunked bodies). Retries, time limits and validator checks stay in the
-backend; `Request.abort` (on cancellation or timeout) shuts the socket, so the blocked thread
-returns at once. Nothing writes into a block once it is returned.
+Content-Range), or returns None to hand the request to the general client, aiohttp (redirects, a
+200 from a server that ignores Range, chunked bodies). Retries, time limits and validator checks
+stay in the backend; `Request.abort` (on cancellation or timeout) shuts the socket, so the blocked
+thread returns at once. Nothing writes into a block once it is returned.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ import time
 from refmount.fetch.pieces import piece_sizes
 
 
-# Seconds a kept-alive connection may sit idle and still be used (every path: this pool, the fast
-# path's, aiohttp's keepalive_timeout). Beyond it the connection is closed, not tried: a NAT or
+# Seconds a kept-alive connection may sit idle and still be used (both paths: this pool and aiohttp's
+# keepalive_timeout). Beyond it the connection is closed, not tried: a NAT or
 # firewall that dropped the idle flow without telling either end (AWS NAT 350 s, Azure 240 s) would
 # swallow the request, and the read would wait --stall-timeout before asking again. (Go's http
 # client keeps idle connections 90 s, nginx 75 s.)
@@ -122,8 +125,9 @@ class Origin:
 class Request:
     """One ranged GET; `run` blocks in a worker thread, `abort` may be called from any thread."""
 
-    def __init__(self, origin: Origin, target: str, headers: dict) -> None:
+    def __init__(self, origin: Origin, target: str, headers: dict, take=None) -> None:
         self.origin, self.target, self.headers = origin, target, headers
+        self.take = take  # take(n) -> a writable buffer of n bytes to receive a piece into; None: new bytes
         self._lock = threading.Lock()
         self._conn: http.client.HTTPConnection | None = None  # the connection in use
         self._sock: socket.socket | None = None  # its socket (http.client drops conn.sock on Connection: close)
@@ -150,9 +154,9 @@ class Request:
             if length is None:
                 return None
             if isinstance(self._sock, ssl.SSLSocket):
-                pieces = _readinto_body(resp, start, length, piece)
+                pieces = _readinto_body(resp, start, length, piece, self.take)
             else:
-                pieces = _recv_body(resp, self._sock, start, length, piece, self.origin.stall_timeout)
+                pieces = _recv_body(resp, self._sock, start, length, piece, self.origin.stall_timeout, self.take)
             with self._lock:
                 if not self._aborted and not resp.will_close:
                     self.origin.give_back(self._conn)
@@ -183,11 +187,12 @@ class Request:
 
 
 def _recv_body(resp: http.client.HTTPResponse, sock: socket.socket, start: int, length: int, piece: int,
-               stall_timeout: float) -> list:
+               stall_timeout: float, take=None) -> list:
     """The body as pieces (see Request.run), received straight from the socket in blocking mode, one
-    `MSG_WAITALL` receive per piece: into a new bytes object, or, for the piece that begins with what
-    http.client buffered with the headers, into a bytearray after those bytes (joining bytes objects
-    would hold that piece twice: 12-15 MiB more peak RSS with 64 streams of small parts)."""
+    `MSG_WAITALL` receive per piece: into a buffer from `take` if given, else into a new bytes
+    object, or, for the piece that begins with what http.client buffered with the headers, into a
+    bytearray after those bytes (joining bytes objects would hold that piece twice: 12-15 MiB more
+    peak RSS with 64 streams of small parts)."""
     head = resp.fp.read1(min(length, 8192))
     if not head:
         raise ShortBody(f"body ended after 0 of {length} bytes")
@@ -197,8 +202,8 @@ def _recv_body(resp: http.client.HTTPResponse, sock: socket.socket, start: int, 
     sock.settimeout(None)
     try:
         for size in piece_sizes(start, start + length, piece):
-            if head:
-                block = bytearray(size)
+            if head or take is not None:
+                block = bytearray(size) if take is None else take(size)
                 got = min(len(head), size)
                 block[:got] = head[:got]
                 head = head[got:]
@@ -263,10 +268,10 @@ def _timeval(seconds: float) -> bytes:
     return struct.pack("ll", int(whole), micro)
 
 
-def _readinto_body(resp: http.client.HTTPResponse, start: int, length: int, piece: int) -> list[bytearray]:
+def _readinto_body(resp: http.client.HTTPResponse, start: int, length: int, piece: int, take=None) -> list:
     pieces = []
     for size in piece_sizes(start, start + length, piece):
-        block = bytearray(size)
+        block = bytearray(size) if take is None else take(size)
         view = memoryview(block)
         got = 0
         while got < size:
