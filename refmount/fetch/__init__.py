@@ -4,6 +4,8 @@
 - http:// and https://  -> `HttpBackend`: with `http_client="stdlib"` (the default) the trio task hands
   each range to the stdlib engine (http.client in a worker thread, see direct.py), which takes plain
   206 answers and hands anything else to aiohttp on the asyncio loop thread (the general client);
+- s3:// and s3a://      -> an `HttpBackend` whose requests go to urls obstore presigns (s3.py), unless
+  `--remote-options` say something only s3fs can do;
 - anything else         -> `FsspecBackend` (fsspec's async filesystems, `--remote-options`).
 
 Callers are trio tasks; the asyncio side is reached through `run_on_asyncio`. A remote url whose
@@ -68,8 +70,8 @@ class Fetcher:
         proto = protocol_of(url)
         if proto == "file":
             return self.local
-        if proto == "https":
-            proto = "http"  # one backend, one connection pool
+        if proto in ("https", "s3a"):
+            proto = proto[:-1]  # one backend, one connection pool
         backend = self._remotes.get(proto)
         if backend is None:
             if proto == "http":
@@ -77,6 +79,8 @@ class Fetcher:
 
                 backend = HttpBackend(self.policy, self.stats, **self._http_options)
                 backend.pool = self.pool
+            elif proto == "s3" and (backend := self._s3_backend()) is not None:
+                pass
             else:
                 from refmount.fetch.fsspec_backend import FsspecBackend
 
@@ -84,14 +88,34 @@ class Fetcher:
             self._remotes[proto] = backend
         return backend
 
+    def _s3_backend(self):
+        """s3:// on the HTTP engine (s3.py), or None when the options need s3fs."""
+        from refmount.fetch.s3 import s3_backend
+
+        options = {k: v for k, v in self._http_options.items() if k not in ("headers", "ssl")}
+        backend = s3_backend(self.remote_options, self.policy, self.stats, **options)
+        if backend is not None:
+            backend.pool = self.pool
+        return backend
+
+    async def _signed(self, backend, url: str) -> None:
+        """A backend that signs its requests (s3) has the bucket of `url` ready (in a thread, once)."""
+        signer = getattr(backend, "signer", None)
+        if signer is not None:
+            await signer.ready(url)
+
     @staticmethod
     def import_backends(urls) -> None:
         """Import the code the remote backends for `urls` need. A mount does this in a thread while
         it comes up, and reports ready once they are in (see `warm_up`), rather than leave them to the
         first read (aiohttp takes 0.1 s)."""
         protocols = {protocol_of(url) for url in urls}
-        if protocols & {"http", "https"}:
+        if protocols & {"http", "https", "s3", "s3a"}:
             import refmount.fetch.http  # noqa: F401
+        if protocols & {"s3", "s3a"}:
+            import obstore.store  # noqa: F401
+
+            import refmount.fetch.s3  # noqa: F401
         if protocols - {"file", "http", "https"}:
             import refmount.fetch.fsspec_backend  # noqa: F401
 
@@ -121,6 +145,12 @@ class Fetcher:
             backend = self._backend("http://")
             first = next((url for url in urls if protocol_of(url) in ("http", "https")), None)
             await run_on_asyncio(backend.open(first), self._asyncio())
+        if remote & {"s3", "s3a"}:
+            first = next(url for url in urls if protocol_of(url) in ("s3", "s3a"))
+            backend = self._backend(first)
+            if getattr(backend, "signer", None) is not None:
+                await self._signed(backend, first)
+                await run_on_asyncio(backend.open(first), self._asyncio())
 
     @staticmethod
     def _import_remote(urls) -> set[str]:
@@ -148,6 +178,7 @@ class Fetcher:
         """A range the http backend's stdlib engine takes is fetched from here (the request in a
         worker thread, no asyncio hop); anything else, or anything unusual there, on the asyncio side,
         within the same --read-timeout."""
+        await self._signed(backend, url)
         takes = getattr(backend, "takes", None)
         if takes is None or not takes(url, start, end):
             return await run_on_asyncio(backend.read(url, start, end, piece), self._asyncio())
@@ -186,7 +217,12 @@ class Fetcher:
         backend = self._backend(url)
         if backend is self.local:
             return await trio.to_thread.run_sync(self.local.size, url, abandon_on_cancel=True)
-        return await self._remembering_failure(url, lambda: run_on_asyncio(backend.size(url), self._asyncio()))
+
+        async def size():
+            await self._signed(backend, url)
+            return await run_on_asyncio(backend.size(url), self._asyncio())
+
+        return await self._remembering_failure(url, size)
 
     async def identity(self, url: str) -> str | None:
         """A validator naming this version of a remote object (for the disk cache), or None when
@@ -194,6 +230,7 @@ class Fetcher:
         backend = self._backend(url)
         if backend is self.local:
             return None
+        await self._signed(backend, url)
         return await run_on_asyncio(backend.identity(url), self._asyncio())
 
     def validators(self, url: str) -> tuple[str | None, str | None]:

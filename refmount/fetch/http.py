@@ -24,6 +24,9 @@ one of the same size, or a server that lies in its validators.
 
 Redirects: same host only (unless allowed); never from https to http nor to another scheme; the
 user's headers (--remote-options "headers", e.g. Authorization) go only to the original origin.
+
+A backend with a `signer` (s3.py: s3:// objects) keys everything by the object's own url, and sends
+each request to the url `signer(url, method)` gives (a presigned one), which may change over time.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import trio
+from yarl import URL
 
 from refmount.errors import FetchError, RemoteChanged
 from refmount.fetch import direct
@@ -227,6 +231,7 @@ class HttpBackend:
         # Where the stdlib engine receives bodies: anything with take(nbytes) -> a writable buffer of
         # that size (a pool of block buffers); None: a new bytes object per piece.
         self.pool = None
+        self.signer = None  # signer(url, method) -> the url a request goes to (s3.py), or None: the url itself
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -248,8 +253,8 @@ class HttpBackend:
         route = self._routes.get(key)
         if route is None:
             route = self._routes[key] = _route_from_env(url)
-        if "auth" in route and any(name.lower() == "authorization" for name in headers):
-            return {k: v for k, v in route.items() if k != "auth"}  # the user's own header wins
+        if "auth" in route and (self.signer is not None or any(name.lower() == "authorization" for name in headers)):
+            return {k: v for k, v in route.items() if k != "auth"}  # a signed url, or the user's own header, wins
         return route
 
     async def open(self, first_url: str | None = None) -> None:
@@ -309,10 +314,13 @@ class HttpBackend:
         to another scheme or from https down to http, and the user's headers only to the original
         scheme and host."""
         session = self._session_now()
+        if self.signer is not None:
+            url = self.signer(url, method)
         origin = _origin(url)
         for _ in range(_MAX_REDIRECTS + 1):
             sent = {**(self.headers if _origin(url) == origin else {}), **headers, "Accept-Encoding": "identity"}
-            resp = await session.request(method, url, headers=sent, allow_redirects=False, **self._route(url, sent))
+            where = url if self.signer is None else URL(url, encoded=True)  # (as signed, not re-quoted)
+            resp = await session.request(method, where, headers=sent, allow_redirects=False, **self._route(url, sent))
             if resp.status not in _REDIRECTS:
                 return resp
             target = urljoin(url, resp.headers.get("Location", ""))
@@ -499,19 +507,21 @@ class HttpBackend:
     def _direct_target(self, url: str) -> tuple | None:
         """(origin's connection pool, request target, extra headers) for the direct path, or None when
         the url must go through aiohttp: a proxy, credentials in the url, or an answer that was
-        not a plain 206 before. Worked out once per url."""
+        not a plain 206 before. Worked out once per url (the request target anew, with a signer)."""
         if url in self._direct_targets:
-            return self._direct_targets[url]
-        from yarl import URL
-
+            target = self._direct_targets[url]
+            if target is None or self.signer is None:
+                return target
+            return target[0], URL(self.signer(url, "GET"), encoded=True).raw_path_qs, target[2]
         target = None
-        parsed = URL(url)
+        wire = url if self.signer is None else self.signer(url, "GET")
+        parsed = URL(wire, encoded=self.signer is not None)
         extra = {}
-        route = self._route(url, self.headers)
+        route = self._route(wire, self.headers)
         if parsed.scheme in ("http", "https") and parsed.host and parsed.user is None and set(route) <= {"auth"}:
             if "auth" in route:
                 extra["Authorization"] = route["auth"].encode()
-            key = _origin(url)
+            key = _origin(wire)
             origin = self._origins.get(key)
             if origin is None:  # setdefault: the asyncio thread may work this out at the same time
                 context = self.ssl if isinstance(self.ssl, ssl.SSLContext) else None if self.ssl else _unverified()
