@@ -113,8 +113,6 @@ class Fetcher:
         if protocols & {"http", "https", "s3", "s3a"}:
             import refmount.fetch.http  # noqa: F401
         if protocols & {"s3", "s3a"}:
-            import obstore.store  # noqa: F401
-
             import refmount.fetch.s3  # noqa: F401
         if protocols - {"file", "http", "https"}:
             import refmount.fetch.fsspec_backend  # noqa: F401

@@ -7,8 +7,8 @@ Host header signed), through the same HttpBackend as http(s) targets: the stdlib
 same-host only, one-line errors, --read-timeout and --stall-timeout, the retry policy), and bodies
 land in the block buffers the engine is given. obstore is used for what it does well here: the
 credential chain and the signature. Its own GET is not used: it follows redirects to any host,
-takes that host's bytes, and forwards X-Amz-Security-Token there (tests/test_s3.py shows it), and
-it allocates a buffer per request that no pool of ours can replace.
+takes that host's bytes, and forwards X-Amz-Security-Token there (docs-notes/26.md), and it
+allocates a buffer per request that no pool of ours can replace.
 
 `--remote-options` are s3fs's; `engine_config` maps those it can (key, secret, token, anon,
 endpoint_url, client_kwargs.region_name / endpoint_url / verify, config_kwargs.s3.addressing_style,
@@ -230,6 +230,13 @@ def s3_backend(options: dict, policy, stats, *, connections_per_host: int, allow
         log.info("s3:// targets go through s3fs: --remote-options %s has no equivalent on refmount's engine",
                  refused)
         return None
+    if not config["anon"]:
+        try:
+            import obstore.store  # noqa: F401
+        except ImportError:
+            log.info("s3:// targets go through s3fs: obstore (which signs requests for refmount's engine) is "
+                     "not installed")
+            return None
     from refmount.fetch.http import HttpBackend
 
     context = ssl_for(config)
