@@ -29,7 +29,8 @@ adds rows comparing the two ("today's code").
 
 Each refmount mount is fresh (cold block cache) and every timed run starts after drop_caches, except the
 cache-hit measurements, whose point is a warm refmount. Each measurement runs 3 times (contenders
-interleaved within a run) and the table shows medians; a ratio is the median of the runs' own ratios
+interleaved within a run, in an order that rotates from run to run for sequential and chunks) and the
+table shows medians; a ratio is the median of the runs' own ratios
 (paired: both sides of a pair ran moments apart); --quick runs once on smaller files (< 3 min).
 Prints one markdown table, writes PREFIX.json and draws PREFIX.png (default bench/out/speed) from the same
 rows. MB = 10**6 bytes (as dd and curl count); peak RSS is the daemon's VmHWM in MiB.
@@ -518,6 +519,13 @@ class Context:
     def mount(self, refs: str, *options: str, code: Path | None = None):
         return refmount_mounted(self.refs[refs], self.run_dir / "mnt-refmount", [*options, *self.options], code)
 
+    def in_turn(self, contenders: dict) -> dict:
+        """Run each contender once, {name: its result}, in an order that rotates from call to call."""
+        names = list(contenders)
+        self.turn = getattr(self, "turn", -1) + 1
+        shift = self.turn % len(names)
+        return {name: contenders[name]() for name in names[shift:] + names[:shift]}
+
     def paired(self, name: str, who: str, other: str, metric: str, other_metric: str | None = None) -> float:
         """The median over the runs of measurement `name` of who[metric] / other[other_metric]."""
         return statistics.median(r[who][metric] / r[other][other_metric or metric] for r in self.raw[name])
@@ -551,10 +559,9 @@ def measure_sequential(ctx: Context) -> list[Row]:
             return {"mbps": cold_dd(m.path / "big", size), "peak_rss_mib": m.peak_rss_mib()}
 
     def one_run() -> dict:
-        out = {"refmount": refmount_run(), "rclone": rclone_run(), "curl": probe_curl(ctx.base_url + "big.bin", size)}
-        if ctx.baseline:
-            out["baseline"] = baseline_run()
-        return out
+        return ctx.in_turn({"refmount": refmount_run, "rclone": rclone_run,
+                            "curl": lambda: probe_curl(ctx.base_url + "big.bin", size),
+                            **({"baseline": baseline_run} if ctx.baseline else {})})
 
     med = ctx.repeat("sequential", one_run)
     ours, name = med["refmount"], f"cold sequential read, {size / MB:.0f} MB file (dd bs=1M)"
@@ -593,10 +600,8 @@ def measure_chunks(ctx: Context) -> list[Row]:
         return {"mbps": nbytes / result["seconds"] / MB, "peak_rss_mib": result["peak_rss_mib"]}
 
     def one_run() -> dict:
-        out = {"refmount": refmount_run(), "fsspec": fsspec_run()}
-        if ctx.baseline:
-            out["baseline"] = refmount_run(ctx.baseline)
-        return out
+        return ctx.in_turn({"refmount": refmount_run, "fsspec": fsspec_run,
+                            **({"baseline": lambda: refmount_run(ctx.baseline)} if ctx.baseline else {})})
 
     med = ctx.repeat("chunks", one_run)
     name = f"all {len(chunks)} chunk files ({nbytes / MB:.0f} MB), 4 parallel cat"
@@ -627,11 +632,14 @@ def measure_memory(ctx: Context) -> list[Row]:
         shutil.rmtree(disk_dir, ignore_errors=True)
         cached = ["--view", "raw", "--cache-size", "1G", "--cache-dir", str(disk_dir)]
         out = {}
-        if ctx.baseline:  # the same re-read from memory, with and without a disk cache behind it
-            with ctx.mount("big", "--view", "raw", "--cache-size", "1G") as m:
-                cold_dd(m.path / "big", size)
-                out["memory_only"] = {"reread_mbps": cold_dd(m.path / "big", size)}
-            out["baseline"] = baseline_reread()
+        if ctx.baseline:  # the same re-read from memory, without a disk cache behind it, in turn with the baseline's
+
+            def memory_only() -> dict:
+                with ctx.mount("big", "--view", "raw", "--cache-size", "1G") as m:
+                    cold_dd(m.path / "big", size)
+                    return {"reread_mbps": cold_dd(m.path / "big", size)}
+
+            out = ctx.in_turn({"memory_only": memory_only, "baseline": baseline_reread})
         with ctx.mount("big", *cached) as m:
             first = cold_dd(m.path / "big", size)
             requests_before = m.remote_requests()
