@@ -76,6 +76,8 @@ def engine_config(options: dict) -> tuple[dict | None, str | None]:
                     return None, f"config_kwargs.{inner}"
         else:
             return None, name
+    if config.get("virtual") and "endpoint_url" in config:  # (botocore puts the bucket into the endpoint's host)
+        return None, "config_kwargs.s3.addressing_style virtual with endpoint_url"
     if ("key" in config) != ("secret" in config):
         return None, "key without secret" if "key" in config else "secret without key"
     if options.get("ssl") is False:
@@ -242,7 +244,7 @@ def s3_backend(options: dict, policy, stats, *, connections_per_host: int, allow
     context = ssl_for(config)
     backend = HttpBackend(policy, stats, connections_per_host=connections_per_host,
                           allow_cross_host_redirects=allow_cross_host_redirects, headers=None,
-                          verify_remote=verify_remote, ssl=context if context is not False else False, client=client)
+                          verify_remote=verify_remote, ssl=context, client=client)
     backend.signer = S3Signer(config, context if context is not False else None, policy.connect_timeout)
     return backend
 
