@@ -1,11 +1,12 @@
 """HTTP engines for the bulk data path, FUSE-free: CPU seconds per GB and MB/s against curl (issue 26).
 
     python bench/bench_engines.py [--mb 256] [--sizes 1,4,8] [--parallel 1,4] [--rounds 3]
-        [--engines direct,aiohttp,obstore-thread,...] [--cache-mb 0] [--latency N]
+        [--engines direct,aiohttp,obstore-thread,...] [--cache-mb 0] [--latency N] [--baseline TREE]
 
 Needs nginx (Debian's nginx-light); obstore (pip) and pycurl (pip 7.49.0 or Debian python3-pycurl) for
 their engines. --latency N measures N random 64 KiB ranges one at a time instead (p50/p90, CPU per
-request; the "direct" engine then takes refmount's fast path, fastget.py).
+request). --baseline TREE adds the engine "direct-baseline": "direct" with refmount's code from TREE
+(another commit's checkout; before issue 26 small ranges took fastget.py there).
 
 Serves a random file from tmpfs through a loopback nginx (bench_speed.py's configuration) and fetches
 all of it as ranges of each size (MiB), `parallel` ranges in flight, from trio tasks (as the daemon's
@@ -16,7 +17,8 @@ a round (the order rotates), and the table shows medians over rounds. CPU is the
 and the code imported before. Every block is compared with the file afterwards (kept blocks only).
 
 Engines (each returns a range as 1 MiB pieces that the cache keeps):
-- direct          refmount.fetch.Fetcher, http_client="stdlib" (http.client in worker threads, >= 512 KiB)
+- direct          refmount.fetch.Fetcher, http_client="stdlib" (the stdlib engine: http.client in a worker
+                  thread per request, woken once on trio; phase 1 measured the asyncio-hop version)
 - aiohttp         refmount.fetch.Fetcher, http_client="aiohttp"
 - obstore-thread  obstore.get_range (sync; the GIL released while tokio fetches) in trio worker threads
 - obstore-asyncio obstore.get_range_async on an asyncio loop thread, bridged as refmount does today
@@ -654,12 +656,21 @@ def curl_run(url: str, size: int, range_mib: int, par: int, run_dir: Path) -> di
             "minflt": after.ru_minflt - before.ru_minflt, "threads": {}}
 
 
+BASELINE: Path | None = None  # --baseline: the "direct-baseline" engine runs refmount's code from this tree
+
+
 def run_child(engine: str, url: str, size: int, range_mib: int, par: int, file: Path, cache_mb: int,
               latency: int = 0) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--child", engine, "--url", url, "--size", str(size),
+    env = None
+    if engine == "direct-baseline":
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BASELINE), os.environ.get("PYTHONPATH", "")])}
+        engine_arg = "direct"
+    else:
+        engine_arg = engine
+    done = subprocess.run([sys.executable, __file__, "--child", engine_arg, "--url", url, "--size", str(size),
                            "--range-mib", str(range_mib), "--par", str(par), "--file", str(file),
                            "--cache-mb", str(cache_mb), "--latency", str(latency)],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"{engine} {range_mib} MiB x{par}: {done.stderr.strip()[-1500:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -677,6 +688,8 @@ def main() -> int:
     p.add_argument("--tls", action="store_true", help="https (a private CA; not for recvinto)")
     p.add_argument("--latency", type=int, default=0,
                    help="instead: this many random 64 KiB ranges one at a time (p50/p90 ms, CPU per request)")
+    p.add_argument("--baseline", type=Path, metavar="TREE",
+                   help="adds the engine 'direct-baseline': refmount's Fetcher from another commit's checkout")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
     p.add_argument("--size", type=int, help=argparse.SUPPRESS)
@@ -691,7 +704,11 @@ def main() -> int:
     sys.path.insert(0, str(HERE))
     import bench_speed as bs
 
+    global BASELINE
+    BASELINE = args.baseline
     engines = args.engines.split(",")
+    if args.baseline and "direct-baseline" not in engines:
+        engines.append("direct-baseline")
     sizes = [int(s) for s in args.sizes.split(",")]
     pars = [int(s) for s in args.parallel.split(",")]
     size = args.mb << 20

@@ -1,6 +1,7 @@
 """S3 over loopback: refmount's S3 path (s3fs), s3fs in-process, obstore's S3Store and parallel curl.
 
     python bench/bench_s3.py [--mb 256] [--range-mib 8] [--parallel 8] [--rounds 3] [--no-mount]
+        [--baseline TREE]
 
 moto is far too slow to be the limit; here a loopback nginx serves a bucket's objects under
 /bucket/key, which answers the calls a reader makes (HeadObject, GetObject with Range; path-style
@@ -10,11 +11,12 @@ are kept (a cold cache fill), and compared with the object afterwards. Contender
 process, alternating within a round (the order rotates); medians and medians of paired ratios:
 - curl            the same ranges from a --parallel config file to /dev/null (the wire)
 - s3fs            s3fs in-process, pure asyncio (`_cat_file` per range, a semaphore of --parallel)
-- refmount-fetch  refmount.fetch.Fetcher with an s3:// url (FsspecBackend: s3fs on fsspec's loop,
-                  bridged to trio), as the daemon fetches
+- refmount-fetch  refmount.fetch.Fetcher with an s3:// url, as the daemon fetches (since issue 26:
+                  urls presigned by obstore on refmount's HTTP engine; before: s3fs on fsspec's loop)
 - obstore         obstore S3Store, get_range_async resolved on the trio loop (bench_engines.trio_shim)
 - mount           `refmount mount` of a whole-object s3:// reference, cold `dd bs=1M` (daemon CPU
                   from /proc; FUSE included; needs root). --no-mount skips it.
+- mount-baseline  the same with refmount's code from --baseline TREE (another commit's checkout)
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ def child(args) -> dict:
     return result
 
 
-def mount_run(endpoint: str, size: int, run_dir: Path, par: int) -> dict:
+def mount_run(endpoint: str, size: int, run_dir: Path, par: int, code: Path | None = None) -> dict:
     """A cold `dd` through `refmount mount` of the s3:// object: daemon CPU, dd's MB/s."""
     import bench_speed as bs
     from bench_wan import dd_bytes, proc_minflt, timed
@@ -153,7 +155,8 @@ def mount_run(endpoint: str, size: int, run_dir: Path, par: int) -> dict:
     refs = run_dir / "s3.json"
     refs.write_text(json.dumps({"big": ["s3://bucket/big.bin"]}))
     with bs.refmount_mounted(refs, run_dir / "mnt-s3", ["--view", "raw", "--connections", str(par),
-                                                         "--remote-options", json.dumps(s3_options(endpoint))]) as m:
+                                                         "--remote-options", json.dumps(s3_options(endpoint))],
+                            code) as m:
         bs.drop_caches()
         faults = proc_minflt(m.pid)
         seconds, cpu, out = timed(f"dd if={m.path / 'big'} of=/dev/null bs=1M", lambda: m.pid)
@@ -180,6 +183,7 @@ def main() -> int:
     p.add_argument("--contenders", default=",".join(CONTENDERS))
     p.add_argument("--no-mount", action="store_true")
     p.add_argument("--json", type=Path)
+    p.add_argument("--baseline", type=Path, metavar="TREE", help="also mount with refmount's code from TREE")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--endpoint", help=argparse.SUPPRESS)
     p.add_argument("--size", type=int, help=argparse.SUPPRESS)
@@ -193,6 +197,8 @@ def main() -> int:
     import bench_speed as bs
 
     names = [c for c in args.contenders.split(",") if not (args.no_mount and c == "mount")]
+    if args.baseline and not args.no_mount:
+        names.append("mount-baseline")
     size = args.mb << 20
     results = collections.defaultdict(list)
     load = [os.getloadavg()[0]]
@@ -212,8 +218,8 @@ def main() -> int:
             for name in order:
                 if name == "curl":
                     r = be.curl_run(f"{endpoint}/bucket/big.bin", size, args.range_mib, args.parallel, run_dir)
-                elif name == "mount":
-                    r = mount_run(endpoint, size, run_dir, args.parallel)
+                elif name in ("mount", "mount-baseline"):
+                    r = mount_run(endpoint, size, run_dir, args.parallel, args.baseline if name != "mount" else None)
                 else:
                     r = run_child(name, endpoint, size, args.range_mib, args.parallel, obj)
                 r.update(contender=name, round=rnd)

@@ -2,7 +2,7 @@
 
     bench/run-speed.sh [--quick]                      # installs nginx-light/rclone/matplotlib if missing
     /tmp/v/bin/python bench/bench_speed.py [--quick] [--only NAME[,NAME]] [--runs N]
-        [--refmount-options='--block-size 4M'] [--out PREFIX] [--workdir DIR]
+        [--refmount-options='--block-size 4M'] [--out PREFIX] [--workdir DIR] [--baseline TREE]
 
 NAME is one of: sequential, chunks, memory, cold_random, ncdump. Needs root (FUSE mounts and
 `echo 3 > /proc/sys/vm/drop_caches`). Everything is served by a loopback nginx that this script starts
@@ -23,9 +23,15 @@ side (the FUSE mounts), never the server's copy; inputs are generated once under
 5. ncdump: `ncdump 'file://DIR#mode=zarr,file' > /dev/null` of a zlib-compressed netCDF-4 file through
    `refmount mount` (default --view decoded) against a local copy of that decoded tree (`cp -r`).
 
+--baseline TREE also mounts refmount's code from TREE (a checkout of another commit, put first on the
+daemon's PYTHONPATH) for sequential, chunks and memory, alternating with this code in every run, and
+adds rows comparing the two ("today's code").
+
 Each refmount mount is fresh (cold block cache) and every timed run starts after drop_caches, except the
 cache-hit measurements, whose point is a warm refmount. Each measurement runs 3 times (contenders
-interleaved within a run) and the table shows medians; --quick runs once on smaller files (< 3 min).
+interleaved within a run, in an order that rotates from run to run for sequential and chunks) and the
+table shows medians; a ratio is the median of the runs' own ratios
+(paired: both sides of a pair ran moments apart); --quick runs once on smaller files (< 3 min).
 Prints one markdown table, writes PREFIX.json and draws PREFIX.png (default bench/out/speed) from the same
 rows. MB = 10**6 bytes (as dd and curl count); peak RSS is the daemon's VmHWM in MiB.
 """
@@ -298,10 +304,14 @@ def unmount_if_mounted(path: Path) -> None:
 
 
 @contextmanager
-def refmount_mounted(refs: Path, mnt: Path, options: list[str]):
+def refmount_mounted(refs: Path, mnt: Path, options: list[str], code: Path | None = None):
+    """A mount of `refs` (with refmount's code from the tree `code`, if given)."""
     mnt.mkdir(exist_ok=True)
     unmount_if_mounted(mnt)
-    done = subprocess.run([REFMOUNT, "mount", *options, str(refs), str(mnt)], capture_output=True, text=True)
+    env = None
+    if code is not None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([REFMOUNT, "mount", *options, str(refs), str(mnt)], capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"refmount mount {' '.join(options)} failed: {done.stderr.strip()}")
     pid = int(os.getxattr(mnt, "user.refmount.pid"))
@@ -453,9 +463,12 @@ class Row:
     peak_rss_mib: float | None = None
     note: str = ""
     compared_peak_rss_mib: float | None = None
+    paired_ratio: float | None = None  # median of the runs' own ratios, where both were measured in each run
 
     @property
     def ratio(self) -> float | None:
+        if self.paired_ratio is not None:
+            return self.paired_ratio
         if self.refmount is None or not self.compared:
             return None
         return self.refmount / self.compared
@@ -501,9 +514,21 @@ class Context:
     refs: dict[str, Path]  # "big", "chunks", "zlib" -> reference set path
     options: list[str]  # extra refmount mount options (--refmount-options)
     raw: dict = field(default_factory=dict)
+    baseline: Path | None = None  # refmount's code to compare with (--baseline)
 
-    def mount(self, refs: str, *options: str):
-        return refmount_mounted(self.refs[refs], self.run_dir / "mnt-refmount", [*options, *self.options])
+    def mount(self, refs: str, *options: str, code: Path | None = None):
+        return refmount_mounted(self.refs[refs], self.run_dir / "mnt-refmount", [*options, *self.options], code)
+
+    def in_turn(self, contenders: dict) -> dict:
+        """Run each contender once, {name: its result}, in an order that rotates from call to call."""
+        names = list(contenders)
+        self.turn = getattr(self, "turn", -1) + 1
+        shift = self.turn % len(names)
+        return {name: contenders[name]() for name in names[shift:] + names[:shift]}
+
+    def paired(self, name: str, who: str, other: str, metric: str, other_metric: str | None = None) -> float:
+        """The median over the runs of measurement `name` of who[metric] / other[other_metric]."""
+        return statistics.median(r[who][metric] / r[other][other_metric or metric] for r in self.raw[name])
 
     def repeat(self, name: str, one_run) -> dict:
         """Run `one_run()` (-> {contender: {metric: value}}) `runs` times; keep every run, return medians."""
@@ -529,13 +554,29 @@ def measure_sequential(ctx: Context) -> list[Row]:
         with rclone_mounted(ctx.base_url, ctx.run_dir / "mnt-rclone", "big.bin", ctx.run_dir / "rclone.log") as mnt:
             return {"mbps": cold_dd(mnt / "big.bin", size)}
 
-    med = ctx.repeat("sequential", lambda: {"refmount": refmount_run(), "rclone": rclone_run(),
-                                            "curl": probe_curl(ctx.base_url + "big.bin", size)})
+    def baseline_run() -> dict:
+        with ctx.mount("big", "--view", "raw", code=ctx.baseline) as m:
+            return {"mbps": cold_dd(m.path / "big", size), "peak_rss_mib": m.peak_rss_mib()}
+
+    def one_run() -> dict:
+        return ctx.in_turn({"refmount": refmount_run, "rclone": rclone_run,
+                            "curl": lambda: probe_curl(ctx.base_url + "big.bin", size),
+                            **({"baseline": baseline_run} if ctx.baseline else {})})
+
+    med = ctx.repeat("sequential", one_run)
     ours, name = med["refmount"], f"cold sequential read, {size / MB:.0f} MB file (dd bs=1M)"
-    return [Row("throughput", name, "seq. cold\nvs rclone", "MB/s", ours["mbps"], "rclone mount", med["rclone"]["mbps"],
-                Target("ratio", ">=", 1.5), ours["peak_rss_mib"]),
+    rows = [Row("throughput", name, "seq. cold\nvs rclone", "MB/s", ours["mbps"], "rclone mount", med["rclone"]["mbps"],
+                Target("ratio", ">=", 1.5), ours["peak_rss_mib"],
+                paired_ratio=ctx.paired("sequential", "refmount", "rclone", "mbps")),
             Row("throughput", name, "seq. cold\nvs curl", "MB/s", ours["mbps"], "curl", med["curl"]["mbps"],
-                Target("ratio", ">=", 0.7), ours["peak_rss_mib"])]
+                Target("ratio", ">=", 0.7), ours["peak_rss_mib"],
+                paired_ratio=ctx.paired("sequential", "refmount", "curl", "mbps"))]
+    if ctx.baseline:
+        rows.append(Row("throughput", name, "seq. cold\nvs baseline", "MB/s", ours["mbps"], "baseline code",
+                        med["baseline"]["mbps"], None, ours["peak_rss_mib"],
+                        compared_peak_rss_mib=med["baseline"]["peak_rss_mib"],
+                        paired_ratio=ctx.paired("sequential", "refmount", "baseline", "mbps")))
+    return rows
 
 
 def measure_chunks(ctx: Context) -> list[Row]:
@@ -543,8 +584,8 @@ def measure_chunks(ctx: Context) -> list[Row]:
     chunks = chunk_keys(refs)
     nbytes = sum(chunks.values())
 
-    def refmount_run() -> dict:
-        with ctx.mount("chunks", "--view", "raw") as m:
+    def refmount_run(code: Path | None = None) -> dict:
+        with ctx.mount("chunks", "--view", "raw", code=code) as m:
             drop_caches()
             _, seconds = timed_run(f"find {shlex.quote(str(m.path))} -type f ! -name '.*' -print0 "
                                    "| xargs -0 -P4 -n 50 cat > /dev/null")
@@ -558,11 +599,22 @@ def measure_chunks(ctx: Context) -> list[Row]:
             raise RuntimeError(f"fsspec read {result['bytes']} bytes, expected {nbytes}")
         return {"mbps": nbytes / result["seconds"] / MB, "peak_rss_mib": result["peak_rss_mib"]}
 
-    med = ctx.repeat("chunks", lambda: {"refmount": refmount_run(), "fsspec": fsspec_run()})
+    def one_run() -> dict:
+        return ctx.in_turn({"refmount": refmount_run, "fsspec": fsspec_run,
+                            **({"baseline": lambda: refmount_run(ctx.baseline)} if ctx.baseline else {})})
+
+    med = ctx.repeat("chunks", one_run)
     name = f"all {len(chunks)} chunk files ({nbytes / MB:.0f} MB), 4 parallel cat"
-    return [Row("throughput", name, f"{len(chunks)} chunks\nvs fsspec", "MB/s", med["refmount"]["mbps"],
+    rows = [Row("throughput", name, f"{len(chunks)} chunks\nvs fsspec", "MB/s", med["refmount"]["mbps"],
                 "fsspec cat", med["fsspec"]["mbps"], Target("ratio", ">=", 3), med["refmount"]["peak_rss_mib"],
-                compared_peak_rss_mib=med["fsspec"]["peak_rss_mib"])]
+                compared_peak_rss_mib=med["fsspec"]["peak_rss_mib"],
+                paired_ratio=ctx.paired("chunks", "refmount", "fsspec", "mbps"))]
+    if ctx.baseline:
+        rows.append(Row("throughput", name, f"{len(chunks)} chunks\nvs baseline", "MB/s", med["refmount"]["mbps"],
+                        "baseline code", med["baseline"]["mbps"], None, med["refmount"]["peak_rss_mib"],
+                        compared_peak_rss_mib=med["baseline"]["peak_rss_mib"],
+                        paired_ratio=ctx.paired("chunks", "refmount", "baseline", "mbps")))
+    return rows
 
 
 def measure_memory(ctx: Context) -> list[Row]:
@@ -571,9 +623,23 @@ def measure_memory(ctx: Context) -> list[Row]:
     plan = random_plan(size, ctx.sizes["hit_reads"], seed=3, slotted=False)
     disk_dir = ctx.run_dir / "disk-cache"
 
+    def baseline_reread() -> dict:
+        with ctx.mount("big", "--view", "raw", "--cache-size", "1G", code=ctx.baseline) as m:
+            cold_dd(m.path / "big", size)
+            return {"reread_mbps": cold_dd(m.path / "big", size)}
+
     def one_run() -> dict:
         shutil.rmtree(disk_dir, ignore_errors=True)
         cached = ["--view", "raw", "--cache-size", "1G", "--cache-dir", str(disk_dir)]
+        out = {}
+        if ctx.baseline:  # the same re-read from memory, without a disk cache behind it, in turn with the baseline's
+
+            def memory_only() -> dict:
+                with ctx.mount("big", "--view", "raw", "--cache-size", "1G") as m:
+                    cold_dd(m.path / "big", size)
+                    return {"reread_mbps": cold_dd(m.path / "big", size)}
+
+            out = ctx.in_turn({"memory_only": memory_only, "baseline": baseline_reread})
         with ctx.mount("big", *cached) as m:
             first = cold_dd(m.path / "big", size)
             requests_before = m.remote_requests()
@@ -589,7 +655,7 @@ def measure_memory(ctx: Context) -> list[Row]:
             hits["remote_gets_from_disk"] = m.stats()["fetch"]["requests"] - 1  # minus the validator HEAD
         drop_caches()  # the disk's own limit: the same block files read cold by cat
         _, seconds = timed_run(f"find {shlex.quote(str(disk_dir))} -type f -name '[0-9]*' -print0 | xargs -0 cat > /dev/null")
-        return {"refmount": hits, "disk": {"cat_mbps": size / seconds / MB}}
+        return {"refmount": hits, "disk": {"cat_mbps": size / seconds / MB}, **out}
 
     med = ctx.repeat("memory", one_run)
     ours = med["refmount"]
@@ -609,7 +675,11 @@ def measure_memory(ctx: Context) -> list[Row]:
                 "MB/s", ours["disk_reread_mbps"], "cat of the cache files", med["disk"]["cat_mbps"]),
             Row("latency", f"{reads}: p50", "hit p50", "ms", ours["hit_p50_ms"], peak_rss_mib=rss, note=note),
             Row("latency", f"{reads}: p99", "hit p99", "ms", ours["hit_p99_ms"], target=Target("refmount", "<=", 2),
-                peak_rss_mib=rss, note=note)]
+                peak_rss_mib=rss, note=note)] + ([
+            Row("throughput", f"re-read {size / MB:.0f} MB after drop_caches from memory (--cache-size 1G, no "
+                "--cache-dir) against the baseline code", "re-read\nvs baseline", "MB/s",
+                med["memory_only"]["reread_mbps"], "baseline code", med["baseline"]["reread_mbps"],
+                paired_ratio=ctx.paired("memory", "memory_only", "baseline", "reread_mbps"))] if ctx.baseline else [])
 
 
 def measure_cold_random(ctx: Context) -> list[Row]:
@@ -756,6 +826,8 @@ def parse_args(argv):
     p.add_argument("--serve-dir", type=Path, help="tmpfs dir for the served copies (default: new under /dev/shm)")
     p.add_argument("--out", type=Path, default=OUT, help="output prefix: PREFIX.json and PREFIX.png")
     p.add_argument("--replot", action="store_true", help="only redraw PREFIX.png from an existing PREFIX.json")
+    p.add_argument("--baseline", type=Path, metavar="TREE",
+                   help="also mount refmount's code from TREE (another commit's checkout), alternating, and compare")
     args = p.parse_args(argv)
     args.names = args.only.split(",") if args.only else list(MEASUREMENTS)
     unknown = [n for n in args.names if n not in MEASUREMENTS]
@@ -799,6 +871,7 @@ def replot(prefix: Path) -> None:
     rows = []
     for r in saved["rows"]:
         fields = {k: v for k, v in r.items() if k not in ("ratio", "passed")}
+        fields.setdefault("paired_ratio", None)
         fields["target"] = Target(**fields["target"]) if fields["target"] else None
         rows.append(Row(**fields))
     chart(rows, saved["machine"], saved["runs"], prefix.with_suffix(".png"))
@@ -826,7 +899,7 @@ def main(argv=None) -> int:
         base_url = stack.enter_context(nginx_serving(serve, run_dir))
         log(f"nginx serving {serve} at {base_url}")
         ctx = Context(runs, sizes, inputs, run_dir, base_url, write_refs(inputs, base_url, run_dir),
-                      shlex.split(args.refmount_options))
+                      shlex.split(args.refmount_options), baseline=args.baseline)
         for name in args.names:
             rows += MEASUREMENTS[name](ctx)
         raw = ctx.raw

@@ -1,6 +1,6 @@
 """WAN benchmark: refmount against rclone mount, fsspec and curl over an emulated link (issue 13).
 
-    bench/bench_wan.sh [--quick] [--rtt 0,2,20,80] [--runs N] [--refmount-options='...']
+    bench/bench_wan.sh [--quick] [--rtt 0,2,20,80] [--runs N] [--refmount-options='...'] [--baseline TREE]
 
 Needs root. Builds its own network namespace and veth pair (addresses only inside one /30 of its own),
 adds `tc netem delay RTT/2 rate 1gbit` on both ends, and serves a random file and a kerchunked,
@@ -13,6 +13,9 @@ started INSIDE the namespace. From the host, at each RTT, with the contenders al
 - rclone dd: `rclone mount :http:` (no VFS cache), cold `dd bs=1M`;
 - fsspec cat: ReferenceFileSystem.cat of all chunk keys in one call (batched), fresh process;
 - curl x1 and curl x8 (8 parallel ranged requests of eighths of the file).
+
+With --baseline TREE, "baseline dd", "baseline chunks" and "baseline 4 readers" run the same as the
+refmount ones with refmount's code from TREE (another commit's checkout), in turn with the others.
 
 Prints, per RTT, MB/s median (min-max), CPU-s per GB (the daemon's, or the client processes') and the
 ratio to curl x8, and logs each refmount run's request count, mean request size and per-host pacing.
@@ -220,10 +223,12 @@ def note_requests(m) -> None:
 
 class Bench:
     def __init__(self, url: str, run_dir: Path, refs: dict[str, Path], big_size: int, chunks: list[str],
-                 chunk_bytes: int, options: list[str]) -> None:
+                 chunk_bytes: int, options: list[str], baseline: Path | None = None) -> None:
         self.url, self.run_dir, self.refs = url, run_dir, refs
         self.big_size, self.chunks, self.chunk_bytes = big_size, chunks, chunk_bytes
         self.options = options
+        self.baseline = baseline  # refmount's code for the "baseline ..." contenders
+        self.code: Path | None = None  # the code the next mount runs (None: this checkout's)
 
     def result(self, nbytes: int, seconds: float, cpu: float, expect: int) -> dict:
         if nbytes != expect:
@@ -231,7 +236,15 @@ class Bench:
         return {"mbps": nbytes / seconds / MB, "cpu_s_per_gb": cpu / (nbytes / 1e9)}
 
     def mounted(self, refs: str):
-        return bs.refmount_mounted(self.refs[refs], self.run_dir / "mnt-refmount", ["--view", "raw", *self.options])
+        return bs.refmount_mounted(self.refs[refs], self.run_dir / "mnt-refmount", ["--view", "raw", *self.options],
+                                   self.code)
+
+    def with_baseline(self, method: str) -> dict:
+        self.code = self.baseline
+        try:
+            return getattr(self, method)()
+        finally:
+            self.code = None
 
     def refmount_dd(self) -> dict:
         with self.mounted("big") as m:
@@ -353,7 +366,11 @@ CONTENDERS = {"refmount dd": "refmount_dd", "refmount chunks": "refmount_chunks"
 
 def measure(bench: Bench, runs: int, deadline: float, only: list[str] | None = None) -> dict[str, list[dict]]:
     """Every contender `runs` times, the order rotated each run (alternating, so drift hits all)."""
-    names = [n for n in CONTENDERS if not only or n in only]
+    contenders = dict(CONTENDERS)
+    if bench.baseline:
+        contenders.update({name.replace("refmount", "baseline"): method for name, method in CONTENDERS.items()
+                           if name.startswith("refmount")})
+    names = [n for n in contenders if not only or n in only]
     results: dict[str, list[dict]] = {name: [] for name in names}
     for r in range(runs):
         for name in names[r % len(names):] + names[: r % len(names)]:
@@ -361,7 +378,10 @@ def measure(bench: Bench, runs: int, deadline: float, only: list[str] | None = N
                 log(f"time is up: skipping {name}")
                 continue
             try:
-                results[name].append(getattr(bench, CONTENDERS[name])())
+                if name.startswith("baseline"):
+                    results[name].append(bench.with_baseline(contenders[name]))
+                else:
+                    results[name].append(getattr(bench, contenders[name])())
             except Exception as e:  # noqa: BLE001  (one failed contender must not lose the table)
                 log(f"{name} failed: {e}")
     return results
@@ -422,6 +442,8 @@ def parse_args(argv):
     p.add_argument("--init-window", type=int, help="delay proxy: initial window in bytes (default 10 segments, "
                    "slow start as Linux; 0: every connection starts at --window)")
     p.add_argument("--no-latency", action="store_true", help="skip the random 64 KiB read latencies")
+    p.add_argument("--baseline", type=Path, metavar="TREE",
+                   help="also run the refmount contenders with refmount's code from TREE, in turn")
     p.add_argument("--max-minutes", type=float, default=40, help="stop starting measurements after this long")
     p.add_argument("--out", type=Path, default=HERE / "out" / "wan.json")
     p.add_argument("--run-dir", type=Path, help="scratch dir (default: a new temp dir; removed)")
@@ -477,7 +499,7 @@ def main(argv=None) -> int:
         lengths = bs.chunk_keys(kerchunked)
         order = sorted(lengths, key=lambda k: [int(p) if p.isdigit() else p for p in re.split(r"[/.]", k)])
         bench = Bench(url, run_dir, refs, big.stat().st_size, order, sum(lengths.values()),
-                      shlex.split(args.refmount_options))
+                      shlex.split(args.refmount_options), args.baseline)
         ceiling = ""
         if not netem:
             ceiling = proxy_ceiling(bench, link, run_dir, args.window)

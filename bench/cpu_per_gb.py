@@ -1,18 +1,22 @@
 """The daemon's CPU per GB on a cold sequential read from a loopback nginx, optionally profiled.
 
     python bench/cpu_per_gb.py [--mb 256] [--runs 3] [--profile OUT.txt] [--refmount-options='...']
+        [--baseline TREE]
 
 Needs root (FUSE mounts, drop_caches). Starts its own nginx (bench_speed.py's), mounts a whole-file
 reference with --view raw, reads it with `dd bs=1M` after dropping the page cache, and prints MB/s
 and the daemon's CPU seconds per GB (utime + stime from /proc/PID/stat). With --profile, py-spy
 (`pip install py-spy`) samples the daemon during the last run and the top functions by own time and
-by total time are printed (the collapsed stacks are kept in OUT.txt).
+by total time are printed (the collapsed stacks are kept in OUT.txt). With --baseline TREE each run
+also mounts refmount's code from TREE (another commit's checkout, first on the daemon's PYTHONPATH),
+the two alternating (the order swaps every run), and the medians of the paired ratios are printed.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import shlex
 import shutil
 import statistics
@@ -26,7 +30,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import bench_speed as bs  # noqa: E402
-from bench_wan import dd_bytes, proc_minflt, timed  # noqa: E402
+from bench_wan import TICKS, dd_bytes, proc_minflt, timed  # noqa: E402
+
+
+def main_thread_cpu_s(pid: int) -> float:
+    """CPU seconds of the daemon's main thread: the trio thread, which serves FUSE."""
+    fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 def top(collapsed: Path, n: int = 25) -> str:
@@ -55,6 +65,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--profile", type=Path, help="py-spy collapsed stacks of the last run to this file")
     p.add_argument("--refmount-options", default="")
+    p.add_argument("--baseline", type=Path, metavar="TREE", help="also run refmount's code from TREE, alternating")
     args = p.parse_args()
     big = bs.generated(Path("/tmp/refmount-speed") / f"big_{args.mb}MB.bin",
                        lambda path: bs.write_big(path, args.mb * 1_000_000))
@@ -69,21 +80,24 @@ def main() -> int:
         url = stack.enter_context(bs.nginx_serving(serve, run_dir))
         refs = run_dir / "big.json"
         refs.write_text('{"big": ["%sbig.bin"]}' % url)
-        rates, cpus = [], []
-        for n in range(args.runs):
+        codes = {"this": None, **({"baseline": args.baseline} if args.baseline else {})}
+        rates, cpus, trio_cpus = {who: [] for who in codes}, {who: [] for who in codes}, {who: [] for who in codes}
+        for n, who in ((n, who) for n in range(args.runs) for who in (list(codes) if n % 2 == 0 else list(codes)[::-1])):
             with bs.refmount_mounted(refs, run_dir / "mnt-refmount",
-                                     ["--view", "raw", *shlex.split(args.refmount_options)]) as m:
+                                     ["--view", "raw", *shlex.split(args.refmount_options)], codes[who]) as m:
                 bs.drop_caches()
                 spy = None
-                if args.profile and n == args.runs - 1:
+                if args.profile and n == args.runs - 1 and who == "this":
                     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
                     spy = subprocess.Popen([py_spy, "record", "--pid", str(m.pid), "--format", "raw", "--rate", "250",
                                             "--nonblocking", "--threads", "-o", str(args.profile)],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     time.sleep(1.0)
                 faults = proc_minflt(m.pid)
+                trio_cpu = main_thread_cpu_s(m.pid)
                 seconds, cpu, out = timed(f"dd if={m.path / 'big'} of=/dev/null bs=1M", lambda: m.pid)
                 faults = proc_minflt(m.pid) - faults
+                trio_cpu = main_thread_cpu_s(m.pid) - trio_cpu
                 if dd_bytes(out) != size:
                     raise RuntimeError(f"dd read {dd_bytes(out)} of {size} bytes")
                 if spy is not None:
@@ -96,11 +110,21 @@ def main() -> int:
                     print(f"  {served['reads']} reads of {served['bytes'] / served['reads'] / 1024:.0f} KiB on average")
                 print(f"  {fetch['requests']} requests, {fetch['bytes'] / max(fetch['requests'], 1) / 2**20:.1f} MiB "
                       f"on average; hosts {m.stats().get('hosts')}")
-                rates.append(size / seconds / 1e6)
-                cpus.append(cpu / (size / 1e9))
-                print(f"run {n + 1}: {rates[-1]:.0f} MB/s, daemon {cpus[-1]:.2f} CPU-s/GB, "
-                      f"{faults / (size / 1e9):.0f} minor page faults/GB", flush=True)
-    print(f"median: {statistics.median(rates):.0f} MB/s, {statistics.median(cpus):.2f} CPU-s/GB")
+                rates[who].append(size / seconds / 1e6)
+                cpus[who].append(cpu / (size / 1e9))
+                trio_cpus[who].append(trio_cpu / (size / 1e9))
+                print(f"run {n + 1} ({who}): {rates[who][-1]:.0f} MB/s, daemon {cpus[who][-1]:.2f} CPU-s/GB "
+                      f"(trio thread {trio_cpus[who][-1]:.2f}), "
+                      f"{faults / (size / 1e9):.0f} minor page faults/GB, load average {os.getloadavg()[0]:.1f}",
+                      flush=True)
+    for who in codes:
+        print(f"median ({who}): {statistics.median(rates[who]):.0f} MB/s, {statistics.median(cpus[who]):.2f} CPU-s/GB "
+              f"(trio thread {statistics.median(trio_cpus[who]):.2f})")
+    if args.baseline:
+        speed = statistics.median(a / b for a, b in zip(rates["this"], rates["baseline"]))
+        cpu = statistics.median(a / b for a, b in zip(cpus["this"], cpus["baseline"]))
+        trio = statistics.median(a / b for a, b in zip(trio_cpus["this"], trio_cpus["baseline"]))
+        print(f"paired ratios this / baseline: speed {speed:.2f}, CPU per GB {cpu:.2f} (trio thread {trio:.2f})")
     if args.profile and args.profile.exists():
         print(top(args.profile))
     return 0

@@ -200,12 +200,10 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="http(s): make every ranged request conditional on the version first seen (If-Match with its "
                         "ETag, else If-Unmodified-Since), so the server itself refuses bytes of a replaced object")
     g.add_argument("--http-client", choices=("stdlib", "aiohttp"), default="stdlib",
-                   help="how http(s) ranges are received: 'stdlib' reads a plain 206 answer to a range of 512 KiB "
-                        "or more with Python's http.client in worker threads, straight into cache blocks (less "
-                        "CPU per GB), and a smaller range of a url that answered 206 before on the daemon's own "
-                        "thread (lower latency); anything else (proxies, redirects, servers ignoring Range, "
-                        "chunked bodies) goes through aiohttp. 'aiohttp' uses aiohttp for everything "
-                        "(default: stdlib)")
+                   help="how http(s) and s3 ranges are received: 'stdlib' reads a plain 206 answer with Python's "
+                        "http.client in a worker thread, straight into cache blocks (less CPU per GB); anything "
+                        "else (proxies, redirects, servers ignoring Range, chunked bodies) goes through aiohttp. "
+                        "'aiohttp' uses aiohttp for everything (default: stdlib)")
     g.add_argument("--ca-bundle", metavar="PATH",
                    help="trust the certificate authorities in PATH for https (default: REQUESTS_CA_BUNDLE, "
                         "CURL_CA_BUNDLE, SSL_CERT_FILE, then the system store; AWS_CA_BUNDLE for s3)")

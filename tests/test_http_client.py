@@ -1,7 +1,7 @@
-"""The http(s) receive paths of `Fetcher` without FUSE: `--http-client stdlib` (http.client in worker
-threads for plain 206 answers, refmount/fetch/direct.py, and small ranges of urls that answered 206
-on the trio thread itself, refmount/fetch/fastget.py) and `aiohttp`, against the loopback Range
-server. Each case runs on both clients: same bytes, same errors."""
+"""The http(s) receive paths of `Fetcher` without FUSE: `--http-client stdlib` (the stdlib engine,
+refmount/fetch/direct.py: http.client in a worker thread for plain 206 answers, large ranges and
+small, anything else handed to aiohttp) and `aiohttp`, against the loopback Range server. Each case
+runs on both clients: same bytes, same errors."""
 
 from __future__ import annotations
 
@@ -52,13 +52,13 @@ async def joined(fetcher, url: str, start: int, end: int, piece: int = 0) -> byt
     return b"".join(map(bytes, await fetcher.read(url, start, end, piece)))
 
 
-def served_fast(fetcher) -> int:
-    """Reads the fast path (fastget.py) answered: only the stdlib client has one."""
-    return fetcher._fast_get.served if fetcher._fast_get is not None else 0
-
-
 def aiohttp_requests(server) -> int:
     return sum("aiohttp" in h.get("user-agent", "") for h in server.stats["headers"])
+
+
+def engine_requests(server) -> int:
+    """Requests the stdlib engine sent (http.client sends no User-Agent; aiohttp does)."""
+    return sum("aiohttp" not in h.get("user-agent", "") for h in server.stats["headers"])
 
 
 def small_ranges(n: int, seed: int = 1) -> list[tuple[int, int]]:
@@ -80,13 +80,15 @@ def test_ranges_arrive_whole_and_split_at_pieces(server, blob, client):
     assert b"".join(pieces) == blob[100:(2 << 20) + 7]
     assert (aiohttp_requests(server) == 0) == (client == "stdlib")
     assert read(client, url, SIZE - (1 << 20), SIZE + 100) == [blob[-(1 << 20):]]  # clipped at the end
-    assert read(client, url, 10, 20) == [blob[10:20]]  # a small range: through aiohttp on both paths
+    assert read(client, url, 10, 20) == [blob[10:20]]  # a small range
+    assert (aiohttp_requests(server) == 0) == (client == "stdlib")
 
 
 @pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("kind", ["503", "reset", "truncate", "bad_range"])
 def test_faults_are_retried_to_the_right_bytes(server, blob, client, kind):
-    """Large ranges (the direct path with stdlib) and small ones after them (the fast path), faulted."""
+    """Large ranges and small ones after them, faulted (with stdlib: the engine's failed attempts are
+    retried through aiohttp)."""
     server.set_faults(rate=0.5, kinds=(kind,), seed=3)
     url = server.url_for("blob.bin")
 
@@ -95,10 +97,9 @@ def test_faults_are_retried_to_the_right_bytes(server, blob, client, kind):
             assert await joined(fetcher, url, start, start + (512 << 10)) == blob[start:start + (512 << 10)]
             for small in (start + 1000, start + (200 << 10)):
                 assert await joined(fetcher, url, small, small + 65536, 16384) == blob[small:small + 65536]
-        return served_fast(fetcher)
 
-    served = with_fetcher(client, body, backoff_base=0.001)
-    assert (served > 0) == (client == "stdlib")
+    with_fetcher(client, body, backoff_base=0.001)
+    assert (engine_requests(server) > 0) == (client == "stdlib")
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -175,24 +176,27 @@ def test_a_cancelled_read_lets_go_of_its_connection_at_once(server, blob, client
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_a_cancelled_small_read_closes_its_connection(server, blob, client):
-    """The fast path: a trio cancel closes the socket (it never goes back to the idle pool)."""
+    """A trio cancel shuts the request's socket (it never goes back to the idle pool)."""
+    from refmount.fetch import direct
+
     url = server.url_for("blob.bin")
 
     async def body(fetcher):
         assert await joined(fetcher, url, 0, 65536) == blob[:65536]
-        assert await joined(fetcher, url, 65536, 131072) == blob[65536:131072]  # fast, kept alive
+        assert await joined(fetcher, url, 65536, 131072) == blob[65536:131072]  # kept alive
         server.stall_paths.add("/blob.bin")
         t0 = time.monotonic()
         with trio.move_on_after(0.3):
             await fetcher.read(url, 1 << 20, (1 << 20) + 65536)
         assert time.monotonic() - t0 < 1.5
-        if fetcher._fast_get is not None:
-            assert not any(fetcher._fast_get._idle.values())
+        target = fetcher._backend(url)._direct_target(url)
+        if client == "stdlib":  # a shut socket polls readable: none of those is idle
+            assert not any(direct.readable(conn.sock) for conn, _since in list(target[0]._idle.queue))
         server.stall_paths.clear()
         assert await joined(fetcher, url, 2 << 20, (2 << 20) + 65536) == blob[2 << 20:(2 << 20) + 65536]
-        return served_fast(fetcher)
 
-    assert with_fetcher(client, body) == (2 if client == "stdlib" else 0)
+    with_fetcher(client, body)
+    assert (aiohttp_requests(server) == 0) == (client == "stdlib")
 
 
 @pytest.mark.parametrize("client", CLIENTS)
@@ -227,7 +231,7 @@ def test_a_connection_the_server_closed_while_idle_is_replaced_without_a_retry(t
 def test_a_connection_idle_too_long_is_not_trusted_with_a_request(server, blob, client, size, monkeypatch):
     """A NAT or firewall may forget an idle flow without telling either end, and a request sent on it
     is never answered: connections idle longer than IDLE_TIMEOUT are closed instead of reused (by
-    every path: direct for large ranges, the fast path for small ones, aiohttp), so the read after a
+    both paths: the stdlib engine and aiohttp), so the read after a
     pause does not wait --stall-timeout and retry."""
     from refmount.fetch import direct
     from tests.support.middlebox import IdleDropRelay
@@ -237,7 +241,7 @@ def test_a_connection_idle_too_long_is_not_trusted_with_a_request(server, blob, 
         url = f"http://127.0.0.1:{relay.port}/blob.bin"
 
         async def body(fetcher):
-            for k in range(2):  # the second small one goes the fast path (the url has answered 206)
+            for k in range(2):
                 assert await joined(fetcher, url, k * size, (k + 1) * size) == blob[k * size:(k + 1) * size]
             await trio.sleep(2.5)  # the relay has forgotten every connection by now
             began = time.monotonic()
@@ -352,10 +356,10 @@ def test_opening_connections_to_a_dead_host_is_silent_and_its_reads_say_why(capf
     assert "Traceback" not in capfd.readouterr().err
 
 
-# -- the fast path (fastget.py): small ranges of urls that answered 206, on the trio thread -------------
+# -- small ranges (fastget.py's tests, which the stdlib engine now passes) ----------------------------
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_small_reads_after_a_206_go_the_fast_path_with_the_right_bytes(server, blob, client):
+def test_small_reads_go_the_stdlib_engine_with_the_right_bytes(server, blob, client):
     url = server.url_for("blob.bin")
     ranges = small_ranges(20) + [(SIZE - 1000, SIZE + 5000)]  # the last one clipped at the end
 
@@ -366,10 +370,8 @@ def test_small_reads_after_a_206_go_the_fast_path_with_the_right_bytes(server, b
             assert all(len(p) <= 65536 for p in pieces) and len(pieces) == len(range(start // 65536,
                                                                                       (min(end, SIZE) - 1) // 65536 + 1))
             assert b"".join(map(bytes, pieces)) == blob[start:end]
-        return served_fast(fetcher)
 
-    served = with_fetcher(client, body, {"remote_options": {"headers": {"X-Test": "yes"}}})
-    assert served == (len(ranges) if client == "stdlib" else 0)
+    with_fetcher(client, body, {"remote_options": {"headers": {"X-Test": "yes"}}})
     assert (aiohttp_requests(server) == 0) == (client == "stdlib")
     sent = server.stats["headers"][-1]
     assert sent["x-test"] == "yes" and sent["accept-encoding"] == "identity"
@@ -380,7 +382,7 @@ def test_small_reads_after_a_206_go_the_fast_path_with_the_right_bytes(server, b
 @pytest.mark.parametrize("kind", ["ignore_range", "full200", "bad_range", "truncate", "503", "reset", "stall"])
 def test_small_reads_survive_a_server_changing_its_answers(server, blob, client, kind):
     """After a 206, the server answers 200 (always or sometimes), a wrong Content-Range, a short body,
-    an error, a reset or a stall (stall_timeout on the fast path's socket): the right bytes."""
+    an error, a reset or a stall (stall_timeout on the engine's socket): the right bytes."""
     url = server.url_for("blob.bin")
 
     async def body(fetcher):
@@ -393,11 +395,11 @@ def test_small_reads_survive_a_server_changing_its_answers(server, blob, client,
         for start, end in small_ranges(16, seed=2):
             assert await joined(fetcher, url, start, end, 65536) == blob[start:end]
         assert time.monotonic() - began < 15  # a stall costs stall_timeout (0.3 s), not the server's 30 s
-        return served_fast(fetcher), fetcher.stats.retries
+        return fetcher.stats.retries
 
-    served, retries = with_fetcher(client, body, backoff_base=0.001, stall_timeout=0.3)
+    retries = with_fetcher(client, body, backoff_base=0.001, stall_timeout=0.3)
     if kind != "ignore_range":
-        assert (served > 0) == (client == "stdlib")
+        assert (engine_requests(server) > 1) == (client == "stdlib")
     if kind not in ("ignore_range", "full200"):  # a 200 is sliced, not retried
         assert retries > 0
 
@@ -417,8 +419,8 @@ def test_small_reads_never_use_bytes_that_failed_a_check(server, blob, client, l
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_a_stalled_small_read_fails_within_the_read_timeout_counting_the_fast_attempt(server, blob, client):
-    """The fast attempt stalls until the read's time is up; the asyncio path then gets no new
+def test_a_stalled_small_read_fails_within_the_read_timeout_counting_the_engines_attempt(server, blob, client):
+    """The engine's attempt stalls until the read's time is up; the asyncio path then gets no new
     --read-timeout of its own (else this read would take 2 s)."""
     url = server.url_for("blob.bin")
 
@@ -435,15 +437,15 @@ def test_a_stalled_small_read_fails_within_the_read_timeout_counting_the_fast_at
 
 @pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("poll", [True, False])
-def test_a_fast_path_connection_the_server_closed_while_idle_is_replaced_at_once(tmp_path, client, poll,
-                                                                                monkeypatch):
+def test_a_small_reads_connection_the_server_closed_while_idle_is_replaced_at_once(tmp_path, client, poll,
+                                                                                 monkeypatch):
     """Seen closed before use (poll), or found closed by the request itself (the server's FIN came
     too late to see): either way a new connection at once, not a failed attempt and a back-off."""
-    from refmount.fetch import fastget
+    from refmount.fetch import direct
     from tests.support.rangeserver import RangeServer
 
     if not poll:
-        monkeypatch.setattr(fastget, "_quiet", lambda stream: True)
+        monkeypatch.setattr(direct, "readable", lambda sock: False)
     data = random.Random(6).randbytes(SIZE)
     (tmp_path / "blob.bin").write_bytes(data)
     with RangeServer(tmp_path, keepalive_timeout=0.2) as srv:
@@ -455,17 +457,19 @@ def test_a_fast_path_connection_the_server_closed_while_idle_is_replaced_at_once
             await trio.sleep(0.6)  # the server has closed the idle connections by now
             began = time.monotonic()
             assert await joined(fetcher, url, 1 << 20, (1 << 20) + 65536) == data[1 << 20:(1 << 20) + 65536]
-            return time.monotonic() - began, fetcher.stats.retries, served_fast(fetcher)
+            return time.monotonic() - began, fetcher.stats.retries
 
-        seconds, retries, served = with_fetcher(client, body, backoff_base=5.0)
+        seconds, retries = with_fetcher(client, body, backoff_base=5.0)
+        engine = engine_requests(srv)
     assert retries == 0 and seconds < 2.5  # a back-off would take 5 s
-    assert served == (2 if client == "stdlib" else 0)
+    assert engine == (3 if client == "stdlib" else 0)
 
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_connections_per_host_is_a_hard_cap_across_all_paths(tmp_path, client):
-    """Many concurrent small reads (fast path while a slot is free, else queued on the asyncio side)
-    and large ones (the direct path), of two objects: never more than --connections requests at once."""
+    """Many concurrent small reads and large ones, of two objects, through the stdlib engine and (for
+    the first request of each object, and with aiohttp) the asyncio side: never more than
+    --connections requests at once."""
     import asyncio
 
     from tests.support.rangeserver import RangeServer
@@ -509,17 +513,17 @@ def test_connections_per_host_is_a_hard_cap_across_all_paths(tmp_path, client):
                 for k in range(4):
                     nursery.start_soon(check, "ab"[k % 2] + ".bin", k << 20, (k << 20) + (600 << 10))
             assert not wrong
-            return served_fast(fetcher)
 
-        served = with_fetcher(client, body, {"connections_per_host": 3})
+        with_fetcher(client, body, {"connections_per_host": 3})
+        engine = engine_requests(srv)
     assert 0 < CountingServer.peak <= 3
     assert all(peak <= 2 for _, peak in CountingServer.per_object.values())  # one slot stays for other objects
-    assert (served > 0) == (client == "stdlib")
+    assert (engine > 0) == (client == "stdlib")
 
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_small_reads_over_https(tmp_path, client):
-    """TLS on the fast path, including an idle connection the server closed."""
+    """Small ranges over TLS, including an idle connection the server closed."""
     import ssl
 
     from tests.support.rangeserver import RangeServer
@@ -539,8 +543,9 @@ def test_small_reads_over_https(tmp_path, client):
                 assert await joined(fetcher, url, start, end, 65536) == data[start:end]
             await trio.sleep(0.8)
             assert await joined(fetcher, url, 5, 70000) == data[5:70000]
-            return served_fast(fetcher), fetcher.stats.retries
+            return fetcher.stats.retries
 
-        served, retries = with_fetcher(client, body, {"remote_options": {"ssl": False}}, backoff_base=5.0)
+        retries = with_fetcher(client, body, {"remote_options": {"ssl": False}}, backoff_base=5.0)
+        engine = engine_requests(srv)
     assert retries == 0
-    assert served == (9 if client == "stdlib" else 0)
+    assert engine == (10 if client == "stdlib" else 0)

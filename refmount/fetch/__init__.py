@@ -1,9 +1,11 @@
 """Fetching remote bytes: one `Fetcher` routes each url to its backend by protocol.
 
 - file paths and file:// -> `LocalBackend` (pread in a worker thread);
-- http:// and https://  -> `HttpBackend` (aiohttp on the asyncio loop thread; with `http_client="stdlib"`
-  plain ranged answers are received by http.client in worker threads, see direct.py, and small ranges
-  of urls that answered 206 are fetched by the trio task itself, see fastget.py);
+- http:// and https://  -> `HttpBackend`: with `http_client="stdlib"` (the default) the trio task hands
+  each range to the stdlib engine (http.client in a worker thread, see direct.py), which takes plain
+  206 answers and hands anything else to aiohttp on the asyncio loop thread (the general client);
+- s3:// and s3a://      -> an `HttpBackend` whose requests go to urls obstore presigns (s3.py), unless
+  `--remote-options` say something only s3fs can do;
 - anything else         -> `FsspecBackend` (fsspec's async filesystems, `--remote-options`).
 
 Callers are trio tasks; the asyncio side is reached through `run_on_asyncio`. A remote url whose
@@ -58,7 +60,6 @@ class Fetcher:
                                   headers=self.remote_options.get("headers"), verify_remote=verify_remote,
                                   ssl=ssl_setting(self.remote_options), client=http_client)
         self._remotes: dict = {}  # protocol -> backend, made on first use (aiohttp alone takes 0.1 s to import)
-        self._fast_get = None  # the http backend's fast path (fastget.py), with the stdlib client
         self._failed: dict[str, tuple[float, str]] = {}  # url -> (when, message) of its last failure
         self._loop = None
         self._warming: threading.Thread | None = None
@@ -71,22 +72,17 @@ class Fetcher:
         proto = protocol_of(url)
         if proto == "file":
             return self.local
-        if proto == "https":
-            proto = "http"  # one backend, one connection pool
+        if proto in ("https", "s3a"):
+            proto = proto[:-1]  # one backend, one connection pool
         backend = self._remotes.get(proto)
         if backend is None:
             if proto == "http":
                 from refmount.fetch.http import HttpBackend
 
                 backend = HttpBackend(self.policy, self.stats, **self._http_options)
-                backend.pool = self.pool
-                backend.passing = self.passing
-                if self.max_full_download is not None:
-                    backend.max_pass = self.max_full_download
-                if backend.direct:
-                    from refmount.fetch.fastget import FastGet
-
-                    self._fast_get = FastGet(backend)
+                self._hand_over(backend)
+            elif proto == "s3" and (backend := self._s3_backend()) is not None:
+                pass
             else:
                 from refmount.fetch.fsspec_backend import FsspecBackend
 
@@ -94,14 +90,40 @@ class Fetcher:
             self._remotes[proto] = backend
         return backend
 
+    def _s3_backend(self):
+        """s3:// on the HTTP engine (s3.py), or None when the options need s3fs."""
+        from refmount.fetch.s3 import s3_backend
+
+        options = {k: v for k, v in self._http_options.items() if k not in ("headers", "ssl")}
+        backend = s3_backend(self.remote_options, self.policy, self.stats, **options)
+        if backend is not None:
+            self._hand_over(backend)
+        return backend
+
+    def _hand_over(self, backend) -> None:
+        """What an HTTP-engine backend shares with the caches: the buffer pool it receives into, the
+        keeper of whole-object passes' blocks and --max-full-download."""
+        backend.pool = self.pool
+        backend.passing = self.passing
+        if self.max_full_download is not None:
+            backend.max_pass = self.max_full_download
+
+    async def _signed(self, backend, url: str) -> None:
+        """A backend that signs its requests (s3) has the bucket of `url` ready (in a thread, once)."""
+        signer = getattr(backend, "signer", None)
+        if signer is not None:
+            await signer.ready(url)
+
     @staticmethod
     def import_backends(urls) -> None:
         """Import the code the remote backends for `urls` need. A mount does this in a thread while
         it comes up, and reports ready once they are in (see `warm_up`), rather than leave them to the
         first read (aiohttp takes 0.1 s)."""
         protocols = {protocol_of(url) for url in urls}
-        if protocols & {"http", "https"}:
+        if protocols & {"http", "https", "s3", "s3a"}:
             import refmount.fetch.http  # noqa: F401
+        if protocols & {"s3", "s3a"}:
+            import refmount.fetch.s3  # noqa: F401
         if protocols - {"file", "http", "https"}:
             import refmount.fetch.fsspec_backend  # noqa: F401
 
@@ -131,6 +153,12 @@ class Fetcher:
             backend = self._backend("http://")
             first = next((url for url in urls if protocol_of(url) in ("http", "https")), None)
             await run_on_asyncio(backend.open(first), self._asyncio())
+        if remote & {"s3", "s3a"}:
+            first = next(url for url in urls if protocol_of(url) in ("s3", "s3a"))
+            backend = self._backend(first)
+            if getattr(backend, "signer", None) is not None:
+                await self._signed(backend, first)
+                await run_on_asyncio(backend.open(first), self._asyncio())
 
     @staticmethod
     def _import_remote(urls) -> set[str]:
@@ -155,17 +183,18 @@ class Fetcher:
         return await self._remembering_failure(url, lambda: self._read_remote(backend, url, start, end, piece))
 
     async def _read_remote(self, backend, url: str, start: int, end: int, piece: int) -> list[bytes]:
-        """A small range of an url that answers 206 is fetched right here on the trio thread (no
-        thread hand-off: fastget.py); anything else, or anything unusual there, on the asyncio side,
+        """A range the http backend's stdlib engine takes is fetched from here (the request in a
+        worker thread, no asyncio hop); anything else, or anything unusual there, on the asyncio side,
         within the same --read-timeout."""
-        fast = self._fast_get
-        if fast is None or fast.backend is not backend or not fast.eligible(url, start, end):
+        await self._signed(backend, url)
+        takes = getattr(backend, "takes", None)
+        if takes is None or not takes(url, start, end):
             return await run_on_asyncio(backend.read(url, start, end, piece), self._asyncio())
-        from refmount.fetch.fastget import HandOver
+        from refmount.fetch.http import HandOver
 
         started = time.monotonic()
         try:
-            return await fast.read(url, start, end, piece, started)
+            return await backend.read_direct(url, start, end, piece, started)
         except HandOver as e:
             failed = e.failure
         return await run_on_asyncio(backend.read(url, start, end, piece, started=started, failed=failed),
@@ -198,7 +227,12 @@ class Fetcher:
         backend = self._backend(url)
         if backend is self.local:
             return await trio.to_thread.run_sync(self.local.size, url, abandon_on_cancel=True)
-        return await self._remembering_failure(url, lambda: run_on_asyncio(backend.size(url), self._asyncio()))
+
+        async def size():
+            await self._signed(backend, url)
+            return await run_on_asyncio(backend.size(url), self._asyncio())
+
+        return await self._remembering_failure(url, size)
 
     async def identity(self, url: str) -> str | None:
         """A validator naming this version of a remote object (for the disk cache), or None when
@@ -206,6 +240,7 @@ class Fetcher:
         backend = self._backend(url)
         if backend is self.local:
             return None
+        await self._signed(backend, url)
         return await run_on_asyncio(backend.identity(url), self._asyncio())
 
     def validators(self, url: str) -> tuple[str | None, str | None]:
@@ -215,8 +250,6 @@ class Fetcher:
 
     async def aclose(self) -> None:
         self.local.close()
-        if self._fast_get is not None:
-            self._fast_get.close()
         if self._loop is not None:
             for backend in self._remotes.values():
                 await run_on_asyncio(backend.close(), self._loop)

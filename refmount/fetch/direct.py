@@ -1,23 +1,26 @@
-"""Ranged GETs received by the standard library's http.client in worker threads, straight into blocks.
+"""The stdlib HTTP engine: ranged GETs sent and received by http.client in a worker thread, straight
+into blocks.
 
-The aiohttp path copies each body several times (socket chunks, stream buffer, joined pieces) and
-runs Python per chunk on the asyncio thread. Here a worker thread sends the request on a kept-alive
+The trio task that needs a range hands one `Request` to a worker thread and is woken once, when the
+body is in (bridge.run_in_worker; no asyncio hop). The thread sends the request on a kept-alive
 connection, lets http.client read the status and headers, and receives the body itself, one piece
 per cache block, with the GIL released while the kernel copies it (kernel -> block, once), so the
 trio thread serves FUSE meanwhile:
-- plain http: one `recv(MSG_WAITALL)` per block, the socket in blocking mode (SO_RCVTIMEO bounds a
-  stall); the kernel fills a new bytes object. (`bytearray(n)` + `recv_into` zeroes the n bytes
-  first with the GIL held, faulting in every fresh page while the FUSE thread waits for the GIL:
-  0.14 s of a 320 MB scan; only the block that starts with the bytes http.client buffered with the
+- plain http: one `MSG_WAITALL` receive per block, the socket in blocking mode (SO_RCVTIMEO bounds a
+  stall): `recv_into` a buffer from `take` (a pool's reused block buffer) if given, else `recv`, where
+  the kernel fills a new bytes object. (`bytearray(n)` + `recv_into` would zero the n bytes first
+  with the GIL held, faulting in every fresh page while the FUSE thread waits for the GIL: 0.14 s
+  of a 320 MB scan; only the block that starts with the bytes http.client buffered with the
   headers still goes that way. And each segment received would take the GIL back.)
-- https: `readinto` fresh bytearrays (TLS hands over one record at a time anyway).
+- https: `readinto` buffers from `take`, or fresh bytearrays (TLS hands over one record at a time
+  anyway).
 
 Only the plain case is handled here: `accept` (the HTTP backend's checks) looks at the status and
 headers and says how many body bytes to read, raises for a refused answer (an encoded body, a wrong
-Content-Range), or returns None to hand the request back to the aiohttp path (redirects, a 200 from
-a server that ignores Range, chunked bodies). Retries, time limits and validator checks stay in the
-backend; `Request.abort` (on cancellation or timeout) shuts the socket, so the blocked thread
-returns at once. Nothing writes into a block once it is returned.
+Content-Range), or returns None to hand the request to the general client, aiohttp (redirects, a
+200 from a server that ignores Range, chunked bodies). Retries, time limits and validator checks
+stay in the backend; `Request.abort` (on cancellation or timeout) shuts the socket, so the blocked
+thread returns at once. Nothing writes into a block once it is returned.
 """
 
 from __future__ import annotations
@@ -34,8 +37,8 @@ import time
 from refmount.fetch.pieces import piece_sizes
 
 
-# Seconds a kept-alive connection may sit idle and still be used (every path: this pool, the fast
-# path's, aiohttp's keepalive_timeout). Beyond it the connection is closed, not tried: a NAT or
+# Seconds a kept-alive connection may sit idle and still be used (both paths: this pool and aiohttp's
+# keepalive_timeout). Beyond it the connection is closed, not tried: a NAT or
 # firewall that dropped the idle flow without telling either end (AWS NAT 350 s, Azure 240 s) would
 # swallow the request, and the read would wait --stall-timeout before asking again. (Go's http
 # client keeps idle connections 90 s, nginx 75 s.)

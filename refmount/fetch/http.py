@@ -1,13 +1,13 @@
-"""HTTP(S) byte ranges through one pooled, keep-alive aiohttp session, with verification and retries.
+"""HTTP(S) byte ranges: the stdlib engine (direct.py) for plain answers, aiohttp for everything else.
 
-With `client="stdlib"` a ranged GET of at least DIRECT_MIN_BYTES is first tried on the direct path
-(direct.py: http.client in worker threads, the body read straight into block buffers). Only a plain
-206 with a Content-Length is received there; a url that answers anything else (a redirect, a 200
-from a server that ignores Range, a chunked body) and any url behind a proxy or with credentials in
-it goes through aiohttp. A smaller range of a url that has answered 206 is first tried by the trio
-task itself (fastget.py: no thread hand-off), which hands anything but a plain 206 back to this
-module's retry loop with the time left. All paths run the same checks below, under the same time
-limit, and share the host's --connections (`Slots`).
+With `client="stdlib"` every ranged GET is first tried by the trio task on the stdlib engine
+(`read_direct`: http.client in a worker thread, the body received straight into block buffers, the
+trio thread woken once when it is in). Only a plain 206 with a Content-Length is received there; a
+url that answers anything else (a redirect, a 200 from a server that ignores Range, a chunked body)
+and any url behind a proxy or with credentials in it goes through aiohttp, the general client, on
+the asyncio loop: the engine hands the read over (`HandOver`) to this module's retry loop with the
+time left, and with why its attempt failed if it did. Both paths run the same checks below, under
+the same time limit, and share the host's --connections (`Slots`).
 
 Every answer is checked before its bytes are used:
 - no Content-Encoding but identity (we ask for identity: a gzipped body is not the object's bytes);
@@ -24,6 +24,9 @@ one of the same size, or a server that lies in its validators.
 
 Redirects: same host only (unless allowed); never from https to http nor to another scheme; the
 user's headers (--remote-options "headers", e.g. Authorization) go only to the original origin.
+
+A backend with a `signer` (s3.py: s3:// objects) keys everything by the object's own url, and sends
+each request to the url `signer(url, method)` gives (a presigned one), which may change over time.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
-import concurrent.futures
 import contextlib
 import http.client
 import logging
@@ -42,9 +44,12 @@ import time
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+import trio
+from yarl import URL
 
 from refmount.errors import FetchError, ReadRefused, RemoteChanged
 from refmount.fetch import direct
+from refmount.fetch.bridge import run_in_worker
 from refmount.fetch.pieces import piece_sizes, split
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import FetchStats, redact
@@ -54,10 +59,6 @@ log = logging.getLogger("refmount")
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 _MAX_REDIRECTS = 5
-# Smaller ranges go the fast path or through aiohttp: the direct path's thread hand-offs cost more
-# than its copies save there (64 KiB ranges, 4 in parallel: 10.9 CPU-s/GB against 6.7; 1 MiB: 0.78
-# against 0.90).
-DIRECT_MIN_BYTES = 512 << 10
 _REDIRECTS = (301, 302, 303, 307, 308)
 # How far into an object a pass may stream for a server that ignores Range (--max-full-download)
 DEFAULT_MAX_PASS = 1 << 30
@@ -76,6 +77,15 @@ class _Retry(Exception):
         self.retry_after = retry_after
 
 
+class HandOver(Exception):
+    """The stdlib engine leaves this read to the asyncio path (aiohttp, and the retry loop);
+    `failure` is (reason, retry_after) if its attempt failed (the loop then backs off first)."""
+
+    def __init__(self, failure: tuple[str, float | None] | None = None) -> None:
+        super().__init__(failure[0] if failure else "handed over")
+        self.failure = failure
+
+
 class _Version:
     """The validators first seen for a url; any later response must agree with each one it gives."""
 
@@ -86,17 +96,17 @@ class _Version:
 
 
 class Slots:
-    """A counting semaphore that both threads honour, so --connections holds across every path:
-    asyncio tasks wait their turn (`async with`); the trio thread's fast path only takes a slot that
-    is free now with nobody waiting (`try_take`, under the lock), and may `release` from its thread.
-    `users` counts holders and waiters (the backend drops a url's slots when none is left)."""
+    """A counting semaphore that both threads honour, so --connections holds across both paths:
+    asyncio tasks (`async with`) and trio tasks (`take_trio`) wait their turn in one queue, and a
+    slot is released from either thread. `users` counts holders and waiters (the backend drops a
+    url's slots when none is left)."""
 
     def __init__(self, limit: int, lock: threading.Lock) -> None:
         self.limit = limit
         self.in_use = 0
         self.users = 0
         self._lock = lock  # the backend's slots lock, shared by all its Slots
-        self._waiters: collections.deque = collections.deque()  # (loop, future) in arrival order
+        self._waiters: collections.deque = collections.deque()  # _AsyncioWaiter or _TrioWaiter, in arrival order
 
     def try_take(self) -> bool:
         """Take a slot if one is free and nobody waits (the caller holds the lock)."""
@@ -109,22 +119,42 @@ class Slots:
         with self._lock:
             if self.try_take():
                 return
-            loop = asyncio.get_running_loop()
-            waiter = (loop, loop.create_future())
+            waiter = _AsyncioWaiter()
             self._waiters.append(waiter)
         try:
-            await waiter[1]
+            await waiter.future
         except BaseException:
-            with self._lock:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
-                    raise
-            if not waiter[1].cancelled():  # the slot was handed over just before the cancel: pass it on
-                self.release()
+            if not self._forget(waiter) and not waiter.future.cancelled():
+                self.release()  # the slot was handed over just before the cancel: pass it on
             raise
 
     async def __aexit__(self, *exc) -> None:
         self.release()
+
+    async def take_trio(self) -> None:
+        """Take a slot from a trio task, waiting for one."""
+        with self._lock:
+            if self.try_take():
+                return
+            waiter = _TrioWaiter()
+            self._waiters.append(waiter)
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            if not self._forget(waiter):  # handed over meanwhile: pass it on (now, or when it arrives)
+                if waiter.granted:
+                    self.release()
+                else:
+                    waiter.gone = True
+            raise
+
+    def _forget(self, waiter) -> bool:
+        """Take a waiter that gave up out of the queue; False if a slot was handed to it already."""
+        with self._lock:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+                return True
+        return False
 
     def release(self) -> None:
         """Give a slot back (from any thread): to the first waiter as it is, else to the pool."""
@@ -132,14 +162,43 @@ class Slots:
             if not self._waiters:
                 self.in_use -= 1
                 return
-            loop, future = self._waiters.popleft()
-        loop.call_soon_threadsafe(self._hand_over, future)
+            waiter = self._waiters.popleft()
+        waiter.hand_over(self)
 
-    def _hand_over(self, future: asyncio.Future) -> None:
-        if future.cancelled():  # its task gave up meanwhile: the next one gets the slot
-            self.release()
+
+class _AsyncioWaiter:
+    def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.future = self.loop.create_future()
+
+    def hand_over(self, slots: Slots) -> None:
+        self.loop.call_soon_threadsafe(self._arrived, slots)
+
+    def _arrived(self, slots: Slots) -> None:
+        if self.future.cancelled():  # its task gave up meanwhile: the next one gets the slot
+            slots.release()
         else:
-            future.set_result(None)
+            self.future.set_result(None)
+
+
+class _TrioWaiter:
+    def __init__(self) -> None:
+        self.token = trio.lowlevel.current_trio_token()
+        self.event = trio.Event()
+        self.granted = self.gone = False
+
+    def hand_over(self, slots: Slots) -> None:
+        try:
+            self.token.run_sync_soon(self._arrived, slots)
+        except trio.RunFinishedError:
+            pass
+
+    def _arrived(self, slots: Slots) -> None:
+        if self.gone:  # its task gave up meanwhile: the next one gets the slot
+            slots.release()
+        else:
+            self.granted = True
+            self.event.set()
 
 
 class HttpBackend:
@@ -159,7 +218,7 @@ class HttpBackend:
         # One slow object must not take every connection of its host: each url gets all but one of
         # them (that one stays free for other objects; a long link needs the others for one object).
         self._per_object = max(1, connections_per_host - 1)
-        # Slots are counted under one lock: the trio thread's fast path (fastget.py) takes them too.
+        # Slots are counted under one lock: trio tasks (the stdlib engine) take them too.
         self._slots_lock = threading.Lock()
         self._object_slots: dict[str, Slots] = {}  # url -> its slots, while anyone holds or waits for one
         self._range_ignored: set[str] = set()  # hosts warned about
@@ -174,9 +233,12 @@ class HttpBackend:
         self._origins: dict[tuple, direct.Origin] = {}  # (scheme, host) -> its direct connections
         self._host_slots: dict[tuple, Slots] = {}  # (scheme, host) -> ranges of every path in flight
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self.pool = None  # the caches' buffer pool (cache/buffers.py): bodies are received into its slots
+        # Where the stdlib engine receives bodies: anything with take(nbytes) -> a writable buffer of
+        # that size (the caches' buffer pool, cache/buffers.py); None: a new bytes object per piece.
+        self.pool = None
         self.passing = None  # cache/passing.py: keeps the referenced blocks a whole-object pass streams by
         self.max_pass = DEFAULT_MAX_PASS  # --max-full-download: how far into an object a pass may stream
+        self.signer = None  # signer(url, method) -> the url a request goes to (s3.py), or None: the url itself
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -198,8 +260,8 @@ class HttpBackend:
         route = self._routes.get(key)
         if route is None:
             route = self._routes[key] = _route_from_env(url)
-        if "auth" in route and any(name.lower() == "authorization" for name in headers):
-            return {k: v for k, v in route.items() if k != "auth"}  # the user's own header wins
+        if "auth" in route and (self.signer is not None or any(name.lower() == "authorization" for name in headers)):
+            return {k: v for k, v in route.items() if k != "auth"}  # a signed url, or the user's own header, wins
         return route
 
     async def open(self, first_url: str | None = None) -> None:
@@ -216,17 +278,14 @@ class HttpBackend:
         for origin in self._origins.values():
             origin.close()
         self._origins.clear()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
 
     # -- public operations (asyncio side) ----------------------------------------------------------
 
     async def read(self, url: str, start: int, end: int, piece: int = 0, *, started: float | None = None,
                    failed: tuple[str, float | None] | None = None) -> list[bytes]:
         """Bytes [start, min(end, size)) of `url` as pieces split at multiples of `piece` (one piece if
-        0); no pieces when start is at or past the end. A read the fast path (fastget.py) handed over
-        passes when it began (time.monotonic()) and, if its attempt failed, (reason, retry_after)."""
+        0); no pieces when start is at or past the end. A read the stdlib engine handed over passes
+        when it began (time.monotonic()) and, if its attempt failed, (reason, retry_after)."""
         return await self._with_retries(url, lambda: self._get_range(url, start, end, piece), started, failed)
 
     def known_size(self, url: str) -> int | None:
@@ -262,10 +321,13 @@ class HttpBackend:
         to another scheme or from https down to http, and the user's headers only to the original
         scheme and host."""
         session = self._session_now()
+        if self.signer is not None:
+            url = self.signer(url, method)
         origin = _origin(url)
         for _ in range(_MAX_REDIRECTS + 1):
             sent = {**(self.headers if _origin(url) == origin else {}), **headers, "Accept-Encoding": "identity"}
-            resp = await session.request(method, url, headers=sent, allow_redirects=False, **self._route(url, sent))
+            where = url if self.signer is None else URL(url, encoded=True)  # (as signed, not re-quoted)
+            resp = await session.request(method, where, headers=sent, allow_redirects=False, **self._route(url, sent))
             if resp.status not in _REDIRECTS:
                 return resp
             target = urljoin(url, resp.headers.get("Location", ""))
@@ -301,8 +363,8 @@ class HttpBackend:
                 del self._object_slots[url]
 
     def _host_slot(self, url: str):
-        """With the direct path, one of the host's --connections for a range on any path (aiohttp's
-        connector limits only its own connections)."""
+        """With the stdlib engine, one of the host's --connections for a range on either path
+        (aiohttp's connector limits only its own connections)."""
         if not self.direct:
             return contextlib.nullcontext()
         return self._host_slots_of(_origin(url))
@@ -314,28 +376,27 @@ class HttpBackend:
                 slots = self._host_slots[key] = Slots(self.connections_per_host, self._slots_lock)
             return slots
 
-    def try_slots(self, url: str) -> bool:
-        """For the fast path (trio thread): take an object slot and a host slot if both are free now,
-        with nobody waiting for them; never waits. `release_slots` gives them back."""
-        host = self._host_slots_of(_origin(url))
+    @contextlib.asynccontextmanager
+    async def _trio_slots(self, url: str):
+        """From a trio task: an object slot of `url` and a slot of its host, waiting for them."""
         with self._slots_lock:
             slots = self._object_slots.get(url)
             if slots is None:
                 slots = self._object_slots[url] = Slots(self._per_object, self._slots_lock)
-            if slots.try_take():
-                if host.try_take():
-                    slots.users += 1
-                    return True
-                slots.in_use -= 1  # no waiters: try_take took it without anyone queued
-            if slots.users == 0:
-                del self._object_slots[url]
-            return False
-
-    def release_slots(self, url: str) -> None:
-        self._host_slots_of(_origin(url)).release()
-        slots = self._object_slots[url]
-        slots.release()
-        self._leave_object_slots(url, slots)
+            slots.users += 1
+        try:
+            await slots.take_trio()
+            try:
+                host = self._host_slots_of(_origin(url))
+                await host.take_trio()
+                try:
+                    yield
+                finally:
+                    host.release()
+            finally:
+                slots.release()
+        finally:
+            self._leave_object_slots(url, slots)
 
     def _conditions(self, url: str) -> dict:
         """With --verify-remote: ask the server itself to refuse (412) if the object is not the
@@ -359,11 +420,6 @@ class HttpBackend:
             return pieces
         ignored = False
         async with self._object_slot(url), self._host_slot(url):
-            if self.direct and end - start >= DIRECT_MIN_BYTES and url not in self._whole_only:
-                pieces = await self._get_range_direct(url, start, end, piece)
-                if pieces is not None:
-                    self.stats.record(sum(map(len, pieces)), time.monotonic() - t0)
-                    return pieces
             resp = await self._request(url, "GET", {"Range": f"bytes={start}-{end - 1}", **self._conditions(url)})
             async with resp:
                 self.stats.requests += 1
@@ -417,26 +473,72 @@ class HttpBackend:
             raise _Retry(f"206 with Content-Length {content_length} for Content-Range {m.group(0)!r}")
         return last - first + 1
 
-    # -- the direct path (direct.py) --------------------------------------------------------------
+    # -- the stdlib engine (direct.py), from the trio thread ----------------------------------------
+
+    def takes(self, url: str, start: int, end: int) -> bool:
+        """Whether the stdlib engine tries this read first (else the asyncio path takes it)."""
+        if not self.direct or end <= start or url in self._whole_only:
+            return False
+        size = self.known_size(url)
+        return (size is None or start < size) and self._direct_target(url) is not None  # past the end: a 416
+
+    async def read_direct(self, url: str, start: int, end: int, piece: int, started: float) -> list:
+        """One attempt on the stdlib engine, from a trio task, within --read-timeout after `started`
+        (time.monotonic()): the pieces, FetchError (final), or HandOver."""
+        origin, path, extra = self._direct_target(url)
+        headers = {**self.headers, **extra, "Range": f"bytes={start}-{end - 1}", **self._conditions(url),
+                   "Accept-Encoding": "identity"}
+        request = direct.Request(origin, path, headers, take=self.pool.take if self.pool is not None else None)
+        left = started + self.policy.read_timeout - time.monotonic()  # (trio's clock is not time.monotonic())
+        with trio.move_on_after(max(left, 0)):
+            async with self._trio_slots(url):
+                try:
+                    pieces = await run_in_worker(
+                        lambda: request.run(start, piece, lambda resp: self._accept_direct(url, resp, start, end)),
+                        request.abort)
+                except FetchError:
+                    self.stats.errors += 1
+                    raise
+                except _Retry as e:
+                    raise HandOver((str(e), e.retry_after)) from None
+                except ssl.SSLCertVerificationError as e:
+                    self.stats.errors += 1
+                    raise FetchError(f"{certificate_problem(e)} for {redact(url)}") from None
+                except ValueError as e:  # http.client refuses a header value (a line break in it)
+                    self.stats.errors += 1
+                    raise FetchError(f"{redact(url)}: {e}") from None
+                except TimeoutError:
+                    raise HandOver(("timed out (connection stalled)", None)) from None
+                except (direct.ShortBody, http.client.HTTPException, OSError) as e:
+                    raise HandOver((f"{type(e).__name__}: {e}".rstrip(": "), None)) from None
+                finally:
+                    self.stats.requests += 1
+            if pieces is None:
+                raise HandOver()
+            self.stats.record(sum(map(len, pieces)), time.monotonic() - started)
+            return pieces
+        raise HandOver(("timed out", None))  # the retry loop finds no time left and says so
 
     def _direct_target(self, url: str) -> tuple | None:
         """(origin's connection pool, request target, extra headers) for the direct path, or None when
         the url must go through aiohttp: a proxy, credentials in the url, or an answer that was
-        not a plain 206 before. Worked out once per url."""
+        not a plain 206 before. Worked out once per url (the request target anew, with a signer)."""
         if url in self._direct_targets:
-            return self._direct_targets[url]
-        from yarl import URL
-
+            target = self._direct_targets[url]
+            if target is None or self.signer is None:
+                return target
+            return target[0], URL(self.signer(url, "GET"), encoded=True).raw_path_qs, target[2]
         target = None
-        parsed = URL(url)
+        wire = url if self.signer is None else self.signer(url, "GET")
+        parsed = URL(wire, encoded=self.signer is not None)
         extra = {}
-        route = self._route(url, self.headers)
+        route = self._route(wire, self.headers)
         if parsed.scheme in ("http", "https") and parsed.host and parsed.user is None and set(route) <= {"auth"}:
             if "auth" in route:
                 extra["Authorization"] = route["auth"].encode()
-            key = _origin(url)
+            key = _origin(wire)
             origin = self._origins.get(key)
-            if origin is None:  # setdefault: the fast path may work this out at the same time in its thread
+            if origin is None:  # setdefault: the asyncio thread may work this out at the same time
                 context = self.ssl if isinstance(self.ssl, ssl.SSLContext) else None if self.ssl else _unverified()
                 created = direct.Origin(parsed.scheme, parsed.raw_host, parsed.explicit_port, ssl_context=context,
                                         connect_timeout=self.policy.connect_timeout,
@@ -447,38 +549,6 @@ class HttpBackend:
             target = (origin, parsed.raw_path_qs, extra)
         self._direct_targets[url] = target
         return target
-
-    async def _get_range_direct(self, url: str, start: int, end: int, piece: int) -> list[bytes] | None:
-        """One attempt on the direct path: the pieces, or None when aiohttp must take the request."""
-        target = self._direct_target(url)
-        if target is None:
-            return None
-        origin, path, extra = target
-        headers = {**self.headers, **extra, "Range": f"bytes={start}-{end - 1}", **self._conditions(url),
-                   "Accept-Encoding": "identity"}
-        request = direct.Request(origin, path, headers, take=self.pool.take if self.pool is not None else None)
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(4 * self.connections_per_host,
-                                                                   thread_name_prefix="refmount-http")
-        future = asyncio.get_running_loop().run_in_executor(
-            self._executor, request.run, start, piece, lambda resp: self._accept_direct(url, resp, start, end))
-        try:
-            return await future
-        except asyncio.CancelledError:
-            request.abort()  # the worker thread is blocked on its socket: shut it
-            raise
-        except (FetchError, _Retry):
-            raise
-        except ssl.SSLCertVerificationError as e:
-            raise FetchError(f"{certificate_problem(e)} for {redact(url)}") from None
-        except ValueError as e:  # http.client refuses a header value (a line break in it)
-            raise FetchError(f"{redact(url)}: {e}") from None
-        except TimeoutError:
-            raise _Retry("timed out (connection stalled)") from None
-        except (direct.ShortBody, http.client.HTTPException, OSError) as e:
-            raise _Retry(f"{type(e).__name__}: {e}".rstrip(": ")) from None
-        finally:
-            self.stats.requests += 1
 
     def _accept_direct(self, url: str, resp: http.client.HTTPResponse, start: int, end: int) -> int | None:
         """In the worker thread: the body length of a plain 206 (its headers checked), None to hand
@@ -592,7 +662,7 @@ class HttpBackend:
     async def _with_retries(self, url: str, attempt_once, started: float | None = None,
                             failed: tuple[str, float | None] | None = None):
         """`attempt_once` until it succeeds, a final error, or --read-timeout after `started` (now if
-        None; the loop's clock is time.monotonic()). `failed`: the first attempt (on the fast path)
+        None; the loop's clock is time.monotonic()). `failed`: the first attempt (on the stdlib engine)
         failed so, and this loop goes on from there."""
         policy = self.policy
         loop = asyncio.get_running_loop()

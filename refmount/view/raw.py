@@ -29,9 +29,10 @@ _ACTIVE = 1.0  # seconds since its last read for which a stream counts as readin
 # its next part's first byte at the same moment (at 80 ms a sixth of the time with 8 MiB parts).
 # Parts that end at different times leave the others to fill the link during each one's round trip.
 _STAGGER = (4, 3, 2, 3)
-# The least a range of a block spread over several connections may be (ReadStreams._read_ahead):
-# the HTTP client takes smaller ranges over other connections than the big parts that follow
-# (fetch.http.DIRECT_MIN_BYTES), and the point is to bring those through their slow start.
+# The least a range of a block spread over several connections may be (ReadStreams._read_ahead): the
+# point is to bring the connections that carry the big parts that follow through their slow start.
+# (Chosen when smaller ranges went over other connections than big ones; now every range of the
+# stdlib engine shares one pool, and smaller spreads are untested.)
 _SPREAD_MIN = 512 << 10
 
 

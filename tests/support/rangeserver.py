@@ -40,7 +40,8 @@ Lying and other modes (attributes, changeable while it runs):
 - ``ssl_context`` (constructor): serve https.
 
 ``stats["headers"]`` keeps each request's headers (lower-case names) for checks on what was sent,
-``stats["peers"]`` the client's (host, port) it came from (which connection).
+``stats["peers"]`` the client's (host, port) it came from (which connection), ``stats["queries"]``
+the query string (a presigned S3 request's signature).
 """
 
 from __future__ import annotations
@@ -292,6 +293,7 @@ class RangeServer:
             "log": collections.deque(maxlen=self._log_size),  # (method, path, range header)
             "headers": collections.deque(maxlen=self._log_size),  # each request's headers
             "peers": collections.deque(maxlen=self._log_size),  # each request's client (host, port)
+            "queries": collections.deque(maxlen=self._log_size),  # each request's query string
         }
 
     @property
@@ -307,6 +309,7 @@ class RangeServer:
                 "log": list(s["log"]),
                 "headers": list(s["headers"]),
                 "peers": list(s["peers"]),
+                "queries": list(s["queries"]),
             }
 
     def reset_stats(self) -> None:
@@ -380,6 +383,7 @@ class RangeServer:
             self._stats["log"].append((request.method, "/" + relpath, range_header))
             self._stats["headers"].append({k.lower(): v for k, v in request.headers.items()})
             self._stats["peers"].append(request.transport.get_extra_info("peername")[:2])
+            self._stats["queries"].append(request.query_string)
 
         if request.method not in ("GET", "HEAD"):
             return self._simple(405, {"Allow": "GET, HEAD"})
