@@ -232,7 +232,6 @@ class HttpBackend:
         self._direct_targets: dict[str, tuple | None] = {}  # url -> (origin, request target), None: aiohttp only
         self._origins: dict[tuple, direct.Origin] = {}  # (scheme, host) -> its direct connections
         self._host_slots: dict[tuple, Slots] = {}  # (scheme, host) -> ranges of every path in flight
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         # Where the stdlib engine receives bodies: anything with take(nbytes) -> a writable buffer of
         # that size (the caches' buffer pool, cache/buffers.py); None: a new bytes object per piece.
         self.pool = None
