@@ -124,6 +124,7 @@ class DecodedView:
         renames: dict[str, int] = {}
         strlen_renames: dict[str, int] = {}
         fill_keys: dict[str, ArrayInfo] = {}  # missing chunks served as files (_fill_missing_chunks)
+        joined_fills: dict[str, str] = {}  # second names of those that are chunks of joined characters
         chars_with_dimension = any(f.chars in ("char", "ubyte") for f in self.forms)
         for info in self.arrays:
             if info.strlen and getattr(self.refset, "lazy", False):
@@ -136,7 +137,7 @@ class DecodedView:
                 log.info("decoded view: array %s: %s", info.name, "; ".join(info.notes))
             prefix = f"{info.path}/" if info.path else ""
             forms = [served_array(info, form) for form in self.forms]
-            self._fill_missing_chunks(info, [z for z, _ in forms], fill_keys)
+            filled = self._fill_missing_chunks(info, [z for z, _ in forms], fill_keys)
             served[prefix + ".zarray"] = [z for z, _ in forms]
             if info.zattrs or self.refset.find(prefix + ".zattrs") >= 0:
                 served[prefix + ".zattrs"] = [a for _, a in forms]
@@ -144,6 +145,8 @@ class DecodedView:
                 strlen_renames.update(self._strlen_chunk_names(info))
             if any(joins_last_dimension(info, form) for form in self.forms):
                 renames.update(self._joined_chunk_names(info))
+                prefix_ = f"{info.path}/" if info.path else ""
+                joined_fills.update({prefix_ + n[:-2]: prefix_ + n for n in filled if n.endswith(".0")})
             if info.transforms_chunks or info.dir_id in self._shards:  # (an inner chunk is never its key's bytes)
                 self._chunks[info.dir_id] = info
                 self._codecs[info.dir_id] = [_codec(c) for c in info.codecs]
@@ -171,10 +174,12 @@ class DecodedView:
         served[".zmetadata"] = [None] * len(self.forms)  # filled in below, once every key has its index
         added = {k: b"" for k in served if self.refset.find(k) < 0}
         self.refset = OverlayRefSet(self.refset, {**added, **dict.fromkeys(renames, b""),
-                                                  **dict.fromkeys(fill_keys, b"")})
+                                                  **dict.fromkeys(fill_keys, b""), **dict.fromkeys(joined_fills, b"")})
         for key, i in renames.items():
             self._renamed[self.refset.find(key)] = i
         self._fill_keys = {self.refset.find(key): info for key, info in fill_keys.items()}
+        for key, target in joined_fills.items():
+            self._renamed[self.refset.find(key)] = self.refset.find(target)
         if all(f.chars in ("char", "ubyte") for f in self.forms):  # (no form reads their own names)
             self._renamed_away = set(strlen_renames.values())
         by_index = {self.refset.find(k): v for k, v in served.items()}
@@ -224,25 +229,36 @@ class DecodedView:
                     names[f"{prefix}{name}{info.separator}0"] = i
         return names
 
-    def _fill_missing_chunks(self, info: ArrayInfo, zarrays: list[dict], fill_keys: dict) -> None:
+    def _fill_missing_chunks(self, info: ArrayInfo, zarrays: list[dict], fill_keys: dict) -> list[str]:
         """A form whose fill_value is not the one the array's missing chunks read as (GDAL's nodata,
         refmount.view.forms) gets them as files of that fill instead, so that every form reads the
         same values; where that cannot be (a Parquet set, the "/" separator, more than
-        MAX_FILL_CHUNKS, no base fill) every form keeps the base fill_value."""
+        MAX_FILL_CHUNKS, no base fill) every form keeps the base fill_value. So do characters that
+        GDAL reads as strings (without a fill it reads a missing chunk as null strings, not the NULs
+        netCDF's characters are filled with). Returns the chunk names served as files."""
+        prefix = f"{info.path}/" if info.path else ""
+        if info.out_zarray["dtype"] == CHAR_DTYPE_49:
+            if info.strlen or not any(f.nodata_fill and z["dtype"].startswith("|S") for f, z in zip(self.forms, zarrays)):
+                return []
+            missing = self._missing_chunk_names(info) or []
+            if len(fill_keys) + len(missing) > MAX_FILL_CHUNKS:
+                return []
+            fill_keys.update({prefix + name: info for name in missing})
+            return missing
         base = info.out_zarray.get("fill_value")
         differ = [z for z in zarrays if _fill_bytes(z.get("fill_value"), z["dtype"]) != _fill_bytes(base, info.out_zarray["dtype"])]
         if not differ:
-            return
+            return []
         missing = self._missing_chunk_names(info) if base is not None else None
         if missing is None or len(fill_keys) + len(missing) > MAX_FILL_CHUNKS:
             for z in differ:
                 z["fill_value"] = base
             log.info("decoded view: array %s: fill_value %r kept in every form (its missing chunks cannot be "
                      "served as files)", info.name, base)
-            return
-        prefix = f"{info.path}/" if info.path else ""
+            return []
         for name in missing:
             fill_keys[prefix + name] = info
+        return missing
 
     def _missing_chunk_names(self, info: ArrayInfo) -> list[str] | None:
         """The chunk keys of the array's grid (as served) that the set lacks; None: not known at mount."""

@@ -98,8 +98,6 @@ def served_array(info: ArrayInfo, form: Form) -> tuple[dict, dict]:
         _unsigned(z, a)
     if form.nodata_fill and info.dtype is not None and info.dtype.kind in "iuf":
         z["fill_value"] = _nodata(a)
-    elif form.nodata_fill and z["dtype"].startswith("|S") and z.get("fill_value") is None:
-        z["fill_value"] = ""  # (GDAL reads a missing chunk of strings as null ones without it; netCDF's are NUL)
     served_hints(a, form)
     if form.all_attributes:
         a.update(info.left_out)
