@@ -431,10 +431,12 @@ class DecodedView:
         if array.size * info.out_dtype.itemsize != info.out_chunk_bytes:
             raise DecodeError(f"chunk {key!r} transforms to {array.size * info.out_dtype.itemsize} bytes, "
                               f"expected {info.out_chunk_bytes}")
+        # only a swap changes the type: characters served as bytes (u1 of S1) keep theirs
+        served = info.out_dtype if info.swap else info.dtype
         if out is None:
-            return memoryview(np.ascontiguousarray(array.astype(info.out_dtype, copy=False)).reshape(-1).view(np.uint8))
+            return memoryview(np.ascontiguousarray(array.astype(served, copy=False)).reshape(-1).view(np.uint8))
         # swapped, reordered to C order and cropped in one copy, straight into the slot
-        np.copyto(np.frombuffer(out, dtype=info.out_dtype).reshape(array.shape), array, casting="unsafe")
+        np.copyto(np.frombuffer(out, dtype=served).reshape(array.shape), array, casting="unsafe")
         return out.toreadonly()
 
     def targets(self, i: int) -> list[str]:

@@ -97,8 +97,9 @@ def _fits(items: list, dtype: np.dtype) -> bool:
 def _float32_values(items: list) -> bool:
     """Every value is exactly a float32 and one at least was evidently written from one (0.0 or
     1.0 alone prove nothing)."""
-    return all(float(np.float32(x)) == x or not math.isfinite(x) for x in items) and any(
-        isinstance(x, float) and _is_float32(x) for x in items)
+    with np.errstate(over="ignore"):  # (a double beyond float32's range is simply not one)
+        return all(float(np.float32(x)) == x or not math.isfinite(x) for x in items) and any(
+            isinstance(x, float) and _is_float32(x) for x in items)
 
 
 def _own_type(items: list) -> np.dtype:
