@@ -158,7 +158,7 @@ def test_fixed_strings_in_each_form():
 def test_scalars_in_each_form():
     info = planned(zarray("<f8", []), {"units": "s"})
     served = {name: served_array(info, form) for name, form in FORMS.items()}
-    for name in ("nc49", "nc410", "portable"):  # (netCDF-C reads no Zarr scalar: docs-notes/24.md)
+    for name in ("nc49", "nc410", "portable"):  # (netCDF-C reads no Zarr scalar: docs/views-and-clients.md)
         assert served[name][0]["shape"] == [1] and served[name][1]["_ARRAY_DIMENSIONS"] == [SCALAR_DIMENSION]
     for name in ("zarr", "gdal"):
         assert served[name][0]["shape"] == [] and served[name][1]["_ARRAY_DIMENSIONS"] == []

@@ -161,7 +161,7 @@ def test_requests_are_presigned_and_carry_no_authorization_header(server, bucket
 def test_credentials_never_follow_a_redirect_to_another_host(server, other_server, bucket, client):
     """The endpoint redirects to another host: refused (as for http targets); the other host never
     sees a request, so neither the signature nor the session token reaches it. (obstore's own GET
-    would follow it and send X-Amz-Security-Token along: docs-notes/26.md.)"""
+    would follow it and send X-Amz-Security-Token along: docs/operations.md.)"""
     (other_server.root / "bkt").mkdir()
     (other_server.root / "bkt" / "obj.bin").write_bytes(bucket)
     server.redirects["/bkt/obj.bin"] = other_server.url_for("bkt/obj.bin")

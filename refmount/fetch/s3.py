@@ -7,7 +7,7 @@ Host header signed), through the same HttpBackend as http(s) targets: the stdlib
 same-host only, one-line errors, --read-timeout and --stall-timeout, the retry policy), and bodies
 land in the block buffers the engine is given. obstore is used for what it does well here: the
 credential chain and the signature. Its own GET is not used: it follows redirects to any host,
-takes that host's bytes, and forwards X-Amz-Security-Token there (docs-notes/26.md), and it
+takes that host's bytes, and forwards X-Amz-Security-Token there (docs/operations.md), and it
 allocates a buffer per request that no pool of ours can replace.
 
 `--remote-options` are s3fs's; `engine_config` maps those it can (key, secret, token, anon,

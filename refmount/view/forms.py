@@ -1,7 +1,7 @@
 """The metadata forms of the decoded view: what each kind of reader reads right.
 
 No one Zarr form of netCDF data reads right in every client (NOTES §2, §6; measured again for
-issue 24, see docs-notes/24.md):
+issue 24, see docs/views-and-clients.md):
 
 - netCDF-C 4.9.x (Debian 12's ncdump, NCO, CDO) reads characters only as its own '<U1' (one byte
   each) and crashes on any '|S'; it crashes reading a rank-0 array in every mode (also one its own

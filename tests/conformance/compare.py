@@ -549,7 +549,7 @@ def _compare_tool(client, src, got, refs_attrs, zarray, values_undefined, notes)
     else:
         values, squeezed = _unwrap_scalar(src.dims, got.dims, got.values)
         if squeezed:
-            notes.append("scalar served as [1] (netCDF-C 4.9.0 cannot read a Zarr scalar: docs-notes/24.md)")
+            notes.append("scalar served as [1] (netCDF-C 4.9.0 cannot read a Zarr scalar: docs/views-and-clients.md)")
         elif tuple(src.dims) != tuple(got.dims):
             notes.append(f"dimensions {got.dims} != source {src.dims}")
         same_text = _text(src.values) is not None and _text(src.values) == _text(values)

@@ -240,7 +240,7 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path, mount_args: List[s
                 elif r["cls"] in (WRONG, ERROR):
                     if copy_result is None:
                         copy = copies.get(form)
-                        if copy is None:  # (in the form the client was served: REFMOUNT_FORM, docs-notes/24.md)
+                        if copy is None:  # (in the form the client was served: REFMOUNT_FORM, docs/views-and-clients.md)
                             copy = copies[form] = work / f"copy_{variant}_{form or 'plain'}"
                             env = {**os.environ, "REFMOUNT_FORM": form} if form else None
                             subprocess.run(["cp", "-r", str(mnt), str(copy)], capture_output=True,
