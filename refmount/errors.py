@@ -34,3 +34,12 @@ def quote(value, limit: int = 120) -> str:
     """repr() of a key or url, shortened so error lines stay one line."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+def format_size(n: int) -> str:
+    """Bytes as the size options take them back (2G, 768M, 1.5G, 4096), for one-line errors."""
+    for suffix, unit in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= unit:
+            value = n / unit
+            return f"{value:.0f}{suffix}" if value == int(value) else f"{value:.1f}{suffix}"
+    return str(n)

@@ -47,7 +47,7 @@ import aiohttp
 import trio
 from yarl import URL
 
-from refmount.errors import FetchError, ReadRefused, RemoteChanged
+from refmount.errors import FetchError, ReadRefused, RemoteChanged, format_size
 from refmount.fetch import direct
 from refmount.fetch.bridge import run_in_worker
 from refmount.fetch.pieces import piece_sizes, split
@@ -592,7 +592,7 @@ class HttpBackend:
             end = min(end, size)
         if end > self.max_pass:
             raise ReadRefused(f"{redact(url)} ignores Range: reads beyond byte {self.max_pass:,} of it would stream "
-                              f"it from its start past --max-full-download {_format_size(self.max_pass)} (raise "
+                              f"it from its start past --max-full-download {format_size(self.max_pass)} (raise "
                               "the option to read them)", once=f"--max-full-download {url}")
         download = self._downloads.get(url)
         if download is None or not download.can_join(start):
@@ -917,15 +917,6 @@ async def _read_exactly(resp, n: int, allow_eof: bool = False) -> bytes:
         parts.append(chunk)
         got += len(chunk)
     return b"".join(parts)
-
-
-def _format_size(n: int) -> str:
-    """Bytes as the size options take them back: 1G, 768M, 4096."""
-    for suffix, unit in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= unit:
-            value = n / unit
-            return f"{value:.0f}{suffix}" if value == int(value) else f"{value:.1f}{suffix}"
-    return str(n)
 
 
 def _total_from(content_range: str) -> int | None:

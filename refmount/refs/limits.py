@@ -14,7 +14,7 @@ import resource
 import signal
 import threading
 
-from refmount.errors import RefsError
+from refmount.errors import RefsError, format_size
 
 BYTES_PER_KEY = 350
 WORST_BYTES_PER_REFS_BYTE = 3
@@ -43,15 +43,6 @@ def default_max_keys() -> int:
 
 def default_max_refs_size() -> int:
     return _round_down(available_memory() // 2 // WORST_BYTES_PER_REFS_BYTE, 256 << 20)
-
-
-def format_size(n: int) -> str:
-    """Bytes in the units --max-refs-size accepts back: 2G, 768M, 1.5G, 4096."""
-    for suffix, unit in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= unit:
-            value = n / unit
-            return f"{value:.0f}{suffix}" if value == int(value) else f"{value:.1f}{suffix}"
-    return str(n)
 
 
 class LoadTimeout(RefsError):
