@@ -13,6 +13,10 @@ from pathlib import Path
 
 import pytest
 
+# h5py before netCDF4: the two wheels bundle their own HDF5, and h5py fails ("Not property objects")
+# once netCDF4's is loaded first in the same process (the tests import both, in any order)
+import h5py  # noqa: F401,E402
+
 from tests.support.rangeserver import RangeServer
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
