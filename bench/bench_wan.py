@@ -1,6 +1,7 @@
 """WAN benchmark: refmount against rclone mount, fsspec and curl over an emulated link (issue 13).
 
-    bench/bench_wan.sh [--quick] [--rtt 0,2,20,80] [--runs N] [--refmount-options='...'] [--baseline TREE]
+    bench/bench_wan.sh [--quick] [--rtt 0,2,20,80] [--runs N] [--link auto|netem|nfqueue|proxy]
+                       [--refmount-options='...'] [--baseline TREE]
 
 Needs root. Builds its own network namespace and veth pair (addresses only inside one /30 of its own),
 adds `tc netem delay RTT/2 rate 1gbit` on both ends, and serves a random file and a kerchunked,
@@ -9,6 +10,7 @@ started INSIDE the namespace. From the host, at each RTT, with the contenders al
 
 - refmount dd: cold `dd bs=1M` of a whole-file reference, 1 reader;
 - refmount chunks: `cat` of every chunk file of the netCDF file in order, 1 reader;
+- refmount chunks x4: 4 such readers at once, each of one quarter of the chunk files (consecutive keys);
 - refmount 4 readers: 4 `dd` of the four quarters of the whole file at once;
 - rclone dd: `rclone mount :http:` (no VFS cache), cold `dd bs=1M`;
 - fsspec cat: ReferenceFileSystem.cat of all chunk keys in one call (batched), fresh process;
@@ -28,8 +30,17 @@ chunk by RTT/2 per direction, serialising all connections through a 1 Gbit/s bot
 with a per-connection window (--window, default 4 MiB, with slow start) and a 1-RTT handshake; it is
 restarted for each RTT. Its own ceiling (curl through it, unlimited, at RTT 0, against curl straight to
 nginx) is measured first. CPU figures never include the proxy. --link proxy forces this mode.
-Everything it creates (mounts, nginx, proxy, namespace, veth) is removed at exit, also on failure or a
-signal; bench_wan.sh adds a trap for a hard kill. --quick: smaller files, 2 runs.
+--link nfqueue keeps the endpoints' own kernel TCP instead (issue 26): the host's veth leads to a router
+namespace and on to the server's namespace; iptables (legacy) in the router sends each packet arriving
+from either side to an NFQUEUE, where bench/nfqdelay.c (built with gcc at start, run real time in the
+router namespace) holds it RTT/2 behind a 1 Gbit/s bottleneck per direction and accepts it, in order.
+Both ends keep their kernel defaults (congestion control, tcp_rmem/tcp_wmem are logged). At each RTT the
+TCP connect time checks the delay; the line's own ceiling (curl through the queue at 0 ms, unlimited,
+against curl through the router without it) is measured first, and its counters (packets, drops,
+releases more than 1 ms late) are logged at each RTT. --link auto picks netem, else nfqueue when
+iptables-legacy, gcc and libnetfilter-queue-dev are here, else the proxy.
+Everything it creates (mounts, nginx, proxy or delay line, namespaces, veths, rules) is removed at exit,
+also on failure or a signal; bench_wan.sh adds a trap for a hard kill. --quick: smaller files, 2 runs.
 """
 
 from __future__ import annotations
@@ -114,6 +125,141 @@ class Link:
     def down(self) -> None:
         sh("ip", "link", "del", self.outer, check=False)  # deletes the pair
         sh("ip", "netns", "del", self.ns, check=False)
+
+
+class NfqLink(Link):
+    """Kernel TCP through a delay line (--link nfqueue): the host's veth `outer` joins a router namespace,
+    whose second veth joins the server namespace `ns` (nginx). Two /30s of 10.214.<subnet>.0/29; the
+    host reaches the server by a route via the router (removed with the veth). In the router, iptables
+    (legacy: this kernel has xt_NFQUEUE but no nft queue) sends every packet arriving from the host to
+    NFQUEUE 0 and every packet arriving from the server to NFQUEUE 1, where bench/nfqdelay holds it.
+    Packets are held in the middle, after they left their sender's namespace (the skb is orphaned
+    there), so the sender's TCP small-queues limit does not count them, as on a real path."""
+
+    def __init__(self, tag: str, subnet: int) -> None:
+        self.ns, self.router = f"rmkS{tag}", f"rmkR{tag}"
+        self.outer, self.router_host = f"rmk{tag}h", f"rmk{tag}a"
+        self.router_server, self.inner = f"rmk{tag}b", f"rmk{tag}n"
+        base = f"10.214.{subnet}"
+        self.host_ip, self.router_host_ip = f"{base}.1", f"{base}.2"
+        self.router_server_ip, self.server_ip = f"{base}.5", f"{base}.6"
+        self.server_net = f"{base}.4/30"
+
+    def up(self) -> None:
+        for ns in (self.router, self.ns):
+            sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", self.outer, "type", "veth", "peer", "name", self.router_host)
+        sh("ip", "link", "add", self.router_server, "type", "veth", "peer", "name", self.inner)
+        for dev in (self.router_host, self.router_server):
+            sh("ip", "link", "set", dev, "netns", self.router)
+        sh("ip", "link", "set", self.inner, "netns", self.ns)
+        sh("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.outer)
+        sh("ip", "link", "set", self.outer, "up")
+        sh("ip", "route", "add", self.server_net, "via", self.router_host_ip, "dev", self.outer)
+        r = self.in_router
+        r("ip", "addr", "add", f"{self.router_host_ip}/30", "dev", self.router_host)
+        r("ip", "addr", "add", f"{self.router_server_ip}/30", "dev", self.router_server)
+        for dev in (self.router_host, self.router_server, "lo"):
+            r("ip", "link", "set", dev, "up")
+        r("sysctl", "-qw", "net.ipv4.ip_forward=1")
+        self.exec("ip", "addr", "add", f"{self.server_ip}/30", "dev", self.inner)
+        self.exec("ip", "link", "set", self.inner, "up")
+        self.exec("ip", "link", "set", "lo", "up")
+        self.exec("ip", "route", "add", "default", "via", self.router_server_ip)
+
+    def in_router(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+        return sh("ip", "netns", "exec", self.router, *cmd, check=check)
+
+    def queue(self, on: bool) -> None:
+        """Send the packets crossing the router to the delay line's queues (on), or let them pass (off)."""
+        for dev, num in ((self.router_host, 0), (self.router_server, 1)):
+            self.in_router("iptables-legacy", "-t", "mangle", "-A" if on else "-D", "PREROUTING", "-i", dev,
+                           "-j", "NFQUEUE", "--queue-num", str(num), check=on)
+
+    def tcp_settings(self) -> str:
+        """The TCP sysctls both ends run with (the server's namespace starts from the kernel defaults)."""
+        keys = ["net.ipv4.tcp_congestion_control", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"]
+        host = sh("sysctl", "-n", *keys).stdout.split("\n")
+        server = self.exec("sysctl", "-n", *keys).stdout.split("\n")
+        return "; ".join(f"{k.rsplit('.', 1)[1]} host {h.split()} server {s.split()}".replace("'", "")
+                         for k, h, s in zip(keys, host, server))
+
+    def down(self) -> None:
+        sh("ip", "link", "del", self.outer, check=False)  # deletes the pair and the host's route
+        for ns in (self.router, self.ns):  # the router's rules and its other veth go with it
+            sh("ip", "netns", "del", ns, check=False)
+
+
+def nfqueue_missing() -> list[str]:
+    """What --link nfqueue needs and this machine lacks (bench_wan.sh installs them)."""
+    need = {"iptables-legacy": shutil.which("iptables-legacy"), "gcc": shutil.which("gcc"),
+            "libnetfilter-queue-dev": Path("/usr/include/libnetfilter_queue/libnetfilter_queue.h").exists()}
+    return [name for name, present in need.items() if not present]
+
+
+def build_nfqdelay(run_dir: Path) -> Path:
+    binary = run_dir / "nfqdelay"
+    done = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(binary), str(HERE / "nfqdelay.c"), "-lnetfilter_queue",
+                           "-lnfnetlink"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"cannot build bench/nfqdelay.c: {done.stderr.strip()[-400:]}")
+    return binary
+
+
+@contextmanager
+def nfq_delay(link: NfqLink, run_dir: Path, binary: Path, rtt_ms: float, rate_mbit: float = 1000):
+    """bench/nfqdelay in the router namespace, holding each packet RTT/2 per direction (after a
+    `rate_mbit` bottleneck; 0: none); logs its counters when stopped."""
+    cmd = ["ip", "netns", "exec", link.router, str(binary), "--delay-ms", f"{rtt_ms / 2:g}",
+           "--rate-mbit", f"{rate_mbit:g}", "0", "1"]
+    err = open(run_dir / "nfqdelay.err", "w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    (run_dir / "nfqdelay.pid").write_text(f"{proc.pid}\n")  # `ip netns exec` execs: the line's own pid
+    try:
+        ready = [None]
+        reader = threading.Thread(target=lambda: ready.__setitem__(0, proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(15)
+        if ready[0] != "ready\n":
+            raise RuntimeError(f"nfqdelay did not start: {Path(err.name).read_text().strip()[-400:]}")
+        yield proc
+    finally:
+        bs.stop(proc)
+        err.seek(0)
+        lines = err.read().strip().splitlines()
+        log(f"  nfqdelay (RTT {rtt_ms:g} ms, {rate_mbit:g} Mbit/s): {lines[-1] if lines else 'no counters'}")
+        err.close()
+        (run_dir / "nfqdelay.pid").unlink(missing_ok=True)
+
+
+def connect_ms(url: str, times: int = 5) -> float:
+    """Median TCP connect time to the server (one round trip): checks the delay line's RTT."""
+    out = []
+    for _ in range(times):
+        done = subprocess.run(["curl", "-s", "-o", "/dev/null", "-m", "10", "-w", "%{time_connect}", "-r", "0-0",
+                               url + "big.bin"], capture_output=True, text=True)
+        out.append(float(done.stdout or "nan") * 1000)
+    return statistics.median(out)
+
+
+def nfq_ceiling(bench: "Bench", link: NfqLink, run_dir: Path, binary: Path) -> str:
+    """curl x1 and x8 through the router without the queue and through the delay line at 0 ms and no
+    rate limit: the most the line can carry here, which must stay well above the 125 MB/s it emulates."""
+    rows: dict[str, dict[str, list[float]]] = {"curl x1": {"direct": [], "line": []},
+                                               "curl x8": {"direct": [], "line": []}}
+    for _ in range(2):
+        for name, fn in (("curl x1", bench.curl_1), ("curl x8", bench.curl_8)):
+            rows[name]["direct"].append(fn()["mbps"])
+        link.queue(True)
+        try:
+            with nfq_delay(link, run_dir, binary, 0, rate_mbit=0):
+                for name, fn in (("curl x1", bench.curl_1), ("curl x8", bench.curl_8)):
+                    rows[name]["line"].append(fn()["mbps"])
+        finally:
+            link.queue(False)
+    return "delay line ceiling (0 ms, unlimited; best of 2): " + ", ".join(
+        f"{name} {max(r['line']):.0f} MB/s through the queue vs {max(r['direct']):.0f} without it"
+        for name, r in rows.items())
 
 
 @contextmanager
@@ -272,6 +418,21 @@ class Bench:
             note_requests(m)
             return self.result(int(out.split()[0]), seconds, cpu, self.chunk_bytes)
 
+    def refmount_chunks_4(self) -> dict:
+        """4 readers at once, each `cat`ting one quarter of the chunk files (consecutive keys) in order."""
+        with self.mounted("chunks") as m:
+            quarter = -(-len(self.chunks) // 4)
+            lists = []
+            for k in range(4):
+                listing = self.run_dir / f"chunk-files-{k}"
+                listing.write_text("\0".join(str(m.path / key) for key in self.chunks[k * quarter:(k + 1) * quarter]))
+                lists.append(listing)
+            bs.drop_caches()
+            cmd = " & ".join(f"(xargs -0 -n 1000 cat < {listing} | wc -c)" for listing in lists) + " & wait"
+            seconds, cpu, out = timed(cmd, lambda: m.pid)
+            note_requests(m)
+            return self.result(sum(map(int, out.split())), seconds, cpu, self.chunk_bytes)
+
     def rclone_dd(self) -> dict:
         mnt = self.run_dir / "mnt-rclone"
         log_path = self.run_dir / "rclone.log"
@@ -360,7 +521,8 @@ class Bench:
                 "get_p50_ms": statistics.median(get_ms), "round_trip_p50_ms": statistics.median(rtt_ms)}
 
 
-CONTENDERS = {"refmount dd": "refmount_dd", "refmount chunks": "refmount_chunks", "refmount 4 readers": "refmount_4",
+CONTENDERS = {"refmount dd": "refmount_dd", "refmount chunks": "refmount_chunks",
+              "refmount chunks x4": "refmount_chunks_4", "refmount 4 readers": "refmount_4",
               "rclone dd": "rclone_dd", "fsspec cat": "fsspec_cat", "curl x1": "curl_1", "curl x8": "curl_8"}
 
 
@@ -410,21 +572,53 @@ def proxy_ceiling(bench: Bench, link: Link, run_dir: Path, window: int) -> str:
         f"{name} {r['proxy']:.0f} MB/s through the proxy vs {r['direct']:.0f} direct" for name, r in rows.items())
 
 
+def paired_ratios(runs: list[dict], ref: list[dict]) -> list[float]:
+    """Each run's MB/s over curl x8's in the same run (both lists hold one entry per run, in run order,
+    unless a run failed: then there is no pairing)."""
+    if len(runs) != len(ref):
+        return []
+    return [r["mbps"] / c["mbps"] for r, c in zip(runs, ref)]
+
+
 def table(rtt_results: dict[float, dict[str, list[dict]]]) -> str:
-    lines = ["| RTT | contender | MB/s median (min-max) | CPU-s/GB | ratio to curl x8 |", "|---|---|---|---|---|"]
+    lines = ["| RTT | contender | MB/s median (min-max) | CPU-s/GB | ratio to curl x8 | paired ratio median (min-max) |",
+             "|---|---|---|---|---|---|"]
     for rtt, results in rtt_results.items():
         ref = [r["mbps"] for r in results.get("curl x8", [])]
         ref_median = statistics.median(ref) if ref else None
         for name, runs in results.items():
             if not runs:
-                lines.append(f"| {rtt:g} ms | {name} | failed | | |")
+                lines.append(f"| {rtt:g} ms | {name} | failed | | | |")
                 continue
             mbps = [r["mbps"] for r in runs]
             cpu = statistics.median(r["cpu_s_per_gb"] for r in runs)
             med = statistics.median(mbps)
             ratio = f"{med / ref_median:.2f}" if ref_median else "-"
-            lines.append(f"| {rtt:g} ms | {name} | {med:.0f} ({min(mbps):.0f}-{max(mbps):.0f}) | {cpu:.2f} | {ratio} |")
+            paired = paired_ratios(runs, results.get("curl x8", []))
+            pair = f"{statistics.median(paired):.2f} ({min(paired):.2f}-{max(paired):.2f})" if paired else "-"
+            lines.append(f"| {rtt:g} ms | {name} | {med:.0f} ({min(mbps):.0f}-{max(mbps):.0f}) | {cpu:.2f} | {ratio} "
+                         f"| {pair} |")
     return "\n".join(lines)
+
+
+def pick_link(wanted: str, tag: str, subnet: int) -> str:
+    """netem, nfqueue or proxy: what --link asks for, or (auto) the first this machine can do."""
+    if wanted in ("auto", "netem"):
+        probe = Link(tag, subnet)
+        try:
+            probe.up()
+            if probe.netem_available():
+                return "netem"
+        finally:
+            probe.down()
+        if wanted == "netem":
+            sys.exit("bench_wan.py: --link netem, but this kernel has no sch_netem")
+    missing = nfqueue_missing()
+    if wanted == "nfqueue" and missing:
+        sys.exit(f"bench_wan.py: --link nfqueue needs {', '.join(missing)} (bench/bench_wan.sh installs them)")
+    if wanted == "auto":
+        return "proxy" if missing else "nfqueue"
+    return wanted
 
 
 def parse_args(argv):
@@ -435,8 +629,9 @@ def parse_args(argv):
     p.add_argument("--runs", type=int, help="runs per contender (default 3, or 2 with --quick)")
     p.add_argument("--refmount-options", default="", metavar="'OPTS'", help="extra options for every refmount mount")
     p.add_argument("--workdir", type=Path, default=Path("/tmp/refmount-wan"), help="generated inputs (kept)")
-    p.add_argument("--link", choices=("auto", "netem", "proxy"), default="auto",
-                   help="how to emulate the link: tc netem, or bench/delayproxy.py (auto: netem if the kernel has it)")
+    p.add_argument("--link", choices=("auto", "netem", "nfqueue", "proxy"), default="auto",
+                   help="how to emulate the link: tc netem, kernel TCP through bench/nfqdelay.c on NFQUEUE, or "
+                   "bench/delayproxy.py (auto: netem if the kernel has it, else nfqueue if its tools are here)")
     p.add_argument("--window", type=int, default=4 << 20, help="delay proxy: per-connection window in bytes "
                    "(default 4 MiB: one stream at 80 ms gets about 1/3 of the link, as real TCP did)")
     p.add_argument("--init-window", type=int, help="delay proxy: initial window in bytes (default 10 segments, "
@@ -470,7 +665,9 @@ def main(argv=None) -> int:
     chunks_nc = bs.generated(args.workdir / f"chunks_{sizes['chunk_steps']}.nc",
                              lambda p: bs.write_netcdf(p, sizes["chunk_steps"], 400, zlib=False))
     tag = str(os.getpid() % 100000)
-    link = Link(tag, os.getpid() % 250)
+    kind = pick_link(args.link, tag, os.getpid() % 250)
+    link = NfqLink(tag, os.getpid() % 250) if kind == "nfqueue" else Link(tag, os.getpid() % 250)
+    netem, nfqueue = kind == "netem", kind == "nfqueue"
     results: dict[float, dict] = {}
     latencies: dict[float, dict] = {}
     with ExitStack() as stack:
@@ -479,19 +676,23 @@ def main(argv=None) -> int:
         stack.callback(shutil.rmtree, serve, ignore_errors=True)
         stack.callback(bs.remove_scratch, run_dir)  # unmounts mnt-* first
         stack.callback(link.down)
-        (run_dir / "link").write_text(f"{link.ns} {link.outer}\n")  # for bench_wan.sh's trap
+        # for bench_wan.sh's trap: namespace, veth, and the router namespace (nfqueue)
+        (run_dir / "link").write_text(f"{link.ns} {link.outer} {getattr(link, 'router', '')}\n")
         link.up()
-        log(f"namespace {link.ns}: server {link.server_ip}, host {link.host_ip}")
+        log(f"namespace {link.ns}: server {link.server_ip}, host {link.host_ip}"
+            + (f", router namespace {link.router}" if nfqueue else ""))
         shutil.copyfile(big, serve / "big.bin")
         shutil.copyfile(chunks_nc, serve / "chunks.nc")
         serve.chmod(0o755)
-        netem = args.link != "proxy" and link.netem_available()
-        if args.link == "netem" and not netem:
-            sys.exit("bench_wan.py: --link netem, but this kernel has no sch_netem")
-        if not netem:
+        if nfqueue:
+            log("no tc netem (or --link nfqueue): kernel TCP through bench/nfqdelay.c holding packets on NFQUEUE "
+                f"in the router namespace; TCP: {link.tcp_settings()}")
+            nfqdelay = build_nfqdelay(run_dir)
+        elif not netem:
             log("no tc netem (this kernel lacks sch_netem, or --link proxy): the link is emulated by "
                 f"bench/delayproxy.py (window {args.window} bytes)")
-        url = stack.enter_context(nginx_in(link, serve, run_dir, proxied=not netem))
+        proxied = kind == "proxy"
+        url = stack.enter_context(nginx_in(link, serve, run_dir, proxied=proxied))
         refs = {"big": run_dir / "big.json", "chunks": run_dir / "chunks.json"}
         refs["big"].write_text(json.dumps({"big": [url + "big.bin"]}))
         kerchunked = bs.kerchunk_refs(chunks_nc, url + "chunks.nc")
@@ -501,14 +702,24 @@ def main(argv=None) -> int:
         bench = Bench(url, run_dir, refs, big.stat().st_size, order, sum(lengths.values()),
                       shlex.split(args.refmount_options), args.baseline)
         ceiling = ""
-        if not netem:
+        if proxied:
             ceiling = proxy_ceiling(bench, link, run_dir, args.window)
             log(ceiling)
+        elif nfqueue:
+            ceiling = nfq_ceiling(bench, link, run_dir, nfqdelay)
+            log(ceiling)
+        checks = []
         for rtt in rtts:
             log(f"RTT {rtt:g} ms")
             with ExitStack() as shaping:
                 if netem:
                     link.set_rtt(rtt)
+                elif nfqueue:
+                    shaping.enter_context(nfq_delay(link, run_dir, nfqdelay, rtt))
+                    link.queue(True)
+                    shaping.callback(link.queue, False)
+                    checks.append(f"RTT {rtt:g} ms: TCP connect p50 {connect_ms(url):.1f} ms")
+                    log(checks[-1])
                 else:
                     shaping.enter_context(delay_proxy(link, run_dir, rtt, args.window, init_window=args.init_window))
                 results[rtt] = measure(bench, runs, deadline, args.only and args.only.split(","))
@@ -520,7 +731,9 @@ def main(argv=None) -> int:
                     except Exception as e:  # noqa: BLE001
                         log(f"latency at {rtt:g} ms failed: {e}")
     out = table(results)
-    link_kind = "tc netem" if netem else f"bench/delayproxy.py, window {args.window} bytes; {ceiling}"
+    link_kind = {"netem": "tc netem",
+                 "nfqueue": f"kernel TCP, bench/nfqdelay.c on NFQUEUE at 1 Gbit/s; {ceiling}; {'; '.join(checks)}",
+                 "proxy": f"bench/delayproxy.py, window {args.window} bytes; {ceiling}"}[kind]
     print(f"link: {link_kind}\n")
     print(out)
     if latencies:

@@ -3,12 +3,13 @@
 #
 #     bench/bench_wan.sh [--quick] [--rtt 0,20,80] [other bench_wan.py options]
 #
-# Installs what is missing (nginx-light, rclone, curl, iproute2, fuse3 from Debian), then runs
+# Installs what is missing (nginx-light, rclone, curl, iproute2, fuse3, and for --link nfqueue iptables,
+# gcc and libnetfilter-queue-dev, from Debian), then runs
 # bench/bench_wan.py, which builds its own network namespace and veth pair, serves from nginx inside the
 # namespace, measures refmount, rclone mount, fsspec and curl at each RTT and prints one table. The
 # benchmark removes everything it made; this EXIT trap removes whatever is left if it was killed outright:
-# its mounts, its namespace (with nginx and the delay proxy in it, stopped by the pids in their pid files)
-# and its veth pair.
+# its mounts, its namespaces (with nginx, the delay proxy and nfqdelay in them, stopped by the pids in
+# their pid files) and its veth pair.
 # Not part of CI.
 set -euo pipefail
 
@@ -20,9 +21,11 @@ python=$venv/bin/python
 [ -x "$python" ] || { echo "bench_wan.sh: no venv at $venv (set REFMOUNT_VENV)" >&2; exit 1; }
 
 missing=()
-for pair in nginx:nginx-light rclone:rclone curl:curl ip:iproute2 tc:iproute2 fusermount3:fuse3; do
+for pair in nginx:nginx-light rclone:rclone curl:curl ip:iproute2 tc:iproute2 fusermount3:fuse3 \
+        iptables-legacy:iptables gcc:gcc; do
     command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
+[ -e /usr/include/libnetfilter_queue/libnetfilter_queue.h ] || missing+=(libnetfilter-queue-dev)
 if ((${#missing[@]})); then
     echo "bench_wan.sh: installing ${missing[*]}" >&2
     apt-get update -qq
@@ -33,7 +36,7 @@ run_dir=$(mktemp -d /tmp/refmount-wan-run.XXXXXX)
 serve_dir=$(mktemp -d /dev/shm/refmount-wan-data.XXXXXX)
 
 cleanup() {
-    local mnt ns veth pid
+    local mnt ns veth router pid
     for mnt in "$run_dir"/mnt-*; do
         mountpoint -q "$mnt" 2>/dev/null && fusermount3 -u -z "$mnt" 2>/dev/null || true
     done
@@ -41,14 +44,19 @@ cleanup() {
         pid=$(cat "$run_dir/proxy.pid")
         kill "$pid" 2>/dev/null || true
     fi
+    if [ -s "$run_dir/nfqdelay.pid" ]; then  # bench/nfqdelay.c (--link nfqueue)
+        pid=$(cat "$run_dir/nfqdelay.pid")
+        kill "$pid" 2>/dev/null || true
+    fi
     if [ -s "$run_dir/nginx.pid" ]; then
         pid=$(cat "$run_dir/nginx.pid")
         kill "$pid" 2>/dev/null || true
     fi
     if [ -s "$run_dir/link" ]; then
-        read -r ns veth < "$run_dir/link"
+        read -r ns veth router < "$run_dir/link"
         ip link del "$veth" 2>/dev/null || true
         ip netns del "$ns" 2>/dev/null || true
+        [ -z "$router" ] || ip netns del "$router" 2>/dev/null || true
     fi
     rm -rf --one-file-system "$run_dir" "$serve_dir"
 }
