@@ -63,21 +63,26 @@ class Origin:
         self._closed = False
 
     def start_warming(self) -> None:
-        """Open connections until `max_idle` are idle, in a thread of its own, and return at once.
+        """Open connections until `max_idle` are idle, each in a thread, and return at once.
         The ranges that start later skip the handshake's round trip (two with TLS): on a long link a
         scan's parallel parts, which begin when the scan shows itself, start on open connections
         (at 80 ms a chunk-file scan went from 0.88-0.91 to 0.92-0.95 of 8 parallel curls). No
         request is sent; servers close connections left idle too long, and `Request` then simply
         takes a new one."""
-        threading.Thread(target=self._warm, name="refmount-connect", daemon=True).start()
+        # all at once, each in a thread: opened one round trip after another, the last ones were
+        # ready only after a scan had begun on cold connections (kernel TCP at 80 ms, bench/NOTES.md)
+        for _ in range(self.max_idle - self._idle.qsize()):
+            threading.Thread(target=self._open_one, name="refmount-connect", daemon=True).start()
 
-    def _warm(self) -> None:
-        while not self._closed and self._idle.qsize() < self.max_idle:
-            try:
-                conn = self.connect()
-            except Exception:  # noqa: BLE001 - the requests that need a connection report why there is none
-                return
-            self.give_back(conn)
+    def _open_one(self) -> None:
+        try:
+            conn = self.connect()
+        except Exception:  # noqa: BLE001 - the requests that need a connection report why there is none
+            return
+        if self._closed or self._idle.qsize() >= self.max_idle:
+            conn.close()
+        else:
+            self._idle.put((conn, time.monotonic()))
 
     def take(self) -> http.client.HTTPConnection | None:
         """An idle connection that is still worth a request, or None. Closed instead: those idle
@@ -108,10 +113,18 @@ class Origin:
         return conn
 
     def give_back(self, conn: http.client.HTTPConnection) -> None:
-        if self._closed or self._idle.qsize() >= self.max_idle:
+        """Keep a connection that served a request. With the pool full, the oldest idle one goes
+        instead: this one's congestion window has grown, a connection opened ahead has not (closing
+        the used one threw away its slow start on every scan's first parts)."""
+        if self._closed:
             conn.close()
-        else:
-            self._idle.put((conn, time.monotonic()))
+            return
+        if self._idle.qsize() >= self.max_idle:
+            with self._idle.mutex:  # (a LifoQueue's list: the oldest is first)
+                oldest = self._idle.queue.pop(0) if self._idle.queue else None
+            if oldest is not None:
+                oldest[0].close()
+        self._idle.put((conn, time.monotonic()))
 
     def close(self) -> None:
         self._closed = True
