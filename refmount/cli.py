@@ -378,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     except RefmountError as e:
         sys.stderr.write(f"refmount: {e}\n")
         return 1
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)  # (--help writes too: into a closed pipe, below)
         status = _run(args)
         sys.stdout.flush()  # a closed pipe shows up here, inside the handler below, not at exit
         return status
@@ -389,10 +389,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("refmount: interrupted\n")
         return 130
+    except SystemExit:  # --help, or a usage error, written: its flush at exit may meet a closed pipe too
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _stdout_to_devnull()
+        raise
     except BrokenPipeError:  # `refmount stats MNT | head`: the reader has what it wanted
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so that the exit-time flush fails silently too
+        _stdout_to_devnull()
         return 141
+
+
+def _stdout_to_devnull() -> None:
+    """So that the exit-time flush of a closed pipe fails silently too."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _run(args) -> int:
