@@ -212,24 +212,8 @@ def nfq_delay(link: NfqLink, run_dir: Path, binary: Path, rtt_ms: float, rate_mb
     `rate_mbit` bottleneck; 0: none); logs its counters when stopped."""
     cmd = ["ip", "netns", "exec", link.router, str(binary), "--delay-ms", f"{rtt_ms / 2:g}",
            "--rate-mbit", f"{rate_mbit:g}", "0", "1"]
-    err = open(run_dir / "nfqdelay.err", "w+")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    (run_dir / "nfqdelay.pid").write_text(f"{proc.pid}\n")  # `ip netns exec` execs: the line's own pid
-    try:
-        ready = [None]
-        reader = threading.Thread(target=lambda: ready.__setitem__(0, proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(15)
-        if ready[0] != "ready\n":
-            raise RuntimeError(f"nfqdelay did not start: {Path(err.name).read_text().strip()[-400:]}")
+    with delay_process(cmd, run_dir, "nfqdelay", f"nfqdelay (RTT {rtt_ms:g} ms, {rate_mbit:g} Mbit/s)") as proc:
         yield proc
-    finally:
-        bs.stop(proc)
-        err.seek(0)
-        lines = err.read().strip().splitlines()
-        log(f"  nfqdelay (RTT {rtt_ms:g} ms, {rate_mbit:g} Mbit/s): {lines[-1] if lines else 'no counters'}")
-        err.close()
-        (run_dir / "nfqdelay.pid").unlink(missing_ok=True)
 
 
 def connect_ms(url: str, times: int = 5) -> float:
@@ -296,24 +280,32 @@ def delay_proxy(link: Link, run_dir: Path, rtt_ms: float, window: int, rate_mbit
            "--rate-mbit", f"{rate_mbit:g}", "--window", str(window)]
     if init_window is not None:
         cmd += ["--init-window", str(init_window)]
-    err = open(run_dir / "proxy.err", "w+")
+    with delay_process(cmd, run_dir, "proxy", f"delay proxy (RTT {rtt_ms:g} ms, {rate_mbit:g} Mbit/s)") as proc:
+        yield proc
+
+
+@contextmanager
+def delay_process(cmd: list[str], run_dir: Path, name: str, title: str):
+    """Start a delay line (`cmd`, run through `ip netns exec`, which execs: its pid is the line's) and
+    wait for its "ready" line; stop it at the end and log the counters it prints on stderr."""
+    err = open(run_dir / f"{name}.err", "w+")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    (run_dir / "proxy.pid").write_text(f"{proc.pid}\n")  # `ip netns exec` execs: this is the proxy's pid
+    (run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
     try:
         ready = [None]
         reader = threading.Thread(target=lambda: ready.__setitem__(0, proc.stdout.readline()), daemon=True)
         reader.start()
         reader.join(15)
         if ready[0] != "ready\n":
-            raise RuntimeError(f"delay proxy did not start: {Path(err.name).read_text().strip()[-400:]}")
+            raise RuntimeError(f"{title.split(' (')[0]} did not start: {Path(err.name).read_text().strip()[-400:]}")
         yield proc
     finally:
         bs.stop(proc)
         err.seek(0)
         lines = err.read().strip().splitlines()
-        log(f"  delay proxy (RTT {rtt_ms:g} ms, {rate_mbit:g} Mbit/s): {lines[-1] if lines else 'no counters'}")
+        log(f"  {title}: {lines[-1] if lines else 'no counters'}")
         err.close()
-        (run_dir / "proxy.pid").unlink(missing_ok=True)
+        (run_dir / f"{name}.pid").unlink(missing_ok=True)
 
 
 def curl_ok(url: str) -> bool:

@@ -196,7 +196,8 @@ class Filesystem:
             raise FsError(errno.EACCES)
         if self.readers is not None and self.view.varies(i):
             index = self.view.form_index
-            form = index.get(self.readers.form_of(caller.pid if caller is not None else 0), index.get(self.readers.fallback, 0))
+            name = await self.readers.form_of_caller(caller.pid if caller is not None else 0)
+            form = index.get(name, index.get(self.readers.fallback, 0))
             return ino | (form + 1) << FORM_SHIFT, True
         return ino, False
 

@@ -24,6 +24,8 @@ import re
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
+import trio
+
 from refmount.view.forms import FALLBACK, FORMS
 
 ENV_VAR = "REFMOUNT_FORM"
@@ -55,6 +57,12 @@ class ReaderIdentifier:
         self._processes: OrderedDict[tuple[int, int], tuple[int, Reader]] = OrderedDict()
         self._versions: dict[tuple[str, str], tuple[int, int, int] | None] = {}  # (device, inode) -> version
         self.served: Counter[tuple[str, str]] = Counter()  # (reader label, form) -> files opened
+        self._one_at_a_time = trio.CapacityLimiter(1)  # (the tables above are not shared across threads)
+
+    async def form_of_caller(self, pid: int) -> str:
+        """`form_of` in a worker thread: it reads /proc and, once per library file, searches up to
+        64 MiB of it for netCDF-C's version string, which must not hold up the FUSE thread."""
+        return await trio.to_thread.run_sync(self.form_of, pid, limiter=self._one_at_a_time)
 
     def form_of(self, pid: int) -> str:
         """The form to serve to the process that sent a request with this pid; counted in `served`."""
