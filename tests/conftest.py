@@ -43,6 +43,31 @@ def _fuse_available():
         pytest.fail(f"FUSE is required for refmount's tests: {problem}", pytrace=False)
 
 
+# The skips CI expects: what only a newer Python can do (.ci/setup runs those tests there too)
+EXPECTED_SKIPS_IN_CI = ("needs Python >= 3.12",)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under CI=true a skip is a failure (a missing ncdump, GDAL, server or test dependency would
+    otherwise pass unseen), except for EXPECTED_SKIPS_IN_CI."""
+    _fail_unexpected_skip((yield).get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same for a whole module skipped at import (`pytest.importorskip` of a test dependency)."""
+    _fail_unexpected_skip((yield).get_result())
+
+
+def _fail_unexpected_skip(report) -> None:
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
+        reason = str(report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr)
+        if not any(expected in reason for expected in EXPECTED_SKIPS_IN_CI):
+            report.outcome = "failed"
+            report.longrepr = f"skipped under CI=true, which must not skip: {reason}"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _daemon_logs_in_tmp(tmp_path_factory):
     """Background daemons of the tests log under a temporary directory, not /var/log or the journal."""
