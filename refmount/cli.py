@@ -66,6 +66,20 @@ def parse_block_size(text: str) -> int:
     return size
 
 
+_ADDRESS = re.compile(r"^(?:(\[[0-9A-Fa-f:.]+\]|[^:\[\]]*):)?(\d{1,5})$")
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """'9101', ':9101' -> ('127.0.0.1', 9101): loopback unless told; '0.0.0.0:9101', '[::1]:9101',
+    'host:9101' as given."""
+    m = _ADDRESS.match(text.strip())
+    port = int(m.group(2)) if m else 0
+    if not m or not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not PORT or ADDR:PORT (examples: 9101, 127.0.0.1:9101, "
+                                         "0.0.0.0:9101)")
+    return (m.group(1) or "127.0.0.1").strip("[]"), port
+
+
 positive_float = _positive(float, "a positive number of seconds")
 positive_int = _positive(int, "a positive integer")
 
@@ -150,6 +164,9 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "(/var/log/refmount/ for root). The mount prints where its log goes")
     g.add_argument("--dry-run", action="store_true",
                    help="load and validate the reference set, print a summary, and exit without mounting")
+    g.add_argument("--metrics", type=parse_address, default=None, metavar="ADDR:PORT",
+                   help="serve the mount's counters (those of 'refmount stats') to Prometheus at "
+                        "http://ADDR:PORT/metrics; a bare PORT listens on 127.0.0.1 only (default: off)")
     g.add_argument("--owner-pid", type=positive_int, metavar="PID",
                    help="unmount when process PID exits (refmount.mount() in Python passes its own PID for a "
                         "temporary mountpoint)")
@@ -309,7 +326,7 @@ def options_from_args(args):
         prefetch=args.prefetch, cache_dir=args.cache_dir, disk_cache_size=args.disk_cache_size,
         max_full_download=args.max_full_download,
         chars=args.chars, form=None if args.form == "auto" else args.form, fallback_form=args.fallback_form,
-        proxy=args.proxy, owner_pid=args.owner_pid,
+        proxy=args.proxy, owner_pid=args.owner_pid, metrics=args.metrics,
         verify_remote=args.verify_remote, ca_bundle=args.ca_bundle, http_client=args.http_client,
         max_refs_size=args.max_refs_size, max_value_size=args.max_value_size, load_timeout=args.load_timeout,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,

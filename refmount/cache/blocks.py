@@ -66,6 +66,10 @@ class BlockCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        # read-ahead blocks stored, and those read before eviction (the wasted ones: budget.prefetch_wasted)
+        self.prefetched = self.prefetched_bytes = 0
+        self.prefetch_used = self.prefetch_used_bytes = 0
+        self.prefetch_wasted_bytes = 0
 
     @property
     def capacity(self) -> int:
@@ -167,6 +171,7 @@ class BlockCache:
             self._blocks.move_to_end(key)
             if key in self._unread:
                 self._unread.discard(key)
+                self._prefetch_read(block)
         return block
 
     def read_ahead(self, source, parts: list[tuple[int, int]], reader: int = 0, ranges: int = 1) -> None:
@@ -289,7 +294,9 @@ class BlockCache:
                 found[index] = b""
                 continue
             found[index] = block
-            self._unread.discard((source, index))
+            if (source, index) in self._unread:
+                self._unread.discard((source, index))
+                self._prefetch_read(block)
         return found
 
     async def _fetch_spread(self, source, start: int, end: int, ranges: int) -> list[bytes]:
@@ -344,8 +351,10 @@ class BlockCache:
                 self.pacer.observe(source, began, sum(map(len, pieces)))
             for index, block in enumerate(pieces, first):
                 blocks[index] = block = self._keep(block)
-                if self._store((source, index), block) and prefetched:
+                if self._store((source, index), block) and prefetched and (source, index) not in self._unread:
                     self._unread.add((source, index))
+                    self.prefetched += 1
+                    self.prefetched_bytes += len(block)
                 if len(block) < bs:
                     break
         return blocks
@@ -411,9 +420,15 @@ class BlockCache:
             if key in self._unread:
                 self._unread.discard(key)
                 budget.prefetch_wasted += 1
+                self.prefetch_wasted_bytes += len(evicted)
                 if self.on_wasted is not None:
                     self.on_wasted(*key)
 
+
+    def _prefetch_read(self, block) -> None:
+        """A read-ahead block was read (for the first time)."""
+        self.prefetch_used += 1
+        self.prefetch_used_bytes += len(block)
 
     def _let_go(self, block) -> None:
         if self.pool is not None:

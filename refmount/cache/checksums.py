@@ -99,6 +99,7 @@ def verified_fetch(fetch, fetcher, urls: list[str], checksums: dict[int, tuple[s
         if url_id in checksums:
             reason = await verdict(url_id)
             if reason:
+                fetcher.stats.error(urls[url_id], "checksum")
                 raise ChecksumMismatch(f"{redact(urls[url_id])} changed after the Icechunk commit: {reason}")
         return await fetch(url_id, start, end)
 

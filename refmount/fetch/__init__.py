@@ -179,7 +179,11 @@ class Fetcher:
         split at multiples of `piece` (one piece if 0; none past the end)."""
         backend = self._backend(url)
         if backend is self.local:
-            return await trio.to_thread.run_sync(self.local.read, url, start, end, piece, abandon_on_cancel=True)
+            try:
+                return await trio.to_thread.run_sync(self.local.read, url, start, end, piece, abandon_on_cancel=True)
+            except FetchError as e:
+                self.stats.error(url, e)
+                raise
         return await self._remembering_failure(url, lambda: self._read_remote(backend, url, start, end, piece))
 
     async def _read_remote(self, backend, url: str, start: int, end: int, piece: int) -> list[bytes]:
@@ -208,7 +212,7 @@ class Fetcher:
         if failed is not None:
             ago = time.monotonic() - failed[0]
             if ago < min(self.policy.failure_memory, max(1.0, self.policy.read_timeout)):
-                self.stats.errors += 1
+                self.stats.error(url, "repeated")
                 raise FetchError(f"{failed[1]} ({ago:.1f}s ago; not retried yet)")
             del self._failed[url]
         try:

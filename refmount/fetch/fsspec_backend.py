@@ -59,19 +59,20 @@ class FsspecBackend:
                         return await getattr(self.fs, "_" + method)(*args, **kwargs)
                     return await asyncio.to_thread(getattr(self.fs, method), *args, **kwargs)
             except (FileNotFoundError, PermissionError) as e:
-                self.stats.errors += 1
+                self.stats.error(url, e)
                 raise FetchError(f"{redact(url)}: {type(e).__name__}: {e}") from None
             except Exception as e:  # each backend raises its own error types
                 tls = certificate_problem(e)
                 if tls is not None:  # a certificate does not get better by asking again
-                    self.stats.errors += 1
+                    self.stats.error(url, "tls")
                     raise FetchError(f"{tls} for {redact(url)}") from None
                 reason = f"{type(e).__name__}: {e}"
+                last = e
             delay = self.policy.backoff(attempt)
             if loop.time() + delay >= started + self.policy.read_timeout or attempt >= self.policy.max_attempts:
-                self.stats.errors += 1
+                self.stats.error(url, last)
                 raise FetchError(f"{redact(url)}: gave up after {attempt} attempts; last error: {reason}")
-            self.stats.retries += 1
+            self.stats.retry(url)
             await asyncio.sleep(delay)
 
     async def read(self, url: str, start: int, end: int, piece: int = 0) -> list[bytes]:
@@ -81,17 +82,17 @@ class FsspecBackend:
         if end <= start:
             return []
         data = await self._call(url, "cat_file", url, start=start, end=end)
-        self.stats.requests += 1
+        self.stats.request(url)
         if len(data) != end - start:
-            self.stats.errors += 1
+            self.stats.error(url, "protocol")
             raise FetchError(f"{redact(url)}: asked for {end - start} bytes, got {len(data)}")
-        self.stats.record(len(data), time.monotonic() - t0)
+        self.stats.record(url, len(data), time.monotonic() - t0)
         return split(data, start, piece)
 
     async def _info(self, url: str) -> dict:
         if url not in self._infos:
             self._infos[url] = await self._call(url, "info", url)
-            self.stats.requests += 1
+            self.stats.request(url)
         return self._infos[url]
 
     def known_size(self, url: str) -> int | None:

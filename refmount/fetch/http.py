@@ -415,13 +415,13 @@ class HttpBackend:
         t0 = time.monotonic()
         if url in self._whole_only:
             pieces = await self._shared_read(url, start, end, piece)
-            self.stats.record(sum(map(len, pieces)), time.monotonic() - t0)
+            self.stats.record(url, sum(map(len, pieces)), time.monotonic() - t0)
             return pieces
         ignored = False
         async with self._object_slot(url), self._host_slot(url):
             resp = await self._request(url, "GET", {"Range": f"bytes={start}-{end - 1}", **self._conditions(url)})
             async with resp:
-                self.stats.requests += 1
+                self.stats.request(url)
                 status = resp.status
                 if status == 206:
                     self._honours_range.add(url)
@@ -447,7 +447,7 @@ class HttpBackend:
                     self._raise_for_status(url, resp)
         if ignored:  # (outside the slots: the pass takes one of its own)
             pieces = await self._shared_read(url, start, end, piece)
-        self.stats.record(sum(map(len, pieces)), time.monotonic() - t0)
+        self.stats.record(url, sum(map(len, pieces)), time.monotonic() - t0)
         return pieces
 
     async def _read_206(self, url, resp, start, end, piece) -> list[bytes]:
@@ -495,26 +495,26 @@ class HttpBackend:
                     pieces = await run_in_worker(
                         lambda: request.run(start, piece, lambda resp: self._accept_direct(url, resp, start, end)),
                         request.abort)
-                except FetchError:
-                    self.stats.errors += 1
+                except FetchError as e:
+                    self.stats.error(url, e)
                     raise
                 except _Retry as e:
                     raise HandOver((str(e), e.retry_after)) from None
                 except ssl.SSLCertVerificationError as e:
-                    self.stats.errors += 1
+                    self.stats.error(url, "tls")
                     raise FetchError(f"{certificate_problem(e)} for {redact(url)}") from None
                 except ValueError as e:  # http.client refuses a header value (a line break in it)
-                    self.stats.errors += 1
+                    self.stats.error(url, "other")
                     raise FetchError(f"{redact(url)}: {e}") from None
                 except TimeoutError:
                     raise HandOver(("timed out (connection stalled)", None)) from None
                 except (direct.ShortBody, http.client.HTTPException, OSError) as e:
                     raise HandOver((f"{type(e).__name__}: {e}".rstrip(": "), None)) from None
                 finally:
-                    self.stats.requests += 1
+                    self.stats.request(url)
             if pieces is None:
                 raise HandOver()
-            self.stats.record(sum(map(len, pieces)), time.monotonic() - started)
+            self.stats.record(url, sum(map(len, pieces)), time.monotonic() - started)
             return pieces
         raise HandOver(("timed out", None))  # the retry loop finds no time left and says so
 
@@ -605,7 +605,7 @@ class HttpBackend:
         async with self._object_slot(url):
             resp = await self._request(url, "HEAD", {})
             async with resp:
-                self.stats.requests += 1
+                self.stats.request(url)
                 if resp.status == 200 and resp.content_length is not None:
                     self._check_response(url, resp.headers, resp.content_length)
                     return resp.content_length
@@ -614,7 +614,7 @@ class HttpBackend:
             # No usable HEAD: a one-byte GET tells the size through Content-Range.
             resp = await self._request(url, "GET", {"Range": "bytes=0-0"})
             async with resp:
-                self.stats.requests += 1
+                self.stats.request(url)
                 if resp.status == 206:
                     total = _total_from(resp.headers.get("Content-Range", ""))
                     if total is not None:
@@ -680,23 +680,23 @@ class HttpBackend:
                 try:
                     async with asyncio.timeout(max(deadline - loop.time(), 0.001)):
                         return await attempt_once()
-                except FetchError:
-                    self.stats.errors += 1
+                except FetchError as e:
+                    self.stats.error(url, e)
                     raise
                 except aiohttp.ClientConnectorCertificateError as e:
-                    self.stats.errors += 1  # a certificate does not get better by asking again
+                    self.stats.error(url, "tls")  # a certificate does not get better by asking again
                     raise FetchError(f"{certificate_problem(e) or 'TLS error'} for {redact(url)}") from None
                 except aiohttp.NonHttpUrlClientError as e:
-                    self.stats.errors += 1
+                    self.stats.error(url, "other")
                     raise FetchError(f"{redact(url)}: {e}") from None
                 except (_Retry, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
                     reason, retry_after = _describe(e)
             delay = policy.backoff(attempt, retry_after)
             if loop.time() + delay >= deadline or attempt >= policy.max_attempts:
-                self.stats.errors += 1
+                self.stats.error(url, reason)
                 raise FetchError(f"{redact(url)}: gave up after {attempt} attempts in "
                                  f"{loop.time() - started:.1f}s; last error: {reason}")
-            self.stats.retries += 1
+            self.stats.retry(url)
             await asyncio.sleep(delay)
 
 
@@ -754,7 +754,7 @@ class _SharedDownload:
             async with backend._object_slot(self.url):
                 resp = await backend._request(self.url, "GET", {})
                 async with resp:
-                    backend.stats.requests += 1
+                    backend.stats.request(self.url)
                     if resp.status != 200:
                         if resp.status >= 400:
                             backend._raise_for_status(self.url, resp)

@@ -59,8 +59,8 @@ class LocalBackend:
         for want in piece_sizes(start, min(end, size), piece):
             pieces.append(self._pread_exactly(url, fd, want, pos))
             pos += want
-        self.stats.requests += 1
-        self.stats.record(pos - start, time.monotonic() - t0)
+        self.stats.request(url)
+        self.stats.record(url, pos - start, time.monotonic() - t0)
         return pieces
 
     @staticmethod

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from urllib.parse import urlsplit
 
 import trio
 
@@ -19,6 +18,7 @@ from refmount.cache.target import later_imports, plan_memory, resident_bytes
 from refmount.view.consolidated import with_consolidated_metadata
 from refmount.errors import FetchError, RefmountError
 from refmount.fetch import Fetcher, RetryPolicy, check_protocols, reaches_local, redact
+from refmount.fetch.stats import host_of
 from refmount.fetch.tls import set_ca_bundle
 from refmount.fuse.fs import Filesystem
 from refmount.cache.pacer import HostPacer
@@ -159,7 +159,7 @@ def build_filesystem(opts):
     # blocks, fetches in flight and read-ahead; read-ahead parts paced per host up to --connections
     # at once. The caches are sized once the views are built (see below).
     budget = MemoryBudget(0)
-    pacer = HostPacer(lambda url_id: urlsplit(urls[url_id]).netloc, opts.connections, opts.block_size)
+    pacer = HostPacer(lambda url_id: host_of(urls[url_id]), opts.connections, opts.block_size)
     pool = BufferPool()  # what both caches keep lives in its slots, outside malloc's heaps
     fetcher.pool = pool  # (http bodies are received straight into them)
     cache = BlockCache(fetch, block_size=opts.block_size, max_request=16 << 20, budget=budget, pacer=pacer,
@@ -188,12 +188,17 @@ def build_filesystem(opts):
     governor = plan_caches(opts, urls, budget, cache, view, scratch, pool)
 
     def stats() -> dict:
-        out = {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
-               "keys": len(refset), "memory": {**governor.statistics(), **budget.statistics(), **pool.statistics(),
+        """Every counter of the mount: `refmount stats` shows it, and --metrics exports it
+        (fuse/metrics.py). On the trio thread."""
+        out = {"mountpoint": opts.mountpoint, "fetch": fetcher.stats.as_dict(), "cache": cache.statistics(),
+               "view": view.name, "keys": len(refset),
+               "memory": {**governor.statistics(), **budget.statistics(), **pool.statistics(),
                           "malloc": malloc_statistics()},
-               "hosts": pacer.statistics(), "passes": passing.statistics(),
+               "hosts": host_statistics(pacer, fetcher), "passes": passing.statistics(),
+               "readahead": raw.streams.statistics(),
                "served": {"bytes": raw.bytes_served, "reads": raw.reads_served,
-                          "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3)}}
+                          "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3),
+                          "reader_bytes": fs.bytes_read, "reader_reads": fs.reads}}
         if hasattr(view, "statistics"):
             out["decoded"] = view.statistics()
         if readers is not None:
@@ -207,6 +212,13 @@ def build_filesystem(opts):
     fs = Filesystem(view.refset, view, stats=stats, readers=readers)
     fs.governor = governor  # (the daemon runs it while serving)
     return fs, fetcher
+
+
+def host_statistics(pacer, fetcher) -> dict:
+    """Per host: how its read-ahead is paced, and what was fetched from it (requests, bytes, retries,
+    errors by kind, latency histogram)."""
+    paced, fetched = pacer.statistics(), fetcher.stats.hosts()
+    return {host: {**paced.get(host, {}), **fetched.get(host, {})} for host in sorted(paced.keys() | fetched.keys())}
 
 
 def plan_caches(opts, urls, budget, cache, view, scratch, pool) -> MemoryGovernor:

@@ -63,6 +63,7 @@ class MountOptions:
     fallback_form: str = "portable"  # the form of a reader that cannot be identified
     proxy: str | None = None
     owner_pid: int | None = None
+    metrics: tuple | None = None  # (address, port) of the Prometheus endpoint (fuse/metrics.py); None: off
     verify_remote: bool = False
     http_client: str = "stdlib"  # "stdlib" (http.client in threads for plain 206s, else aiohttp) or "aiohttp"
     ca_bundle: str | None = None
@@ -435,6 +436,11 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     from refmount.fuse.fuse_ops import FuseOperations
 
     configure_malloc()  # before any thread makes a heap of its own
+    metrics = None
+    if opts.metrics:  # first: a port in use fails the mount at once, before anything is loaded
+        from refmount.fuse.metrics import bind_metrics
+
+        metrics = bind_metrics(opts.metrics)
     if opts.proxy:  # the http(s) targets' client follows the usual variables (as aiohttp's trust_env)
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
             os.environ[name] = opts.proxy
@@ -471,6 +477,11 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
             nursery.start_soon(_announce_ready, opts, ready, warmed)
             nursery.start_soon(_stop_on_signals, nursery)
             nursery.start_soon(fs.governor.run)
+            if metrics is not None:
+                from refmount.fuse.metrics import serve_metrics, shown_address
+
+                nursery.start_soon(serve_metrics, metrics, fs.stats)
+                log.info("metrics at http://%s/metrics", shown_address(*opts.metrics))
             if opts.owner_pid:
                 nursery.start_soon(_unmount_when_gone, opts.owner_pid)
             await pyfuse3.main(min_tasks=4, max_tasks=256)

@@ -70,6 +70,8 @@ class Filesystem:
         self._subdir_names = [sorted(children) for children in self.dirs.children]
         self._may_hide = not getattr(view, "hides_nothing", False)  # a view may promise to hide no key
         self.readers = readers if hasattr(view, "varies") else None
+        self.bytes_read = 0  # what readers got, of every file and view (refmount stats, --metrics)
+        self.reads = 0
 
     # -- inode numbering --------------------------------------------------------------------------
 
@@ -206,9 +208,10 @@ class Filesystem:
         if i is None:
             raise FsError(errno.ENOENT)
         form = (fh >> FORM_SHIFT) - 1
-        if form >= 0:
-            return await self.view.read(i, offset, size, form)
-        return await self.view.read(i, offset, size)
+        data = await (self.view.read(i, offset, size, form) if form >= 0 else self.view.read(i, offset, size))
+        self.bytes_read += len(data)
+        self.reads += 1
+        return data
 
     def key_of(self, ino: int) -> str:
         """The reference key behind an inode or file handle (for log lines; no I/O)."""

@@ -154,9 +154,29 @@ def print_stats(mountpoint: str, as_json: bool = False) -> int:
     return 0
 
 
+def _histogram_line(histogram: dict) -> str:
+    """A latency histogram in one line: count, mean, and the bucket bounds the median and the 99th
+    percentile fall under."""
+    count = histogram["count"]
+    if not count:
+        return "none yet"
+
+    def under(q: float) -> str:
+        for bound, n in sorted(histogram["buckets"].items(), key=lambda item: float(item[0])):
+            if n >= q * count:
+                return "more" if bound == "+Inf" else f"<= {float(bound) * 1000:g} ms"
+        return "?"
+
+    return f"{count:,} fetches, mean {histogram['sum'] / count * 1000:.1f} ms, p50 {under(0.5)}, p99 {under(0.99)}"
+
+
 def _print_tree(value: dict, depth: int) -> None:
     for key, item in value.items():
-        if isinstance(item, dict):
+        if isinstance(item, dict) and "buckets" in item:
+            print("  " * depth + f"{key}: {_histogram_line(item)}")
+        elif isinstance(item, dict) and not item:
+            print("  " * depth + f"{key}: none")
+        elif isinstance(item, dict):
             print("  " * depth + f"{key}:")
             _print_tree(item, depth + 1)
         else:

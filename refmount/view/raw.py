@@ -287,6 +287,16 @@ class ReadStreams:
             pacer.note_readers(len(active))
         return len(active)
 
+    def statistics(self) -> dict:
+        """What the read-ahead fetched ahead of readers, and what of it was read (used) or evicted
+        unread (wasted); the rest is still in the cache, unread. Blocks, and their bytes: counters only
+        (fuse/metrics.py exports every number of this section as one)."""
+        cache = self.cache
+        return {"fetched_blocks": getattr(cache, "prefetched", 0), "fetched_bytes": getattr(cache, "prefetched_bytes", 0),
+                "used_blocks": getattr(cache, "prefetch_used", 0), "used_bytes": getattr(cache, "prefetch_used_bytes", 0),
+                "wasted_blocks": self.budget.prefetch_wasted,
+                "wasted_bytes": getattr(cache, "prefetch_wasted_bytes", 0)}
+
     def _wasted(self, uid: int, index: int) -> None:
         """Block `index` of `uid`, read ahead, was evicted unread: stop the stream that asked for it."""
         bs = self.cache.block_size

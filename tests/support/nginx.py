@@ -19,12 +19,14 @@ def free_port() -> int:
 
 class Nginx:
     """`server_block` goes inside `server { listen 127.0.0.1:PORT; ... }`; a proxy cache zone named
-    `refs` is defined under `root`."""
+    `refs` is defined under `root`. `log_format`: the access log's format (nginx variables), else
+    nginx's 'combined'."""
 
-    def __init__(self, root: Path, server_block: str) -> None:
+    def __init__(self, root: Path, server_block: str, log_format: str | None = None) -> None:
         self.root = Path(root)
         self.port = free_port()
         self.server_block = server_block
+        self.log_format = log_format
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -37,6 +39,8 @@ class Nginx:
             (self.root / d).mkdir(parents=True, exist_ok=True)
         r = self.root
         user = "user root;" if os.geteuid() == 0 else ""  # workers must reach files under a 0700 tmp dir
+        log = f"log_format test '{self.log_format}'; access_log {r}/logs/access.log test;" if self.log_format \
+            else f"access_log {r}/logs/access.log;"
         (r / "nginx.conf").write_text(f"""
 {user}
 worker_processes 1;
@@ -44,7 +48,7 @@ error_log {r}/logs/error.log warn;
 pid {r}/nginx.pid;
 events {{ worker_connections 256; }}
 http {{
-    access_log {r}/logs/access.log;
+    {log}
     client_body_temp_path {r}/tmp/body; proxy_temp_path {r}/tmp/proxy; fastcgi_temp_path {r}/tmp/fastcgi;
     uwsgi_temp_path {r}/tmp/uwsgi; scgi_temp_path {r}/tmp/scgi;
     proxy_cache_path {r}/cache levels=1:2 keys_zone=refs:10m max_size=1g inactive=1h use_temp_path=off;
