@@ -167,7 +167,7 @@ def _histogram_line(histogram: dict) -> str:
                 return "more" if bound == "+Inf" else f"<= {float(bound) * 1000:g} ms"
         return "?"
 
-    return f"{count:,} fetches, mean {histogram['sum'] / count * 1000:.1f} ms, p50 {under(0.5)}, p99 {under(0.99)}"
+    return f"{count:,} fetches, mean {histogram['sum'] / count * 1000:.3g} ms, p50 {under(0.5)}, p99 {under(0.99)}"
 
 
 def _print_tree(value: dict, depth: int) -> None:
