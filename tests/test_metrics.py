@@ -43,6 +43,8 @@ def write_refs(path, a: Nginx, b: Nginx) -> dict[str, int]:
             sizes[f"{name}/{i}"] = CHUNK
     refs["gone/.zarray"] = refs["w/.zarray"]
     refs["gone/0"] = [f"{a.url}/missing.bin", 0, CHUNK]
+    refs["busy/.zarray"] = refs["w/.zarray"]
+    refs["busy/0"] = [f"{a.url}/busy.bin", 0, CHUNK]  # always 503: retried until --read-timeout
     path.write_text(json.dumps({"version": 1, "refs": refs}))
     return sizes
 
@@ -75,12 +77,12 @@ def test_prometheus_scrape_matches_the_servers_logs(tmp_path, mount):
     (roots["a"] / "data" / "v.bin").write_bytes(rng.randbytes(24 * CHUNK))
     (roots["b"] / "data" / "w.bin").write_bytes(rng.randbytes(10 * CHUNK))
     port = free_port()
-    with Nginx(roots["a"], f"root {roots['a'] / 'data'};", LOG_FORMAT) as a, \
+    with Nginx(roots["a"], f"root {roots['a'] / 'data'}; location = /busy.bin {{ return 503; }}", LOG_FORMAT) as a, \
             Nginx(roots["b"], f"root {roots['b'] / 'data'};", LOG_FORMAT) as b, \
             Prometheus(tmp_path / "prometheus", [f"127.0.0.1:{port}"]) as prom:
         refs = tmp_path / "refs.json"
         sizes = write_refs(refs, a, b)
-        m = mount(refs, "--view", "raw", "--metrics", str(port))
+        m = mount(refs, "--view", "raw", "--metrics", str(port), "--read-timeout", "2")
         m.wait_announced()
         read = 0
         for i in range(24):  # a scan: the read-ahead fetches ahead of it
@@ -89,6 +91,9 @@ def test_prometheus_scrape_matches_the_servers_logs(tmp_path, mount):
             read += len((m / f"w/{i}").read_bytes())
         with pytest.raises(OSError) as e:
             (m / "gone/0").read_bytes()
+        assert e.value.errno == errno.EIO
+        with pytest.raises(OSError) as e:
+            (m / "busy/0").read_bytes()
         assert e.value.errno == errno.EIO
         assert read == 24 * CHUNK + 6 * CHUNK
         stats = wait_quiet(m)
@@ -118,9 +123,14 @@ def test_prometheus_scrape_matches_the_servers_logs(tmp_path, mount):
         # the scan's read-ahead fetched chunks before they were asked for, and they were used
         used = prom.values("refmount_readahead_used_bytes_total", "mountpoint")[str(m.path)]
         assert 0 < used <= fetched[f"127.0.0.1:{a.port}"]
-        # the missing object: one 404 in the log, one http_4xx error in the metrics
+        # the missing object: one 404 in the log, one http_4xx error in the metrics; the busy one:
+        # 503s retried, then one http_5xx error
         errors = prom.values('refmount_fetch_errors_total{host="127.0.0.1:%d"}' % a.port, "kind")
         assert errors.get("http_4xx") == sum(1 for r in parse_log(a) if r[3] == 404) == 1, errors
+        assert errors.get("http_5xx") == 1, errors
+        busy = sum(1 for r in parse_log(a) if r[3] == 503)
+        retries = prom.values("refmount_fetch_retries_total", "host")
+        assert busy >= 2 and retries[f"127.0.0.1:{a.port}"] == busy - 1, (busy, retries)
         # latency histograms: every fetch in the +Inf bucket, and the bounds are cumulative
         for host in hosts:
             buckets = prom.values('refmount_fetch_duration_seconds_bucket{host="%s"}' % host, "le")
