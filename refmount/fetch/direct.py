@@ -145,6 +145,7 @@ class Request:
         self._conn: http.client.HTTPConnection | None = None  # the connection in use
         self._sock: socket.socket | None = None  # its socket (http.client drops conn.sock on Connection: close)
         self._aborted = False
+        self.sent = False  # whether the request went out on a connection (the server may have seen it)
 
     def abort(self) -> None:
         """Make the blocked `run` fail now (its connection is never reused)."""
@@ -195,6 +196,7 @@ class Request:
             aborted = self._aborted
         if aborted:
             raise ConnectionAbortedError("request cancelled")
+        self.sent = True
         conn.request("GET", self.target, headers=self.headers)
         return conn.getresponse()
 

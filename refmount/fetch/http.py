@@ -511,7 +511,8 @@ class HttpBackend:
                 except (direct.ShortBody, http.client.HTTPException, OSError) as e:
                     raise HandOver((f"{type(e).__name__}: {e}".rstrip(": "), None)) from None
                 finally:
-                    self.stats.request(url)
+                    if request.sent:  # (not when no connection could be made: the server saw nothing)
+                        self.stats.request(url)
             if pieces is None:
                 raise HandOver()
             self.stats.record(url, sum(map(len, pieces)), time.monotonic() - started)
