@@ -202,7 +202,8 @@ def test_exposition_escapes_labels():
     from refmount.fuse.metrics import exposition
 
     text = exposition({"mountpoint": '/mnt/a "b"\\c', "served": {"reader_bytes": 5, "reader_reads": 1},
-                       "grid_readahead": {"predicted": 3, "used_bytes": 7, "per_axis": {"time": 2}}})
+                       "grid_readahead": {"predicted": 3, "used_bytes": 7, "per_axis": {"time": 2}, "pending": 4}})
     assert 'refmount_served_bytes_total{mountpoint="/mnt/a \\"b\\"\\\\c"} 5' in text
     assert "# TYPE refmount_grid_readahead_predicted_total counter" in text
     assert "refmount_grid_readahead_per_axis_time_total{" in text
+    assert "# TYPE refmount_grid_readahead_pending gauge" in text and "pending_total" not in text

@@ -195,8 +195,8 @@ def build_filesystem(opts):
                "memory": {**governor.statistics(), **budget.statistics(), **pool.statistics(),
                           "malloc": malloc_statistics()},
                "hosts": host_statistics(pacer, fetcher), "passes": passing.statistics(),
-               # (read-ahead counters: every number of "readahead", and of "grid_readahead" when the
-               # chunk-grid read-ahead adds it, is exported as a counter by fuse/metrics.py)
+               # (every number of "readahead", and of "grid_readahead" when the chunk-grid read-ahead
+               # adds it, is exported by fuse/metrics.py: as a counter, or a gauge if named 'pending'...)
                "readahead": raw.streams.statistics(),
                "served": {"bytes": raw.bytes_served, "reads": raw.reads_served,
                           "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3),

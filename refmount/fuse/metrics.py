@@ -19,7 +19,10 @@ from refmount.errors import RefmountError
 log = logging.getLogger("refmount")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_READAHEAD_SECTIONS = ("readahead", "grid_readahead")  # every number in them is exported as a counter
+# Every number in these sections is exported as a counter, except those named as what is there now
+# (a key that is or ends in one of _NOW_WORDS: 'pending', 'in_flight'...), exported as gauges.
+_READAHEAD_SECTIONS = ("readahead", "grid_readahead")
+_NOW_WORDS = ("pending", "in_flight", "window", "now")
 
 
 def shown_address(host: str, port: int) -> str:
@@ -190,8 +193,11 @@ def exposition(stats: dict) -> str:
         out.add("refmount_cache_capacity_bytes", "gauge", "What the cache may hold.", labels, cache.get("capacity"))
     for section in _READAHEAD_SECTIONS:
         for key, value in _flat(stats.get(section, {})):
-            name = _metric_name(f"refmount_{section}_{key}_total")
-            out.add(name, "counter", f"Read-ahead ({section}): {key.replace('_', ' ')}.", mount, value)
+            what = f"Read-ahead ({section}): {key.replace('_', ' ')}."
+            if any(key == word or key.endswith("_" + word) for word in _NOW_WORDS):
+                out.add(_metric_name(f"refmount_{section}_{key}"), "gauge", what + " (now)", mount, value)
+            else:
+                out.add(_metric_name(f"refmount_{section}_{key}_total"), "counter", what, mount, value)
     decoded = stats.get("decoded", {})
     out.add("refmount_decoded_chunks_total", "counter", "Chunks the decoded view decoded.", mount,
             decoded.get("decodes"))
