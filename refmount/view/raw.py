@@ -292,10 +292,10 @@ class ReadStreams:
         unread (wasted); the rest is still in the cache, unread. Blocks, and their bytes: counters only
         (fuse/metrics.py exports every number of this section as one)."""
         cache = self.cache
-        return {"fetched_blocks": getattr(cache, "prefetched", 0), "fetched_bytes": getattr(cache, "prefetched_bytes", 0),
-                "used_blocks": getattr(cache, "prefetch_used", 0), "used_bytes": getattr(cache, "prefetch_used_bytes", 0),
-                "wasted_blocks": self.budget.prefetch_wasted,
-                "wasted_bytes": getattr(cache, "prefetch_wasted_bytes", 0)}
+        count = lambda name: getattr(cache, name, 0)  # noqa: E731 - (a cache without read-ahead counters)
+        return {"fetched_blocks": count("prefetched"), "fetched_bytes": count("prefetched_bytes"),
+                "used_blocks": count("prefetch_used"), "used_bytes": count("prefetch_used_bytes"),
+                "wasted_blocks": self.budget.prefetch_wasted, "wasted_bytes": count("prefetch_wasted_bytes")}
 
     def _wasted(self, uid: int, index: int) -> None:
         """Block `index` of `uid`, read ahead, was evicted unread: stop the stream that asked for it."""
