@@ -354,6 +354,11 @@ class _Converter:
         if kinds.count("deflate") > 1:
             raise Refused(f"compressionType {' '.join(kinds)!r} deflates twice (Hyrax inflates such chunks once or "
                           "twice, by their size: no Zarr codec does that)")
+        if ("fletcher32" in kinds and "shuffle" in kinds and kinds.index("fletcher32") < kinds.index("shuffle")
+                and 4 % dtype.itemsize):
+            # the checksum's 4 bytes are then no whole element: HDF5's shuffle leaves them in place, numcodecs' refuses
+            raise Refused(f"compressionType {' '.join(kinds)!r} shuffles {dtype.itemsize}-byte elements after a "
+                          "fletcher32 checksum, which no Zarr shuffle undoes")
         out = []
         for kind in kinds:
             if kind == "deflate":
