@@ -64,6 +64,10 @@ HIDDEN_ATTRIBUTES = {"CLASS", "NAME", "REFERENCE_LIST", "DIMENSION_LIST", "_Netc
                      "_nc3_strict", "_NCProperties", "_SuperblockVersion", "_IsNetcdf4"}
 NOT_A_VARIABLE = "This is a netCDF dimension but not a netCDF variable"
 BUILD_METADATA = "build_dmrpp_metadata"  # how the DMR++ was made, not part of the data (VirtualiZarr drops it too)
+# netCDF's default fill values (netcdf.h NC_FILL_*): HDF5's fill of a netCDF-4 variable without _FillValue
+NC_DEFAULT_FILL = {"i1": -127, "u1": 255, "i2": -32767, "u2": 65535, "i4": -2147483647, "u4": 4294967295,
+                   "i8": -9223372036854775806, "u8": 18446744073709551614, "f4": 9.969209968386869e36,
+                   "f8": 9.969209968386869e36}
 HDF5_VLEN_ELEMENT = 16  # bytes of one HDF5 variable-length element (length, heap address, index)
 
 
@@ -259,6 +263,8 @@ class _Converter:
                 dtype = dtype.newbyteorder(order)
             filters = self.filters(chunks_el, dtype)
             fill = _fill_value(chunks_el, dtype)
+        if "_FillValue" not in attrs and _is_netcdf_default(fill, dtype):
+            fill = None  # as kerchunk: no _FillValue declared, so none served (netCDF-C applies its default itself)
         chunk_shape = shape
         if chunks_el is not None:
             sizes = _child(chunks_el, "chunkDimensionSizes")
@@ -461,6 +467,13 @@ def _fill_value(chunks_el, dtype: np.dtype):
     if isinstance(value, float) and not math.isfinite(value):  # Zarr v2 spells these as strings
         return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
     return value
+
+
+def _is_netcdf_default(fill, dtype: np.dtype) -> bool:
+    default = NC_DEFAULT_FILL.get(dtype.str[1:])
+    if default is None or fill is None or isinstance(fill, str):
+        return False
+    return np.array(fill).astype(dtype) == np.array(default).astype(dtype)
 
 
 def _compact_bytes(compact) -> bytes:
