@@ -236,3 +236,49 @@ def test_recognised_by_content_not_only_by_suffix(made, tmp_path):
     json_refs.write_text('{"version": 1, "refs": {".zgroup": "{\\"zarr_format\\": 2}"}}')
     proc = run_refmount("inspect", json_refs, "--data-url", str(made))
     assert proc.returncode == 1 and "--data-url applies to DMR++ files only" in proc.stderr
+
+
+def test_a_nasa_dmrpp_converts_whole():
+    """NASA's MERRA-2 monthly file as OPeNDAP's tests hold its DMR++ (absolute https href, the older
+    form with contiguous data's dmrpp:chunk right in the variable); its data is not here."""
+    path = DATA / "MERRA2_400.tavgM_2d_slv_Nx.201606.nc4.dmrpp"
+    refs, refused = dmrpp_to_refs(path.read_bytes(), str(path))
+    assert refused == []
+    arrays = [k[: -len("/.zarray")] for k in refs if k.endswith("/.zarray")]
+    assert len(arrays) == 97 and {"T2M", "lat", "lon", "time"} <= set(arrays)
+    url = "https://s3.amazonaws.com/cloudydap/merra2/MERRA2_400.tavgM_2d_slv_Nx.201606.nc4"
+    assert refs["T2M/0.0.0"] == [url, 33681067, 831744]
+    assert refs["lon/0"][0] == url
+    assert '"_ARRAY_DIMENSIONS":["time","lat","lon"]' in refs["T2M/.zattrs"]
+
+
+def _dmrpp(body: str, href: str = "OPeNDAP_DMRpp_DATA_ACCESS_URL") -> bytes:
+    return ('<?xml version="1.0" encoding="UTF-8"?><Dataset xmlns="http://xml.opendap.org/ns/DAP/4.0#" '
+            'xmlns:dmrpp="http://xml.opendap.org/dap/dmrpp/1.0.0#" dapVersion="4.0" name="f.h5" '
+            f'dmrpp:href="{href}">{body}</Dataset>').encode()
+
+
+def test_phony_dimensions_containers_and_older_forms():
+    import json
+
+    body = """
+      <Int32 name="a"><Dim size="5"/><Dim size="5"/><Dim size="3"/>
+        <Attribute name="outer" type="Container">
+          <Attribute name="inner" type="Float64"><Value>1.5</Value><Value>*</Value></Attribute>
+          <Attribute name="deeper" type="Container"><Attribute name="x" type="String"><Value>y</Value></Attribute></Attribute>
+        </Attribute>
+        <dmrpp:chunks><dmrpp:chunk offset="0" nBytes="300"/></dmrpp:chunks></Int32>
+      <Int16 name="b"><Dim size="3"/><Dim size="5"/><dmrpp:chunk offset="300" nBytes="30"/></Int16>
+      <String name="s"><Dim size="4"/><dmrpp:vlsa>UGFydGluZw==;aXMgc3U=;c3dl;;</dmrpp:vlsa></String>
+      <Attribute name="HDF5_GLOBAL" type="Container"><Attribute name="title" type="String"><Value>t</Value></Attribute></Attribute>
+    """
+    refs, refused = dmrpp_to_refs(_dmrpp(body), "/x/f.h5.dmrpp")
+    assert refused == []
+    a = json.loads(refs["a/.zattrs"])
+    assert a["_ARRAY_DIMENSIONS"] == ["phony_dim_0", "phony_dim_1", "phony_dim_2"]  # as netCDF-C names them
+    assert json.loads(refs["b/.zattrs"])["_ARRAY_DIMENSIONS"] == ["phony_dim_2", "phony_dim_0"]
+    assert a["outer.inner"][0] == 1.5 and a["outer.inner"][1] != a["outer.inner"][1] and a["outer.deeper.x"] == "y"
+    assert refs["b/0.0"] == ["/x/f.h5", 300, 30]
+    assert json.loads(refs[".zattrs"]) == {"title": "t"}
+    values = _arrays({k: v for k, v in refs.items() if k.startswith(("s/", ".z"))})["s"]
+    assert list(values) == ["Parting", "is su", "swe", ""]

@@ -246,6 +246,8 @@ class _Converter:
             return  # a netCDF-4 dimension without a coordinate variable: ncdump shows none
         names, shape = self.dimensions(element, full, dims, phony)
         chunks_el = _child(element, "chunks")
+        if chunks_el is None and _child(element, "chunk") is not None:
+            chunks_el = element  # older DMR++ (NASA's MERRA-2 ones): contiguous data's dmrpp:chunk right in the variable
         compact = _child(element, "compact")
         vlsa = _child(element, "vlsa")
         for unsupported in ("missingdata", "specialstructuredata"):
@@ -485,6 +487,13 @@ def _compact_bytes(compact) -> bytes:
 
 def _vlsa_values(vlsa) -> list[str]:
     values = []
+    if not _children(vlsa, "v") and (vlsa.text or "").strip():
+        # an older form: each value base64, each followed by ';'
+        text = "".join(vlsa.text.split())
+        try:
+            return [base64.b64decode(v, validate=True).decode("utf-8") for v in text.removesuffix(";").split(";")]
+        except ValueError:
+            raise Refused("dmrpp:vlsa text is not base64 values separated by ';'") from None
     for v in _children(vlsa, "v"):
         text = v.text or ""
         size = _attr(v, "s")
