@@ -282,3 +282,15 @@ def test_phony_dimensions_containers_and_older_forms():
     assert json.loads(refs[".zattrs"]) == {"title": "t"}
     values = _arrays({k: v for k, v in refs.items() if k.startswith(("s/", ".z"))})["s"]
     assert list(values) == ["Parting", "is su", "swe", ""]
+
+
+@pytest.mark.parametrize("entity, why", [
+    ('<!ENTITY a "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa">' + "".join(
+        f'<!ENTITY {n} "{("&" + p + ";") * 10}">' for p, n in zip("abcdefgh", "bcdefghi")), "&i;"),
+    ('<!ENTITY x SYSTEM "file:///etc/passwd">', "&x;"),
+])
+def test_entities_neither_explode_nor_read_local_files(entity, why):
+    text = _dmrpp(f'<Attribute name="a" type="String"><Value>{why}</Value></Attribute>')
+    text = text.replace(b"<Dataset", f"<!DOCTYPE Dataset [{entity}]><Dataset".encode(), 1)
+    with pytest.raises(RefsError, match="not well-formed XML"):
+        dmrpp_to_refs(text, "/x/f.h5.dmrpp")
