@@ -95,7 +95,7 @@ def test_what_the_format_cannot_give_is_refused_per_variable(name, caplog):
     assert any(reason in r.getMessage() for r in caplog.records)
 
 
-def test_data_url_rules(tmp_path):
+def test_data_url_rules(tmp_path, server):
     text = (DATA / "d_size64_be.h5.dmrpp").read_bytes()  # dmrpp:href="data/dmrpp/d_size64_be.h5" (Hyrax's data root)
     local = tmp_path / "x.h5.dmrpp"
 
@@ -110,8 +110,13 @@ def test_data_url_rules(tmp_path):
     (tmp_path / "data" / "dmrpp").mkdir(parents=True)
     (tmp_path / "data" / "dmrpp" / "d_size64_be.h5").write_bytes(b"")
     assert url(text) == str(tmp_path / "data/dmrpp/d_size64_be.h5")
-    # over http: relative to the DMR++'s url
-    assert url(text, "http://127.0.0.1:9/a/b/x.h5.dmrpp") == "http://127.0.0.1:9/a/b/data/dmrpp/d_size64_be.h5"
+    # over http: relative to the DMR++'s url, then the sibling if that does not exist (asked with a HEAD)
+    assert url(text, f"{server.url}/a/b/x.h5.dmrpp") == f"{server.url}/a/b/x.h5"
+    (Path(server.root) / "a/b/data/dmrpp").mkdir(parents=True)
+    (Path(server.root) / "a/b/data/dmrpp/d_size64_be.h5").write_bytes(b"x")
+    assert url(text, f"{server.url}/a/b/x.h5.dmrpp") == f"{server.url}/a/b/data/dmrpp/d_size64_be.h5"
+    rooted = text.replace(b'"data/dmrpp/d_size64_be.h5"', b'"/a/b/data/dmrpp/d_size64_be.h5"')
+    assert url(rooted, f"{server.url}/x/x.h5.dmrpp") == f"{server.url}/a/b/data/dmrpp/d_size64_be.h5"
     placeholder = text.replace(b'"data/dmrpp/d_size64_be.h5"', b'"OPeNDAP_DMRpp_DATA_ACCESS_URL"')
     assert url(placeholder, "https://h/p/X.nc.dmrpp?sig=1") == "https://h/p/X.nc?sig=1"
     absolute = text.replace(b'"data/dmrpp/d_size64_be.h5"', b'"s3://bucket/key.h5"')

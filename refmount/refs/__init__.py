@@ -85,7 +85,7 @@ def _load(location, remote_options, max_keys, progress, max_refs_size, version=N
         # one opening tells JSON from a DMR++ (XML) by its first byte; the JSON loader reads on from it
         first = [open_reference_file(location, remote_options)]
         if _is_dmrpp(location, first[0]):
-            return _load_dmrpp(location, first[0], builder, max_refs_size, data_url)
+            return _load_dmrpp(location, first[0], builder, max_refs_size, data_url, remote_options)
         if data_url:
             raise RefsError(f"--data-url applies to DMR++ files only; {quote(location)} is not one")
         load_json(lambda: first.pop() if first else open_reference_file(location, remote_options), builder,
@@ -107,7 +107,8 @@ def _is_dmrpp(location: str, stream) -> bool:
     return bool(peek) and is_dmrpp_text(peek(64)[:64])
 
 
-def _load_dmrpp(location: str, stream, builder: RefSetBuilder, max_refs_size: int | None, data_url: str | None):
+def _load_dmrpp(location: str, stream, builder: RefSetBuilder, max_refs_size: int | None, data_url: str | None,
+                remote_options: dict | None):
     """A DMR++ converted to a reference dict, then loaded as JSON references are."""
     from refmount.refs.dmrpp import dmrpp_to_refs
     from refmount.refs.jsonrefs import load_json
@@ -116,7 +117,7 @@ def _load_dmrpp(location: str, stream, builder: RefSetBuilder, max_refs_size: in
         text = stream.read(max_refs_size + 1) if max_refs_size else stream.read()
     if max_refs_size and len(text) > max_refs_size:
         raise RefsTooBig(max_refs_size)
-    refs, _refused = dmrpp_to_refs(text, location, data_url)
+    refs, _refused = dmrpp_to_refs(text, location, data_url, remote_options=remote_options)
     load_json(lambda: io.BytesIO(orjson.dumps(refs)), builder)
     return builder.build()
 

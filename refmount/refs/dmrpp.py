@@ -17,9 +17,10 @@ DMR++ parser:
 - A variable without `chunkDimensionSizes` is contiguous: one chunk, the whole array.
 - Anonymous dimensions (`<Dim size=N/>`) are named `phony_dim_N` as netCDF-C names them: within a
   group, an axis reuses the first phony dimension of its size that the variable does not use yet.
-- The data url: `--data-url`; else `dmrpp:href` on the Dataset: absolute as it is, relative
-  against the DMR++ file's location (then the sibling, if that does not exist), NASA's
-  placeholder `OPeNDAP_DMRpp_DATA_ACCESS_URL` (or no href at all) the sibling, i.e. the DMR++'s own
+- The data url: `--data-url`; else `dmrpp:href` on the Dataset: a url as it is, a path from '/' on
+  the DMR++'s own server (or this machine), a relative one against the DMR++ file's location; when
+  the file so named does not exist, the sibling (Hyrax writes hrefs relative to its data root). NASA's
+  placeholder `OPeNDAP_DMRpp_DATA_ACCESS_URL` (or no href at all): the sibling, i.e. the DMR++'s own
   url without `.dmrpp`. A chunk's own `href` overrides it.
 
 What the format cannot give is refused per variable (one log line naming it and why); the rest
@@ -111,15 +112,29 @@ def sibling_of(dmrpp_url: str) -> str | None:
     return path[: -len(".dmrpp")] + sep + query
 
 
-def _exists(url: str) -> bool | None:
-    """Whether `url` exists (None: cannot tell). Local paths only: asking a server costs a request
-    per mount, and a relative href that does not exist there fails the first read with its url."""
-    if is_remote(url):
+def _server_root(url: str) -> str:
+    """scheme://host/ of a url (what an href starting with '/' is relative to)."""
+    scheme, _, rest = url.rpartition("::")[2].partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0].split('?', 1)[0]}/"
+
+
+def _exists(url: str, remote_options: dict | None) -> bool | None:
+    """Whether `url` exists (None: cannot tell). A remote one costs a HEAD, with the reference file's
+    own options and redirect policy."""
+    if not is_remote(url):
+        return os.path.exists(local_path(url))
+    try:
+        import fsspec
+
+        from refmount.refs.source import fsspec_options
+
+        fs, path = fsspec.core.url_to_fs(url, **fsspec_options(url, remote_options or {}))
+        return bool(fs.exists(path))
+    except Exception:  # of every backend: then the href stands, and a read that fails names it
         return None
-    return os.path.exists(local_path(url))
 
 
-def data_url_of(root, dmrpp_url: str, data_url: str | None) -> tuple[str, str]:
+def data_url_of(root, dmrpp_url: str, data_url: str | None, remote_options: dict | None = None) -> tuple[str, str]:
     """(url of the data file, how it was chosen) by the rules in the module docstring."""
     if data_url:
         return data_url, "--data-url"
@@ -130,28 +145,34 @@ def data_url_of(root, dmrpp_url: str, data_url: str | None) -> tuple[str, str]:
             raise RefsError(f"DMR++ file {quote(dmrpp_url)} names no data file ({'no dmrpp:href' if not href else PLACEHOLDER})"
                             " and its name does not end in .dmrpp: give the data file with --data-url")
         return sibling, "the DMR++'s own name without .dmrpp" + (f" ({PLACEHOLDER})" if href else " (no dmrpp:href)")
-    if href.startswith("file://"):
-        href = href[len("file://"):]
-    if not is_relative(href):
-        if not is_remote(href) and _exists(href) is False and sibling and _exists(sibling):
-            return sibling, f"the DMR++'s own name without .dmrpp (its dmrpp:href {href!r} does not exist here)"
+    if "://" in href and not href.startswith("file://"):
         return href, "dmrpp:href"
-    resolved = resolve(href, base_of(dmrpp_url))
-    if _exists(resolved) is False and sibling is not None and _exists(sibling) is not False:
-        return sibling, f"the DMR++'s own name without .dmrpp (its relative dmrpp:href {href!r} does not exist here)"
-    return resolved, "dmrpp:href relative to the DMR++"
+    href = href.removeprefix("file://")
+    if href.startswith("/"):
+        # an absolute path: on the DMR++'s own server when it is remote (RFC 3986), else a local path
+        candidate = resolve(href.lstrip("/"), _server_root(dmrpp_url)) if is_remote(dmrpp_url) else href
+        how = "dmrpp:href"
+    else:
+        candidate, how = resolve(href, base_of(dmrpp_url)), "dmrpp:href relative to the DMR++"
+    if sibling is not None and candidate != sibling and _exists(candidate, remote_options) is False:
+        # Hyrax writes hrefs relative to its own data root (data/dmrpp/X.h5): then the file beside the DMR++
+        if is_remote(sibling) or _exists(sibling, remote_options):
+            return sibling, f"the DMR++'s own name without .dmrpp (its dmrpp:href {href!r} does not exist)"
+    return candidate, how
 
 
-def dmrpp_to_refs(text: bytes, dmrpp_url: str, data_url: str | None = None) -> tuple[dict, list[str]]:
+def dmrpp_to_refs(text: bytes, dmrpp_url: str, data_url: str | None = None, *,
+                  remote_options: dict | None = None) -> tuple[dict, list[str]]:
     """A kerchunk Version-0 reference dict of the DMR++ `text` read from `dmrpp_url`, and one message
-    per variable refused. `data_url` points the chunks at another copy of the data file."""
+    per variable refused. `data_url` points the chunks at another copy of the data file;
+    `remote_options` are used to ask whether a relative href's file exists."""
     try:
         root = ElementTree.fromstring(text)
     except ElementTree.ParseError as e:
         raise RefsError(f"DMR++ file {quote(dmrpp_url)} is not well-formed XML: {e}") from None
     if _local(root.tag) != "Dataset" or DMRPP_NAMESPACE.encode() not in text[:1 << 20]:
         raise RefsError(f"{quote(dmrpp_url)} is XML but not a DMR++ (a DAP4 Dataset with the dmrpp namespace)")
-    url, how = data_url_of(root, dmrpp_url, data_url)
+    url, how = data_url_of(root, dmrpp_url, data_url, remote_options)
     log.info("DMR++ %s: data file %s (%s)", dmrpp_url, url, how)
     converter = _Converter(dmrpp_url, url)
     converter.group(root, "", {})
