@@ -402,6 +402,13 @@ class _Converter:
 
     # -- chunks -------------------------------------------------------------------------------------
 
+    def chunk_url(self, href: str) -> str:
+        """A chunk's own href: relative to the DMR++, a path from '/' on its server if it is remote."""
+        href = href.strip()
+        if href.startswith("/") and is_remote(self.dmrpp_url):
+            return resolve(href.lstrip("/"), _server_root(self.dmrpp_url))
+        return resolve(href, self.base) if is_relative(href) else href
+
     def chunk_refs(self, element, chunks_el, compact, vlsa, shape, chunks, dtype) -> dict:
         scalar_key = "0"
         whole_key = ".".join("0" for _ in shape) or scalar_key
@@ -451,7 +458,7 @@ class _Converter:
             if key in out:
                 raise Refused(f"two chunks at the same position (key {key})")
             href = _attr(chunk, "href")
-            url = self.data_url if not href else (resolve(href, self.base) if is_relative(href) else href)
+            url = self.data_url if not href else self.chunk_url(href)
             out[key] = [url, offset, length]
         return out
 
