@@ -142,8 +142,9 @@ def data_url_of(root, dmrpp_url: str, data_url: str | None, remote_options: dict
     sibling = sibling_of(dmrpp_url)
     if not href or href == PLACEHOLDER:
         if sibling is None:
-            raise RefsError(f"DMR++ file {quote(dmrpp_url)} names no data file ({'no dmrpp:href' if not href else PLACEHOLDER})"
-                            " and its name does not end in .dmrpp: give the data file with --data-url")
+            named = "no dmrpp:href" if not href else PLACEHOLDER
+            raise RefsError(f"DMR++ file {quote(dmrpp_url)} names no data file ({named}) and its name does not end "
+                            "in .dmrpp: give the data file with --data-url")
         return sibling, "the DMR++'s own name without .dmrpp" + (f" ({PLACEHOLDER})" if href else " (no dmrpp:href)")
     if "://" in href and not href.startswith("file://"):
         return href, "dmrpp:href"
@@ -198,7 +199,8 @@ class _Converter:
             try:
                 dims[f"{path}/{name}"] = int(_attr(dim, "size"))
             except (TypeError, ValueError):
-                raise RefsError(f"DMR++ file {quote(self.dmrpp_url)}: dimension {path}/{name} has no valid size") from None
+                raise RefsError(f"DMR++ file {quote(self.dmrpp_url)}: dimension {path}/{name} has no valid "
+                                "size") from None
         prefix = f"{path.lstrip('/')}/" if path else ""
         self.refs[f"{prefix}.zgroup"] = json.dumps({"zarr_format": 2})
         attrs = self.attributes(element, top=not path)
@@ -207,17 +209,22 @@ class _Converter:
         phony: list[tuple[str, int]] = []  # this group's anonymous dimensions, in order
         for child in element:
             kind = _local(child.tag)
-            name = _attr(child, "name")
-            if kind == "Group":
-                self.group(child, f"{path}/{name}", dims)
-            elif kind in DAP_TYPES or kind in STRING_TYPES or kind in REFUSED_TYPES:
-                full = f"{path}/{name}"
-                try:
+            if kind != "Group" and kind not in DAP_TYPES and kind not in STRING_TYPES and kind not in REFUSED_TYPES:
+                continue  # Dimension, Attribute, Enumeration (a type), dmrpp: elements
+            name = _attr(child, "name") or ""
+            full = f"{path}/{name}"
+            try:
+                if not name or "/" in name or name in (".", ".."):
+                    raise Refused(f"its name {name!r} cannot be a path")
+                if kind == "Group":
+                    self.group(child, full, dims)
+                else:
                     self.variable(child, kind, full, dims, phony)
-                except Refused as e:
-                    message = f"DMR++ {self.dmrpp_url}: variable {full} left out: {e}"
-                    log.warning("%s", message)
-                    self.refused.append(message)
+            except Refused as e:
+                what = "group" if kind == "Group" else "variable"
+                message = f"DMR++ {self.dmrpp_url}: {what} {full} left out: {e}"
+                log.warning("%s", message)
+                self.refused.append(message)
 
     # -- attributes ---------------------------------------------------------------------------------
 
@@ -247,7 +254,8 @@ class _Converter:
             try:
                 values = [_number(t, dtype) for t in texts]
             except ValueError:
-                log.info("DMR++ %s: attribute %s left out: values %r are not %s", self.dmrpp_url, name, texts[:3], kind)
+                log.info("DMR++ %s: attribute %s left out: values %r are not %s", self.dmrpp_url, name, texts[:3],
+                         kind)
                 return
         else:  # String, URL, Char, OtherXML: text
             values = texts
@@ -268,16 +276,16 @@ class _Converter:
         names, shape = self.dimensions(element, full, dims, phony)
         chunks_el = _child(element, "chunks")
         if chunks_el is None and _child(element, "chunk") is not None:
-            chunks_el = element  # older DMR++ (NASA's MERRA-2 ones): contiguous data's dmrpp:chunk right in the variable
+            chunks_el = element  # older DMR++ (NASA's MERRA-2 ones): a dmrpp:chunk right in the variable
         compact = _child(element, "compact")
         vlsa = _child(element, "vlsa")
         for unsupported in ("missingdata", "specialstructuredata"):
             if _child(element, unsupported) is not None:
                 raise Refused(f"dmrpp:{unsupported} (Hyrax's own encoding of HDF4 data) is not read")
         order = "<"
-        byte_order = (_attr(chunks_el, "byteOrder") or _attr(chunks_el, "byteOrde") or "LE") if chunks_el is not None else "LE"
-        if byte_order.upper() in ("BE", "BIG_ENDIAN"):
-            order = ">"
+        if chunks_el is not None:  # ("byteOrde": a misspelling some of OPeNDAP's own files have)
+            byte_order = _attr(chunks_el, "byteOrder") or _attr(chunks_el, "byteOrde") or "LE"
+            order = ">" if byte_order.upper() in ("BE", "BIG_ENDIAN") else "<"
         if kind in STRING_TYPES:
             dtype, filters, fill = self.string_type(element, chunks_el, compact, vlsa, shape)
         else:
@@ -438,7 +446,8 @@ class _Converter:
             except (TypeError, ValueError):
                 raise Refused("a dmrpp:chunk has no valid offset and nBytes") from None
             if _attr(chunk, "fm") not in (None, "0"):
-                raise Refused("a chunk skips some of its filters (filter mask fm): Zarr applies the same to every chunk")
+                raise Refused("a chunk skips some of its filters (filter mask fm): Zarr applies the same ones to "
+                              "every chunk")
             position = _attr(chunk, "chunkPositionInArray")
             if position is None:
                 key = whole_key
@@ -451,7 +460,8 @@ class _Converter:
                     raise Refused(f"chunkPositionInArray {position!r} is not a list of integers") from None
                 if not shape:
                     numbers = numbers[:0]
-                if len(numbers) != len(shape) or any(p % c or not 0 <= p // c < g for p, c, g in zip(numbers, chunks, grid)):
+                corners = all(p % c == 0 and 0 <= p // c < g for p, c, g in zip(numbers, chunks, grid))
+                if len(numbers) != len(shape) or not corners:
                     raise Refused(f"chunkPositionInArray {position!r} is not the corner of a chunk of shape {chunks} "
                                   f"within {shape}")
                 key = ".".join(str(p // c) for p, c in zip(numbers, chunks)) or scalar_key
@@ -476,7 +486,15 @@ def _number(text: str, dtype: np.dtype):
     if dtype.kind == "f":
         value = float({"*": "nan"}.get(text, text))
         return value if not math.isfinite(value) else float(np.array(value, dtype=dtype))
-    value = int(text, 0) if re.fullmatch(r"[+-]?0[xX][0-9a-fA-F]+", text) else int(float(text)) if "." in text or "e" in text.lower() else int(text)
+    if re.fullmatch(r"[+-]?0[xX][0-9a-fA-F]+", text):
+        value = int(text, 16)
+    elif re.fullmatch(r"[+-]?\d+", text):
+        value = int(text)
+    else:  # "1.0", "1e3": an integer written as a float
+        number = float(text)
+        if not number.is_integer():
+            raise ValueError(text)
+        value = int(number)
     info = np.iinfo(dtype)
     if not info.min <= value <= info.max:
         raise ValueError(text)
