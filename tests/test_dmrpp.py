@@ -39,6 +39,7 @@ READ = {
     "t_big_vl_str_dset2.h5": "vlsa with compressed values",
     "test32v3.nc4": "netCDF-4 scalars of every kind, a char, fletcher32",
     "t_float.h5": "contiguous floats",
+    "t_enum_grp_array.h5": "enumerations in nested groups (as their base type)",
 }
 REFUSED = {
     "compound_simple.h5": ("/DSC", "compound"),
@@ -82,6 +83,8 @@ def test_opendap_files_read_as_h5py_reads_them(name):
     assert arrays, name
     for path, got in arrays.items():
         want = _h5(data, path)
+        if want.dtype.kind == "b":  # h5py reads a FALSE/TRUE enumeration as bool: its stored bytes are the base type
+            want = want.astype(got.dtype)
         assert got.shape == want.shape and got.dtype.kind == want.dtype.kind, (path, got.dtype, want.dtype)
         assert np.array_equal(got, want, equal_nan=got.dtype.kind == "f"), (path, got, want)
 

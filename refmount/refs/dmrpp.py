@@ -58,7 +58,6 @@ REFUSED_TYPES = {
     "Structure": "compound type (Structure): Zarr v2 has no form netCDF-C reads",
     "Sequence": "sequence type: not an array",
     "Opaque": "opaque type: raw bytes are not a netCDF type",
-    "Enum": "enumeration type: not supported yet",
 }
 # attributes HDF5 and netCDF-4 keep for themselves; ncdump does not show them (kerchunk drops them too)
 HIDDEN_ATTRIBUTES = {"CLASS", "NAME", "REFERENCE_LIST", "DIMENSION_LIST", "_Netcdf4Dimid", "_Netcdf4Coordinates",
@@ -191,9 +190,13 @@ class _Converter:
 
     # -- groups -------------------------------------------------------------------------------------
 
-    def group(self, element, path: str, outer_dims: dict) -> None:
-        """`outer_dims`: fully qualified name -> size of the dimensions declared so far."""
+    def group(self, element, path: str, outer_dims: dict, outer_enums: dict | None = None) -> None:
+        """`outer_dims`: fully qualified name -> size of the dimensions declared so far; `outer_enums`:
+        fully qualified name -> base type of the enumerations."""
         dims = dict(outer_dims)
+        enums = dict(outer_enums or {})
+        for enum in _children(element, "Enumeration"):
+            enums[f"{path}/{_attr(enum, 'name')}"] = _attr(enum, "basetype")
         for dim in _children(element, "Dimension"):
             name = _attr(dim, "name")
             try:
@@ -209,7 +212,8 @@ class _Converter:
         phony: list[tuple[str, int]] = []  # this group's anonymous dimensions, in order
         for child in element:
             kind = _local(child.tag)
-            if kind != "Group" and kind not in DAP_TYPES and kind not in STRING_TYPES and kind not in REFUSED_TYPES:
+            if kind not in ("Group", "Enum") and kind not in DAP_TYPES and kind not in STRING_TYPES \
+                    and kind not in REFUSED_TYPES:
                 continue  # Dimension, Attribute, Enumeration (a type), dmrpp: elements
             name = _attr(child, "name") or ""
             full = f"{path}/{name}"
@@ -217,9 +221,9 @@ class _Converter:
                 if not name or "/" in name or name in (".", ".."):
                     raise Refused(f"its name {name!r} cannot be a path")
                 if kind == "Group":
-                    self.group(child, full, dims)
+                    self.group(child, full, dims, enums)
                 else:
-                    self.variable(child, kind, full, dims, phony)
+                    self.variable(child, kind, full, dims, phony, enums)
             except Refused as e:
                 what = "group" if kind == "Group" else "variable"
                 message = f"DMR++ {self.dmrpp_url}: {what} {full} left out: {e}"
@@ -267,9 +271,11 @@ class _Converter:
 
     # -- variables ----------------------------------------------------------------------------------
 
-    def variable(self, element, kind: str, full: str, dims: dict, phony: list) -> None:
+    def variable(self, element, kind: str, full: str, dims: dict, phony: list, enums: dict) -> None:
         if kind in REFUSED_TYPES:
             raise Refused(REFUSED_TYPES[kind])
+        if kind == "Enum":
+            kind = self.enum_base(element, full, enums)
         attrs = self.attributes(element)
         if isinstance(_raw_attr(element, "NAME"), str) and _raw_attr(element, "NAME").startswith(NOT_A_VARIABLE):
             return  # a netCDF-4 dimension without a coordinate variable: ncdump shows none
@@ -317,13 +323,24 @@ class _Converter:
         for key, ref in chunk_refs.items():
             self.refs[f"{prefix}/{key}"] = ref
 
+    def enum_base(self, element, full: str, enums: dict) -> str:
+        """An enumeration's base integer type: its values are stored as that type (its names are no Zarr type)."""
+        name = _attr(element, "enum") or ""
+        fqn = self._find_declared(name, full.rpartition("/")[0], enums)
+        base = enums.get(fqn) if fqn else None
+        if base not in DAP_TYPES or base in ("Float32", "Float64", "Char"):
+            raise Refused(f"enumeration {name!r} is not declared with an integer base type")
+        log.info("DMR++ %s: variable %s: enumeration %s served as its base type %s (its names are lost)",
+                 self.dmrpp_url, full, fqn, base)
+        return base
+
     def dimensions(self, element, full: str, dims: dict, phony: list) -> tuple[list[str], list[int]]:
         names, shape, used = [], [], set()
         group = full.rpartition("/")[0]
         for dim in _children(element, "Dim"):
             name, size = _attr(dim, "name"), _attr(dim, "size")
             if name is not None:
-                fqn = self._find_dimension(name, group, dims)
+                fqn = self._find_declared(name, group, dims)
                 if fqn is None:
                     raise Refused(f"dimension {name!r} is not declared")
                 names.append(fqn.rpartition("/")[2])
@@ -345,7 +362,8 @@ class _Converter:
         return names, shape
 
     @staticmethod
-    def _find_dimension(name: str, group: str, dims: dict) -> str | None:
+    def _find_declared(name: str, group: str, dims: dict) -> str | None:
+        """The fully qualified name of a dimension (or enumeration) `name` seen from `group`."""
         if name.startswith("/"):
             return name if name in dims else None
         while True:  # a relative name: this group, then the ones around it
