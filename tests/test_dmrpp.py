@@ -336,3 +336,15 @@ def test_ncdump_reads_opendap_files_mounted_as_it_reads_them(name, mount):
     # dimension is declared differs (as for any Zarr with groups)
     declared_anywhere = {re.sub(r"^\w*: (\w+ = \d+)$", r": \1", e) for e in want}
     assert {re.sub(r"^\w*: (\w+ = \d+)$", r": \1", e) for e in got} == declared_anywhere
+
+
+def test_a_refused_variable_is_one_log_line_and_the_rest_mounts(made, mount, tmp_path):
+    text = made.with_name("made.nc.dmrpp").read_text()
+    structure = ('<Structure name="cmp"><Int32 name="a"/><Float32 name="b"/><Dim size="2"/>'
+                 '<dmrpp:chunks><dmrpp:chunk offset="0" nBytes="16"/></dmrpp:chunks></Structure>')
+    edited = tmp_path / "made.nc.dmrpp"
+    edited.write_text(text.replace("</Dataset>", structure + "</Dataset>"))
+    shutil.copy(made, tmp_path / "made.nc")
+    m = mount(edited)
+    assert m.log().count("variable /cmp left out: compound type (Structure)") == 1
+    assert not (m.path / "cmp").exists() and (m.path / "temp" / ".zarray").exists()
