@@ -173,6 +173,8 @@ def dmrpp_to_refs(text: bytes, dmrpp_url: str, data_url: str | None = None, *,
     if _local(root.tag) != "Dataset" or DMRPP_NAMESPACE.encode() not in text[:1 << 20]:
         raise RefsError(f"{quote(dmrpp_url)} is XML but not a DMR++ (a DAP4 Dataset with the dmrpp namespace)")
     url, how = data_url_of(root, dmrpp_url, data_url, remote_options)
+    if not is_remote(url):  # a path relative to the working directory: it must not depend on the daemon's
+        url = os.path.abspath(local_path(url))
     log.info("DMR++ %s: data file %s (%s)", dmrpp_url, url, how)
     converter = _Converter(dmrpp_url, url)
     converter.group(root, "", {})
