@@ -274,13 +274,13 @@ class _Converter:
     # -- variables ----------------------------------------------------------------------------------
 
     def variable(self, element, kind: str, full: str, dims: dict, phony: list, enums: dict) -> None:
+        if (_raw_attr(element, "NAME") or "").startswith(NOT_A_VARIABLE):
+            return  # a netCDF-4 dimension without a coordinate variable: ncdump shows none
         if kind in REFUSED_TYPES:
             raise Refused(REFUSED_TYPES[kind])
         if kind == "Enum":
             kind = self.enum_base(element, full, enums)
         attrs = self.attributes(element)
-        if isinstance(_raw_attr(element, "NAME"), str) and _raw_attr(element, "NAME").startswith(NOT_A_VARIABLE):
-            return  # a netCDF-4 dimension without a coordinate variable: ncdump shows none
         names, shape = self.dimensions(element, full, dims, phony)
         chunks_el = _child(element, "chunks")
         if chunks_el is None and _child(element, "chunk") is not None:
