@@ -129,8 +129,8 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("refs", metavar="REFS",
                    help="reference set: a JSON file (optionally .gz/.bz2/.xz/.zst), a Parquet reference "
-                        "directory, an Icechunk repository, an http(s)://, s3://, ... url of either, or - for JSON "
-                        "on stdin")
+                        "directory, an Icechunk repository, an OPeNDAP DMR++ file (X.dmrpp beside its data file X), "
+                        "an http(s)://, s3://, ... url of either, or - for JSON on stdin")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     g = p.add_argument_group("view")
     g.add_argument("--view", choices=("decoded", "raw"), default="decoded",
@@ -256,6 +256,15 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Icechunk repositories")
     add_version_options(g)
     add_authorization_options(g)
+    add_dmrpp_options(p.add_argument_group("DMR++ files"))
+
+
+def add_dmrpp_options(g) -> None:
+    """--data-url (mount and inspect)."""
+    g.add_argument("--data-url", metavar="URL",
+                   help="read a DMR++ file's data from URL (a path or url of the netCDF-4/HDF5 file it describes) "
+                        "instead of the file its dmrpp:href names, or the one beside it (its own name without "
+                        ".dmrpp); chunks with their own href keep it")
 
 
 def add_version_options(g) -> None:
@@ -308,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--remote-options", type=parse_json_object, default={}, metavar="JSON",
                    help="as for mount")
     add_version_options(p)
+    add_dmrpp_options(p)
     return parser
 
 
@@ -331,6 +341,7 @@ def options_from_args(args):
         max_refs_size=args.max_refs_size, max_value_size=args.max_value_size, load_timeout=args.load_timeout,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
         containers=parse_repoint(args.container), authorized_containers=parse_authorized(args.authorize_container),
+        data_url=args.data_url,
     )
 
 
@@ -446,7 +457,8 @@ def _run(args) -> int:
         from refmount.refs.icechunk_containers import parse_repoint
 
         return run_inspect(args.refs, remote_options=args.remote_options, as_json=args.json,
-                           version=_version(args), containers=parse_repoint(args.container))
+                           version=_version(args), containers=parse_repoint(args.container),
+                           data_url=args.data_url)
     if args.command == "list":
         from refmount.fuse.summary import print_list
 

@@ -119,7 +119,8 @@ def load_reference_set(opts):
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
                            max_refs_size=opts.max_refs_size, max_value_size=opts.max_value_size,
                            load_timeout=opts.load_timeout, progress=progress,
-                           version=version_from_options(opts), containers=opts.containers)
+                           version=version_from_options(opts), containers=opts.containers,
+                           data_url=opts.data_url)
     finally:
         if progress:
             progress.close()

@@ -75,6 +75,7 @@ class MountOptions:
     snapshot: str | None = None
     containers: dict = field(default_factory=dict)  # Icechunk: named virtual chunk containers re-pointed
     authorized_containers: set = field(default_factory=set)  # Icechunk: url prefixes of containers to read
+    data_url: str | None = None  # DMR++: the data file, instead of the one the DMR++ names
 
 
 def _is_dead_fuse_mount(mountpoint: str) -> bool:

@@ -1,4 +1,5 @@
-"""Reference-set loaders: JSON (v0/v1, optionally compressed, local or remote) and Parquet.
+"""Reference-set loaders: JSON (v0/v1, optionally compressed, local or remote), Parquet, and
+OPeNDAP's DMR++ (XML, converted at load: refs/dmrpp.py).
 
 Everything is parsed once, at mount time, into a compact `RefSet`; reads never look at strings again.
 Every load is bounded (refs/limits.py): keys (--max-keys), reference text once decompressed and text
@@ -28,18 +29,19 @@ __all__ = ["INLINE", "WHOLE_FILE", "Ref", "RefSet", "load_refs", "refs_from_dict
 def load_refs(location: str, *, remote_options: dict | None = None, max_keys: int | None = DEFAULT_MAX_KEYS,
               progress=None, max_refs_size: int | None = None, load_timeout: float | None = DEFAULT_LOAD_TIMEOUT,
               version=None, containers: dict[str, str] | None = None,
-              max_value_size: int | None = DEFAULT_MAX_VALUE_SIZE) -> RefSet:
+              max_value_size: int | None = DEFAULT_MAX_VALUE_SIZE, data_url: str | None = None) -> RefSet:
     """Load the reference set at `location` (path or url). Errors are one-line `RefmountError`s.
     `max_refs_size` None means the machine's default; `load_timeout` None or 0 means no limit.
     `version` (refs.icechunk.Version) picks an Icechunk repository's branch, tag or snapshot, and
     `containers` re-points its named virtual chunk containers (name -> url prefix).
-    `max_value_size`: the most text one JSON member may have (None: no limit)."""
+    `max_value_size`: the most text one JSON member may have (None: no limit).
+    `data_url`: a DMR++'s data file, instead of the one it names (--data-url)."""
     if max_refs_size is None:
         max_refs_size = default_max_refs_size()
     try:
         with load_deadline(load_timeout), memory_limit(memory_budget(max_keys, max_refs_size)):
             return _load(location, remote_options, max_keys, progress, max_refs_size, version, containers,
-                         max_value_size)
+                         max_value_size, data_url)
     except ValueTooBig as e:
         key = f" (key {quote(e.key)})" if e.key is not None else ""
         raise RefsError(f"reference file {quote(location)} holds a single JSON value{key} larger than "
@@ -57,7 +59,7 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
 
 
 def _load(location, remote_options, max_keys, progress, max_refs_size, version=None, containers=None,
-          max_value_size=None):
+          max_value_size=None, data_url=None):
     from refmount.refs.jsonrefs import load_json
     from refmount.refs.icechunk import is_icechunk_location, load_icechunk, reject_version
 
@@ -80,14 +82,44 @@ def _load(location, remote_options, max_keys, progress, max_refs_size, version=N
 
     builder = RefSetBuilder(max_keys, max_refs_size)
     try:
-        load_json(lambda: open_reference_file(location, remote_options), builder, progress=progress,
-                  max_value=max_value_size)
+        # one opening tells JSON from a DMR++ (XML) by its first byte; the JSON loader reads on from it
+        first = [open_reference_file(location, remote_options)]
+        if _is_dmrpp(location, first[0]):
+            return _load_dmrpp(location, first[0], builder, max_refs_size, data_url, remote_options)
+        if data_url:
+            raise RefsError(f"--data-url applies to DMR++ files only; {quote(location)} is not one")
+        load_json(lambda: first.pop() if first else open_reference_file(location, remote_options), builder,
+                  progress=progress, max_value=max_value_size)
         resolve_builder_urls(builder, location)
         return builder.build()
     except RefmountError:
         raise
     except (OSError, EOFError, ValueError) as e:  # decompression and read errors mid-stream
         raise RefsError(f"cannot read reference file {quote(location)}: {type(e).__name__}: {e}") from None
+
+
+def _is_dmrpp(location: str, stream) -> bool:
+    from refmount.refs.dmrpp import is_dmrpp_text
+
+    if location.partition("?")[0].endswith(".dmrpp"):
+        return True
+    peek = getattr(stream, "peek", None)
+    return bool(peek) and is_dmrpp_text(peek(64)[:64])
+
+
+def _load_dmrpp(location: str, stream, builder: RefSetBuilder, max_refs_size: int | None, data_url: str | None,
+                remote_options: dict | None):
+    """A DMR++ converted to a reference dict, then loaded as JSON references are."""
+    from refmount.refs.dmrpp import dmrpp_to_refs
+    from refmount.refs.jsonrefs import load_json
+
+    with stream:
+        text = stream.read(max_refs_size + 1) if max_refs_size else stream.read()
+    if max_refs_size and len(text) > max_refs_size:
+        raise RefsTooBig(max_refs_size)
+    refs, _refused = dmrpp_to_refs(text, location, data_url, remote_options=remote_options)
+    load_json(lambda: io.BytesIO(orjson.dumps(refs)), builder)
+    return builder.build()
 
 
 def refs_from_dict(refs: dict, *, max_keys: int | None = DEFAULT_MAX_KEYS, piece_bytes: int | None = None,

@@ -53,10 +53,11 @@ def inspect_refs(refset, zarr3: bool = False) -> list[dict]:
 
 
 def run_inspect(location: str, *, remote_options: dict | None = None, as_json: bool = False, version=None,
-                containers: dict | None = None) -> int:
+                containers: dict | None = None, data_url: str | None = None) -> int:
     from refmount.view.zarr3 import is_v3, v2_refset
 
-    refset = load_refs(location, remote_options=remote_options, version=version, containers=containers)
+    refset = load_refs(location, remote_options=remote_options, version=version, containers=containers,
+                       data_url=data_url)
     rows = inspect_refs(v2_refset(refset), zarr3=True) if is_v3(refset) else inspect_refs(refset)
     if as_json:
         print(json.dumps(rows, indent=2))

@@ -1,0 +1,583 @@
+"""DMR++ (OPeNDAP Hyrax's XML sidecar `X.dmrpp` beside a netCDF-4/HDF5 file `X`) as a reference set.
+
+A DMR++ is a DAP4 DMR (groups, dimensions, typed variables, attributes) whose variables carry
+`dmrpp:` elements saying where their bytes are: `dmrpp:chunks` (filters in `compressionType`,
+`fillValue`, `byteOrder`, `dmrpp:chunkDimensionSizes`, one `dmrpp:chunk offset= nBytes=
+chunkPositionInArray= [href=]` per stored chunk), `dmrpp:compact` (the bytes, base64),
+`dmrpp:vlsa` (variable-length strings, their values) and `dmrpp:FixedLengthStringArray`.
+It is converted once, at load, into a kerchunk Version-0 reference dict (Zarr v2 metadata inline,
+chunks as [url, offset, length]), so the rest of refmount sees an ordinary reference set.
+
+The reading follows Hyrax's own (bes modules/dmrpp_module/DMZ.cc and Chunk.cc) and VirtualiZarr's
+DMR++ parser:
+- `compressionType` lists the filters in HDF5's pipeline (encoding) order; Hyrax decodes in the
+  reverse order, as Zarr decodes `filters`. deflate -> zlib, shuffle -> shuffle with the element
+  size, fletcher32 -> fletcher32 (numcodecs checks and strips HDF5's checksum). All go into
+  `filters` with a null compressor, as kerchunk writes HDF5 filters.
+- A variable without `chunkDimensionSizes` is contiguous: one chunk, the whole array.
+- Anonymous dimensions (`<Dim size=N/>`) are named `phony_dim_N` as netCDF-C names them: within a
+  group, an axis reuses the first phony dimension of its size that the variable does not use yet.
+- The data url: `--data-url`; else `dmrpp:href` on the Dataset: a url as it is, a path from '/' on
+  the DMR++'s own server (or this machine), a relative one against the DMR++ file's location; when
+  the file so named does not exist, the sibling (Hyrax writes hrefs relative to its data root). NASA's
+  placeholder `OPeNDAP_DMRpp_DATA_ACCESS_URL` (or no href at all): the sibling, i.e. the DMR++'s own
+  url without `.dmrpp`. A chunk's own `href` overrides it.
+
+What the format cannot give is refused per variable (one log line naming it and why); the rest
+mounts. A DMR++ that is not well-formed XML is a one-line error naming the file.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import math
+import os
+import re
+import zlib
+from xml.etree import ElementTree
+
+import numpy as np
+
+from refmount.errors import RefsError, quote
+from refmount.fetch.protocols import is_remote, local_path
+from refmount.refs.relative import base_of, is_relative, resolve
+
+log = logging.getLogger("refmount")
+
+DMRPP_NAMESPACE = "xml.opendap.org/dap/dmrpp/1.0.0#"  # http:// or https:// (both occur)
+PLACEHOLDER = "OPeNDAP_DMRpp_DATA_ACCESS_URL"
+DAP_TYPES = {
+    "Byte": "u1", "UByte": "u1", "Int8": "i1", "UInt8": "u1", "Char": "S1",
+    "Int16": "i2", "UInt16": "u2", "Int32": "i4", "UInt32": "u4", "Int64": "i8", "UInt64": "u8",
+    "Float32": "f4", "Float64": "f8",
+}
+STRING_TYPES = ("String", "URL", "Url")
+REFUSED_TYPES = {
+    "Structure": "compound type (Structure): Zarr v2 has no form netCDF-C reads",
+    "Sequence": "sequence type: not an array",
+    "Opaque": "opaque type: raw bytes are not a netCDF type",
+}
+# attributes HDF5 and netCDF-4 keep for themselves; ncdump does not show them (kerchunk drops them too)
+HIDDEN_ATTRIBUTES = {"CLASS", "NAME", "REFERENCE_LIST", "DIMENSION_LIST", "_Netcdf4Dimid", "_Netcdf4Coordinates",
+                     "_nc3_strict", "_NCProperties", "_SuperblockVersion", "_IsNetcdf4"}
+NOT_A_VARIABLE = "This is a netCDF dimension but not a netCDF variable"
+BUILD_METADATA = "build_dmrpp_metadata"  # how the DMR++ was made, not part of the data (VirtualiZarr drops it too)
+# netCDF's default fill values (netcdf.h NC_FILL_*): HDF5's fill of a netCDF-4 variable without _FillValue
+NC_DEFAULT_FILL = {"i1": -127, "u1": 255, "i2": -32767, "u2": 65535, "i4": -2147483647, "u4": 4294967295,
+                   "i8": -9223372036854775806, "u8": 18446744073709551614, "f4": 9.969209968386869e36,
+                   "f8": 9.969209968386869e36}
+HDF5_VLEN_ELEMENT = 16  # bytes of one HDF5 variable-length element (length, heap address, index)
+
+
+class Refused(Exception):
+    """A variable the reference model cannot represent (the message says why)."""
+
+
+def is_dmrpp_text(head: bytes) -> bool:
+    """Whether the start of a file is XML (a DMR++ if anything here: JSON cannot start with '<')."""
+    return head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"<")
+
+
+def _local(tag: str) -> str:
+    return tag.rpartition("}")[2]
+
+
+def _attr(element, name: str, default=None):
+    """An XML attribute by its local name, whatever its namespace prefix (dmrpp:href, href)."""
+    for key, value in element.attrib.items():
+        if _local(key) == name:
+            return value
+    return default
+
+
+def _children(element, name: str):
+    return [child for child in element if _local(child.tag) == name]
+
+
+def _child(element, name: str):
+    for child in element:
+        if _local(child.tag) == name:
+            return child
+    return None
+
+
+def sibling_of(dmrpp_url: str) -> str | None:
+    """The data file beside a DMR++: its url without `.dmrpp` (None if it has no such suffix)."""
+    path, sep, query = dmrpp_url.partition("?")
+    if not path.endswith(".dmrpp") or len(path) == len(".dmrpp"):
+        return None
+    return path[: -len(".dmrpp")] + sep + query
+
+
+def _server_root(url: str) -> str:
+    """scheme://host/ of a url (what an href starting with '/' is relative to)."""
+    scheme, _, rest = url.rpartition("::")[2].partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0].split('?', 1)[0]}/"
+
+
+def _exists(url: str, remote_options: dict | None) -> bool | None:
+    """Whether `url` exists (None: cannot tell). A remote one costs a HEAD, with the reference file's
+    own options and redirect policy."""
+    if not is_remote(url):
+        return os.path.exists(local_path(url))
+    try:
+        import fsspec
+
+        from refmount.refs.source import fsspec_options
+
+        fs, path = fsspec.core.url_to_fs(url, **fsspec_options(url, remote_options or {}))
+        return bool(fs.exists(path))
+    except Exception:  # of every backend: then the href stands, and a read that fails names it
+        return None
+
+
+def data_url_of(root, dmrpp_url: str, data_url: str | None, remote_options: dict | None = None) -> tuple[str, str]:
+    """(url of the data file, how it was chosen) by the rules in the module docstring."""
+    if data_url:
+        return data_url, "--data-url"
+    href = (_attr(root, "href") or "").strip()
+    sibling = sibling_of(dmrpp_url)
+    if not href or href == PLACEHOLDER:
+        if sibling is None:
+            named = "no dmrpp:href" if not href else PLACEHOLDER
+            raise RefsError(f"DMR++ file {quote(dmrpp_url)} names no data file ({named}) and its name does not end "
+                            "in .dmrpp: give the data file with --data-url")
+        return sibling, "the DMR++'s own name without .dmrpp" + (f" ({PLACEHOLDER})" if href else " (no dmrpp:href)")
+    if "://" in href and not href.startswith("file://"):
+        return href, "dmrpp:href"
+    href = href.removeprefix("file://")
+    if href.startswith("/"):
+        # an absolute path: on the DMR++'s own server when it is remote (RFC 3986), else a local path
+        candidate = resolve(href.lstrip("/"), _server_root(dmrpp_url)) if is_remote(dmrpp_url) else href
+        how = "dmrpp:href"
+    else:
+        candidate, how = resolve(href, base_of(dmrpp_url)), "dmrpp:href relative to the DMR++"
+    if sibling is not None and candidate != sibling and _exists(candidate, remote_options) is False:
+        # Hyrax writes hrefs relative to its own data root (data/dmrpp/X.h5): then the file beside the DMR++
+        if is_remote(sibling) or _exists(sibling, remote_options):
+            return sibling, f"the DMR++'s own name without .dmrpp (its dmrpp:href {href!r} does not exist)"
+    return candidate, how
+
+
+def dmrpp_to_refs(text: bytes, dmrpp_url: str, data_url: str | None = None, *,
+                  remote_options: dict | None = None) -> tuple[dict, list[str]]:
+    """A kerchunk Version-0 reference dict of the DMR++ `text` read from `dmrpp_url`, and one message
+    per variable refused. `data_url` points the chunks at another copy of the data file;
+    `remote_options` are used to ask whether a relative href's file exists."""
+    try:
+        root = ElementTree.fromstring(text)
+    except ElementTree.ParseError as e:
+        raise RefsError(f"DMR++ file {quote(dmrpp_url)} is not well-formed XML: {e}") from None
+    if _local(root.tag) != "Dataset" or DMRPP_NAMESPACE.encode() not in text[:1 << 20]:
+        raise RefsError(f"{quote(dmrpp_url)} is XML but not a DMR++ (a DAP4 Dataset with the dmrpp namespace)")
+    url, how = data_url_of(root, dmrpp_url, data_url, remote_options)
+    if not is_remote(url):  # a path relative to the working directory: it must not depend on the daemon's
+        url = os.path.abspath(local_path(url))
+    log.info("DMR++ %s: data file %s (%s)", dmrpp_url, url, how)
+    converter = _Converter(dmrpp_url, url)
+    converter.group(root, "", {})
+    return converter.refs, converter.refused
+
+
+class _Converter:
+    def __init__(self, dmrpp_url: str, data_url: str) -> None:
+        self.dmrpp_url = dmrpp_url
+        self.data_url = data_url
+        self.base = base_of(dmrpp_url)
+        self.refs: dict = {}
+        self.refused: list[str] = []
+        self.phony_count = 0
+
+    # -- groups -------------------------------------------------------------------------------------
+
+    def group(self, element, path: str, outer_dims: dict, outer_enums: dict | None = None) -> None:
+        """`outer_dims`: fully qualified name -> size of the dimensions declared so far; `outer_enums`:
+        fully qualified name -> base type of the enumerations."""
+        dims = dict(outer_dims)
+        enums = dict(outer_enums or {})
+        for enum in _children(element, "Enumeration"):
+            enums[f"{path}/{_attr(enum, 'name')}"] = _attr(enum, "basetype")
+        for dim in _children(element, "Dimension"):
+            name = _attr(dim, "name")
+            try:
+                dims[f"{path}/{name}"] = int(_attr(dim, "size"))
+            except (TypeError, ValueError):
+                raise RefsError(f"DMR++ file {quote(self.dmrpp_url)}: dimension {path}/{name} has no valid "
+                                "size") from None
+        prefix = f"{path.lstrip('/')}/" if path else ""
+        self.refs[f"{prefix}.zgroup"] = json.dumps({"zarr_format": 2})
+        attrs = self.attributes(element, top=not path)
+        if attrs:
+            self.refs[f"{prefix}.zattrs"] = _dumps(attrs)
+        phony: list[tuple[str, int]] = []  # this group's anonymous dimensions, in order
+        for child in element:
+            kind = _local(child.tag)
+            if kind not in ("Group", "Enum") and kind not in DAP_TYPES and kind not in STRING_TYPES \
+                    and kind not in REFUSED_TYPES:
+                continue  # Dimension, Attribute, Enumeration (a type), dmrpp: elements
+            name = _attr(child, "name") or ""
+            full = f"{path}/{name}"
+            try:
+                if not name or "/" in name or name in (".", ".."):
+                    raise Refused(f"its name {name!r} cannot be a path")
+                if kind == "Group":
+                    self.group(child, full, dims, enums)
+                else:
+                    self.variable(child, kind, full, dims, phony, enums)
+            except Refused as e:
+                what = "group" if kind == "Group" else "variable"
+                message = f"DMR++ {self.dmrpp_url}: {what} {full} left out: {e}"
+                log.warning("%s", message)
+                self.refused.append(message)
+
+    # -- attributes ---------------------------------------------------------------------------------
+
+    def attributes(self, element, top: bool = False) -> dict:
+        attrs: dict = {}
+        for attr in _children(element, "Attribute"):
+            name = _attr(attr, "name")
+            if name is None or name == BUILD_METADATA:
+                continue
+            if top and name == "HDF5_GLOBAL" and _attr(attr, "type") == "Container":
+                attrs.update(self.attributes(attr))  # the file's own attributes (VirtualiZarr unwraps it too)
+                continue
+            self._attribute(attr, name, attrs)
+        return {k: v for k, v in attrs.items() if k not in HIDDEN_ATTRIBUTES}
+
+    def _attribute(self, attr, name: str, out: dict) -> None:
+        kind = _attr(attr, "type")
+        if kind == "Container":  # nested: flattened as "container.name", as netCDF keeps HDF4/HDF-EOS names
+            for inner in _children(attr, "Attribute"):
+                inner_name = _attr(inner, "name")
+                if inner_name is not None:
+                    self._attribute(inner, f"{name}.{inner_name}", out)
+            return
+        texts = [value.text or "" for value in _children(attr, "Value")]
+        if kind in DAP_TYPES and kind != "Char":
+            dtype = np.dtype(DAP_TYPES[kind])
+            try:
+                values = [_number(t, dtype) for t in texts]
+            except ValueError:
+                log.info("DMR++ %s: attribute %s left out: values %r are not %s", self.dmrpp_url, name, texts[:3],
+                         kind)
+                return
+        else:  # String, URL, Char, OtherXML: text
+            values = texts
+            if kind == "OtherXML":
+                values = ["".join(ElementTree.tostring(c, encoding="unicode") for c in attr)]
+        if not values:
+            return
+        out[name] = values[0] if len(values) == 1 else values
+
+    # -- variables ----------------------------------------------------------------------------------
+
+    def variable(self, element, kind: str, full: str, dims: dict, phony: list, enums: dict) -> None:
+        if (_raw_attr(element, "NAME") or "").startswith(NOT_A_VARIABLE):
+            return  # a netCDF-4 dimension without a coordinate variable: ncdump shows none
+        if kind in REFUSED_TYPES:
+            raise Refused(REFUSED_TYPES[kind])
+        if kind == "Enum":
+            kind = self.enum_base(element, full, enums)
+        attrs = self.attributes(element)
+        names, shape = self.dimensions(element, full, dims, phony)
+        chunks_el = _child(element, "chunks")
+        if chunks_el is None and _child(element, "chunk") is not None:
+            chunks_el = element  # older DMR++ (NASA's MERRA-2 ones): a dmrpp:chunk right in the variable
+        compact = _child(element, "compact")
+        vlsa = _child(element, "vlsa")
+        for unsupported in ("missingdata", "specialstructuredata"):
+            if _child(element, unsupported) is not None:
+                raise Refused(f"dmrpp:{unsupported} (Hyrax's own encoding of HDF4 data) is not read")
+        order = "<"
+        if chunks_el is not None:  # ("byteOrde": a misspelling some of OPeNDAP's own files have)
+            byte_order = _attr(chunks_el, "byteOrder") or _attr(chunks_el, "byteOrde") or "LE"
+            order = ">" if byte_order.upper() in ("BE", "BIG_ENDIAN") else "<"
+        if kind in STRING_TYPES:
+            dtype, filters, fill = self.string_type(element, chunks_el, compact, vlsa, shape)
+        else:
+            dtype = np.dtype(DAP_TYPES[kind])
+            if dtype.itemsize > 1:
+                dtype = dtype.newbyteorder(order)
+            filters = self.filters(chunks_el, dtype)
+            fill = _fill_value(chunks_el, dtype)
+        if "_FillValue" not in attrs and _is_netcdf_default(fill, dtype):
+            fill = None  # as kerchunk: no _FillValue declared, so none served (netCDF-C applies its default itself)
+        chunk_shape = shape
+        if chunks_el is not None:
+            sizes = _child(chunks_el, "chunkDimensionSizes")
+            if sizes is not None and (sizes.text or "").split():
+                try:
+                    chunk_shape = [int(n) for n in sizes.text.split()]
+                except ValueError:
+                    raise Refused(f"chunkDimensionSizes {sizes.text!r} are not integers") from None
+                if len(chunk_shape) != len(shape) or any(n <= 0 for n in chunk_shape):
+                    raise Refused(f"chunkDimensionSizes {sizes.text.strip()!r} do not match its shape {shape}")
+        prefix = full.lstrip("/")
+        zarray = {"zarr_format": 2, "shape": shape, "chunks": [max(n, 1) for n in chunk_shape] if shape else [],
+                  "dtype": dtype.str if dtype.kind != "O" else "|O", "fill_value": fill, "order": "C",
+                  "filters": filters or None, "compressor": None}
+        chunk_refs = self.chunk_refs(element, chunks_el, compact, vlsa, shape, zarray["chunks"], dtype)
+        attrs["_ARRAY_DIMENSIONS"] = names
+        self.refs[f"{prefix}/.zarray"] = _dumps(zarray)
+        self.refs[f"{prefix}/.zattrs"] = _dumps(attrs)
+        for key, ref in chunk_refs.items():
+            self.refs[f"{prefix}/{key}"] = ref
+
+    def enum_base(self, element, full: str, enums: dict) -> str:
+        """An enumeration's base integer type: its values are stored as that type (its names are no Zarr type)."""
+        name = _attr(element, "enum") or ""
+        fqn = self._find_declared(name, full.rpartition("/")[0], enums)
+        base = enums.get(fqn) if fqn else None
+        if base not in DAP_TYPES or base in ("Float32", "Float64", "Char"):
+            raise Refused(f"enumeration {name!r} is not declared with an integer base type")
+        log.info("DMR++ %s: variable %s: enumeration %s served as its base type %s (its names are lost)",
+                 self.dmrpp_url, full, fqn, base)
+        return base
+
+    def dimensions(self, element, full: str, dims: dict, phony: list) -> tuple[list[str], list[int]]:
+        names, shape, used = [], [], set()
+        group = full.rpartition("/")[0]
+        for dim in _children(element, "Dim"):
+            name, size = _attr(dim, "name"), _attr(dim, "size")
+            if name is not None:
+                fqn = self._find_declared(name, group, dims)
+                if fqn is None:
+                    raise Refused(f"dimension {name!r} is not declared")
+                names.append(fqn.rpartition("/")[2])
+                shape.append(dims[fqn])
+                continue
+            try:
+                size = int(size)
+            except (TypeError, ValueError):
+                raise Refused("a Dim has neither a name nor a size") from None
+            # netCDF-C's phony dimensions: the group's first of this size not used by this variable yet
+            found = next((n for n, s in phony if s == size and n not in used), None)
+            if found is None:
+                found = f"phony_dim_{self.phony_count}"
+                self.phony_count += 1
+                phony.append((found, size))
+            used.add(found)
+            names.append(found)
+            shape.append(size)
+        return names, shape
+
+    @staticmethod
+    def _find_declared(name: str, group: str, dims: dict) -> str | None:
+        """The fully qualified name of a dimension (or enumeration) `name` seen from `group`."""
+        if name.startswith("/"):
+            return name if name in dims else None
+        while True:  # a relative name: this group, then the ones around it
+            candidate = f"{group}/{name}"
+            if candidate in dims:
+                return candidate
+            if not group:
+                return None
+            group = group.rpartition("/")[0]
+
+    def string_type(self, element, chunks_el, compact, vlsa, shape):
+        """(dtype, filters, fill_value) of a String variable, or Refused."""
+        fixed = _child(element, "FixedLengthStringArray")
+        if vlsa is not None:
+            return np.dtype("O"), [{"id": "vlen-utf8"}], None
+        if fixed is not None:
+            try:
+                length = int(_attr(fixed, "string_length"))
+            except (TypeError, ValueError):
+                raise Refused("FixedLengthStringArray has no valid string_length") from None
+            return np.dtype(f"S{max(length, 1)}"), self.filters(chunks_el, np.dtype("u1")), None
+        count = math.prod(shape)
+        if compact is not None:
+            data = _compact_bytes(compact)
+            if count and len(data) % count == 0 and len(data):
+                return np.dtype(f"S{len(data) // count}"), None, None
+            raise Refused(f"compact strings of {len(data)} bytes for {count} elements")
+        chunk_list = _children(chunks_el, "chunk") if chunks_el is not None else []
+        if (chunks_el is not None and _child(chunks_el, "chunkDimensionSizes") is None and len(chunk_list) == 1
+                and not _attr(chunks_el, "compressionType") and count):
+            nbytes = int(_attr(chunk_list[0], "nBytes") or 0)
+            if nbytes % count == 0 and nbytes // count not in (0, HDF5_VLEN_ELEMENT):
+                # contiguous, uncompressed, not 16 bytes an element: fixed-length strings (netCDF char)
+                return np.dtype(f"S{nbytes // count}"), None, None
+        raise Refused("variable-length strings whose values the DMR++ does not hold (its chunks hold HDF5 heap "
+                      "references, not text; Hyrax's build_dmrpp -M writes them as dmrpp:vlsa)")
+
+    def filters(self, chunks_el, dtype: np.dtype) -> list[dict]:
+        if chunks_el is None:
+            return []
+        kinds = (_attr(chunks_el, "compressionType") or "").split()
+        level = _attr(chunks_el, "deflateLevel") or _attr(chunks_el, "deflate_level")
+        if kinds.count("deflate") > 1:
+            raise Refused(f"compressionType {' '.join(kinds)!r} deflates twice (Hyrax inflates such chunks once or "
+                          "twice, by their size: no Zarr codec does that)")
+        if ("fletcher32" in kinds and "shuffle" in kinds and kinds.index("fletcher32") < kinds.index("shuffle")
+                and 4 % dtype.itemsize):
+            # the checksum's 4 bytes are then no whole element: HDF5's shuffle leaves them in place, numcodecs' refuses
+            raise Refused(f"compressionType {' '.join(kinds)!r} shuffles {dtype.itemsize}-byte elements after a "
+                          "fletcher32 checksum, which no Zarr shuffle undoes")
+        out = []
+        for kind in kinds:
+            if kind == "deflate":
+                out.append({"id": "zlib", "level": int(level) if level and level.isdigit() else 6})
+            elif kind == "shuffle":
+                out.append({"id": "shuffle", "elementsize": dtype.itemsize})
+            elif kind == "fletcher32":
+                out.append({"id": "fletcher32"})
+            else:
+                raise Refused(f"compression {kind!r} (of compressionType {' '.join(kinds)!r}) is not known")
+        return out
+
+    # -- chunks -------------------------------------------------------------------------------------
+
+    def chunk_url(self, href: str) -> str:
+        """A chunk's own href: relative to the DMR++, a path from '/' on its server if it is remote."""
+        href = href.strip()
+        if href.startswith("/") and is_remote(self.dmrpp_url):
+            return resolve(href.lstrip("/"), _server_root(self.dmrpp_url))
+        return resolve(href, self.base) if is_relative(href) else href
+
+    def chunk_refs(self, element, chunks_el, compact, vlsa, shape, chunks, dtype) -> dict:
+        scalar_key = "0"
+        whole_key = ".".join("0" for _ in shape) or scalar_key
+        if vlsa is not None:
+            values = _vlsa_values(vlsa)
+            if len(values) != math.prod(shape):
+                raise Refused(f"dmrpp:vlsa holds {len(values)} strings for {math.prod(shape)} elements")
+            from numcodecs import VLenUTF8
+
+            data = VLenUTF8().encode(np.array(values, dtype=object))
+            return {whole_key: _inline(data)}
+        if compact is not None:
+            data = _compact_bytes(compact)
+            expected = math.prod(shape) * dtype.itemsize
+            if len(data) != expected:
+                raise Refused(f"dmrpp:compact holds {len(data)} bytes, not the {expected} of its shape and type")
+            return {whole_key: _inline(data)}
+        if chunks_el is None:
+            raise Refused("no dmrpp:chunks, dmrpp:compact or dmrpp:vlsa: the DMR++ does not say where its data is")
+        out = {}
+        grid = [-(-n // c) if c else 0 for n, c in zip(shape, chunks)]
+        for chunk in _children(chunks_el, "chunk"):
+            if _children(chunk, "block"):
+                raise Refused("a chunk made of several blocks (dmrpp:block, HDF4's linked blocks) is not one range")
+            try:
+                offset, length = int(_attr(chunk, "offset")), int(_attr(chunk, "nBytes"))
+            except (TypeError, ValueError):
+                raise Refused("a dmrpp:chunk has no valid offset and nBytes") from None
+            if _attr(chunk, "fm") not in (None, "0"):
+                raise Refused("a chunk skips some of its filters (filter mask fm): Zarr applies the same ones to "
+                              "every chunk")
+            position = _attr(chunk, "chunkPositionInArray")
+            if position is None:
+                key = whole_key
+                if len(_children(chunks_el, "chunk")) > 1:
+                    raise Refused("several chunks without a chunkPositionInArray")
+            else:
+                try:
+                    numbers = [int(n) for n in position.strip().strip("[]").split(",") if n.strip()]
+                except ValueError:
+                    raise Refused(f"chunkPositionInArray {position!r} is not a list of integers") from None
+                if not shape:
+                    numbers = numbers[:0]
+                corners = all(p % c == 0 and 0 <= p // c < g for p, c, g in zip(numbers, chunks, grid))
+                if len(numbers) != len(shape) or not corners:
+                    raise Refused(f"chunkPositionInArray {position!r} is not the corner of a chunk of shape {chunks} "
+                                  f"within {shape}")
+                key = ".".join(str(p // c) for p, c in zip(numbers, chunks)) or scalar_key
+            if key in out:
+                raise Refused(f"two chunks at the same position (key {key})")
+            href = _attr(chunk, "href")
+            url = self.data_url if not href else self.chunk_url(href)
+            out[key] = [url, offset, length]
+        return out
+
+
+def _raw_attr(element, name: str):
+    for attr in _children(element, "Attribute"):
+        if _attr(attr, "name") == name:
+            value = _child(attr, "Value")
+            return value.text if value is not None else None
+    return None
+
+
+def _number(text: str, dtype: np.dtype):
+    text = text.strip()
+    if dtype.kind == "f":
+        value = float({"*": "nan"}.get(text, text))
+        return value if not math.isfinite(value) else float(np.array(value, dtype=dtype))
+    if re.fullmatch(r"[+-]?0[xX][0-9a-fA-F]+", text):
+        value = int(text, 16)
+    elif re.fullmatch(r"[+-]?\d+", text):
+        value = int(text)
+    else:  # "1.0", "1e3": an integer written as a float
+        number = float(text)
+        if not number.is_integer():
+            raise ValueError(text)
+        value = int(number)
+    info = np.iinfo(dtype)
+    if not info.min <= value <= info.max:
+        raise ValueError(text)
+    return value
+
+
+def _fill_value(chunks_el, dtype: np.dtype):
+    """The .zarray fill_value of a numeric variable: the DMR++'s fillValue, else HDF5's default 0."""
+    text = _attr(chunks_el, "fillValue") if chunks_el is not None else None
+    if dtype.kind == "S":
+        return None
+    if text is None or not text.strip():
+        return 0.0 if dtype.kind == "f" else 0
+    try:
+        value = _number(text, dtype)
+    except (ValueError, OverflowError):
+        raise Refused(f"fillValue {text!r} is not a value of its type {dtype.str}") from None
+    if isinstance(value, float) and not math.isfinite(value):  # Zarr v2 spells these as strings
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def _is_netcdf_default(fill, dtype: np.dtype) -> bool:
+    default = NC_DEFAULT_FILL.get(dtype.str[1:])
+    if default is None or fill is None or isinstance(fill, str):
+        return False
+    return np.array(fill).astype(dtype) == np.array(default).astype(dtype)
+
+
+def _compact_bytes(compact) -> bytes:
+    try:
+        return base64.b64decode("".join((compact.text or "").split()), validate=True)
+    except ValueError:
+        raise Refused("dmrpp:compact is not base64") from None
+
+
+def _vlsa_values(vlsa) -> list[str]:
+    values = []
+    if not _children(vlsa, "v") and (vlsa.text or "").strip():
+        # an older form: each value base64, each followed by ';'
+        text = "".join(vlsa.text.split())
+        try:
+            return [base64.b64decode(v, validate=True).decode("utf-8") for v in text.removesuffix(";").split(";")]
+        except ValueError:
+            raise Refused("dmrpp:vlsa text is not base64 values separated by ';'") from None
+    for v in _children(vlsa, "v"):
+        text = v.text or ""
+        size = _attr(v, "s")
+        if size is not None:  # Hyrax's long strings: zlib-compressed, then base64
+            try:
+                text = zlib.decompress(base64.b64decode(text)).decode("utf-8")
+            except (ValueError, zlib.error):
+                raise Refused("a dmrpp:vlsa value is not base64 of zlib-compressed text") from None
+        count = _attr(v, "c")
+        values.extend([text] * (int(count) if count and count.isdigit() else 1))
+    return values
+
+
+def _inline(data: bytes) -> str:
+    """A kerchunk inline value (bytes as base64, so no text is taken for anything else)."""
+    return "base64:" + base64.b64encode(bytes(data)).decode()
+
+
+def _dumps(value) -> str:
+    """JSON as zarr-python writes Zarr v2 metadata (NaN and Infinity as bare words in attributes)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
