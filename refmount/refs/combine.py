@@ -45,6 +45,7 @@ from refmount.errors import RefsError, quote
 log = logging.getLogger("refmount")
 
 COMPARE_LIMIT = 64 << 20  # encoded bytes of one variable per file that its identity check may read
+PREFETCH_LIMIT = 64 << 20  # bytes of all files read at once, before the combination needs them
 INLINE_LIMIT = 4 << 20  # decoded bytes a variable written inline (re-encoded, or unevenly chunked) may have
 _CF_TIME = re.compile(r"^\s*(\w+)\s+since\s+(.+)$")
 _SECONDS = {unit: seconds for names, seconds in (
@@ -80,7 +81,7 @@ class _File:
 
 
 def combine_datasets(datasets, concat_dim: str, *, identical=(), skip_mismatched: bool = False, read,
-                     workers: int = 8) -> dict:
+                     workers: int = 32) -> dict:
     """One Version-0 reference dict combining `datasets` (a list of (name, refs), refs each a scanned
     file's references, Version 0 or kerchunk's {"version": 1, "refs": ...}) along `concat_dim`."""
     if not datasets:
@@ -174,6 +175,7 @@ class _Combiner:
         self.pool = pool
         self.out: dict = {}
         self.dropped: set[str] = set()  # variables --skip-mismatched dropped
+        self._reads: dict[tuple, object] = {}  # (url, offset, length) -> Future of its bytes (see _prefetch)
 
     # -- the whole combination ---------------------------------------------------------------------------
 
@@ -185,6 +187,7 @@ class _Combiner:
             if self.dim in first.arrays[name].dims:
                 raise RefsError(f"--identical {name}: the variable is over the --concat dimension {self.dim!r}")
         lengths = [self._length(f) for f in self.files]
+        self._prefetch()
         coord = self._coordinate(lengths)
         order, values, units = coord
         # From here on the files are in the dimension's order, and "the first" is the earliest: its
@@ -474,9 +477,37 @@ class _Combiner:
 
     # -- values ------------------------------------------------------------------------------------------
 
+    def _prefetch(self) -> None:
+        """Start every read the combination will need (the coordinate's chunks, and those of the
+        variables to compare), up to PREFETCH_LIMIT bytes, all at once: over a long link the reads of a
+        thousand files then cost a few round trips, not one per file and variable."""
+        wanted, total = [], 0
+        for f in self.files:
+            for array in f.arrays.values():
+                if array.path != self.dim and (self.dim in array.dims or array.path in self.identical):
+                    continue
+                for value in array.chunks.values():
+                    if isinstance(value, list) and len(value) == 3:
+                        total += int(value[2])
+                        wanted.append((f, array, value))
+        if total > PREFETCH_LIMIT:  # (then the coordinate's alone, and the rest as it is compared)
+            wanted = [w for w in wanted if w[1].path == self.dim]
+        for f, array, value in wanted:
+            ref = (value[0], int(value[1]), int(value[2]))
+            if ref not in self._reads:
+                self._reads[ref] = self.pool.submit(self._read_ref, f, array, value)
+
     def _bytes(self, file: _File, array: _Array, value) -> bytes:
         if isinstance(value, (str, bytes)):
             return _inline_bytes(value)
+        if len(value) == 3:
+            ref = (value[0], int(value[1]), int(value[2]))
+            future = self._reads.get(ref)
+            if future is not None:
+                return future.result()
+        return self._read_ref(file, array, value)
+
+    def _read_ref(self, file: _File, array: _Array, value) -> bytes:
         try:
             if len(value) == 1:
                 return self.read(value[0], 0, None)

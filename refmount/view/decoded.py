@@ -354,6 +354,9 @@ class DecodedView:
 
         self.raw.watch_sizes(with_added)
 
+    def known_object_sizes(self, sizes: dict[str, int]) -> None:
+        self.raw.known_object_sizes(sizes)
+
     async def learn_sizes(self, keys) -> None:
         capacity = self.raw.refset.capacity
         await self.raw.learn_sizes([j for j in (self._renamed.get(i, i) for i in keys) if j < capacity])

@@ -493,7 +493,8 @@ class RawView:
     def known_object_sizes(self, sizes: dict[str, int]) -> None:
         """Sizes of referenced objects that the caller knows already (url -> bytes; e.g. the files it
         scanned, at mount): keys whose range runs past their object's end are sized by it from their
-        first stat on, with no request (unknown urls are ignored)."""
+        first stat on, with no request (unknown urls are ignored). Call it before serving, or from the
+        trio thread (it may invalidate what the kernel was shown)."""
         ids = {url: n for n, url in enumerate(self.refset.urls)}
         for url, size in sizes.items():
             uid = ids.get(url)
