@@ -22,15 +22,16 @@ from refmount.refs.combine import combine_datasets
 DAYS = 6
 
 
-def make_day(path, day: int, *, fmt="NETCDF4", calendar="standard", units="hours", lat_shift=0.0, extra=None):
-    """One day of hourly `tas` on a small grid, its time in "<units> since <its day>"; time_bnds as CF bounds."""
+def make_day(path, day: int, *, fmt="NETCDF4", calendar="standard", units="hours", lat_shift=0.0, extra=None,
+             steps=24, contiguous=False):
+    """One day of hourly `tas` on a small grid, its time in "<units> since <its day>"; time_bnds as CF bounds.
+    `contiguous`: time a fixed dimension of `steps`, tas stored in one piece (kerchunk: one chunk)."""
     import netCDF4
 
-    steps = 24
     with netCDF4.Dataset(path, "w", format=fmt) as ds:
         ds.title = "daily test"
         ds.source = "refmount tests"
-        ds.createDimension("time", None)
+        ds.createDimension("time", steps if contiguous else None)
         ds.createDimension("lat", 5)
         ds.createDimension("lon", 4)
         ds.createDimension("nv", 2)
@@ -49,11 +50,12 @@ def make_day(path, day: int, *, fmt="NETCDF4", calendar="standard", units="hours
         lon = ds.createVariable("lon", "f4", ("lon",))
         lon.units = "degrees_east"
         lon[:] = np.arange(4) * 90.0
-        tas = ds.createVariable("tas", "f4", ("time", "lat", "lon"), zlib=fmt == "NETCDF4", fill_value=-999.0)
+        tas = ds.createVariable("tas", "f4", ("time", "lat", "lon"), zlib=fmt == "NETCDF4" and not contiguous,
+                                fill_value=-999.0, contiguous=contiguous)
         tas.units = "K"
         tas.long_name = "air temperature"
         values = 250 + day * 24 + np.arange(steps * 20, dtype="f4").reshape(steps, 5, 4) * 0.1
-        values[3, 1, 1] = -999.0  # a missing value
+        values[min(3, steps - 1), 1, 1] = -999.0  # a missing value
         tas[:] = values
         if extra:
             extra(ds)
@@ -230,6 +232,26 @@ def test_overlap_and_uneven_chunks(tmp_path, monkeypatch):
     monkeypatch.setattr(combine, "INLINE_LIMIT", 16)
     with pytest.raises(RefsError, match=f"^file '{files[0]}': variable 'count' has 24 values along 'time' in "
                                         "chunks of [0-9]+: the combined chunks would be uneven"):
+        combine_datasets(sets, "time", read=LocalReader())
+
+
+def test_files_of_different_lengths_stored_in_one_piece(tmp_path, monkeypatch):
+    """Contiguous variables (kerchunk: one chunk a file) of files of 24 and 23 steps: the combined chunks
+    would differ, so the variable is written inline while small, and refused when not."""
+    import xarray as xr
+
+    files = [tmp_path / "a.nc", tmp_path / "b.nc"]
+    make_day(files[0], 0, steps=24, contiguous=True)
+    make_day(files[1], 1, steps=23, contiguous=True)
+    sets = [(str(f), scan(f)) for f in files[::-1]]
+    assert json.loads(sets[0][1]["refs"]["tas/.zarray"])["chunks"][0] == 23
+    refs = combine_datasets(sets, "time", read=LocalReader())
+    assert refs["tas/0.0.0"].startswith("base64:")
+    with xr.open_mfdataset([str(f) for f in files], combine="by_coords") as expected:
+        xr.testing.assert_identical(open_refs(refs).load(), expected.load())
+    monkeypatch.setattr(combine, "INLINE_LIMIT", 1024)
+    with pytest.raises(RefsError, match=f"^file '{files[1]}': variable 'tas' has 23 values along 'time' in "
+                                        r"chunks of 23 \(the earliest file's: 24\): the combined chunks would be uneven"):
         combine_datasets(sets, "time", read=LocalReader())
 
 

@@ -48,10 +48,12 @@ COMPARE_LIMIT = 64 << 20  # encoded bytes of one variable per file that its iden
 PREFETCH_LIMIT = 64 << 20  # bytes of all files read at once, before the combination needs them
 INLINE_LIMIT = 4 << 20  # decoded bytes a variable written inline (re-encoded, or unevenly chunked) may have
 _CF_TIME = re.compile(r"^\s*(\w+)\s+since\s+(.+)$")
+# CF time units of a fixed length, in seconds (months and years are converted through dates)
 _SECONDS = {unit: seconds for names, seconds in (
-    (("days", "day", "d"), 86400), (("hours", "hour", "hr", "hrs", "h"), 3600), (("minutes", "minute", "min", "mins"), 60),
-    (("seconds", "second", "sec", "secs", "s"), 1), (("milliseconds", "millisecond", "msec", "ms"), 1e-3),
-    (("microseconds", "microsecond", "usec", "us"), 1e-6)) for unit in names}
+    (("days", "day", "d"), 86400), (("hours", "hour", "hr", "hrs", "h"), 3600),
+    (("minutes", "minute", "min", "mins"), 60), (("seconds", "second", "sec", "secs", "s"), 1),
+    (("milliseconds", "millisecond", "msec", "ms"), 1e-3), (("microseconds", "microsecond", "usec", "us"), 1e-6),
+) for unit in names}
 # Calendars that name the same dates (as xarray and cftime treat them; "standard" differs from
 # "proleptic_gregorian" only before 1582-10-15, which cftime checks when it converts).
 _CALENDAR_ALIASES = {"gregorian": "standard", "noleap": "365_day", "all_leap": "366_day"}
@@ -390,15 +392,20 @@ class _Combiner:
                 return self._mismatch(f, path, why)
         axis = first.dims.index(self.dim)
         chunk = int(first.meta["chunks"][axis])
-        uneven = next((k for k, (s, n) in enumerate(zip(starts, lengths))
-                       if s % chunk or (n % chunk and k < len(files) - 1 and sum(lengths[k + 1:]))), None)
+        chunks = [int(f.arrays[path].meta["chunks"][axis]) for f in files]
+        # Each file must begin a chunk of the combined array, and fill its last chunk unless no file
+        # with values follows (Zarr v2's chunks are all alike).
+        uneven = next((k for k, (s, n, c) in enumerate(zip(starts, lengths, chunks))
+                       if c != chunk or s % chunk or (n % chunk and sum(lengths[k + 1:]))), None)
         shape = list(first.meta["shape"])
         shape[axis] = starts[-1]
         if uneven is not None:
             nbytes = math.prod(shape) * np.dtype(first.meta["dtype"]).itemsize
             if nbytes > INLINE_LIMIT or np.dtype(first.meta["dtype"]).kind == "O":
+                other = f" (the earliest file's: {chunk})" if chunks[uneven] != chunk else ""
                 return self._mismatch(files[uneven], path, f"has {lengths[uneven]} values along {self.dim!r} in chunks "
-                                      f"of {chunk}: the combined chunks would be uneven, which Zarr v2 cannot express")
+                                      f"of {chunks[uneven]}{other}: the combined chunks would be uneven, which Zarr v2 "
+                                      "cannot express")
             values = np.concatenate([self._values(f, f.arrays[path]) for f in files], axis=axis)
             return self._write_inline(first, values)
         self._write_meta(first, dict(first.meta, shape=shape))
@@ -473,7 +480,8 @@ class _Combiner:
     def _check_same(self, file: _File, array: _Array, first: _Array) -> None:
         why = self._differs(array, first, over_dim=True)
         if why:
-            raise RefsError(f"file {quote(file.name)}: variable {array.path!r} {why}: cannot combine along {self.dim!r}")
+            raise RefsError(f"file {quote(file.name)}: variable {array.path!r} {why}: "
+                            f"cannot combine along {self.dim!r}")
 
     # -- values ------------------------------------------------------------------------------------------
 
@@ -580,9 +588,6 @@ class _Combiner:
         shape = list(values.shape)
         meta = dict(array.meta, shape=shape, chunks=shape or [], dtype=values.dtype.str, compressor=None,
                     filters=None, order="C")
-        if meta.get("fill_value") is not None and values.dtype != np.dtype(array.meta["dtype"]) \
-                and values.dtype.kind == "f":
-            meta["fill_value"] = float(meta["fill_value"]) if not isinstance(meta["fill_value"], str) else meta["fill_value"]
         self._write_meta(array, meta)
         self.out[_chunk_key(array, [0] * len(shape))] = "base64:" + base64.b64encode(values.tobytes()).decode()
 
