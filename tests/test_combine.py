@@ -321,3 +321,24 @@ def test_groups(tmp_path):
 
     assert np.array_equal(got["ts"], np.concatenate([raw(f) for f in files]))
     assert np.array_equal(got["orog"], np.full((5, 4), 2.0, "f4"))
+
+
+def test_times_that_outgrow_their_integer_dtype_become_float64(tmp_path):
+    """int16 seconds since 1900 and since 2020: in the earliest file's units the later ones do not fit."""
+    import netCDF4
+    import xarray as xr
+
+    files = []
+    for n, first in enumerate(["1900-01-01", "2020-01-01"]):
+        path = tmp_path / f"{n}.nc"
+        with netCDF4.Dataset(path, "w") as ds:
+            ds.createDimension("time", None)
+            time = ds.createVariable("time", "i2", ("time",))
+            time.units = f"seconds since {first}"
+            time[:] = np.arange(3)
+            ds.createVariable("x", "f4", ("time",))[:] = np.arange(3)
+        files.append(path)
+    refs = combine_datasets([(str(f), scan(f)) for f in files[::-1]], "time", read=LocalReader())
+    assert json.loads(refs["time/.zarray"])["dtype"] == "<f8"
+    with xr.open_mfdataset([str(f) for f in files], combine="by_coords") as expected:
+        xr.testing.assert_identical(open_refs(refs).load(), expected.load())

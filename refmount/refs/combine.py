@@ -373,10 +373,10 @@ class _Combiner:
     def _as_dtype(self, values: np.ndarray, array: _Array, file: _File) -> np.ndarray:
         """Values in the array's dtype; floats when an integer dtype cannot hold them exactly."""
         dtype = np.dtype(array.meta["dtype"])
-        if dtype.kind in "iu" and values.dtype.kind == "f":
+        if dtype.kind in "iu" and values.dtype.kind in "iuf":
             info = np.iinfo(dtype)
-            if not (np.all(np.isfinite(values)) and np.all(values == np.round(values))
-                    and values.min(initial=0) >= info.min and values.max(initial=0) <= info.max):
+            exact = values.dtype.kind != "f" or (np.all(np.isfinite(values)) and np.all(values == np.round(values)))
+            if not (exact and values.min(initial=0) >= info.min and values.max(initial=0) <= info.max):
                 log.info("--concat %s: variable %r re-encoded as float64 (its values do not fit %s)",
                          self.dim, array.path, dtype)
                 return values.astype(np.dtype("f8").newbyteorder(dtype.byteorder))
