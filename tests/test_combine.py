@@ -342,3 +342,26 @@ def test_times_that_outgrow_their_integer_dtype_become_float64(tmp_path):
     assert json.loads(refs["time/.zarray"])["dtype"] == "<f8"
     with xr.open_mfdataset([str(f) for f in files], combine="by_coords") as expected:
         xr.testing.assert_identical(open_refs(refs).load(), expected.load())
+
+
+def test_synthetic_sets_with_slash_separated_chunk_keys():
+    """References as a Zarr v2 store with dimension_separator "/" (no file at all: inline chunks)."""
+    import base64
+
+    def one(first: int) -> dict:
+        def inline(values, dtype):
+            return "base64:" + base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode()
+
+        array = {"shape": [2, 3], "chunks": [1, 3], "dtype": "<i4", "fill_value": None, "order": "C",
+                 "filters": None, "compressor": None, "zarr_format": 2, "dimension_separator": "/"}
+        return {".zgroup": '{"zarr_format": 2}',
+                "t/.zarray": json.dumps(dict(array, shape=[2], chunks=[2], dimension_separator=".")),
+                "t/.zattrs": '{"_ARRAY_DIMENSIONS": ["t"]}', "t/0": inline([first, first + 1], "<i4"),
+                "v/.zarray": json.dumps(array), "v/.zattrs": '{"_ARRAY_DIMENSIONS": ["t", "x"]}',
+                "v/0/0": inline([first] * 3, "<i4"), "v/1/0": inline([first + 1] * 3, "<i4")}
+
+    refs = combine_datasets([("b", one(2)), ("a", one(0))], "t", read=LocalReader())
+    assert sorted(k for k in refs if k.startswith("v/") and "/." not in k) == ["v/0/0", "v/1/0", "v/2/0", "v/3/0"]
+    got = open_refs(refs)
+    assert got["t"].values.tolist() == [0, 1, 2, 3]
+    assert got["v"].values.tolist() == [[n] * 3 for n in range(4)]

@@ -125,14 +125,12 @@ def _parse(name: str, refs: dict) -> _File:
     for key, value in chunk_values.items():
         parent, _, index = key.rpartition("/")
         array = arrays.get(parent)
-        if array is None:
-            continue  # (a key outside every array: nothing reads it)
-        separator = array.meta.get("dimension_separator") or "."
-        if separator != ".":
+        if array is None or array.meta.get("dimension_separator") == "/":
             parent, index = _split_slash_key(key, arrays)
             array = arrays.get(parent)
             if array is None:
-                continue
+                continue  # (a key outside every array: nothing reads it)
+        separator = array.meta.get("dimension_separator") or "."
         try:
             position = tuple(int(p) for p in index.split(separator)) if array.meta.get("shape") else (0,)
         except ValueError:
@@ -146,9 +144,9 @@ def _split_slash_key(key: str, arrays: dict[str, _Array]) -> tuple[str, str]:
     parts = key.split("/")
     for cut in range(len(parts) - 1, 0, -1):
         path = "/".join(parts[:cut])
-        if path in arrays:
-            return path, ".".join(parts[cut:])
-    return "", key
+        if path in arrays and arrays[path].meta.get("dimension_separator") == "/":
+            return path, "/".join(parts[cut:])
+    return "\0", key  # (no such array)
 
 
 def _json(value) -> dict:
