@@ -18,6 +18,7 @@ import pytest
 from refmount.errors import RefsError
 from refmount.refs import combine
 from refmount.refs.combine import combine_datasets
+from refmount.view.bounded import decode_bounded
 
 DAYS = 6
 
@@ -121,7 +122,7 @@ def test_daily_files_equal_open_mfdataset(tmp_path, fmt, caplog):
     files, shuffled = daily_files(tmp_path, fmt)
     read = LocalReader()
     caplog.set_level(logging.INFO, logger="refmount")
-    refs = combine_datasets([(str(f), scan(f, fmt)) for f in shuffled], "time", read=read)
+    refs = combine_datasets([(str(f), scan(f, fmt)) for f in shuffled], "time", read=read, decode=decode_bounded)
     assert read.calls > 0  # the coordinate's values came through the caller's reader
     got = assert_same_as_mfdataset(refs, files)
     # one unit (the earliest file's), written inline; tas's chunks are the files' own references
@@ -365,3 +366,18 @@ def test_synthetic_sets_with_slash_separated_chunk_keys():
     got = open_refs(refs)
     assert got["t"].values.tolist() == [0, 1, 2, 3]
     assert got["v"].values.tolist() == [[n] * 3 for n in range(4)]
+
+
+def test_a_chunk_that_inflates_past_its_size_is_refused(tmp_path):
+    """A zlib bomb in a chunk the combination decodes (64 MiB of zeros for 24 times) stops at the bound."""
+    import base64
+    import zlib
+
+    files, _ = daily_files(tmp_path, days=2)
+    sets = [(str(f), scan(f)) for f in files]
+    refs = sets[1][1]["refs"]
+    refs["time/.zarray"] = json.dumps(dict(json.loads(refs["time/.zarray"]), compressor={"id": "zlib", "level": 1}))
+    refs["time/0"] = "base64:" + base64.b64encode(zlib.compress(bytes(64 << 20))).decode()
+    with pytest.raises(RefsError, match=f"^file '{files[1]}': chunk \\(0,\\) of variable 'time' cannot be decoded: "
+                                        "decodes to more than the expected"):
+        combine_datasets(sets, "time", read=LocalReader(), decode=decode_bounded)

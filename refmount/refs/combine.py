@@ -83,14 +83,17 @@ class _File:
 
 
 def combine_datasets(datasets, concat_dim: str, *, identical=(), skip_mismatched: bool = False, read,
-                     workers: int = 32) -> dict:
+                     decode=None, workers: int = 32) -> dict:
     """One Version-0 reference dict combining `datasets` (a list of (name, refs), refs each a scanned
-    file's references, Version 0 or kerchunk's {"version": 1, "refs": ...}) along `concat_dim`."""
+    file's references, Version 0 or kerchunk's {"version": 1, "refs": ...}) along `concat_dim`.
+    `decode(codec, data, limit)`: a decoder that refuses output past `limit` bytes without producing it
+    (refmount.view.bounded.decode_bounded, which refs/ may not import itself); None decodes unbounded.
+    `workers`: reads at once (`read` is called from that many threads)."""
     if not datasets:
         raise RefsError(f"--concat {concat_dim}: no files to combine")
     files = [_parse(name, refs) for name, refs in datasets]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return _Combiner(files, concat_dim, set(identical), skip_mismatched, read, pool).combine()
+        return _Combiner(files, concat_dim, set(identical), skip_mismatched, read, pool, decode).combine()
 
 
 # -- reading the scanned files' references ----------------------------------------------------------------
@@ -166,8 +169,10 @@ def _inline_bytes(value) -> bytes:
 
 
 class _Combiner:
-    def __init__(self, files: list[_File], dim: str, identical: set[str], skip_mismatched: bool, read, pool):
+    def __init__(self, files: list[_File], dim: str, identical: set[str], skip_mismatched: bool, read, pool,
+                 decode=None):
         self.files = files
+        self.decode = decode
         self.dim = dim
         self.identical = identical
         self.skip_mismatched = skip_mismatched
@@ -534,11 +539,13 @@ class _Combiner:
         chunks = [int(n) for n in meta["chunks"]] if shape else []
         out = np.full(shape, _fill(meta, dtype), dtype=dtype)
         codecs = _codecs(file, array)
+        # (no stage of a chunk's decoding may grow past a few times the chunk: a hostile chunk stops there)
+        bound = 8 * max(math.prod(chunks or [1]) * dtype.itemsize, 1 << 20)
         for position, value in array.chunks.items():
             raw = self._bytes(file, array, value)
             try:
                 for codec in codecs:
-                    raw = codec.decode(raw)
+                    raw = self.decode(codec, raw, bound) if self.decode is not None else codec.decode(raw)
                 block = np.frombuffer(raw, dtype=dtype) if dtype.kind != "O" else np.asarray(raw, dtype=object)
                 block = block.reshape(chunks or [], order=meta.get("order", "C"))
             except Exception as e:  # (numcodecs raises many kinds)
