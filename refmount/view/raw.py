@@ -460,7 +460,10 @@ class RawView:
         uid, offset, length = self.refset.target(i)
         if length == WHOLE_FILE:
             known = self._whole_sizes.peek(uid)
-            return known if known is not None else await self._whole_sizes.get(uid, self._object_size(uid))
+            if known is None:
+                known = await self._whole_sizes.get(uid, self._object_size(uid))
+                self.past_end.learn(uid, known)  # (ranges of other keys may run past it)
+            return known
         if uid == INLINE:
             return length
         object_size = self.past_end.get(uid)
