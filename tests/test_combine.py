@@ -268,9 +268,10 @@ def test_no_such_dimension_or_identical_over_it(tmp_path):
 
 
 def test_mount_answers_ncdump_as_ncrcat(tmp_path, mount):
-    """The issue's Done-when: `ncdump -v time` of the mounted combination equals that of NCO's ncrcat
-    of the same files (given in time order: ncrcat concatenates in argument order, and re-bases each
-    file's time to the first file's units)."""
+    """The issue's Done-when: xarray.open_zarr of the mounted combination equals open_mfdataset of the
+    files, and `ncdump -v time` of it equals that of NCO's ncrcat of the same files (given in time
+    order: ncrcat concatenates in argument order, and re-bases each file's time to the first file's
+    units)."""
     from tests.support.clients import NCDUMP, nczarr_url
 
     files, shuffled = daily_files(tmp_path)
@@ -292,6 +293,10 @@ def test_mount_answers_ncdump_as_ncrcat(tmp_path, mount):
     assert got == expected
     assert got[0] == ['time:calendar = "standard" ;', 'time:units = "hours since 2020-01-01" ;']
     assert "142, 143 ;" in got[1]
+    import xarray as xr
+
+    with xr.open_mfdataset([str(f) for f in files], combine="by_coords") as expected:
+        xr.testing.assert_identical(xr.open_zarr(m.path, consolidated=False).load(), expected.load())
 
 
 
