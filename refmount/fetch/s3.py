@@ -224,7 +224,7 @@ class S3Signer:
 
 
 def s3_backend(options: dict, policy, stats, *, connections_per_host: int, allow_cross_host_redirects: bool,
-               verify_remote: bool, client: str):
+               verify_remote: bool, client: str, logins=None, credentials=None):
     """An HttpBackend for s3:// urls, or None when --remote-options say something the engine cannot do
     (the reason is logged; s3fs then reads them)."""
     config, refused = engine_config(options)
@@ -244,7 +244,7 @@ def s3_backend(options: dict, policy, stats, *, connections_per_host: int, allow
     context = ssl_for(config)
     backend = HttpBackend(policy, stats, connections_per_host=connections_per_host,
                           allow_cross_host_redirects=allow_cross_host_redirects, headers=None,
-                          verify_remote=verify_remote, ssl=context, client=client)
+                          verify_remote=verify_remote, ssl=context, client=client, logins=logins)
     backend.signer = S3Signer(config, context if context is not False else None, policy.connect_timeout)
     return backend
 
