@@ -48,7 +48,8 @@ def check_protocols(urls, allowed: set[str] | None) -> None:
 class Fetcher:
     def __init__(self, *, policy: RetryPolicy | None = None, remote_options: dict | None = None,
                  connections_per_host: int = 8, allow_cross_host_redirects: bool = False,
-                 verify_remote: bool = False, http_client: str = "stdlib", logins=None) -> None:
+                 verify_remote: bool = False, http_client: str = "stdlib", logins=None,
+                 s3_credentials_url: str | None = None) -> None:
         from refmount.fetch.auth import Logins
         from refmount.fetch.tls import ssl_setting
 
@@ -58,6 +59,7 @@ class Fetcher:
         self.local = LocalBackend(self.stats)
         # netrc entries, cookies and bearer tokens per host, shared by every http path (auth.py)
         self.logins = logins if logins is not None else Logins(allow_cross_host_redirects=allow_cross_host_redirects)
+        self.s3_credentials_url = s3_credentials_url  # temporary S3 credentials fetched from there (s3creds.py)
         self._http_options = dict(connections_per_host=connections_per_host,
                                   allow_cross_host_redirects=allow_cross_host_redirects,
                                   headers=self.remote_options.get("headers"), verify_remote=verify_remote,
@@ -98,7 +100,12 @@ class Fetcher:
         from refmount.fetch.s3 import s3_backend
 
         options = {k: v for k, v in self._http_options.items() if k not in ("headers", "ssl")}
-        backend = s3_backend(self.remote_options, self.policy, self.stats, **options)
+        credentials = None
+        if self.s3_credentials_url:
+            from refmount.fetch.s3creds import TemporaryCredentials
+
+            credentials = TemporaryCredentials(self.s3_credentials_url, self.fetch_document, self.logins)
+        backend = s3_backend(self.remote_options, self.policy, self.stats, credentials=credentials, **options)
         if backend is not None:
             self._hand_over(backend)
         return backend
@@ -222,6 +229,13 @@ class Fetcher:
         except FetchError as e:
             self._failed[url] = (time.monotonic(), e)
             raise
+
+    async def fetch_document(self, url: str) -> bytes:
+        """A small http(s) document (e.g. temporary S3 credentials), through the login like any read."""
+        from refmount.fetch.s3creds import MAX_DOCUMENT
+
+        backend = self._backend(url)
+        return await run_on_asyncio(backend.document(url, MAX_DOCUMENT), self._asyncio())
 
     def known_size(self, url: str) -> int | None:
         """The size of `url` if an earlier request told it (no I/O), else None."""

@@ -319,6 +319,21 @@ class HttpBackend:
         modified = version.modified if version else None
         return f"size {size} modified {modified}" if modified else None
 
+    async def document(self, url: str, limit: int) -> bytes:
+        """The whole body of a small document (at most `limit` bytes) at `url`, a 200 answer."""
+        async def once() -> bytes:
+            resp = await self._request(url, "GET", {})
+            async with resp:
+                self.stats.requests += 1
+                if resp.status != 200:
+                    self._raise_for_status(url, resp)
+                body = await _read_exactly(resp, limit + 1, allow_eof=True)
+            if len(body) > limit:
+                raise FetchError(f"{redact(url)}: the answer is larger than {limit} bytes")
+            return body
+
+        return await self._with_retries(url, once)
+
     # -- one attempt -----------------------------------------------------------------------------
 
     async def _request(self, url: str, method: str, headers: dict):

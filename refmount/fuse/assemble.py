@@ -114,6 +114,7 @@ def load_reference_set(opts):
     """The reference set of `opts.refs`, loaded within the options' limits and checked against the
     protocol policy (a mount and --dry-run alike)."""
     set_ca_bundle(opts.ca_bundle)  # the reference file may be on https
+    install_logins(opts)  # ... behind a login
     progress = load_progress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
@@ -132,12 +133,24 @@ def load_reference_set(opts):
     return refset
 
 
+def install_logins(opts) -> None:
+    """The mount's credentials (netrc, cookie jar, bearer tokens: fetch/auth.py), for the reference
+    file's client and the fetcher alike; a token file that cannot be read fails the mount now."""
+    from refmount.fetch.auth import Logins, check_token_files, install
+
+    check_token_files(opts.bearer_tokens)
+    install(Logins(cookie_jar=opts.cookie_jar, bearer_tokens=opts.bearer_tokens,
+                   allow_cross_host_redirects=opts.allow_cross_host_redirects))
+
+
 def build_filesystem(opts):
+    from refmount.fetch.auth import active
+
     refset = load_reference_set(opts)
     policy = RetryPolicy(read_timeout=opts.read_timeout, stall_timeout=opts.stall_timeout)
     fetcher = Fetcher(policy=policy, remote_options=opts.remote_options, connections_per_host=opts.connections,
                       allow_cross_host_redirects=opts.allow_cross_host_redirects, verify_remote=opts.verify_remote,
-                      http_client=opts.http_client)
+                      http_client=opts.http_client, logins=active(), s3_credentials_url=opts.s3_credentials_url)
     urls = refset.urls
 
     passing = None
@@ -191,7 +204,7 @@ def build_filesystem(opts):
         out = {"fetch": fetcher.stats.as_dict(), "cache": cache.statistics(), "view": view.name,
                "keys": len(refset), "memory": {**governor.statistics(), **budget.statistics(), **pool.statistics(),
                           "malloc": malloc_statistics()},
-               "hosts": pacer.statistics(), "passes": passing.statistics(),
+               "hosts": pacer.statistics(), "passes": passing.statistics(), "logins": fetcher.logins.statistics(),
                "served": {"bytes": raw.bytes_served, "reads": raw.reads_served,
                           "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3)}}
         if hasattr(view, "statistics"):
