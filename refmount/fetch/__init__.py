@@ -220,7 +220,9 @@ class Fetcher:
             if ago < min(self.policy.failure_memory, max(1.0, self.policy.read_timeout)):
                 self.stats.errors += 1  # (the same kind: a refused login stays EACCES)
                 kind = LoginFailed if isinstance(failed[1], LoginFailed) else FetchError
-                raise kind(f"{failed[1]} ({ago:.1f}s ago; not retried yet)")
+                error = kind(f"{failed[1]} ({ago:.1f}s ago; not retried yet)")
+                error.repeated = True  # (a refused login is logged once, not again at the kernel's retry)
+                raise error
             del self._failed[url]
         try:
             return await operation()

@@ -244,7 +244,8 @@ class Trail:
             return None
         if _netloc(there) == _netloc(self.origin) or self.logins.is_login_host(there):
             return None  # a login host (credentials of its own), or back where the chain began
-        return "redirect to another host refused (--allow-cross-host-redirects allows it)"
+        return (f"redirect to another host refused (a login host needs an entry in {self.logins.netrc.path} "
+                f"or a --bearer-token; --allow-cross-host-redirects allows any host)")
 
 
 _active: Logins | None = None

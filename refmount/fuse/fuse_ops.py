@@ -40,7 +40,8 @@ def _reply(handler):
         except RefmountError as e:  # fetch and decode failures: the reader gets EIO (EACCES), the log says why
             self.failed_reads += 1
             once = getattr(e, "once", None)  # a limit's refusal: said once, not at every read it refuses
-            said = once is not None and once in self._said
+            said = (once is not None and once in self._said) or (isinstance(e, LoginFailed)
+                                                                 and getattr(e, "repeated", False))
             if once is not None:
                 self._said.add(once)
             (log.debug if said else log.error)("%s of %s failed: %s", _ACTIONS.get(handler.__name__, handler.__name__),

@@ -115,8 +115,7 @@ def fsspec_options(location: str, remote_options: dict) -> dict:
         refused = trail.redirect_refused(str(params.url), target)
         if refused:
             raise RedirectRefused(f"redirect from {here.scheme}://{here.netloc} to {there.scheme}://{there.netloc} "
-                                  f"refused (only redirects within the same host, to a login host and back are "
-                                  "followed; --allow-cross-host-redirects allows others)")
+                                  f"{refused.removeprefix('redirect to another host ')}")
 
     trace = aiohttp.TraceConfig()
     trace.on_request_start.append(on_start)
@@ -124,8 +123,14 @@ def fsspec_options(location: str, remote_options: dict) -> dict:
     client_kwargs = dict(remote_options.get("client_kwargs") or {})
     client_kwargs["trace_configs"] = [*client_kwargs.get("trace_configs", []), trace]
     client_kwargs["middlewares"] = [*client_kwargs.get("middlewares", []), with_credentials]
-    client_kwargs.setdefault("cookie_jar", aiohttp.DummyCookieJar())  # (the mount's jar keeps them)
-    return {**remote_options, "ssl": ssl_setting(remote_options), "client_kwargs": client_kwargs}
+
+    async def get_client(**kwargs):  # (in fsspec's loop: a cookie jar needs one)
+        kwargs.setdefault("cookie_jar", aiohttp.DummyCookieJar())  # the mount's jar keeps them
+        return aiohttp.ClientSession(**kwargs)
+
+    options = {**remote_options, "ssl": ssl_setting(remote_options), "client_kwargs": client_kwargs}
+    options.setdefault("get_client", get_client)
+    return options
 
 
 def _cause(error: BaseException | None, kind: type):

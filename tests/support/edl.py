@@ -143,7 +143,7 @@ class LoginHost(Server):
         self.logins += 1
         back = request.query["redirect_uri"]
         state = request.query.get("state", "")
-        return web.HTTPFound(f"{back}?{urlencode({'code': code, 'state': state})}")
+        raise web.HTTPFound(f"{back}?{urlencode({'code': code, 'state': state})}")
 
     def redeem(self, code: str) -> str | None:
         return self.codes.pop(code, None)
@@ -186,10 +186,10 @@ class DataHost(Server):
     def _to_login(self, request):
         auth = request.headers.get("Authorization", "")
         if auth.startswith("Bearer "):  # EDL answers a bad token itself, no redirect
-            return web.Response(status=401, text="token expired or revoked")
+            raise web.HTTPUnauthorized(text="token expired or revoked")
         query = urlencode({"client_id": "daac", "response_type": "code", "redirect_uri": f"{self.url}/login",
                            "state": request.path_qs})
-        return web.HTTPFound(f"{self.login.url}/oauth/authorize?{query}")
+        raise web.HTTPFound(f"{self.login.url}/oauth/authorize?{query}")
 
     async def redeem(self, request):
         user = self.login.redeem(request.query.get("code", ""))
@@ -199,11 +199,11 @@ class DataHost(Server):
         self.sessions[session] = time.time() + self.session_lifetime
         response = web.HTTPFound(request.query.get("state") or "/")
         response.set_cookie("edl_session", session, path="/", httponly=True, max_age=int(self.session_lifetime))
-        return response
+        raise response
 
     async def s3credentials(self, request):
         if not self._authorized(request):
-            return self._to_login(request)
+            self._to_login(request)
         key, token = self.gate.issue(self.credentials_lifetime)
         self.credentials_issued += 1
         expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=self.credentials_lifetime)
@@ -215,9 +215,9 @@ class DataHost(Server):
         if name not in self.files:
             return web.Response(status=404)
         if not self._authorized(request):
-            return self._to_login(request)
+            self._to_login(request)
         if self.signed_host is not None and name.startswith("signed/"):
-            return web.HTTPFound(self.signed_host.sign(name))
+            raise web.HTTPFound(self.signed_host.sign(name))
         return serve_range(request, self.files[name], f'"{hashlib.md5(self.files[name]).hexdigest()}"')
 
 
@@ -309,3 +309,142 @@ def netloc_of(url: str) -> str:
 
 
 __all__ = ["Loop", "LoginHost", "DataHost", "SignedHost", "S3Gate", "credential_headers_seen", "json"]
+
+
+# -- the whole scene: every way in, one reference set --------------------------------------------------
+
+USER, PASSWORD = "alice", "correct horse battery"
+
+
+class World:
+    """A login host (127.0.0.2), a data host behind it (127.0.0.3: a session cookie; some urls
+    redirect on to signed urls on 127.0.0.4), a data host taking bearer tokens (127.0.0.6), and, with
+    `moto_url`, a credentials endpoint behind the login handing out S3 credentials that S3Gate
+    (127.0.0.5, in front of moto) accepts until they expire. `refs()` is a raw reference set over
+    all of them; `expected` the bytes of each key."""
+
+    def __init__(self, directory, moto_url: str | None = None, object_size: int = 1 << 20,
+                 credentials_lifetime: float = 3600, password: str = PASSWORD) -> None:
+        import os
+        import random
+
+        self.dir = directory
+        self.password = password  # what the user's netrc says
+        self.netrc = os.path.join(directory, "netrc")
+        with open(self.netrc, "w") as f:  # the login host's entry only: no other host gets a password
+            f.write(f"machine 127.0.0.2 login {USER} password \"{password}\"\n")
+        os.chmod(self.netrc, 0o600)
+        rng = random.Random(35)
+        self.files = {"a.bin": rng.randbytes(object_size), "signed/b.bin": rng.randbytes(object_size)}
+        self.loop = Loop()
+        self.login = LoginHost(self.loop, "127.0.0.2", self.netrc)
+        # the login host knows the user's real password, whatever the user's netrc says
+        self.login.users = lambda: {USER: PASSWORD}
+        self.signed = SignedHost(self.loop, "127.0.0.4", self.files)
+        self.gate = S3Gate(self.loop, "127.0.0.5", moto_url) if moto_url else None
+        self.data = DataHost(self.loop, "127.0.0.3", self.login, self.files, signed_host=self.signed, gate=self.gate,
+                             credentials_lifetime=credentials_lifetime)
+        self.bearer_files = {"c.bin": rng.randbytes(object_size)}
+        self.bearer = DataHost(self.loop, "127.0.0.6", self.login, self.bearer_files)
+        self.token_file = os.path.join(directory, "edl-token")
+        self.rotate_token()
+        self.s3_objects = {}
+        if moto_url:
+            import s3fs
+
+            fs = s3fs.S3FileSystem(key="moto", secret="moto", endpoint_url=moto_url)
+            fs.mkdir("daac-bucket")
+            self.s3_objects = {"granule.nc": rng.randbytes(object_size)}
+            for key, body in self.s3_objects.items():
+                fs.pipe(f"daac-bucket/{key}", body)
+        self.servers = [s for s in (self.login, self.data, self.signed, self.bearer, self.gate) if s is not None]
+
+    def rotate_token(self, revoke_old: bool = True) -> str:
+        """A new EDL token in the token file (written whole, then renamed in: as token tools do)."""
+        import os
+
+        if revoke_old:
+            self.login.tokens.clear()
+        token = self.login.issue_token(USER)
+        with open(self.token_file + ".new", "w") as f:
+            f.write(token + "\n")
+        os.replace(self.token_file + ".new", self.token_file)
+        return token
+
+    def targets(self) -> dict[str, tuple[str, bytes]]:
+        """key -> (url, the object's bytes)."""
+        out = {"cookie/a": (f"{self.data.url}/a.bin", self.files["a.bin"]),
+               "signed/b": (f"{self.data.url}/signed/b.bin", self.files["signed/b.bin"]),
+               "bearer/c": (f"{self.bearer.url}/c.bin", self.bearer_files["c.bin"])}
+        for key, body in self.s3_objects.items():
+            out["s3/" + key] = (f"s3://daac-bucket/{key}", body)
+        return out
+
+    def refs(self) -> dict:
+        return {"version": 1, "refs": {key: [url, 0, len(body)] for key, (url, body) in self.targets().items()}}
+
+    def mount_args(self) -> list[str]:
+        args = ["--view", "raw", "--bearer-token", f"127.0.0.6={self.token_file}",
+                "--cookie-jar", f"{self.dir}/urs_cookies", "--allow-cross-host-redirects"]
+        if self.gate is not None:
+            args += ["--s3-credentials-url", f"{self.data.url}/s3credentials",
+                     "--remote-options", json.dumps({"endpoint_url": self.gate.url})]
+        return args
+
+    def env(self) -> dict:
+        import os
+
+        return {**os.environ, "NETRC": self.netrc}
+
+    def assert_credentials_stayed_home(self) -> None:
+        """No credential header reached a host it does not belong to (from every server's log)."""
+        basic = "Basic " + base64.b64encode(f"{USER}:{self.password}".encode()).decode()
+        for server in self.servers:
+            seen = credential_headers_seen(server)
+            if server is self.login:
+                assert set(seen["Authorization"]) <= {basic}, seen
+                assert not seen["Cookie"] and not seen["X-Amz-Security-Token"], seen
+            elif server is self.data:
+                assert not seen["Authorization"] and not seen["X-Amz-Security-Token"], seen
+                assert all(c.startswith("edl_session=") and ";" not in c for c in seen["Cookie"]), seen
+            elif server is self.bearer:
+                assert all(a.startswith("Bearer edl-") for a in seen["Authorization"]), seen
+                assert not seen["Cookie"] and not seen["X-Amz-Security-Token"], seen
+            elif server is self.gate:
+                assert not seen["Authorization"] and not seen["Cookie"], seen
+            else:  # the signed-url host gets nothing
+                assert not any(seen.values()), seen
+
+    def close(self) -> None:
+        self.loop.close()
+
+
+def read_loop(mountpoint, world: World, seconds: float, block: int = 64 << 10, seed: int = 0) -> dict:
+    """Read random ranges of every key through the mount for `seconds`, dropping the kernel's pages of
+    each file after each read; every read checked against the source bytes. -> counts."""
+    import os
+    import random
+
+    rng = random.Random(seed)
+    targets = world.targets()
+    counts = {"reads": 0, "failed": 0, "wrong": 0, "errors": []}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for key, (_url, body) in targets.items():
+            offset = rng.randrange(0, len(body) - block)
+            try:
+                fd = os.open(os.path.join(mountpoint, key), os.O_RDONLY)
+                try:
+                    got = os.pread(fd, block, offset)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                counts["failed"] += 1
+                counts["errors"].append(f"{key}: {e}")
+                continue
+            counts["reads"] += 1
+            if got != body[offset:offset + block]:
+                counts["wrong"] += 1
+        time.sleep(0.05)
+    return counts

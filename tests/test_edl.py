@@ -1,0 +1,172 @@
+"""Earthdata Login and its kin (fetch/auth.py, cookies.py, s3creds.py), through real FUSE mounts and
+real servers on loopback (tests/support/edl.py): a login host that checks HTTP Basic, a data host that
+sets a session cookie on the code and sometimes redirects on to a signed url on a third host, a
+host that takes EDL bearer tokens, a credentials endpoint behind the login, and moto's S3 behind a
+gate that accepts only the live session tokens handed out. Every server logs every header it gets:
+no credential may reach a host but its own. The 5-minute read loop is bench/bench_edl.py."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import run_refmount
+from tests.support.edl import PASSWORD, USER, World, read_loop
+
+
+@pytest.fixture(scope="module")
+def moto():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def world(tmp_path):
+    w = World(str(tmp_path), object_size=256 << 10)
+    yield w
+    w.close()
+
+
+def read_all(mount_path, world: World) -> None:
+    for key, (_url, body) in world.targets().items():
+        assert (mount_path / key).read_bytes() == body, key
+
+
+@pytest.mark.parametrize("client", ["stdlib", "aiohttp"])
+def test_the_reference_file_and_its_targets_read_through_earthdata_login(world, mount, client):
+    """The reference file sits behind the login (fsspec's client), its targets too (the HTTP engine):
+    data url -> login host (Basic, its own netrc entry) -> data host ?code= (session cookie) -> the
+    data, or on to a signed url on a third host. One login for the whole mount; the cookie lands in
+    --cookie-jar in Netscape format; no credential reaches another host."""
+    world.data.files["refs.json"] = json.dumps(world.refs()).encode()
+    m = mount(f"{world.data.url}/refs.json", *world.mount_args(), "--http-client", client, env=world.env())
+    read_all(m.path, world)
+    stats = m.stats()["logins"]
+    assert stats["logins"] == {world.login.netloc: 1}, stats
+    assert world.login.logins == 1 and stats["login_failures"] == {}
+    assert stats["bearer_requests"][world.bearer.netloc] >= 1
+    jar = (world.dir + "/urs_cookies")
+    lines = [line for line in open(jar).read().splitlines() if "edl_session" in line]
+    assert len(lines) == 1 and lines[0].split("\t")[:2] == ["#HttpOnly_127.0.0.3", "FALSE"], lines  # host-only
+    assert oct(os.stat(jar).st_mode & 0o777) == "0o600"
+    world.assert_credentials_stayed_home()
+    assert world.signed.log and PASSWORD not in m.log()
+
+
+def test_a_kept_cookie_needs_no_login_and_a_new_mount_reuses_it(world, mount):
+    """NASA's ~/.urs_cookies: a mount that finds a live session cookie in --cookie-jar logs in no more."""
+    m = mount(world.refs(), *world.mount_args(), env=world.env())
+    read_all(m.path, world)
+    m.stop()
+    assert world.login.logins == 1
+    m = mount(world.refs(), *world.mount_args(), env=world.env())
+    read_all(m.path, world)
+    assert world.login.logins == 1 and m.stats()["logins"]["logins"] == {}
+
+
+def test_a_wrong_password_gives_eacces_and_one_clear_line(tmp_path, mount):
+    """The read gets EACCES (not EIO); the log says once which host refused what (the netrc entry
+    and its login name), never the password."""
+    world = World(str(tmp_path), object_size=64 << 10, password="wrong password")
+    try:
+        m = mount(world.refs(), *world.mount_args(), env=world.env())
+        with pytest.raises(PermissionError) as caught:
+            (m.path / "cookie/a").read_bytes()
+        assert caught.value.errno == errno.EACCES
+        lines = [line for line in m.log().splitlines() if "login refused" in line]
+        assert len(lines) == 1, m.log()
+        assert world.login.netloc in lines[0] and f"login {USER!r}" in lines[0] and world.netrc in lines[0], lines
+        assert "wrong password" not in m.log() and "HTTP 401" in lines[0]
+        assert m.stats()["logins"]["login_failures"] == {world.login.netloc: 1}
+        world.assert_credentials_stayed_home()
+    finally:
+        world.close()
+
+
+def test_a_reference_file_behind_a_refused_login_fails_the_mount_in_one_line(tmp_path):
+    """At mount time: one line naming the reference file, the login host and the missing netrc entry;
+    non-zero exit, no traceback."""
+    world = World(str(tmp_path), object_size=4096)
+    try:
+        world.data.files["refs.json"] = json.dumps(world.refs()).encode()
+        (tmp_path / "mnt").mkdir()
+        empty = tmp_path / "empty-netrc"
+        empty.write_text("machine elsewhere.example login bob password x\n")
+        empty.chmod(0o600)
+        for flag, says in (([], f"a login host needs an entry in {empty}"),
+                           (["--allow-cross-host-redirects"], f"HTTP 401 from {world.login.netloc}; sent no "
+                                                              f"credentials (no entry for 127.0.0.2 in {empty})")):
+            result = run_refmount("mount", *flag, f"{world.data.url}/refs.json", tmp_path / "mnt",
+                                  env={**os.environ, "NETRC": str(empty)})
+            assert result.returncode != 0
+            err = result.stderr.strip()
+            assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+            assert "refs.json" in err and world.login.netloc in err and says in err, err
+    finally:
+        world.close()
+
+
+def test_a_rotated_bearer_token_is_reread_and_a_revoked_one_gives_eacces(world, mount):
+    """--bearer-token HOST=FILE: the token goes to that host only, never on the command line or in
+    the log; a new token in the file is used at once; a revoked one is EACCES with a line saying so."""
+    world.bearer_files["d.bin"] = world.bearer_files["c.bin"][::-1]
+    world.bearer_files["e.bin"] = world.bearer_files["c.bin"][::2]
+    refs = world.refs()
+    for name in ("d", "e"):
+        refs["refs"][f"bearer/{name}"] = [f"{world.bearer.url}/{name}.bin", 0, len(world.bearer_files[f"{name}.bin"])]
+    m = mount(refs, *world.mount_args(), env=world.env())
+    first = open(world.token_file).read().strip()
+    assert (m.path / "bearer/c").read_bytes() == world.bearer_files["c.bin"]
+    second = world.rotate_token()  # rotated while mounted (the old one revoked): the file is read again
+    assert (m.path / "bearer/d").read_bytes() == world.bearer_files["d.bin"]
+    world.login.tokens.clear()  # revoked, and no new one
+    with pytest.raises(PermissionError):
+        (m.path / "bearer/e").read_bytes()
+    lines = [line for line in m.log().splitlines() if "login refused" in line]
+    assert len(lines) == 1 and "bearer token" in lines[0] and "expired or revoked" in lines[0], m.log()
+    cmdline = open(f"/proc/{m.proc.pid}/cmdline", "rb").read()
+    for token in (first, second):
+        assert token.encode() not in cmdline and token not in m.log()
+    world.assert_credentials_stayed_home()
+
+
+def test_temporary_s3_credentials_refresh_during_reads_with_none_failed(tmp_path, mount, moto):
+    """One mount, every way in: the login's cookie, a signed url on a third host, a bearer token, and
+    s3:// signed with temporary credentials from the endpoint behind the login, which expire after
+    20 s and are refreshed (at half-life) while a read loop runs: 0 failed reads, S3 never sees an
+    expired or unknown session token, and no credential reaches another host. (5 minutes: bench/bench_edl.py.)"""
+    world = World(str(tmp_path), moto_url=moto, object_size=4 << 20, credentials_lifetime=20)
+    try:
+        m = mount(world.refs(), *world.mount_args(), "--cache-size", "4M", "--block-size", "64K",
+                  "--no-prefetch", env=world.env())
+        counts = read_loop(m.path, world, seconds=32)
+        assert counts["failed"] == 0 and counts["wrong"] == 0, counts
+        stats = m.stats()["logins"]
+        assert stats["s3_credential_refreshes"][world.data.netloc] >= 3, stats
+        assert world.data.credentials_issued == stats["s3_credential_refreshes"][world.data.netloc]
+        assert world.gate.refused == [] and world.gate.passed >= counts["reads"] // 8, (world.gate.refused, counts)
+        assert stats["logins"] == {world.login.netloc: 1}, stats
+        world.assert_credentials_stayed_home()
+    finally:
+        world.close()
