@@ -170,3 +170,72 @@ def test_temporary_s3_credentials_refresh_during_reads_with_none_failed(tmp_path
         world.assert_credentials_stayed_home()
     finally:
         world.close()
+
+
+def test_the_cookie_jar_reads_curls_file_and_scopes_cookies_as_browsers_do(tmp_path):
+    """A Netscape cookie file as curl -c writes it (#HttpOnly_ lines, session cookies with expiry 0,
+    domain and host-only cookies, Secure, a path, an expired one): each cookie goes only where a
+    browser would send it, and is written back in the same format."""
+    from refmount.fetch.cookies import CookieJar
+
+    later = int(time.time()) + 3600
+    path = tmp_path / "urs_cookies"
+    path.write_text("\n".join([
+        "# Netscape HTTP Cookie File",
+        f"#HttpOnly_urs.example.gov\tFALSE\t/\tTRUE\t{later}\turs_session\tU1",
+        f".daac.example.gov\tTRUE\t/\tFALSE\t0\tdaac_wide\tD1",
+        f"data.daac.example.gov\tFALSE\t/protected\tFALSE\t{later}\tnarrow\tN1",
+        f"data.daac.example.gov\tFALSE\t/\tFALSE\t{int(time.time()) - 10}\tstale\tS1", ""]))
+    jar = CookieJar(str(path))
+
+    def names(url):
+        return sorted(jar.names_for(url))
+
+    assert names("https://urs.example.gov/oauth/authorize") == ["urs_session"]
+    assert names("http://urs.example.gov/oauth/authorize") == []  # Secure: https only
+    assert names("https://sub.urs.example.gov/") == []  # host-only
+    assert names("https://data.daac.example.gov/protected/x.nc") == ["daac_wide", "narrow"]
+    assert names("https://data.daac.example.gov/other/x.nc") == ["daac_wide"]  # path
+    assert names("https://daac.example.gov.evil.example/") == [] and names("https://example.gov/") == []
+    jar.take("https://data.daac.example.gov/protected/x.nc",
+             ["fresh=F1; Path=/; HttpOnly", "wide=W; Domain=example.gov; Path=/"])  # (a parent domain: allowed)
+    jar.take("https://data.daac.example.gov/", ["bad=B; Domain=other.example; Path=/"])  # another site: refused
+    assert "bad" not in names("https://other.example/") and "fresh" in names("https://data.daac.example.gov/")
+    assert "fresh" not in names("https://daac.example.gov/")  # set without Domain: host-only
+    written = path.read_text()
+    assert "#HttpOnly_data.daac.example.gov\tFALSE\t/\tFALSE\t0\tfresh\tF1" in written
+    assert "stale" not in written and ".daac.example.gov\tTRUE\t/\tFALSE\t0\tdaac_wide\tD1" in written
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    again = CookieJar(str(path))
+    assert sorted(again.names_for("https://data.daac.example.gov/protected/")) == ["daac_wide", "fresh", "narrow", "wide"]
+
+
+def test_bearer_tokens_come_from_options_and_the_toml_config(tmp_path):
+    """--bearer-token HOST=FILE (repeatable, comma-separated) and `bearer-token` in the TOML config
+    (a list, or a table host = file); a bad value is one line naming the option."""
+    from refmount.cli import build_parser, config_to_argv, options_from_args
+
+    config = tmp_path / "m.toml"
+    config.write_text('refs = "r.json"\nmountpoint = "/mnt/x"\ncookie-jar = "/home/u/.urs_cookies"\n'
+                      'bearer-token = {"urs.earthdata.nasa.gov" = "/run/edl-token", "b.example:8443" = "/run/b"}\n'
+                      's3-credentials-url = "https://data.daac.example/s3credentials"\n')
+    options, positionals = config_to_argv(str(config), "mount")
+    opts = options_from_args(build_parser().parse_args(["mount", *options, "--bearer-token", "c.example=/t/c,d.example=/t/d",
+                                                        *positionals]))
+    assert opts.bearer_tokens == {"urs.earthdata.nasa.gov": "/run/edl-token", "b.example:8443": "/run/b",
+                                  "c.example": "/t/c", "d.example": "/t/d"}
+    assert opts.cookie_jar == "/home/u/.urs_cookies"
+    assert opts.s3_credentials_url == "https://data.daac.example/s3credentials"
+    config.write_text('refs = "r.json"\nmountpoint = "/mnt/x"\nbearer-token = ["a.example=/t/a", "b.example=/t/b"]\n')
+    options, positionals = config_to_argv(str(config), "mount")
+    opts = options_from_args(build_parser().parse_args(["mount", *options, *positionals]))
+    assert opts.bearer_tokens == {"a.example": "/t/a", "b.example": "/t/b"}
+    (tmp_path / "mnt").mkdir()
+    bad = run_refmount("mount", "--bearer-token", "just-a-token-value", "r.json", str(tmp_path / "mnt"))
+    assert bad.returncode == 2 and "--bearer-token" in bad.stderr and "HOST=FILE" in bad.stderr
+    assert "just-a-token-value" in bad.stderr  # (it is not a token: a token is never an option's value)
+    (tmp_path / "r.json").write_text('{"version": 1, "refs": {}}')
+    missing = run_refmount("mount", "--bearer-token", f"a.example={tmp_path}/none", str(tmp_path / "r.json"),
+                           str(tmp_path / "mnt"))
+    assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
+    assert "--bearer-token a.example" in missing.stderr and "No such file" in missing.stderr, missing.stderr

@@ -28,7 +28,10 @@ _HTTP_ONLY = "#HttpOnly_"
 class CookieJar:
     def __init__(self, path: str | None = None) -> None:
         self.path = path
-        self._jar = http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy())
+        # DomainStrictNonDomain: a cookie set without Domain= goes back to its own host only (the
+        # default policy would send it to subdomains too, unlike browsers)
+        policy = http.cookiejar.DefaultCookiePolicy(strict_ns_domain=http.cookiejar.DefaultCookiePolicy.DomainStrictNonDomain)
+        self._jar = http.cookiejar.CookieJar(policy)
         self._lock = threading.Lock()  # both engines' threads and the asyncio loop use the jar
         if path is not None and os.path.exists(path):
             self._load(path)

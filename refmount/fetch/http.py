@@ -49,7 +49,7 @@ import aiohttp
 import trio
 from yarl import URL
 
-from refmount.errors import FetchError, ReadRefused, RemoteChanged, format_size
+from refmount.errors import FetchError, LoginFailed, ReadRefused, RemoteChanged, format_size
 from refmount.fetch import direct
 from refmount.fetch.bridge import run_in_worker
 from refmount.fetch.pieces import piece_sizes, split
@@ -669,6 +669,11 @@ class HttpBackend:
 
     def _raise_for_status(self, url: str, resp) -> None:
         status = resp.status
+        temporary = getattr(self.signer, "temporary", None)
+        if temporary is not None and status in (400, 401, 403):  # S3 refused the temporary credentials
+            self.logins.count("login_failures", urlsplit(temporary.url).netloc)
+            raise LoginFailed(f"{redact(url)}: HTTP {status} {resp.reason or ''} from S3 to a request signed with the "
+                              f"temporary credentials from {redact(temporary.url)} (expired or revoked?)")
         if self.policy.retryable_status(status):
             raise _Retry(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
         raise FetchError(f"{redact(url)}: HTTP {status} {resp.reason or ''}".rstrip())
