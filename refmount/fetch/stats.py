@@ -7,7 +7,7 @@ from collections import deque
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 _SECRET_QUERY = re.compile(r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|signature|sig|"
-                           r"token|access_token|key|api_key|apikey|password)=)[^&#\s]+")
+                           r"token|access_token|key|api_key|apikey|password|code)=)[^&#\s]+")
 
 
 def redact(url: str) -> str:
