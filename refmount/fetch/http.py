@@ -233,6 +233,7 @@ class HttpBackend:
         self._ignored_count: dict[str, int] = {}  # url -> 200s to ranged GETs
         self._downloads: dict[str, _SharedDownload] = {}  # url -> the whole-object pass reads may join
         self._routes: dict[tuple, dict] = {}  # (scheme, host) -> proxy options for its requests
+        self._login_locks: dict[str, asyncio.Lock] = {}  # login host -> held by the chain logging in there
         self._versions_lock = threading.Lock()  # the direct path checks validators in its worker threads
         self.direct = client == "stdlib"
         self._direct_targets: dict[str, tuple | None] = {}  # url -> (origin, request target), None: aiohttp only
@@ -347,33 +348,45 @@ class HttpBackend:
             url = self.signer(url, method)
         origin = _origin(url)
         trail = self.logins.trail(url)
-        for _ in range(_MAX_REDIRECTS + 1):
-            own = self.headers if _origin(url) == origin else {}
-            user_authorization = any(name.lower() == "authorization" for name in own)
-            sent = {**own, **headers, **trail.headers(url, signed=signed, user_authorization=user_authorization),
-                    "Accept-Encoding": "identity"}
-            where = url if not signed else URL(url, encoded=True)  # (as signed, not re-quoted)
-            resp = await session.request(method, where, headers=sent, allow_redirects=False, **self._route(url))
-            redirect = resp.status in _REDIRECTS
-            target = urljoin(url, resp.headers.get("Location", "")) if redirect else None
-            try:
-                trail.answered(url, resp.status, resp.headers.getall("Set-Cookie", []), target)
-            except BaseException:
+        login = None  # the lock of the login host this chain is logging in at, while it does
+        try:
+            for _ in range(_MAX_REDIRECTS + 1):
+                own = self.headers if _origin(url) == origin else {}
+                user_authorization = any(name.lower() == "authorization" for name in own)
+                credentials = trail.headers(url, signed=signed, user_authorization=user_authorization)
+                sent = {**own, **headers, **credentials, "Accept-Encoding": "identity"}
+                where = url if not signed else URL(url, encoded=True)  # (as signed, not re-quoted)
+                resp = await session.request(method, where, headers=sent, allow_redirects=False, **self._route(url))
+                redirect = resp.status in _REDIRECTS
+                target = urljoin(url, resp.headers.get("Location", "")) if redirect else None
+                try:
+                    trail.answered(url, resp.status, resp.headers.getall("Set-Cookie", []), target)
+                except BaseException:
+                    resp.release()
+                    raise
+                if not redirect:
+                    return resp
                 resp.release()
-                raise
-            if not redirect:
-                return resp
-            resp.release()
-            here, there = urlsplit(url), urlsplit(target)
-            if there.scheme not in ("http", "https"):
-                raise FetchError(f"{redact(url)}: redirect to {redact(target)} refused (not http or https)")
-            if here.scheme == "https" and there.scheme == "http":
-                raise FetchError(f"{redact(url)}: redirect from https down to http {redact(target)} refused")
-            refused = trail.redirect_refused(url, target)
-            if refused:
-                raise FetchError(f"{redact(url)}: {refused.replace('another host', f'another host {redact(target)}', 1)}")
-            url = target
-        raise FetchError(f"{redact(url)}: too many redirects")
+                here, there = urlsplit(url), urlsplit(target)
+                if there.scheme not in ("http", "https"):
+                    raise FetchError(f"{redact(url)}: redirect to {redact(target)} refused (not http or https)")
+                if here.scheme == "https" and there.scheme == "http":
+                    raise FetchError(f"{redact(url)}: redirect from https down to http {redact(target)} refused")
+                refused = trail.redirect_refused(url, target)
+                if refused:
+                    raise FetchError(f"{redact(url)}: {refused.replace('another host', f'another host {redact(target)}', 1)}")
+                if login is None and _host(there) != _host(here) and self.logins.is_login_host(target):
+                    # Off to log in: one chain at a time per login host. A read that waited finds the
+                    # session cookie the one before it got, and asks again with it instead.
+                    login = self._login_locks.setdefault(_host(there), asyncio.Lock())
+                    await login.acquire()
+                    if self.logins.cookies.header(url) != credentials.get("Cookie"):
+                        continue
+                url = target
+            raise FetchError(f"{redact(url)}: too many redirects")
+        finally:
+            if login is not None:
+                login.release()
 
     @contextlib.asynccontextmanager
     async def _object_slot(self, url: str):
