@@ -239,3 +239,23 @@ def test_bearer_tokens_come_from_options_and_the_toml_config(tmp_path):
                            str(tmp_path / "mnt"))
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
     assert "--bearer-token a.example" in missing.stderr and "No such file" in missing.stderr, missing.stderr
+
+
+def test_netrc_default_and_other_entries_never_follow_a_redirect(tmp_path):
+    """netrc's `default` goes only to the host the url names, never to a host reached by a redirect; a
+    login host gets its own entry only, and nothing goes over plain http from an https origin."""
+    from refmount.fetch.auth import Logins
+
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine login.example login alice password A\ndefault login anyone password D\n")
+    netrc.chmod(0o600)
+    logins = Logins(netrc_path=str(netrc))
+    trail = logins.trail("https://data.example/x.nc")
+    assert trail.headers("https://data.example/x.nc")["Authorization"] == "Basic YW55b25lOkQ="  # default: the url's own host
+    assert trail.headers("https://login.example/oauth/authorize")["Authorization"] == "Basic YWxpY2U6QQ=="
+    assert trail.headers("https://bucket.s3.example/x.nc?X-Amz-Signature=s") == {}  # no default after a redirect
+    assert trail.headers("http://login.example/oauth/authorize") == {}  # https origin: nothing over http
+    assert trail.redirect_refused("https://data.example/x", "https://login.example/oauth/authorize") is None
+    assert trail.redirect_refused("https://login.example/o", "https://data.example/x?code=1") is None  # back home
+    assert "refused" in trail.redirect_refused("https://data.example/x", "https://bucket.s3.example/x")
+    assert logins.trail("http://data.example/x").headers("http://login.example/a")["Authorization"]  # http origin

@@ -607,6 +607,9 @@ class HttpBackend:
             length = self._check_206(url, resp.headers, resp.length, start, end)
             self._honours_range.add(url)
             return length
+        if status in _REDIRECTS and self.signer is None and self.logins.is_login_host(
+                urljoin(url, resp.headers.get("Location") or "")):
+            return None  # off to log in, on aiohttp's path; with the session cookie it may be a plain 206 here
         if status in (206, *_REDIRECTS):  # chunked or redirected: this url goes through aiohttp from now on
             self._direct_targets[url] = None
             return None
