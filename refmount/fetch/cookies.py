@@ -33,6 +33,8 @@ class CookieJar:
         policy = http.cookiejar.DefaultCookiePolicy(strict_ns_domain=http.cookiejar.DefaultCookiePolicy.DomainStrictNonDomain)
         self._jar = http.cookiejar.CookieJar(policy)
         self._lock = threading.Lock()  # both engines' threads and the asyncio loop use the jar
+        self._version = 0  # bumped whenever the jar changes
+        self._headers: dict[str, tuple] = {}  # url without query -> (version, valid until, Cookie header)
         if path is not None and os.path.exists(path):
             self._load(path)
 
@@ -40,13 +42,24 @@ class CookieJar:
         return len(self._jar)
 
     def header(self, url: str) -> str | None:
-        """The Cookie header a request of `url` carries, or None."""
+        """The Cookie header a request of `url` carries, or None. Worked out once per url (without
+        its query) until the jar changes or one of its cookies expires: http.cookiejar takes 0.2 ms."""
         if not len(self._jar):
             return None
-        request = urllib.request.Request(url)
+        key = url.partition("?")[0]
+        now = time.time()
         with self._lock:
+            known = self._headers.get(key)
+            if known is not None and known[0] == self._version and now < known[1]:
+                return known[2]
+            request = urllib.request.Request(url)
             self._jar.add_cookie_header(request)
-        return request.get_header("Cookie")
+            header = request.get_header("Cookie")
+            if len(self._headers) > 10_000:
+                self._headers.clear()
+            expiries = [c.expires for c in self._jar if c.expires]
+            self._headers[key] = (self._version, min(expiries, default=float("inf")), header)
+        return header
 
     def take(self, url: str, set_cookies: list[str]) -> None:
         """Keep the cookies a response to `url` set (its Set-Cookie values), as scoping allows."""
@@ -56,6 +69,7 @@ class CookieJar:
             before = self._snapshot()
             self._jar.extract_cookies(_Answer(set_cookies), urllib.request.Request(url))
             changed = self._snapshot() != before
+            self._version += 1
         if changed and self.path is not None:
             self.save()
 
