@@ -223,6 +223,8 @@ class Trail:
         if carried != "no credentials":
             if "bearer token" in carried:
                 return " (the token was refused: expired or revoked? put a new one in the file)"
+            if carried.startswith("cookie"):
+                return " (the cookie was refused: an expired session? remove the --cookie-jar file)"
             return ""
         if self.logins.netrc.entry(_host(url), explicit=True) is None:
             return f" (no entry for {_host(url)} in {self.logins.netrc.path})"
