@@ -85,6 +85,18 @@ def test_a_kept_cookie_needs_no_login_and_a_new_mount_reuses_it(world, mount):
     assert world.login.logins == 1 and m.stats()["logins"]["logins"] == {}
 
 
+def test_a_session_the_data_host_forgot_logs_in_again(world, mount):
+    """A data host whose session ended (its cookie still in the jar) sends the read to the login host
+    again: refmount logs in again and the read succeeds."""
+    world.data.session_lifetime = 1.5
+    m = mount(world.refs(), *world.mount_args(), env=world.env())
+    assert (m.path / "cookie/a").read_bytes() == world.files["a.bin"]
+    time.sleep(2)
+    assert (m.path / "signed/b").read_bytes() == world.files["signed/b.bin"]
+    assert m.stats()["logins"]["logins"] == {world.login.netloc: 2}
+    world.assert_credentials_stayed_home()
+
+
 def test_a_wrong_password_gives_eacces_and_one_clear_line(tmp_path, mount):
     """The read gets EACCES (not EIO); the log says once which host refused what (the netrc entry
     and its login name), never the password."""

@@ -198,7 +198,8 @@ class DataHost(Server):
         session = secrets.token_urlsafe(16)
         self.sessions[session] = time.time() + self.session_lifetime
         response = web.HTTPFound(request.query.get("state") or "/")
-        response.set_cookie("edl_session", session, path="/", httponly=True, max_age=int(self.session_lifetime))
+        # (the cookie outlives the session on the server's side, as a data host's may: it must log in again)
+        response.set_cookie("edl_session", session, path="/", httponly=True, max_age=3600)
         raise response
 
     async def s3credentials(self, request):
