@@ -251,6 +251,9 @@ def test_bearer_tokens_come_from_options_and_the_toml_config(tmp_path):
                            str(tmp_path / "mnt"))
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1
     assert "--bearer-token a.example" in missing.stderr and "No such file" in missing.stderr, missing.stderr
+    both = run_refmount("mount", "--s3-credentials-url", "https://daac.example/s3credentials", "--remote-options",
+                        '{"anon": true}', str(tmp_path / "r.json"), str(tmp_path / "mnt"))
+    assert both.returncode == 1 and "--s3-credentials-url cannot be used with --remote-options anon" in both.stderr
 
 
 def test_netrc_default_and_other_entries_never_follow_a_redirect(tmp_path):

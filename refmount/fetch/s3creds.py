@@ -32,6 +32,23 @@ MARGIN = 2.0  # credentials this close to their expiration are not used (a reque
 MAX_DOCUMENT = 64 << 10
 
 
+def check_options(url: str, remote_options: dict) -> None:
+    """At mount time: --s3-credentials-url needs refmount's S3 engine, and no other credentials."""
+    from refmount.errors import RefmountError
+    from refmount.fetch.s3 import engine_config
+
+    if not url.startswith(("http://", "https://")):
+        raise RefmountError(f"--s3-credentials-url {url!r} is not an http(s) url")
+    config, refused = engine_config(remote_options)
+    if config is None:
+        raise RefmountError(f"--s3-credentials-url cannot be used with --remote-options {refused} (it needs "
+                            "refmount's own S3 engine)")
+    if config["anon"] or "key" in config or "profile" in config:
+        raise RefmountError("--s3-credentials-url cannot be used with --remote-options "
+                            f"{'anon' if config['anon'] else 'key' if 'key' in config else 'profile'} (one source of "
+                            "credentials)")
+
+
 @dataclass(frozen=True)
 class Credentials:
     key: str

@@ -139,6 +139,10 @@ def install_logins(opts) -> None:
     from refmount.fetch.auth import Logins, check_token_files, install
 
     check_token_files(opts.bearer_tokens)
+    if opts.s3_credentials_url:
+        from refmount.fetch.s3creds import check_options
+
+        check_options(opts.s3_credentials_url, opts.remote_options)
     install(Logins(cookie_jar=opts.cookie_jar, bearer_tokens=opts.bearer_tokens,
                    allow_cross_host_redirects=opts.allow_cross_host_redirects))
 
