@@ -131,6 +131,7 @@ class Fetcher:
         first read (aiohttp takes 0.1 s)."""
         protocols = {protocol_of(url) for url in urls}
         if protocols & {"http", "https", "s3", "s3a"}:
+            import refmount.fetch.cookies  # noqa: F401 - (a login's cookie: http.cookiejar takes 30 ms)
             import refmount.fetch.http  # noqa: F401
         if protocols & {"s3", "s3a"}:
             import refmount.fetch.s3  # noqa: F401

@@ -124,15 +124,34 @@ class Logins:
 
     def __init__(self, *, netrc_path: str | None = None, cookie_jar: str | None = None,
                  bearer_tokens: dict[str, str] | None = None, allow_cross_host_redirects: bool = False) -> None:
-        from refmount.fetch.cookies import CookieJar
-
+        self._lock = threading.Lock()
         self.netrc = NetrcFile(netrc_path)
-        self.cookies = CookieJar(cookie_jar)
+        self.cookie_jar = cookie_jar
+        self._cookies = None
+        if cookie_jar is not None:
+            self.cookies  # noqa: B018 - the file is read now: a bad one fails the mount, not a read
         self.tokens = BearerTokens(bearer_tokens)
         self.allow_cross_host_redirects = allow_cross_host_redirects
-        self._lock = threading.Lock()
         self.counters: dict[str, dict[str, int]] = {"logins": {}, "login_failures": {}, "bearer_requests": {},
                                                    "s3_credential_refreshes": {}, "s3_credential_failures": {}}
+
+    @property
+    def cookies(self):
+        """The cookie jar, made when first needed (http.cookiejar takes 30 ms to import)."""
+        if self._cookies is None:
+            from refmount.fetch.cookies import CookieJar
+
+            with self._lock:
+                if self._cookies is None:
+                    self._cookies = CookieJar(self.cookie_jar)
+        return self._cookies
+
+    def cookie_header(self, url: str) -> str | None:
+        return self._cookies.header(url) if self._cookies is not None else None
+
+    def keep_cookies(self, url: str, set_cookies: list[str]) -> None:
+        if set_cookies:
+            self.cookies.take(url, set_cookies)
 
     def count(self, what: str, host: str) -> None:
         with self._lock:
@@ -142,7 +161,7 @@ class Logins:
     def statistics(self) -> dict:
         with self._lock:
             out = {name: dict(hosts) for name, hosts in self.counters.items()}
-        out["cookies"] = len(self.cookies)
+        out["cookies"] = len(self._cookies) if self._cookies is not None else 0
         return out
 
     def trail(self, origin: str) -> "Trail":
@@ -195,7 +214,7 @@ class Trail:
                     out["Authorization"] = "Basic " + base64.b64encode(f"{entry[0]}:{entry[1]}".encode()).decode()
                     carried.append(f"the {self.logins.netrc.path} entry for {_host(url)} (login {entry[0]!r})")
                     self.basic.add(netloc)
-        cookie = self.logins.cookies.header(url)
+        cookie = self.logins.cookie_header(url)
         if cookie:
             out["Cookie"] = cookie
             carried.append(f"cookie {', '.join(self._cookie_names(url))}")
@@ -206,7 +225,7 @@ class Trail:
 
     def answered(self, url: str, status: int, set_cookies: list[str], location: str | None = None) -> None:
         """Take what an answer to `url` says: its cookies, a completed login, a refused one."""
-        self.logins.cookies.take(url, set_cookies)
+        self.logins.keep_cookies(url, set_cookies)
         netloc = _netloc(url)
         if status in _REFUSED:
             carried = self.sent.get(netloc, "no credentials")
@@ -231,7 +250,7 @@ class Trail:
         return ""
 
     def _cookie_names(self, url: str) -> str:
-        names = self.logins.cookies.names_for(url)
+        names = self.logins.cookies.names_for(url) if self.logins._cookies is not None else []
         return ", ".join(names) if names else "(none kept)"
 
     def _refuse(self, url: str, why: str):

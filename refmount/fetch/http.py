@@ -380,7 +380,7 @@ class HttpBackend:
                     # session cookie the one before it got, and asks again with it instead.
                     login = self._login_locks.setdefault(_host(there), asyncio.Lock())
                     await login.acquire()
-                    if self.logins.cookies.header(url) != credentials.get("Cookie"):
+                    if self.logins.cookie_header(url) != credentials.get("Cookie"):
                         continue
                 url = target
             raise FetchError(f"{redact(url)}: too many redirects")
@@ -600,7 +600,7 @@ class HttpBackend:
         the request to aiohttp, or the error a failed status means."""
         status = resp.status
         if self.signer is None:
-            self.logins.cookies.take(url, resp.headers.get_all("Set-Cookie") or [])
+            self.logins.keep_cookies(url, resp.headers.get_all("Set-Cookie") or [])
         if status in (401, 403):  # aiohttp's path works out what was refused, and says so
             return None
         if status == 206 and resp.length is not None and not resp.chunked:
