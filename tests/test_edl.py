@@ -274,3 +274,23 @@ def test_netrc_default_and_other_entries_never_follow_a_redirect(tmp_path):
     assert trail.redirect_refused("https://login.example/o", "https://data.example/x?code=1") is None  # back home
     assert "refused" in trail.redirect_refused("https://data.example/x", "https://bucket.s3.example/x")
     assert logins.trail("http://data.example/x").headers("http://login.example/a")["Authorization"]  # http origin
+
+
+def test_s3_credentials_answers_are_read_as_nasa_writes_them():
+    """NASA's `expiration` ("2026-11-28 04:10:00+00:00"), ISO with Z; a missing field or a login page
+    is one line naming the url, never the secret."""
+    from refmount.errors import LoginFailed
+    from refmount.fetch.s3creds import parse_credentials
+
+    url = "https://data.daac.example/s3credentials"
+    body = {"accessKeyId": "ASIAX", "secretAccessKey": "very-secret", "sessionToken": "tok",
+            "expiration": "2026-11-28 04:10:00+00:00"}
+    assert parse_credentials(url, json.dumps(body).encode(), 1).expires == 1795839000.0
+    assert parse_credentials(url, json.dumps({**body, "expiration": "2026-11-28T04:10:00Z"}).encode(), 1).expires \
+        == 1795839000.0
+    for bad, says in ((b"<html>Earthdata Login</html>", "did not answer JSON (a login page?)"),
+                      (json.dumps({**body, "sessionToken": ""}).encode(), "the answer lacks sessionToken"),
+                      (json.dumps({**body, "expiration": "soon"}).encode(), "expiration 'soon' is not a date")):
+        with pytest.raises(LoginFailed) as caught:
+            parse_credentials(url, bad, 1)
+        assert says in str(caught.value) and url in str(caught.value) and "very-secret" not in str(caught.value)
