@@ -337,10 +337,13 @@ class World:
         os.chmod(self.netrc, 0o600)
         rng = random.Random(35)
         self.files = {"a.bin": rng.randbytes(object_size), "signed/b.bin": rng.randbytes(object_size)}
+        # the login host checks Basic against its own netrc (the users it knows, with their real
+        # passwords), whatever the user's netrc says
+        registered = os.path.join(directory, "login-host-users.netrc")
+        with open(registered, "w") as f:
+            f.write(f"machine 127.0.0.2 login {USER} password \"{PASSWORD}\"\n")
         self.loop = Loop()
-        self.login = LoginHost(self.loop, "127.0.0.2", self.netrc)
-        # the login host knows the user's real password, whatever the user's netrc says
-        self.login.users = lambda: {USER: PASSWORD}
+        self.login = LoginHost(self.loop, "127.0.0.2", registered)
         self.signed = SignedHost(self.loop, "127.0.0.4", self.files)
         self.gate = S3Gate(self.loop, "127.0.0.5", moto_url) if moto_url else None
         self.data = DataHost(self.loop, "127.0.0.3", self.login, self.files, signed_host=self.signed, gate=self.gate,
