@@ -42,6 +42,24 @@ def parse_protocols(text: str) -> set[str]:
     return protocols
 
 
+def parse_bearer_tokens(text: str) -> dict[str, str]:
+    """HOST=FILE[,HOST=FILE...] (or a JSON object from a TOML table) -> {host: file}."""
+    if text.lstrip().startswith("{"):
+        pairs = parse_json_object(text)
+        if not all(isinstance(v, str) for v in pairs.values()):
+            raise argparse.ArgumentTypeError("each host needs the path of its token file")
+        return pairs
+    tokens = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        host, sep, path = item.partition("=")
+        if not sep or not host.strip() or not path.strip() or "/" in host:
+            raise argparse.ArgumentTypeError(f"{item!r} is not HOST=FILE (the token is read from FILE)")
+        tokens[host.strip().lower()] = path.strip()
+    if not tokens:
+        raise argparse.ArgumentTypeError("give HOST=FILE")
+    return tokens
+
+
 def _positive(cast, what: str):
     def parse(text: str):
         try:
@@ -221,6 +239,18 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "http.client in a worker thread, straight into cache blocks (less CPU per GB); anything "
                         "else (proxies, redirects, servers ignoring Range, chunked bodies) goes through aiohttp. "
                         "'aiohttp' uses aiohttp for everything (default: stdlib)")
+    g.add_argument("--cookie-jar", metavar="FILE",
+                   help="keep the mount's cookies (a login's session cookie) in FILE, Netscape format as curl's -b/-c "
+                        "and NASA's ~/.urs_cookies: loaded at start, written (mode 0600) when a server sets one "
+                        "(default: in memory only). Cookies go only where browsers would send them")
+    g.add_argument("--bearer-token", action="append", type=parse_bearer_tokens, metavar="HOST=FILE",
+                   help="send 'Authorization: Bearer' with the token in FILE to HOST (or HOST:PORT) only, e.g. an "
+                        "Earthdata Login token; the file is reread when it changes, the token never appears in ps "
+                        "or logs (repeatable, or comma-separated). Other hosts get their own ~/.netrc ($NETRC) entry")
+    g.add_argument("--s3-credentials-url", metavar="URL",
+                   help="sign s3:// targets with the temporary credentials this url hands out (JSON accessKeyId, "
+                        "secretAccessKey, sessionToken, expiration: a NASA DAAC's s3credentials endpoint, fetched "
+                        "through its login), fetched again before they expire")
     g.add_argument("--ca-bundle", metavar="PATH",
                    help="trust the certificate authorities in PATH for https (default: REQUESTS_CA_BUNDLE, "
                         "CURL_CA_BUNDLE, SSL_CERT_FILE, then the system store; AWS_CA_BUNDLE for s3)")
@@ -338,6 +368,8 @@ def options_from_args(args):
         chars=args.chars, form=None if args.form == "auto" else args.form, fallback_form=args.fallback_form,
         proxy=args.proxy, owner_pid=args.owner_pid, metrics=args.metrics,
         verify_remote=args.verify_remote, ca_bundle=args.ca_bundle, http_client=args.http_client,
+        cookie_jar=args.cookie_jar, s3_credentials_url=args.s3_credentials_url,
+        bearer_tokens={host: path for pairs in args.bearer_token or () for host, path in pairs.items()},
         max_refs_size=args.max_refs_size, max_value_size=args.max_value_size, load_timeout=args.load_timeout,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
         containers=parse_repoint(args.container), authorized_containers=parse_authorized(args.authorize_container),

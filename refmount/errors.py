@@ -21,6 +21,11 @@ class RemoteChanged(FetchError):
     """The remote object's validator (ETag/size) changed while mounted."""
 
 
+class LoginFailed(FetchError):
+    """A server refused our credentials, or a login could not complete: the reader gets EACCES, and
+    the message names the login host and what was tried (never a secret)."""
+
+
 class ReadRefused(FetchError):
     """A read a limit refuses (not a failure of its url: other reads of it go on). `once` names the
     limit and the url: the log says it once, not at every read it refuses."""

@@ -20,7 +20,7 @@ import time
 
 import trio
 
-from refmount.errors import FetchError, ReadRefused, RefmountError
+from refmount.errors import FetchError, LoginFailed, ReadRefused, RefmountError
 from refmount.fetch.bridge import asyncio_loop, run_on_asyncio
 from refmount.fetch.local import LocalBackend
 from refmount.fetch.protocols import is_local_protocol, protocol_chain, reaches_local
@@ -48,19 +48,24 @@ def check_protocols(urls, allowed: set[str] | None) -> None:
 class Fetcher:
     def __init__(self, *, policy: RetryPolicy | None = None, remote_options: dict | None = None,
                  connections_per_host: int = 8, allow_cross_host_redirects: bool = False,
-                 verify_remote: bool = False, http_client: str = "stdlib") -> None:
+                 verify_remote: bool = False, http_client: str = "stdlib", logins=None,
+                 s3_credentials_url: str | None = None) -> None:
+        from refmount.fetch.auth import Logins
         from refmount.fetch.tls import ssl_setting
 
         self.policy = policy or RetryPolicy()
         self.remote_options = remote_options or {}
         self.stats = FetchStats()
         self.local = LocalBackend(self.stats)
+        # netrc entries, cookies and bearer tokens per host, shared by every http path (auth.py)
+        self.logins = logins if logins is not None else Logins(allow_cross_host_redirects=allow_cross_host_redirects)
+        self.s3_credentials_url = s3_credentials_url  # temporary S3 credentials fetched from there (s3creds.py)
         self._http_options = dict(connections_per_host=connections_per_host,
                                   allow_cross_host_redirects=allow_cross_host_redirects,
                                   headers=self.remote_options.get("headers"), verify_remote=verify_remote,
-                                  ssl=ssl_setting(self.remote_options), client=http_client)
+                                  ssl=ssl_setting(self.remote_options), client=http_client, logins=self.logins)
         self._remotes: dict = {}  # protocol -> backend, made on first use (aiohttp alone takes 0.1 s to import)
-        self._failed: dict[str, tuple[float, str]] = {}  # url -> (when, message) of its last failure
+        self._failed: dict[str, tuple[float, FetchError]] = {}  # url -> (when, error) of its last failure
         self._loop = None
         self._warming: threading.Thread | None = None
         self._warm_protocols: set[str] = set()
@@ -95,7 +100,12 @@ class Fetcher:
         from refmount.fetch.s3 import s3_backend
 
         options = {k: v for k, v in self._http_options.items() if k not in ("headers", "ssl")}
-        backend = s3_backend(self.remote_options, self.policy, self.stats, **options)
+        credentials = None
+        if self.s3_credentials_url:
+            from refmount.fetch.s3creds import TemporaryCredentials
+
+            credentials = TemporaryCredentials(self.s3_credentials_url, self.fetch_document, self.logins)
+        backend = s3_backend(self.remote_options, self.policy, self.stats, credentials=credentials, **options)
         if backend is not None:
             self._hand_over(backend)
         return backend
@@ -121,6 +131,7 @@ class Fetcher:
         first read (aiohttp takes 0.1 s)."""
         protocols = {protocol_of(url) for url in urls}
         if protocols & {"http", "https", "s3", "s3a"}:
+            import refmount.fetch.cookies  # noqa: F401 - (a login's cookie: http.cookiejar takes 30 ms)
             import refmount.fetch.http  # noqa: F401
         if protocols & {"s3", "s3a"}:
             import refmount.fetch.s3  # noqa: F401
@@ -212,16 +223,26 @@ class Fetcher:
         if failed is not None:
             ago = time.monotonic() - failed[0]
             if ago < min(self.policy.failure_memory, max(1.0, self.policy.read_timeout)):
-                self.stats.error(url, "repeated")
-                raise FetchError(f"{failed[1]} ({ago:.1f}s ago; not retried yet)")
+                self.stats.error(url, "repeated")  # (the same kind: a refused login stays EACCES)
+                kind = LoginFailed if isinstance(failed[1], LoginFailed) else FetchError
+                error = kind(f"{failed[1]} ({ago:.1f}s ago; not retried yet)")
+                error.repeated = True  # (a refused login is logged once, not again at the kernel's retry)
+                raise error
             del self._failed[url]
         try:
             return await operation()
         except ReadRefused:
             raise  # (a limit refused that read, the url did not fail)
         except FetchError as e:
-            self._failed[url] = (time.monotonic(), str(e))
+            self._failed[url] = (time.monotonic(), e)
             raise
+
+    async def fetch_document(self, url: str) -> bytes:
+        """A small http(s) document (e.g. temporary S3 credentials), through the login like any read."""
+        from refmount.fetch.s3creds import MAX_DOCUMENT
+
+        backend = self._backend(url)
+        return await run_on_asyncio(backend.document(url, MAX_DOCUMENT), self._asyncio())
 
     def known_size(self, url: str) -> int | None:
         """The size of `url` if an earlier request told it (no I/O), else None."""

@@ -22,8 +22,10 @@ Every answer is checked before its bytes are used:
 What no client can detect: a server that gives no validator at all and replaces an object with
 one of the same size, or a server that lies in its validators.
 
-Redirects: same host only (unless allowed); never from https to http nor to another scheme; the
-user's headers (--remote-options "headers", e.g. Authorization) go only to the original origin.
+Redirects: same host, a login host, or back to where the chain began (unless allowed: auth.py);
+never from https to http nor to another scheme; the user's headers (--remote-options "headers",
+e.g. Authorization) go only to the original origin, and each host gets only its own credentials
+(netrc entry, bearer token, cookies: auth.py, on both paths).
 
 A backend with a `signer` (s3.py: s3:// objects) keys everything by the object's own url, and sends
 each request to the url `signer(url, method)` gives (a presigned one), which may change over time.
@@ -47,7 +49,7 @@ import aiohttp
 import trio
 from yarl import URL
 
-from refmount.errors import FetchError, ReadRefused, RemoteChanged, format_size
+from refmount.errors import FetchError, LoginFailed, ReadRefused, RemoteChanged, format_size
 from refmount.fetch import direct
 from refmount.fetch.bridge import run_in_worker
 from refmount.fetch.pieces import piece_sizes, split
@@ -58,7 +60,7 @@ from refmount.fetch.tls import certificate_problem
 log = logging.getLogger("refmount")
 
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
-_MAX_REDIRECTS = 5
+_MAX_REDIRECTS = 8  # (Earthdata Login: data -> login -> data ?code= -> data -> a signed url)
 _REDIRECTS = (301, 302, 303, 307, 308)
 # How far into an object a pass may stream for a server that ignores Range (--max-full-download)
 DEFAULT_MAX_PASS = 1 << 30
@@ -204,8 +206,12 @@ class _TrioWaiter:
 class HttpBackend:
     def __init__(self, policy: RetryPolicy, stats: FetchStats, *, connections_per_host: int = 8,
                  allow_cross_host_redirects: bool = False, headers: dict | None = None,
-                 verify_remote: bool = False, ssl=True, client: str = "aiohttp"):
+                 verify_remote: bool = False, ssl=True, client: str = "aiohttp", logins=None):
+        from refmount.fetch.auth import Logins
+
         self.policy = policy
+        # credentials per host, the cookie jar, what a refused login means (auth.py)
+        self.logins = logins if logins is not None else Logins(allow_cross_host_redirects=allow_cross_host_redirects)
         self.stats = stats
         self.connections_per_host = connections_per_host
         self.allow_cross_host_redirects = allow_cross_host_redirects
@@ -226,7 +232,8 @@ class HttpBackend:
         self._honours_range: set[str] = set()  # urls that have answered 206
         self._ignored_count: dict[str, int] = {}  # url -> 200s to ranged GETs
         self._downloads: dict[str, _SharedDownload] = {}  # url -> the whole-object pass reads may join
-        self._routes: dict[tuple, dict] = {}  # (scheme, host) -> proxy and netrc options for its requests
+        self._routes: dict[tuple, dict] = {}  # (scheme, host) -> proxy options for its requests
+        self._login_locks: dict[str, asyncio.Lock] = {}  # login host -> held by the chain logging in there
         self._versions_lock = threading.Lock()  # the direct path checks validators in its worker threads
         self.direct = client == "stdlib"
         self._direct_targets: dict[str, tuple | None] = {}  # url -> (origin, request target), None: aiohttp only
@@ -246,21 +253,21 @@ class HttpBackend:
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.policy.connect_timeout,
                                             sock_read=self.policy.stall_timeout)
             # trust_env is off: aiohttp would then look up the proxy and ~/.netrc in a worker thread
-            # on every request (two thread hand-offs per read); `_route` does it once per origin.
+            # on every request (two thread hand-offs per read); `_route` finds the proxy once per
+            # origin, auth.py the credentials.
             self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
-                                                  headers={"Accept-Encoding": "identity"}, trust_env=False)
+                                                  headers={"Accept-Encoding": "identity"}, trust_env=False,
+                                                  cookie_jar=aiohttp.DummyCookieJar())  # (auth.py keeps them)
         return self._session
 
-    def _route(self, url: str, headers: dict) -> dict:
-        """The proxy (HTTP(S)_PROXY, NO_PROXY, --proxy) and ~/.netrc credentials for `url`'s origin,
-        as aiohttp's trust_env would find them, looked up once per origin."""
+    def _route(self, url: str) -> dict:
+        """The proxy (HTTP(S)_PROXY, NO_PROXY, --proxy) for `url`'s origin, as aiohttp's trust_env would
+        find it, looked up once per origin. (Credentials are auth.py's, per request.)"""
         parts = urlsplit(url)
         key = (parts.scheme, _host(parts))
         route = self._routes.get(key)
         if route is None:
             route = self._routes[key] = _route_from_env(url)
-        if "auth" in route and (self.signer is not None or any(name.lower() == "authorization" for name in headers)):
-            return {k: v for k, v in route.items() if k != "auth"}  # a signed url, or the user's own header, wins
         return route
 
     async def open(self, first_url: str | None = None) -> None:
@@ -313,34 +320,73 @@ class HttpBackend:
         modified = version.modified if version else None
         return f"size {size} modified {modified}" if modified else None
 
+    async def document(self, url: str, limit: int) -> bytes:
+        """The whole body of a small document (at most `limit` bytes) at `url`, a 200 answer."""
+        async def once() -> bytes:
+            resp = await self._request(url, "GET", {})
+            async with resp:
+                self.stats.request(url)
+                if resp.status != 200:
+                    self._raise_for_status(url, resp)
+                body = await _read_exactly(resp, limit + 1, allow_eof=True)
+            if len(body) > limit:
+                raise FetchError(f"{redact(url)}: the answer is larger than {limit} bytes")
+            return body
+
+        return await self._with_retries(url, once)
+
     # -- one attempt -----------------------------------------------------------------------------
 
     async def _request(self, url: str, method: str, headers: dict):
-        """Issue a request, following redirects by our policy: same host only (unless allowed), never
-        to another scheme or from https down to http, and the user's headers only to the original
-        scheme and host."""
+        """Issue a request, following redirects by our policy: same host, a login host or back where
+        the chain began only (unless allowed, auth.py), never to another scheme or from https down to
+        http; the user's headers only to the original scheme and host, and each host only its own
+        credentials and cookies (auth.py)."""
         session = self._session_now()
-        if self.signer is not None:
+        signed = self.signer is not None
+        if signed:
             url = self.signer(url, method)
         origin = _origin(url)
-        for _ in range(_MAX_REDIRECTS + 1):
-            sent = {**(self.headers if _origin(url) == origin else {}), **headers, "Accept-Encoding": "identity"}
-            where = url if self.signer is None else URL(url, encoded=True)  # (as signed, not re-quoted)
-            resp = await session.request(method, where, headers=sent, allow_redirects=False, **self._route(url, sent))
-            if resp.status not in _REDIRECTS:
-                return resp
-            target = urljoin(url, resp.headers.get("Location", ""))
-            resp.release()
-            here, there = urlsplit(url), urlsplit(target)
-            if there.scheme not in ("http", "https"):
-                raise FetchError(f"{redact(url)}: redirect to {redact(target)} refused (not http or https)")
-            if here.scheme == "https" and there.scheme == "http":
-                raise FetchError(f"{redact(url)}: redirect from https down to http {redact(target)} refused")
-            if _host(here) != _host(there) and not self.allow_cross_host_redirects:
-                raise FetchError(f"{redact(url)}: redirect to another host {redact(target)} refused "
-                                 "(--allow-cross-host-redirects allows it)")
-            url = target
-        raise FetchError(f"{redact(url)}: too many redirects")
+        trail = self.logins.trail(url)
+        login = None  # the lock of the login host this chain is logging in at, while it does
+        try:
+            for _ in range(_MAX_REDIRECTS + 1):
+                own = self.headers if _origin(url) == origin else {}
+                user_authorization = any(name.lower() == "authorization" for name in own)
+                credentials = trail.headers(url, signed=signed, user_authorization=user_authorization)
+                sent = {**own, **headers, **credentials, "Accept-Encoding": "identity"}
+                where = url if not signed else URL(url, encoded=True)  # (as signed, not re-quoted)
+                resp = await session.request(method, where, headers=sent, allow_redirects=False, **self._route(url))
+                redirect = resp.status in _REDIRECTS
+                target = urljoin(url, resp.headers.get("Location", "")) if redirect else None
+                try:
+                    trail.answered(url, resp.status, resp.headers.getall("Set-Cookie", []), target)
+                except BaseException:
+                    resp.release()
+                    raise
+                if not redirect:
+                    return resp
+                resp.release()
+                here, there = urlsplit(url), urlsplit(target)
+                if there.scheme not in ("http", "https"):
+                    raise FetchError(f"{redact(url)}: redirect to {redact(target)} refused (not http or https)")
+                if here.scheme == "https" and there.scheme == "http":
+                    raise FetchError(f"{redact(url)}: redirect from https down to http {redact(target)} refused")
+                refused = trail.redirect_refused(url, target)
+                if refused:
+                    raise FetchError(f"{redact(url)}: {refused.replace('another host', f'another host {redact(target)}', 1)}")
+                if login is None and _host(there) != _host(here) and self.logins.is_login_host(target):
+                    # Off to log in: one chain at a time per login host. A read that waited finds the
+                    # session cookie the one before it got, and asks again with it instead.
+                    login = self._login_locks.setdefault(_host(there), asyncio.Lock())
+                    await login.acquire()
+                    if self.logins.cookie_header(url) != credentials.get("Cookie"):
+                        continue
+                url = target
+            raise FetchError(f"{redact(url)}: too many redirects")
+        finally:
+            if login is not None:
+                login.release()
 
     @contextlib.asynccontextmanager
     async def _object_slot(self, url: str):
@@ -484,8 +530,11 @@ class HttpBackend:
     async def read_direct(self, url: str, start: int, end: int, piece: int, started: float) -> list:
         """One attempt on the stdlib engine, from a trio task, within --read-timeout after `started`
         (time.monotonic()): the pieces, FetchError (final), or HandOver."""
-        origin, path, extra = self._direct_target(url)
-        headers = {**self.headers, **extra, "Range": f"bytes={start}-{end - 1}", **self._conditions(url),
+        origin, path, wire = self._direct_target(url)
+        signed = self.signer is not None
+        credentials = self.logins.trail(wire).headers(wire, signed=signed, user_authorization=any(
+            name.lower() == "authorization" for name in self.headers))
+        headers = {**self.headers, **credentials, "Range": f"bytes={start}-{end - 1}", **self._conditions(url),
                    "Accept-Encoding": "identity"}
         request = direct.Request(origin, path, headers, take=self.pool.take if self.pool is not None else None)
         left = started + self.policy.read_timeout - time.monotonic()  # (trio's clock is not time.monotonic())
@@ -520,22 +569,19 @@ class HttpBackend:
         raise HandOver(("timed out", None))  # the retry loop finds no time left and says so
 
     def _direct_target(self, url: str) -> tuple | None:
-        """(origin's connection pool, request target, extra headers) for the direct path, or None when
+        """(origin's connection pool, request target, the url sent) for the direct path, or None when
         the url must go through aiohttp: a proxy, credentials in the url, or an answer that was
         not a plain 206 before. Worked out once per url (the request target anew, with a signer)."""
         if url in self._direct_targets:
             target = self._direct_targets[url]
             if target is None or self.signer is None:
                 return target
-            return target[0], URL(self.signer(url, "GET"), encoded=True).raw_path_qs, target[2]
+            wire = self.signer(url, "GET")
+            return target[0], URL(wire, encoded=True).raw_path_qs, wire
         target = None
         wire = url if self.signer is None else self.signer(url, "GET")
         parsed = URL(wire, encoded=self.signer is not None)
-        extra = {}
-        route = self._route(wire, self.headers)
-        if parsed.scheme in ("http", "https") and parsed.host and parsed.user is None and set(route) <= {"auth"}:
-            if "auth" in route:
-                extra["Authorization"] = route["auth"].encode()
+        if parsed.scheme in ("http", "https") and parsed.host and parsed.user is None and not self._route(wire):
             key = _origin(wire)
             origin = self._origins.get(key)
             if origin is None:  # setdefault: the asyncio thread may work this out at the same time
@@ -546,7 +592,7 @@ class HttpBackend:
                 origin = self._origins.setdefault(key, created)
                 if origin is created and len(self._origins) <= _WARMED_ORIGINS:  # first contact: open them now
                     origin.start_warming()
-            target = (origin, parsed.raw_path_qs, extra)
+            target = (origin, parsed.raw_path_qs, wire)
         self._direct_targets[url] = target
         return target
 
@@ -554,10 +600,17 @@ class HttpBackend:
         """In the worker thread: the body length of a plain 206 (its headers checked), None to hand
         the request to aiohttp, or the error a failed status means."""
         status = resp.status
+        if self.signer is None:
+            self.logins.keep_cookies(url, resp.headers.get_all("Set-Cookie") or [])
+        if status in (401, 403):  # aiohttp's path works out what was refused, and says so
+            return None
         if status == 206 and resp.length is not None and not resp.chunked:
             length = self._check_206(url, resp.headers, resp.length, start, end)
             self._honours_range.add(url)
             return length
+        if status in _REDIRECTS and self.signer is None and self.logins.is_login_host(
+                urljoin(url, resp.headers.get("Location") or "")):
+            return None  # off to log in, on aiohttp's path; with the session cookie it may be a plain 206 here
         if status in (206, *_REDIRECTS):  # chunked or redirected: this url goes through aiohttp from now on
             self._direct_targets[url] = None
             return None
@@ -633,6 +686,11 @@ class HttpBackend:
 
     def _raise_for_status(self, url: str, resp) -> None:
         status = resp.status
+        temporary = getattr(self.signer, "temporary", None)
+        if temporary is not None and status in (400, 401, 403):  # S3 refused the temporary credentials
+            self.logins.count("login_failures", urlsplit(temporary.url).netloc)
+            raise LoginFailed(f"{redact(url)}: HTTP {status} {resp.reason or ''} from S3 to a request signed with the "
+                              f"temporary credentials from {redact(temporary.url)} (expired or revoked?)")
         if self.policy.retryable_status(status):
             raise _Retry(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
         raise FetchError(f"{redact(url)}: HTTP {status} {resp.reason or ''}".rstrip())
@@ -852,8 +910,8 @@ class _SharedDownload:
 
 def _route_from_env(url: str) -> dict:
     """aiohttp request options for `url` from the environment: its proxy unless NO_PROXY exempts
-    the host (with the proxy's credentials from its url or ~/.netrc), and the host's ~/.netrc login."""
-    from aiohttp.helpers import basicauth_from_netrc, get_env_proxy_for_url, netrc_from_env
+    the host (with the proxy's credentials from its url or ~/.netrc)."""
+    from aiohttp.helpers import get_env_proxy_for_url
     from yarl import URL
 
     route: dict = {}
@@ -866,12 +924,6 @@ def _route_from_env(url: str) -> dict:
         route["proxy"] = proxy
         if proxy_auth is not None:
             route["proxy_headers"] = {"Proxy-Authorization": proxy_auth.encode()}
-    netrc = netrc_from_env()
-    if netrc is not None and target.host:
-        try:
-            route["auth"] = basicauth_from_netrc(netrc, target.host)
-        except LookupError:
-            pass
     return route
 
 

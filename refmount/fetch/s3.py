@@ -119,11 +119,23 @@ class S3Signer:
         self.ssl = ssl_context
         self.connect_timeout = connect_timeout
         self._stores: dict[str, object] = {}  # bucket -> obstore S3Store, or a base url when anonymous
-        self._signed: dict[tuple, tuple[str, float]] = {}  # (url, method) -> (signed url, when signed)
+        self._signed: dict[tuple, tuple] = {}  # (url, method) -> (signed url, when signed, credentials' generation)
         self._credentials = None  # botocore's, when the options give none
         self._lock = threading.Lock()
+        self._regions: dict[str, str] = {}  # bucket -> its region, once found
+        # --s3-credentials-url (s3creds.py): temporary credentials, refreshed; the stores and signed
+        # urls are made anew for each generation of them
+        self.temporary = None
+        self._generation = None
 
     async def ready(self, url: str) -> None:
+        if self.temporary is not None:
+            credentials = await self.temporary.ensure()
+            if credentials.generation != self._generation:
+                with self._lock:
+                    self._stores.clear()
+                    self._signed.clear()
+                    self._generation = credentials.generation
         bucket = split_url(url)[0]
         if bucket not in self._stores:
             await trio.to_thread.run_sync(self._prepare_for, url, bucket)
@@ -137,7 +149,8 @@ class S3Signer:
     def __call__(self, url: str, method: str) -> str:
         signed = self._signed.get((url, method))
         now = time.monotonic()
-        if signed is not None and now - signed[1] < SIGNED_FOR.total_seconds() / 2:
+        generation = self._generation  # (a url signed with credentials since replaced is not reused)
+        if signed is not None and now - signed[1] < SIGNED_FOR.total_seconds() / 2 and signed[2] == generation:
             return signed[0]
         bucket, key = split_url(url)
         store = self._stores.get(bucket)
@@ -155,7 +168,7 @@ class S3Signer:
                 raise FetchError(f"{redact(url)}: cannot sign the request: {_first_line(e)}") from None
         if len(self._signed) > 100_000:
             self._signed.clear()
-        self._signed[(url, method)] = (wire, now)
+        self._signed[(url, method)] = (wire, now, generation)
         return wire
 
     def _prepare(self, bucket: str) -> None:
@@ -164,8 +177,11 @@ class S3Signer:
                 return
             config = self.config
             endpoint = config.get("endpoint_url")
-            region = config.get("region") or (None if endpoint else self._bucket_region(bucket))
-            region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+            region = self._regions.get(bucket)
+            if region is None:
+                region = config.get("region") or (None if endpoint else self._bucket_region(bucket))
+                region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+                self._regions[bucket] = region
             virtual = config.get("virtual", False)
             if config["anon"]:
                 if endpoint:
@@ -181,7 +197,11 @@ class S3Signer:
             arguments: dict = {"region": region, "virtual_hosted_style_request": virtual}
             if endpoint:
                 arguments["endpoint"] = endpoint
-            if "key" in config:
+            if self.temporary is not None and self.temporary.current is not None:
+                current = self.temporary.current
+                arguments.update(access_key_id=current.key, secret_access_key=current.secret,
+                                 session_token=current.token)
+            elif "key" in config:
                 arguments.update(access_key_id=config["key"], secret_access_key=config["secret"])
                 if "token" in config:
                     arguments["session_token"] = config["token"]
@@ -224,10 +244,13 @@ class S3Signer:
 
 
 def s3_backend(options: dict, policy, stats, *, connections_per_host: int, allow_cross_host_redirects: bool,
-               verify_remote: bool, client: str):
+               verify_remote: bool, client: str, logins=None, credentials=None):
     """An HttpBackend for s3:// urls, or None when --remote-options say something the engine cannot do
     (the reason is logged; s3fs then reads them)."""
     config, refused = engine_config(options)
+    if credentials is not None and (config is None or config["anon"] or "key" in config):
+        raise FetchError(f"--s3-credentials-url cannot be used with --remote-options "
+                         f"{refused or ('anon' if config['anon'] else 'key')}")
     if config is None:
         log.info("s3:// targets go through s3fs: --remote-options %s has no equivalent on refmount's engine",
                  refused)
@@ -244,8 +267,9 @@ def s3_backend(options: dict, policy, stats, *, connections_per_host: int, allow
     context = ssl_for(config)
     backend = HttpBackend(policy, stats, connections_per_host=connections_per_host,
                           allow_cross_host_redirects=allow_cross_host_redirects, headers=None,
-                          verify_remote=verify_remote, ssl=context, client=client)
+                          verify_remote=verify_remote, ssl=context, client=client, logins=logins)
     backend.signer = S3Signer(config, context if context is not False else None, policy.connect_timeout)
+    backend.signer.temporary = credentials
     return backend
 
 

@@ -114,6 +114,7 @@ def load_reference_set(opts):
     """The reference set of `opts.refs`, loaded within the options' limits and checked against the
     protocol policy (a mount and --dry-run alike)."""
     set_ca_bundle(opts.ca_bundle)  # the reference file may be on https
+    install_logins(opts)  # ... behind a login
     progress = load_progress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
@@ -133,12 +134,28 @@ def load_reference_set(opts):
     return refset
 
 
+def install_logins(opts) -> None:
+    """The mount's credentials (netrc, cookie jar, bearer tokens: fetch/auth.py), for the reference
+    file's client and the fetcher alike; a token file that cannot be read fails the mount now."""
+    from refmount.fetch.auth import Logins, check_token_files, install
+
+    check_token_files(opts.bearer_tokens)
+    if opts.s3_credentials_url:
+        from refmount.fetch.s3creds import check_options
+
+        check_options(opts.s3_credentials_url, opts.remote_options)
+    install(Logins(cookie_jar=opts.cookie_jar, bearer_tokens=opts.bearer_tokens,
+                   allow_cross_host_redirects=opts.allow_cross_host_redirects))
+
+
 def build_filesystem(opts):
+    from refmount.fetch.auth import active
+
     refset = load_reference_set(opts)
     policy = RetryPolicy(read_timeout=opts.read_timeout, stall_timeout=opts.stall_timeout)
     fetcher = Fetcher(policy=policy, remote_options=opts.remote_options, connections_per_host=opts.connections,
                       allow_cross_host_redirects=opts.allow_cross_host_redirects, verify_remote=opts.verify_remote,
-                      http_client=opts.http_client)
+                      http_client=opts.http_client, logins=active(), s3_credentials_url=opts.s3_credentials_url)
     urls = refset.urls
 
     passing = None
@@ -196,6 +213,7 @@ def build_filesystem(opts):
                "memory": {**governor.statistics(), **budget.statistics(), **pool.statistics(),
                           "malloc": malloc_statistics()},
                "hosts": host_statistics(pacer, fetcher), "passes": passing.statistics(),
+               "logins": fetcher.logins.statistics(),
                # (every number of "readahead", and of "grid_readahead" when the chunk-grid read-ahead
                # adds it, is exported by fuse/metrics.py: as a counter, or a gauge if named 'pending'...)
                "readahead": raw.streams.statistics(),

@@ -67,6 +67,9 @@ class MountOptions:
     verify_remote: bool = False
     http_client: str = "stdlib"  # "stdlib" (http.client in threads for plain 206s, else aiohttp) or "aiohttp"
     ca_bundle: str | None = None
+    cookie_jar: str | None = None  # --cookie-jar: the mount's cookies kept in this Netscape cookie file
+    bearer_tokens: dict = field(default_factory=dict)  # host -> the file holding its bearer token
+    s3_credentials_url: str | None = None  # temporary S3 credentials from there (fetch/s3creds.py)
     max_refs_size: int | None = None  # None: the machine's default (refs/limits.py)
     max_value_size: int | None = 64 << 20  # the most text one JSON member may have (None: no limit)
     load_timeout: float | None = 300.0

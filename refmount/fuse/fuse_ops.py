@@ -2,7 +2,8 @@
 
 Every handler goes through `_reply`, the one place where errors become errno values: `FsError`
 carries its own errno; a failed fetch or decode is EIO with one log line naming the key; anything
-unexpected is EIO plus a traceback in the log. Only FUSEError may escape a pyfuse3 handler.
+unexpected is EIO plus a traceback in the log. A refused login (`LoginFailed`) is EACCES: nothing is
+wrong with the data, the credentials are. Only FUSEError may escape a pyfuse3 handler.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import pyfuse3
 import trio
 
-from refmount.errors import RefmountError
+from refmount.errors import LoginFailed, RefmountError
 from refmount.fuse.access import Caller
 from refmount.fuse.fs import FILE_MODE, Attributes, Filesystem, FsError
 
@@ -36,15 +37,16 @@ def _reply(handler):
             raise
         except FsError as e:
             raise pyfuse3.FUSEError(e.errno) from None
-        except RefmountError as e:  # fetch and decode failures: the reader gets EIO, the log says why
+        except RefmountError as e:  # fetch and decode failures: the reader gets EIO (EACCES), the log says why
             self.failed_reads += 1
             once = getattr(e, "once", None)  # a limit's refusal: said once, not at every read it refuses
-            said = once is not None and once in self._said
+            said = (once is not None and once in self._said) or (isinstance(e, LoginFailed)
+                                                                 and getattr(e, "repeated", False))
             if once is not None:
                 self._said.add(once)
             (log.debug if said else log.error)("%s of %s failed: %s", _ACTIONS.get(handler.__name__, handler.__name__),
                                                self._subject(handler.__name__, args), e)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+            raise pyfuse3.FUSEError(errno.EACCES if isinstance(e, LoginFailed) else errno.EIO) from None
         except (trio.Cancelled, KeyboardInterrupt):
             raise
         except Exception:

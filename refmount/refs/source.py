@@ -9,7 +9,7 @@ import io
 import lzma
 import os
 
-from refmount.errors import RefmountError, quote
+from refmount.errors import LoginFailed, RefmountError, quote
 from refmount.fetch.protocols import is_remote, local_path, protocol_of
 
 _MAGIC = {
@@ -39,9 +39,14 @@ def _open_raw(location: str, remote_options: dict):
 
     try:
         return fsspec.open(location, "rb", **fsspec_options(location, remote_options)).open()
+    except LoginFailed as e:
+        raise LoginFailed(f"reference file {redact(location)!r}: {e}") from None
     except RefmountError:
         raise
     except Exception as e:  # network errors of every kind from every fsspec backend
+        login = _cause(e, LoginFailed)
+        if login is not None:
+            raise LoginFailed(f"reference file {redact(location)!r}: {login}") from None
         refused = _cause(e, RedirectRefused)
         if refused is not None:
             raise RefmountError(f"reference file {redact(location)!r}: {refused}") from None
@@ -65,28 +70,67 @@ class RedirectRefused(RefmountError):
 
 def fsspec_options(location: str, remote_options: dict) -> dict:
     """fsspec's options for the reference file. For http(s): the same certificate authorities as for
-    targets, and the same redirect policy (same scheme and host only: the user's headers, e.g.
-    Authorization, must not reach another host, and https must not turn into http)."""
+    targets, and the same credentials and redirect policy (fetch/auth.py): each host gets only its
+    own netrc entry, bearer token and cookies (the mount's jar), a redirect is followed within the
+    same host, to a login host and back (or anywhere with --allow-cross-host-redirects), and https
+    never turns into http; a refused login fails the mount in one line."""
     if protocol_of(location) not in ("http", "https"):
         return remote_options
+    import contextvars
+
     import aiohttp
 
+    from refmount.fetch.auth import active
     from refmount.fetch.tls import ssl_setting
+
+    logins = active()
+    chain: contextvars.ContextVar = contextvars.ContextVar("refmount_login_trail")
+
+    async def on_start(session, context, params) -> None:  # (in the task that sends every hop)
+        chain.set(logins.trail(str(params.url)))
+
+    async def with_credentials(request, handler):
+        url = str(request.url)
+        trail = chain.get(None) or logins.trail(url)
+        user_authorization = "Authorization" in request.headers
+        request.headers.update(trail.headers(url, user_authorization=user_authorization))
+        response = await handler(request)
+        location = response.headers.get("Location")
+        from urllib.parse import urljoin
+
+        trail.answered(url, response.status, response.headers.getall("Set-Cookie", []),
+                       urljoin(url, location) if location and response.status in (301, 302, 303, 307, 308) else None)
+        return response
 
     async def on_redirect(session, context, params) -> None:
         from urllib.parse import urljoin, urlsplit
 
         here = urlsplit(str(params.url))
-        there = urlsplit(urljoin(str(params.url), params.response.headers.get("Location", "")))
-        if (here.scheme, here.netloc) != (there.scheme, there.netloc):
+        target = urljoin(str(params.url), params.response.headers.get("Location", ""))
+        there = urlsplit(target)
+        if here.scheme == "https" and there.scheme != "https":
             raise RedirectRefused(f"redirect from {here.scheme}://{here.netloc} to {there.scheme}://{there.netloc} "
-                                  "refused (only redirects within the same scheme and host are followed)")
+                                  "refused (https never turns into http)")
+        trail = chain.get(None) or logins.trail(str(params.url))
+        refused = trail.redirect_refused(str(params.url), target)
+        if refused:
+            raise RedirectRefused(f"redirect from {here.scheme}://{here.netloc} to {there.scheme}://{there.netloc} "
+                                  f"{refused.removeprefix('redirect to another host ')}")
 
     trace = aiohttp.TraceConfig()
+    trace.on_request_start.append(on_start)
     trace.on_request_redirect.append(on_redirect)
     client_kwargs = dict(remote_options.get("client_kwargs") or {})
     client_kwargs["trace_configs"] = [*client_kwargs.get("trace_configs", []), trace]
-    return {**remote_options, "ssl": ssl_setting(remote_options), "client_kwargs": client_kwargs}
+    client_kwargs["middlewares"] = [*client_kwargs.get("middlewares", []), with_credentials]
+
+    async def get_client(**kwargs):  # (in fsspec's loop: a cookie jar needs one)
+        kwargs.setdefault("cookie_jar", aiohttp.DummyCookieJar())  # the mount's jar keeps them
+        return aiohttp.ClientSession(**kwargs)
+
+    options = {**remote_options, "ssl": ssl_setting(remote_options), "client_kwargs": client_kwargs}
+    options.setdefault("get_client", get_client)
+    return options
 
 
 def _cause(error: BaseException | None, kind: type):

@@ -1,0 +1,286 @@
+"""Logins: which credentials each request carries, and what a refused login means.
+
+Every http path (the stdlib engine, aiohttp, the reference file's fsspec client) asks the mount's
+`Logins` for the credentials of each request it sends, one hop of a redirect chain at a time, and
+tells it every answer. The rules:
+
+- A host gets only its own credentials: its bearer token (`--bearer-token HOST=FILE`, read from the
+  file, reread when the file changes), else its own `~/.netrc` (or $NETRC) entry as HTTP Basic, and
+  the cookies of the jar scoped to it (cookies.py). A host reached by a redirect gets only an entry
+  named for it (never netrc's `default`). Credentials go over plain http only when the chain began
+  on http (https never turns into http: http.py refuses that redirect).
+- A redirect to a login host (one with a netrc entry or a bearer token of its own) is followed, and
+  so is the way back to the host the chain began on: Earthdata Login's dance, data url -> login
+  host /oauth/authorize (Basic) -> data host ?code= (sets a session cookie) -> the data. A redirect
+  to any other host needs --allow-cross-host-redirects.
+- A refused login (401; 403 to a request that carried credentials; the login host reached a second
+  time in one chain) raises `LoginFailed` (the reader gets EACCES), with one line naming the host
+  and what was tried, never a secret.
+
+`Trail` follows one chain of requests; `Logins` holds the mount's netrc, jar, tokens and counters.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import netrc
+import os
+import threading
+from urllib.parse import parse_qs, urlsplit
+
+from refmount.errors import LoginFailed, RefmountError, quote
+
+log = logging.getLogger("refmount")
+
+_REFUSED = (401, 403)
+
+
+def _host(url: str) -> str:
+    return (urlsplit(url).hostname or "").lower()
+
+
+def _netloc(url: str) -> str:
+    return urlsplit(url).netloc.rpartition("@")[2].lower()
+
+
+class NetrcFile:
+    """~/.netrc (or $NETRC), parsed once when first needed."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path or os.environ.get("NETRC") or os.path.join(os.path.expanduser("~"), ".netrc")
+        self._parsed = None
+        self._lock = threading.Lock()
+
+    def _hosts(self):
+        with self._lock:
+            if self._parsed is None:
+                try:
+                    self._parsed = netrc.netrc(self.path)
+                except FileNotFoundError:
+                    self._parsed = False
+                except (netrc.NetrcParseError, OSError) as e:
+                    log.warning("%s cannot be used: %s", self.path, getattr(e, "msg", None) or e)
+                    self._parsed = False
+            return self._parsed
+
+    def entry(self, host: str, explicit: bool = False) -> tuple[str, str] | None:
+        """(login, password) for `host`: its own machine line, or with explicit=False the default."""
+        parsed = self._hosts()
+        if not parsed or not host:
+            return None
+        found = parsed.hosts.get(host) if explicit else parsed.authenticators(host)
+        if not found:
+            return None
+        login, _account, password = found
+        return login or "", password or ""
+
+
+class BearerTokens:
+    """--bearer-token HOST=FILE: the token in FILE, sent as `Authorization: Bearer` to HOST only (HOST
+    or HOST:PORT). The file is read when first needed and again whenever it changes (a rotated token)."""
+
+    def __init__(self, files: dict[str, str] | None = None) -> None:
+        self.files = {host.lower(): path for host, path in (files or {}).items()}
+        self._read: dict[str, tuple[tuple, str]] = {}  # path -> ((mtime_ns, size, inode), token)
+        self._lock = threading.Lock()
+
+    def file_for(self, url: str) -> str | None:
+        if not self.files:
+            return None
+        return self.files.get(_netloc(url)) or self.files.get(_host(url))
+
+    def token(self, path: str) -> str:
+        try:
+            st = os.stat(path)
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            with self._lock:
+                known = self._read.get(path)
+                if known is not None and known[0] == stamp:
+                    return known[1]
+            with open(path, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise LoginFailed(f"bearer token file {quote(path)}: {e.strerror}") from None
+        if not token or any(c.isspace() for c in token):
+            raise LoginFailed(f"bearer token file {quote(path)} does not hold one token (empty, or more than one word)")
+        with self._lock:
+            self._read[path] = (stamp, token)
+        return token
+
+
+def check_token_files(files: dict[str, str]) -> None:
+    """At mount time: each --bearer-token file exists and holds a token (a one-line error otherwise)."""
+    tokens = BearerTokens(files)
+    for host, path in files.items():
+        try:
+            tokens.token(path)
+        except LoginFailed as e:
+            raise RefmountError(f"--bearer-token {host}: {str(e).split(': ', 1)[-1]} ({path})") from None
+
+
+class Logins:
+    """The mount's credentials and login counters, shared by every http path."""
+
+    def __init__(self, *, netrc_path: str | None = None, cookie_jar: str | None = None,
+                 bearer_tokens: dict[str, str] | None = None, allow_cross_host_redirects: bool = False) -> None:
+        self._lock = threading.Lock()
+        self.netrc = NetrcFile(netrc_path)
+        self.cookie_jar = cookie_jar
+        self._cookies = None
+        if cookie_jar is not None:
+            self.cookies  # noqa: B018 - the file is read now: a bad one fails the mount, not a read
+        self.tokens = BearerTokens(bearer_tokens)
+        self.allow_cross_host_redirects = allow_cross_host_redirects
+        self.counters: dict[str, dict[str, int]] = {"logins": {}, "login_failures": {}, "bearer_requests": {},
+                                                   "s3_credential_refreshes": {}, "s3_credential_failures": {}}
+
+    @property
+    def cookies(self):
+        """The cookie jar, made when first needed (http.cookiejar takes 30 ms to import)."""
+        if self._cookies is None:
+            from refmount.fetch.cookies import CookieJar
+
+            with self._lock:
+                if self._cookies is None:
+                    self._cookies = CookieJar(self.cookie_jar)
+        return self._cookies
+
+    def cookie_header(self, url: str) -> str | None:
+        return self._cookies.header(url) if self._cookies is not None else None
+
+    def keep_cookies(self, url: str, set_cookies: list[str]) -> None:
+        if set_cookies:
+            self.cookies.take(url, set_cookies)
+
+    def count(self, what: str, host: str) -> None:
+        with self._lock:
+            hosts = self.counters[what]
+            hosts[host] = hosts.get(host, 0) + 1
+
+    def statistics(self) -> dict:
+        with self._lock:
+            out = {name: dict(hosts) for name, hosts in self.counters.items()}
+        out["cookies"] = len(self._cookies) if self._cookies is not None else 0
+        return out
+
+    def trail(self, origin: str) -> "Trail":
+        return Trail(self, origin)
+
+    def is_login_host(self, url: str) -> bool:
+        """A host the user gave credentials for: a redirect to it is followed."""
+        return self.netrc.entry(_host(url), explicit=True) is not None or self.tokens.file_for(url) is not None
+
+
+class Trail:
+    """One chain of requests (a request and the redirects it follows), from `origin`."""
+
+    def __init__(self, logins: Logins, origin: str) -> None:
+        self.logins = logins
+        self.origin = origin
+        self.origin_scheme = urlsplit(origin).scheme
+        self.sent: dict[str, str] = {}  # netloc -> what the last request to it carried (for error lines)
+        self.logged_in_at: set[str] = set()  # login hosts that sent us back with a code in this chain
+        self.credited: set[str] = set()  # netlocs the last request to which carried credentials
+        self.basic: set[str] = set()  # netlocs the last request to which carried a netrc entry
+
+    def headers(self, url: str, *, signed: bool = False, user_authorization: bool = False) -> dict:
+        """The credential headers of a request of `url` in this chain. A presigned url (s3) carries
+        its own; the user's own Authorization header (--remote-options headers) wins over ours."""
+        netloc = _netloc(url)
+        if netloc in self.logged_in_at:
+            self._refuse(url, f"{netloc} asked for a login again right after one (the cookie "
+                              f"{self._cookie_names(self.origin)} was refused by {_netloc(self.origin)}?)")
+        out: dict = {}
+        carried = []
+        self.credited.discard(netloc)
+        self.basic.discard(netloc)
+        plain = urlsplit(url).scheme == "http" and self.origin_scheme != "http"
+        if signed or plain:
+            self.sent[netloc] = "nothing (presigned url)" if signed else "nothing (plain http)"
+            return out
+        first_hop = netloc == _netloc(self.origin)
+        if user_authorization:
+            carried.append("the Authorization header of --remote-options")
+        else:
+            token_file = self.logins.tokens.file_for(url)
+            if token_file is not None:
+                out["Authorization"] = "Bearer " + self.logins.tokens.token(token_file)
+                carried.append(f"the bearer token from {token_file}")
+                self.logins.count("bearer_requests", netloc)
+            else:
+                entry = self.logins.netrc.entry(_host(url), explicit=not first_hop)
+                if entry is not None:
+                    out["Authorization"] = "Basic " + base64.b64encode(f"{entry[0]}:{entry[1]}".encode()).decode()
+                    carried.append(f"the {self.logins.netrc.path} entry for {_host(url)} (login {entry[0]!r})")
+                    self.basic.add(netloc)
+        cookie = self.logins.cookie_header(url)
+        if cookie:
+            out["Cookie"] = cookie
+            carried.append(f"cookie {', '.join(self._cookie_names(url))}")
+        self.sent[netloc] = " and ".join(carried) or "no credentials"
+        if carried:
+            self.credited.add(netloc)
+        return out
+
+    def answered(self, url: str, status: int, set_cookies: list[str], location: str | None = None) -> None:
+        """Take what an answer to `url` says: its cookies, a completed login, a refused one."""
+        self.logins.keep_cookies(url, set_cookies)
+        netloc = _netloc(url)
+        if status in _REFUSED:
+            carried = self.sent.get(netloc, "no credentials")
+            if status == 401 or netloc in self.credited:
+                self._refuse(url, f"HTTP {status} from {netloc}; sent {carried}{self._missing(url, carried)}")
+        elif location is not None and netloc in self.basic:
+            there = urlsplit(location)
+            if there.netloc and there.netloc.lower() != netloc and "code" in parse_qs(there.query):
+                self.logged_in_at.add(netloc)  # a login host sent us back with a code: logged in
+                self.logins.count("logins", netloc)
+                log.info("logged in at %s for %s", netloc, there.netloc)
+
+    def _missing(self, url: str, carried: str) -> str:
+        if carried != "no credentials":
+            if "bearer token" in carried:
+                return " (the token was refused: expired or revoked? put a new one in the file)"
+            if carried.startswith("cookie"):
+                return " (the cookie was refused: an expired session? remove the --cookie-jar file)"
+            return ""
+        if self.logins.netrc.entry(_host(url), explicit=True) is None:
+            return f" (no entry for {_host(url)} in {self.logins.netrc.path})"
+        return ""
+
+    def _cookie_names(self, url: str) -> str:
+        names = self.logins.cookies.names_for(url) if self.logins._cookies is not None else []
+        return ", ".join(names) if names else "(none kept)"
+
+    def _refuse(self, url: str, why: str):
+        netloc = _netloc(url)
+        self.logins.count("login_failures", netloc)
+        raise LoginFailed(f"login refused at {netloc} for {_netloc(self.origin)}: {why}")
+
+    def redirect_refused(self, here: str, there: str) -> str | None:
+        """Why a redirect from `here` to `there` is not followed, or None. (Scheme rules are the
+        caller's: no https -> http, only http(s).)"""
+        if _netloc(here) == _netloc(there) or self.logins.allow_cross_host_redirects:
+            return None
+        if _netloc(there) == _netloc(self.origin) or self.logins.is_login_host(there):
+            return None  # a login host (credentials of its own), or back where the chain began
+        return (f"redirect to another host refused (a login host needs an entry in {self.logins.netrc.path} "
+                f"or a --bearer-token; --allow-cross-host-redirects allows any host)")
+
+
+_active: Logins | None = None
+
+
+def install(logins: Logins) -> None:
+    """Make `logins` the process's (a daemon serves one mount): the reference file's client uses it."""
+    global _active
+    _active = logins
+
+
+def active() -> Logins:
+    """The mount's Logins, or one from the environment alone (~/.netrc) when none was installed."""
+    global _active
+    if _active is None:
+        _active = Logins()
+    return _active
