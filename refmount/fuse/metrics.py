@@ -174,6 +174,13 @@ def exposition(stats: dict) -> str:
                 labels, h.get("in_flight"))
         out.add("refmount_host_parallel_requests", "gauge", "Read-ahead requests the host gets at once, at most.",
                 labels, h.get("parallel"))
+    logins = stats.get("logins", {})
+    for key, per_host in logins.items():  # (fetch/auth.py: each counter by host; "cookies" is a count now)
+        if isinstance(per_host, dict):
+            for host, n in per_host.items():
+                out.add(_metric_name(f"refmount_{key}_total"), "counter", f"Logins and credentials: "
+                        f"{key.replace('_', ' ')}, by host.", {**mount, "host": host}, n)
+    out.add("refmount_cookies", "gauge", "Cookies the mount's jar holds.", mount, logins.get("cookies"))
     served = stats.get("served", {})
     out.add("refmount_served_bytes_total", "counter", "Bytes readers got from the mount (every file).", mount,
             served.get("reader_bytes"))
