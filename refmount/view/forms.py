@@ -159,9 +159,10 @@ def _characters(info: ArrayInfo, form: Form, z: dict, a: dict) -> None:
             a["_Encoding"] = "utf-8"
 
 
-# netCDF's default fill of each type (netcdf.h NC_FILL_*): what a value never written reads as
-_NC_DEFAULT_FILL = {"i2": -32767, "i4": -2147483647, "i8": -9223372036854775806, "u2": 65535, "u4": 4294967295,
-                    "u8": 18446744073709551614, "f4": 9.969209968386869e36, "f8": 9.969209968386869e36}
+# netCDF's default fill of each type (netcdf.h NC_FILL_*): what a value never written reads as. Not for
+# 64-bit integers: GDAL 3.6's Zarr driver reads their nodata through a double (2**63 - 1 for int64's)
+_NC_DEFAULT_FILL = {"i2": -32767, "i4": -2147483647, "u2": 65535, "u4": 4294967295,
+                    "f4": 9.969209968386869e36, "f8": 9.969209968386869e36}
 
 
 def _nodata(a: dict, source: np.dtype, served: np.dtype):

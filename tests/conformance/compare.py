@@ -514,9 +514,8 @@ GDAL_AS_PROPERTIES = {"units": "(unit)", "scale_factor": "(scale)", "add_offset"
 
 
 # netCDF's default fill per GDAL type name (netcdf.h NC_FILL_*)
-_NC_DEFAULT_FILL = {"Int16": -32767, "Int32": -2147483647, "Int64": -9223372036854775806, "UInt16": 65535,
-                    "UInt32": 4294967295, "UInt64": 18446744073709551614, "Float32": 9.969209968386869e36,
-                    "Float64": 9.969209968386869e36}
+_NC_DEFAULT_FILL = {"Int16": -32767, "Int32": -2147483647, "UInt16": 65535, "UInt32": 4294967295,
+                    "Float32": 9.969209968386869e36, "Float64": 9.969209968386869e36}
 
 
 def _gdal_raster_properties(src_type: str, src_attrs: dict, got_attrs: dict) -> list[str]:
@@ -528,7 +527,8 @@ def _gdal_raster_properties(src_type: str, src_attrs: dict, got_attrs: dict) -> 
     default = _NC_DEFAULT_FILL.get(src_type)
     if "(nodata_value)" not in src_attrs and nodata is not None and default is not None:
         bits = int(re.sub(r"\D", "", src_type))
-        if nodata[1] == default or (src_type.startswith("Int") and nodata[1] == default + (1 << bits)):
+        if (np.float32(nodata[1]) == np.float32(default) if src_type == "Float32" else nodata[1] == default) or (
+                src_type.startswith("Int") and nodata[1] == default + (1 << bits)):
             del got_attrs["(nodata_value)"]
             notes.append("nodata: netCDF's default fill, GDAL's raster nodata for the source")
     unit = got_attrs.get("(unit)")
