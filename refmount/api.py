@@ -132,7 +132,7 @@ class Mount:
         self.unmount()
 
 
-def mount(refs, mountpoint=None, **options) -> Mount:
+def mount(refs: str | os.PathLike | dict, mountpoint: str | os.PathLike | None = None, **options: object) -> Mount:
     """Mount the reference set `refs` on `mountpoint`; return once the mount answers.
 
     Args:

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import re
+import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from refmount.cli import build_parser
 
@@ -128,3 +135,26 @@ def test_every_docs_page_is_in_the_site_navigation():
     pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
     in_nav = set(re.findall(r":\s*([\w/-]+\.md)\s*$", config, re.M))
     assert pages == in_nav
+
+
+def _ci_docs_build(tree: Path) -> subprocess.CompletedProcess:
+    """Run .ci/setup's own documentation command (its flags, read from the script) on `tree`."""
+    line = next(l for l in (ROOT / ".ci" / "setup").read_text().splitlines() if "mkdocs build" in l and "say" not in l)
+    flags = shlex.split(line.split("mkdocs", 1)[1])
+    flags[flags.index("--site-dir") + 1] = str(tree / "site")
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    return subprocess.run([sys.executable, "-m", "mkdocs", *flags], cwd=tree, env=env, capture_output=True, text=True)
+
+
+def test_ci_docs_build_passes_on_the_docs_and_fails_on_a_broken_link(tmp_path):
+    pytest.importorskip("mkdocs")  # the docs extra: .ci/setup installs it with the tests
+    shutil.copytree(DOCS, tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path)
+    (tmp_path / "refmount").symlink_to(ROOT / "refmount")  # mkdocstrings reads the API from the package
+    clean = _ci_docs_build(tmp_path)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    page = tmp_path / "docs" / "troubleshooting.md"
+    page.write_text(page.read_text() + "\nSee [nowhere](security-and-failures.md#no-such-heading).\n")
+    broken = _ci_docs_build(tmp_path)
+    assert broken.returncode != 0
+    assert "no-such-heading" in broken.stderr

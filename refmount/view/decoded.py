@@ -249,8 +249,10 @@ class DecodedView:
         differ = [z for z in zarrays if _fill_bytes(z.get("fill_value"), z["dtype"]) != _fill_bytes(base, info.out_zarray["dtype"])]
         if not differ:
             return []
-        missing = self._missing_chunk_names(info) if base is not None else None
-        if missing is None or len(fill_keys) + len(missing) > MAX_FILL_CHUNKS:
+        missing = self._missing_chunk_names(info)
+        if missing == []:  # every chunk is there: the fill is only a nodata, whatever the form
+            return []
+        if base is None or missing is None or len(fill_keys) + len(missing) > MAX_FILL_CHUNKS:
             for z in differ:
                 z["fill_value"] = base
             log.info("decoded view: array %s: fill_value %r kept in every form (its missing chunks cannot be "

@@ -97,7 +97,9 @@ def served_array(info: ArrayInfo, form: Form) -> tuple[dict, dict]:
     if form.unsigned_dtype:
         _unsigned(z, a)
     if form.nodata_fill and info.dtype is not None and info.dtype.kind in "iuf":
-        z["fill_value"] = _nodata(a)
+        z["fill_value"] = _nodata(a, info.dtype, np.dtype(z["dtype"]))
+    if form.name == GDAL.name:
+        _gdal_units(a)
     served_hints(a, form)
     if form.all_attributes:
         a.update(info.left_out)
@@ -157,13 +159,33 @@ def _characters(info: ArrayInfo, form: Form, z: dict, a: dict) -> None:
             a["_Encoding"] = "utf-8"
 
 
-def _nodata(a: dict):
-    """GDAL's netCDF driver's nodata: _FillValue, else missing_value, else none."""
+# netCDF's default fill of each type (netcdf.h NC_FILL_*): what a value never written reads as. Not for
+# 64-bit integers: GDAL 3.6's Zarr driver reads their nodata through a double (2**63 - 1 for int64's)
+_NC_DEFAULT_FILL = {"i2": -32767, "i4": -2147483647, "u2": 65535, "u4": 4294967295,
+                    "f4": 9.969209968386869e36, "f8": 9.969209968386869e36}
+
+
+def _nodata(a: dict, source: np.dtype, served: np.dtype):
+    """GDAL's netCDF driver's nodata: _FillValue, else missing_value, else netCDF's default fill of
+    the variable's type, except for bytes (measured, GDAL 3.6: values never written are nodata; a
+    signed type with `_Unsigned` gets its default fill as the unsigned value, -32767 as 32769)."""
     for name in ("_FillValue", "missing_value"):
         value = a.get(name)
         if isinstance(value, (int, float, str)) and not isinstance(value, bool):
             return value
-    return None
+    default = _NC_DEFAULT_FILL.get(f"{source.kind}{source.itemsize}")
+    if default is not None and served.kind == "u" and source.kind == "i":
+        default += 1 << (8 * source.itemsize)
+    return default
+
+
+def _gdal_units(a: dict) -> None:
+    """GDAL's Zarr driver takes a band's unit only from `units`; its netCDF driver from the first
+    attribute of that name in any case (`UNITS`, `Units`): that one is added as `units` too."""
+    if "units" not in a:
+        other = next((name for name in a if name.lower() == "units"), None)
+        if other is not None and isinstance(a[other], str):
+            a["units"] = a[other]
 
 
 def _unsigned(z: dict, a: dict) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -512,6 +513,32 @@ CDO_TIME_AXIS = ("CDO took this variable for its time axis, or skipped it for an
 GDAL_AS_PROPERTIES = {"units": "(unit)", "scale_factor": "(scale)", "add_offset": "(offset)"}
 
 
+# netCDF's default fill per GDAL type name (netcdf.h NC_FILL_*)
+_NC_DEFAULT_FILL = {"Int16": -32767, "Int32": -2147483647, "UInt16": 65535, "UInt32": 4294967295,
+                    "Float32": 9.969209968386869e36, "Float64": 9.969209968386869e36}
+
+
+def _gdal_raster_properties(src_type: str, src_attrs: dict, got_attrs: dict) -> list[str]:
+    """GDAL's form serves the nodata and unit GDAL's netCDF driver gives a *raster band* (gdalinfo):
+    netCDF's default fill where there is no _FillValue, and a `UNITS` of any case. Its multidimensional
+    API (gdalmdiminfo, which this harness runs) shows neither for the source: those two are notes."""
+    notes = []
+    nodata = got_attrs.get("(nodata_value)")
+    default = _NC_DEFAULT_FILL.get(src_type)
+    if "(nodata_value)" not in src_attrs and nodata is not None and default is not None:
+        bits = int(re.sub(r"\D", "", src_type))
+        if (np.float32(nodata[1]) == np.float32(default) if src_type == "Float32" else nodata[1] == default) or (
+                src_type.startswith("Int") and nodata[1] == default + (1 << bits)):
+            del got_attrs["(nodata_value)"]
+            notes.append("nodata: netCDF's default fill, GDAL's raster nodata for the source")
+    unit = got_attrs.get("(unit)")
+    if "(unit)" not in src_attrs and unit is not None and any(
+            name.lower() == "units" and value == unit for name, value in src_attrs.items()):
+        del got_attrs["(unit)"]
+        notes.append("unit from the source's UNITS, as GDAL's netCDF raster driver reads it")
+    return notes
+
+
 def _unwrap_scalar(src_dims, got_dims, values):
     """A scalar served as [1] to netCDF-C 4.9 (which cannot read a Zarr scalar) compares as its value."""
     if tuple(src_dims) == () and len(got_dims) == 1 and isinstance(values, list) and len(values) == 1:
@@ -569,6 +596,7 @@ def _compare_tool(client, src, got, refs_attrs, zarray, values_undefined, notes)
                     attrs.pop(name, None)
                 if name in refs_attrs:  # (what the refs hold of it, for telling kerchunk's losses)
                     refs_attrs[prop] = refs_attrs.pop(name)
+            notes += _gdal_raster_properties(src.type, src_attrs, got_attrs)
     wrong_attrs, lost_attrs = attr_differences(client, src_attrs, got_attrs, refs_attrs, zarray, notes)
     problems += wrong_attrs
     lost += lost_attrs
