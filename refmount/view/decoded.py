@@ -25,7 +25,7 @@ import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from refmount.view.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, dump_json, fixed_strings, load_json_value, scan_arrays
-from refmount.view.forms import FORMS, joins_last_dimension, served_array, served_group_attributes
+from refmount.view.forms import FORMS, joins_last_dimension, nczarr_tree, served_array, served_group_attributes
 from refmount.view.bounded import decode_bounded, decode_into
 from refmount.view.consolidated import consolidated_value
 from refmount.errors import RefmountError
@@ -126,6 +126,8 @@ class DecodedView:
         fill_keys: dict[str, ArrayInfo] = {}  # missing chunks served as files (_fill_missing_chunks)
         joined_fills: dict[str, str] = {}  # second names of those that are chunks of joined characters
         chars_with_dimension = any(f.chars in ("char", "ubyte") for f in self.forms)
+        nczarr = [n for n, f in enumerate(self.forms) if f.nczarr]  # forms with NCZarr's own metadata
+        nczarr_arrays = []  # (info, .zarray, .zattrs) as the first of them serves each visible array
         for info in self.arrays:
             if info.strlen and getattr(self.refset, "lazy", False):
                 info.hidden_reason = "strings served as characters need their chunk keys renamed, not done for Parquet sets"
@@ -139,8 +141,10 @@ class DecodedView:
             forms = [served_array(info, form) for form in self.forms]
             filled = self._fill_missing_chunks(info, [z for z, _ in forms], fill_keys)
             served[prefix + ".zarray"] = [z for z, _ in forms]
-            if info.zattrs or self.refset.find(prefix + ".zattrs") >= 0:
+            if info.zattrs or self.refset.find(prefix + ".zattrs") >= 0 or nczarr:  # (NCZarr needs one)
                 served[prefix + ".zattrs"] = [a for _, a in forms]
+            if nczarr:
+                nczarr_arrays.append((info, *forms[nczarr[0]]))
             if info.strlen and chars_with_dimension:
                 strlen_renames.update(self._strlen_chunk_names(info))
             if any(joins_last_dimension(info, form) for form in self.forms):
@@ -154,6 +158,19 @@ class DecodedView:
                     for d, path in enumerate(dirs.paths):
                         if path.startswith(prefix):
                             self._by_dir.setdefault(d, info)
+        tree = None
+        if nczarr:  # NCZarr's own metadata of the tree: each array's dimension references, each group's lists
+            groups = [path for d, path in enumerate(dirs.paths) if d not in self._by_dir and not self.hidden_dir(d)
+                      and self.refset.find(f"{path}/.zgroup" if path else ".zgroup") >= 0]
+            tree = nczarr_tree(groups, nczarr_arrays)
+            for info, _, _ in nczarr_arrays:
+                key = f"{info.path}/.zattrs" if info.path else ".zattrs"
+                for n in nczarr:
+                    served[key][n] = served_array(info, self.forms[n], tree)[1]
+            for path in groups:  # (a group without attributes gets a .zattrs for its _nczarr_group)
+                key = f"{path}/.zattrs" if path else ".zattrs"
+                if self.refset.find(key) < 0:
+                    served[key] = [served_group_attributes({}, {}, form, path, tree) for form in self.forms]
         # every other JSON metadata key: re-emitted as UTF-8 without \u escapes, group attributes
         # typed as for arrays
         for d, path in enumerate(dirs.paths):
@@ -162,7 +179,7 @@ class DecodedView:
                 key = prefix + name
                 i = self.refset.find(key)
                 if i >= 0 and key not in served and i not in self._hidden_keys and self.refset.inline_data(i) is not None:
-                    value = self._plain(i, name, prefix)
+                    value = self._plain(i, name, prefix, tree)
                     if value is not None:
                         served[key] = value
         renames.update(strlen_renames)
@@ -294,7 +311,7 @@ class DecodedView:
         self._hidden_dirs.add(dir_id)
         self._hidden_prefixes.append(path + "/")
 
-    def _plain(self, i: int, name: str, prefix: str) -> list | None:
+    def _plain(self, i: int, name: str, prefix: str, tree=None) -> list | None:
         """A group's .zgroup or .zattrs in each form (None: not JSON, served as it is)."""
         value = self._inline_json(i)
         if value is None:
@@ -305,7 +322,7 @@ class DecodedView:
         attrs, notes = served_attributes(value, None, None)
         for note in notes:
             log.info("decoded view: group %s: %s", prefix.rstrip("/") or "/", note)
-        return [served_group_attributes(attrs, left_out, form) for form in self.forms]
+        return [served_group_attributes(attrs, left_out, form, prefix.rstrip("/"), tree) for form in self.forms]
 
     # -- visibility -------------------------------------------------------------------------------
 

@@ -30,9 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from refmount.view.arrays import CHAR_DTYPE_49, SCALAR_DIMENSION, ArrayInfo
-from refmount.view.ncattrs import HINT_49, HINT_410, HINT_KEYS, VARIABLE_TYPED
+from refmount.view.ncattrs import HINT_49, HINT_410, HINT_KEYS, NCZARR_JSON, VARIABLE_TYPED, nczarr_types
 
-CHARS = ("char", "string", "ubyte", "strings", "gdal")
+CHARS = ("char", "string", "ubyte", "strings", "gdal", "nczarr")
+# NCZarr's own keys (netCDF-C >= 4.9.1 reads them from .zattrs, 4.9.0 spelled them in capitals)
+NCZARR_SUPERBLOCK, NCZARR_GROUP, NCZARR_ARRAY = "_nczarr_superblock", "_nczarr_group", "_nczarr_array"
+NCZARR_VERSION = "2.0.0"  # the version netCDF-C 4.9.3 and 4.10.1 write
+ANONYMOUS_DIMENSION = "_Anonymous_Dim_{}"  # netCDF-C's name of a Zarr dimension that has none (by length)
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,8 @@ class Form:
     name: str
     # "char": netCDF-C 4.9's '<U1'; "string": '|S1' and '|Sn'; "ubyte": '|u1' numbers; "strings": a char
     # array of 2 or more dimensions as '|Sn' strings of its last one, others '|S1'; "gdal": as GDAL's netCDF
-    # driver shows them, a 2-D char array as strings, others as bytes
+    # driver shows them, a 2-D char array as strings, others as bytes; "nczarr": NCZarr's own '>S1' (char in
+    # nczarr mode, one-character strings in zarr mode), strings '|Sn' without the added last dimension
     chars: str
     zarr_scalars: bool  # a scalar as shape [] (else [1] with dimension _scalar_)
     hints: tuple  # the NCZarr attribute type hints kept (each netCDF-C shows the other one as text)
@@ -53,6 +58,11 @@ class Form:
     # the source; not for netCDF-C >= 4.10, which reads '|Sn' as strings itself (and xarray's netcdf4
     # engine then fails to decode them again)
     encoding_attribute: bool = False
+    # NCZarr's own metadata as netCDF-C >= 4.9.1 writes it: `_nczarr_superblock` at the root, `_nczarr_group`
+    # (dimensions, arrays, subgroups) in each group's .zattrs, `_nczarr_array` (dimension references; a
+    # scalar as [1] with none) in each array's, every attribute typed in `_nczarr_attr`. Read in nczarr mode
+    # (`#mode=nczarr,file`); in zarr mode netCDF-C ignores it, as on its own stores.
+    nczarr: bool = False
     description: str = ""
 
     def with_chars(self, chars: str | None) -> "Form":
@@ -68,6 +78,12 @@ NC410 = Form("nc410", chars="strings", zarr_scalars=False, hints=(HINT_410,), al
              description="netCDF-C >= 4.10 (netCDF4-python wheels): characters '|S1', scalars [1], "
                          "_nczarr_attr hints; char arrays as strings of their last dimension (netCDF-C reads "
                          "'|S1' as one-byte strings, which netCDF4-python cannot decode when not ASCII)")
+NCZARR = Form("nczarr", chars="nczarr", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
+               unsigned_dtype=False, nczarr=True,
+               description="netCDF-C >= 4.9.1 (Debian 13's ncdump, NCO, CDO; netCDF4-python wheels): NCZarr's own "
+                           "metadata, as its nccopy writes it: in #mode=nczarr,file characters are char ('>S1'), "
+                           "scalars scalars, dimensions in their groups; #mode=zarr,file reads it as netCDF-C reads "
+                           "its own stores (characters as one-character strings, scalars over _scalar_)")
 ZARR = Form("zarr", chars="string", zarr_scalars=True, hints=(), all_attributes=True, unsigned_dtype=False,
             encoding_attribute=True,
             description="programs without netCDF-C or GDAL (zarr-python, xarray's zarr engine, cp): '|S1', "
@@ -80,12 +96,13 @@ PORTABLE = Form("portable", chars="ubyte", zarr_scalars=False, hints=(HINT_49, H
                 unsigned_dtype=False,
                 description="programs that cannot be identified: characters as numbers, scalars [1], both hints "
                             "(no reader crashes on it)")
-FORMS = {f.name: f for f in (NC49, NC410, ZARR, GDAL, PORTABLE)}
+FORMS = {f.name: f for f in (NC49, NCZARR, NC410, ZARR, GDAL, PORTABLE)}
 FALLBACK = PORTABLE.name  # the form of a reader that cannot be identified
 
 
-def served_array(info: ArrayInfo, form: Form) -> tuple[dict, dict]:
-    """(.zarray, .zattrs) of a planned, visible array in `form`."""
+def served_array(info: ArrayInfo, form: Form, tree: "NCZarrTree | None" = None) -> tuple[dict, dict]:
+    """(.zarray, .zattrs) of a planned, visible array in `form` (an NCZarr form's `_nczarr_array` comes
+    from `tree`, made of every array's served metadata: `nczarr_tree`)."""
     z, a = dict(info.out_zarray), dict(info.zattrs)
     if z["dtype"] == CHAR_DTYPE_49:
         _characters(info, form, z, a)
@@ -101,15 +118,82 @@ def served_array(info: ArrayInfo, form: Form) -> tuple[dict, dict]:
     served_hints(a, form)
     if form.all_attributes:
         a.update(info.left_out)
+    if form.nczarr:
+        a[HINT_410] = {"types": nczarr_types(a, z["dtype"])}
+        if tree is not None and info.path in tree.references:
+            _add_json(a, NCZARR_ARRAY, {"dimension_references": tree.references[info.path], "storage": "chunked",
+                                        **({"scalar": 1} if info.scalar else {})})
     return z, a
 
 
-def served_group_attributes(attrs: dict, left_out: dict, form: Form) -> dict:
+def served_group_attributes(attrs: dict, left_out: dict, form: Form, path: str = "",
+                            tree: "NCZarrTree | None" = None) -> dict:
+    """A group's .zattrs in `form` (an NCZarr form's `_nczarr_group` comes from `tree`)."""
     a = dict(attrs)
     served_hints(a, form)
     if form.all_attributes:
         a.update(left_out)
+    if form.nczarr:
+        a[HINT_410] = {"types": nczarr_types(a, None)}
+        if tree is not None and path in tree.groups:
+            _add_json(a, NCZARR_GROUP, tree.groups[path])
+            if not path:
+                _add_json(a, NCZARR_SUPERBLOCK, {"version": NCZARR_VERSION})
     return a
+
+
+def _add_json(a: dict, key: str, value: dict) -> None:
+    """One of NCZarr's own keys, typed as its writer types them."""
+    a[key] = value
+    a[HINT_410]["types"].update({key: NCZARR_JSON, HINT_410: NCZARR_JSON})
+
+
+@dataclass
+class NCZarrTree:
+    """What NCZarr's own metadata says of the tree: in nczarr mode netCDF-C >= 4.9.1 takes a group's
+    dimensions, arrays and subgroups from its `_nczarr_group` (it lists no directory), and each
+    array's dimensions from the absolute paths in its `_nczarr_array`."""
+    groups: dict  # group path ("" the root) -> {"dimensions": {name: length}, "arrays": [...], "groups": [...]}
+    references: dict  # array path -> its dimension references (["/site", "/obs/n"]; [] for a scalar)
+
+
+def nczarr_tree(groups: list[str], arrays: list[tuple[ArrayInfo, dict, dict]]) -> NCZarrTree:
+    """The NCZarr tree of the visible `groups` (paths of directories with a .zgroup, "" the root)
+    and the visible arrays with their (.zarray, .zattrs) as an NCZarr form serves them. A dimension is
+    defined in the group kerchunk names it by ("obs/n": group obs; the netCDF-4 source's own), else
+    in the root, as netCDF-C's zarr mode defines every named dimension; one without a name is
+    netCDF-C's `_Anonymous_Dim_<length>` in the root. A name given two lengths in one group gets
+    the second as '<name>_<length>' (the decoded view's rename)."""
+    known = set(groups)
+    tree = NCZarrTree({g: {"dimensions": {}, "arrays": [], "groups": []} for g in groups}, {})
+    for g in groups:
+        parent = g.rpartition("/")[0]
+        if g and parent in known:
+            tree.groups[parent]["groups"].append(g.rpartition("/")[2])
+    for info, z, a in arrays:
+        group = info.path.rpartition("/")[0]
+        if group not in known:
+            continue  # (in a directory that is no group: nczarr mode does not see it)
+        tree.groups[group]["arrays"].append(info.path.rpartition("/")[2])
+        if info.scalar:
+            tree.references[info.path] = []
+            continue
+        shape, dims = z["shape"], a.get("_ARRAY_DIMENSIONS")
+        if not (isinstance(dims, list) and len(dims) == len(shape) and all(isinstance(d, str) and d for d in dims)):
+            dims = [ANONYMOUS_DIMENSION.format(n) for n in shape]
+        original = {new: old for old, new in info.renamed_dims.items()}
+        references = []
+        for name, length in zip(dims, shape):
+            home, _, base = original.get(name, name).strip("/").rpartition("/")
+            if home not in known or not (home == "" or group == home or group.startswith(home + "/")):
+                home, base = "", name
+            defined = tree.groups[home]["dimensions"]
+            if defined.setdefault(base, length) != length:
+                base = f"{base}_{length}"
+                defined.setdefault(base, length)
+            references.append(f"/{home}/{base}" if home else f"/{base}")
+        tree.references[info.path] = references
+    return tree
 
 
 def served_hints(attrs: dict, form: Form) -> None:
@@ -148,6 +232,11 @@ def _characters(info: ArrayInfo, form: Form, z: dict, a: dict) -> None:
             _drop_last_dimension(z, a)
         else:
             z["dtype"] = "|u1" if form.chars == "gdal" else "|S1"
+    elif form.chars == "nczarr":
+        z["dtype"] = ">S1"  # (netCDF-C's char: a big-endian '|S1')
+        if info.strlen:  # |Sn as it is: netCDF strings in both modes
+            z["dtype"] = f"|S{info.strlen}"
+            _drop_last_dimension(z, a)
     elif form.chars == "string":
         z["dtype"] = "|S1"
         if info.strlen:  # |Sn as it is: the added last dimension goes

@@ -220,3 +220,27 @@ def served_attributes(zattrs: dict, dtype: np.dtype | None, fill) -> tuple[dict,
         if types:
             attrs[key] = {"types": types}
     return attrs, notes
+
+
+NCZARR_TEXT = ">S1"  # NCZarr's name of netCDF's char type (a text attribute is a char attribute)
+NCZARR_JSON = "|J0"  # NCZarr's name of its own JSON-valued keys (_nczarr_array, _nczarr_group, ...)
+
+
+def nczarr_types(attrs: dict, dtype: str | None) -> dict:
+    """Every attribute's netCDF type as NCZarr's own writer names it in `_nczarr_attr` (netCDF-C >= 4.9.1
+    then guesses none): the >= 4.10 hint where `served_attributes` gave one, else the type that
+    netCDF-C >= 4.10 guesses (served_attributes cast each value so that the guess is right), text as
+    char, `_FillValue` as the variable's type `dtype`. Bools, objects and nulls stay unhinted."""
+    given = attrs.get(HINT_410)
+    types = dict(given.get("types", {})) if isinstance(given, dict) else {}
+    for name, value in attrs.items():
+        if name in types or name in HINT_KEYS or name == "_ARRAY_DIMENSIONS":
+            continue
+        if isinstance(value, str):
+            types[name] = NCZARR_TEXT
+        elif (items := _numbers(value)) is not None:
+            if name == "_FillValue" and dtype is not None and np.dtype(dtype).kind in "iuf":
+                types[name] = _type_name(np.dtype(dtype))
+            elif (guess := _guess_410(items)).kind != "O":
+                types[name] = _type_name(guess)
+    return types
