@@ -236,9 +236,7 @@ def nczarr_types(attrs: dict, dtype: str | None) -> dict:
     for name, value in attrs.items():
         if name in types or name in HINT_KEYS or name == "_ARRAY_DIMENSIONS":
             continue
-        if isinstance(value, str):
-            types[name] = NCZARR_TEXT
-        elif (items := _numbers(value)) is not None:
+        if (items := _numbers(value)) is not None:
             if name == "_FillValue" and dtype is not None and np.dtype(dtype).kind in "iuf":
                 types[name] = _type_name(np.dtype(dtype))
             elif (guess := _guess_410(items)).kind != "O":
