@@ -121,7 +121,7 @@ def test_each_program_got_its_own_form(every_reader):
     assert f"ncdump (netCDF-C {version})" in tools and f"ncks (netCDF-C {version})" in tools
     assert f"cdo (netCDF-C {version})" in tools
     assert "gdalmdiminfo (GDAL)" in labels["gdal"]
-    assert "(netCDF-C 4.10" in labels["nczarr"]  # netCDF4-python, and xarray's netcdf4 engine
+    assert "(netCDF-C 4.10" in labels["nc410"]  # netCDF4-python, and xarray's netcdf4 engine
     assert "python" in labels["zarr"]  # xarray's zarr engine, in a process without netCDF-C
 
 
@@ -148,8 +148,8 @@ def test_scalar_in_ncks(every_reader):
     own = work / "own_nczarr"
     shutil.rmtree(own, ignore_errors=True)
     subprocess.run([*tool("nccopy"), "-V", "crs", str(source), f"file://{own}#mode=nczarr,file"], check=True)
-    if netcdf_form(netcdf_version()) == "nczarr":
-        assert got.dims == () and got.values == [0]
+    if netcdf_form(netcdf_version()) != "nc49":
+        assert got.dims == () and got.values == 0
         own_scalar = subprocess.run([*tool("ncks"), "--jsn_fmt=1", "-v", "crs", nczarr_url(own)],
                                     capture_output=True, text=True, check=True)
         assert "shape" not in json.loads(own_scalar.stdout)["variables"]["crs"]
@@ -176,7 +176,7 @@ def test_copy_in_a_readers_form(every_reader, tmp_path):
         mnt.stop()
     plain = json.loads((tmp_path / "plain/station_name/.zarray").read_text())
     copied = json.loads((tmp_path / "forncdump/station_name/.zarray").read_text())
-    assert (plain["dtype"], copied["dtype"]) == ("|S1", {"nc49": "<U1", "nczarr": ">S1"}[form])
+    assert (plain["dtype"], copied["dtype"]) == ("|S1", {"nc49": "<U1", "nc491": ">S1", "nc410": ">S1"}[form])
     dumped = subprocess.run([*tool("ncdump"), "-v", "station_name", nczarr_url(tmp_path / "forncdump")],
                             capture_output=True, text=True, check=True).stdout
     assert '"Oslo"' in dumped and '"Bergen"' in dumped and "char station_name(station, name_len)" in dumped

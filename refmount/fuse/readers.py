@@ -4,8 +4,9 @@ A FUSE request carries the caller's thread id. From /proc we read what the progr
 libraries it has mapped:
 - a netCDF-C library (Debian 12's libnetcdf.so.19, Debian 13's libnetcdf.so.22, the wheels'
   netcdf4.libs/libnetcdf-*.so.22, ...): its version string ("4.9.0 of Aug  7 2022 ...", what
-  nc_inq_libvers returns) gives "nc49" for 4.9.0 and older, "nczarr" for >= 4.9.1 (Debian 13's 4.9.3,
-  the wheels' 4.10.1); a chrooted program's library is read through /proc/PID/root;
+  nc_inq_libvers returns) gives "nc49" for 4.9.0 and older, "nc491" for 4.9.1 to 4.9.x (Debian 13's
+  4.9.3), "nc410" for >= 4.10 (the wheels' 4.10.1); a chrooted program's library is read through
+  /proc/PID/root;
 - a GDAL library with a GDAL program (gdalinfo, gdalmdiminfo, ogr2ogr, qgis, ...) or without netCDF-C:
   "gdal" (GDAL's own tools map netCDF-C too, for their netCDF driver);
 - neither: "zarr" (zarr-python, xarray's zarr engine, cp, tar, rclone, ...).
@@ -35,7 +36,7 @@ _GDAL = re.compile(r"^libgdal(?:[-.].*)?\.so")
 _VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)(?:\.\d+)?(?:-[\w.]+)? of [A-Z][a-z]{2} [ \d]\d \d{4} \d\d:\d\d:\d\d \$")
 # GDAL's programs (they map netCDF-C too, for the netCDF driver, but read Zarr through GDAL's driver)
 _GDAL_PROGRAMS = re.compile(r"^(gdal|ogr|gnm|nearblack|qgis)")
-NCZARR_SINCE = (4, 9, 1)  # the first netCDF-C to read NCZarr's keys from .zattrs in lower case (forms.NCZARR)
+NCZARR_SINCE = (4, 9, 1)  # the first netCDF-C to read NCZarr's keys from .zattrs in lower case (forms.NC491)
 _MAX_PROCESSES = 4096
 _MAX_LIBRARY_BYTES = 64 << 20
 
@@ -146,7 +147,7 @@ class ReaderIdentifier:
             return Reader(program, "GDAL", "gdal")
         if netcdf is not None:
             version = ".".join(map(str, netcdf)) if netcdf != (0, 0, 0) else "unknown version"
-            return Reader(program, f"netCDF-C {version}", "nczarr" if netcdf >= NCZARR_SINCE else "nc49")
+            return Reader(program, f"netCDF-C {version}", netcdf_form(netcdf))
         return Reader(program, "", "zarr", False)
 
     def _environment_form(self, pid: int) -> str | None:
@@ -178,3 +179,11 @@ class ReaderIdentifier:
         if soname and soname.isdigit():  # (4.9.3 is .so.22 too: Debian 13)
             return (4, 10, 0) if int(soname) >= 22 else (4, 9, 0)
         return (0, 0, 0)
+
+
+def netcdf_form(version: tuple[int, int, int]) -> str:
+    """The form of a netCDF-C version: "nc49" before 4.9.1, "nc491" (NCZarr's own metadata, strings as
+    characters) to 4.9.x, "nc410" (the same, strings as strings) from 4.10."""
+    if version < NCZARR_SINCE:
+        return "nc49"
+    return "nc410" if version >= (4, 10, 0) else "nc491"

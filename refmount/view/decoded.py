@@ -120,14 +120,14 @@ class DecodedView:
         dirs = self.refset.dirs
         served: dict[str, list] = {}  # metadata key -> its JSON value in each form
         # added chunk keys -> the key they serve: of strings given a last dimension (characters),
-        # and of characters whose last dimension is joined into strings (the "strings" form)
+        # and of characters whose last dimension is joined into strings (the "gdal" form)
         renames: dict[str, int] = {}
         strlen_renames: dict[str, int] = {}
         fill_keys: dict[str, ArrayInfo] = {}  # missing chunks served as files (_fill_missing_chunks)
         joined_fills: dict[str, str] = {}  # second names of those that are chunks of joined characters
-        chars_with_dimension = any(f.chars in ("char", "ubyte") for f in self.forms)
+        chars_with_dimension = any(f.chars in ("char", "ubyte", "nczarr") for f in self.forms)
         nczarr = [n for n, f in enumerate(self.forms) if f.nczarr]  # forms with NCZarr's own metadata
-        nczarr_arrays = []  # (info, .zarray, .zattrs) as the first of them serves each visible array
+        nczarr_arrays = {n: [] for n in nczarr}  # (info, .zarray, .zattrs) of each visible array in each of them
         for info in self.arrays:
             if info.strlen and getattr(self.refset, "lazy", False):
                 info.hidden_reason = "strings served as characters need their chunk keys renamed, not done for Parquet sets"
@@ -143,8 +143,8 @@ class DecodedView:
             served[prefix + ".zarray"] = [z for z, _ in forms]
             if info.zattrs or self.refset.find(prefix + ".zattrs") >= 0 or nczarr:  # (NCZarr needs one)
                 served[prefix + ".zattrs"] = [a for _, a in forms]
-            if nczarr:
-                nczarr_arrays.append((info, *forms[nczarr[0]]))
+            for n in nczarr:
+                nczarr_arrays[n].append((info, *forms[n]))
             if info.strlen and chars_with_dimension:
                 strlen_renames.update(self._strlen_chunk_names(info))
             if any(joins_last_dimension(info, form) for form in self.forms):
@@ -158,19 +158,20 @@ class DecodedView:
                     for d, path in enumerate(dirs.paths):
                         if path.startswith(prefix):
                             self._by_dir.setdefault(d, info)
-        tree = None
-        if nczarr:  # NCZarr's own metadata of the tree: each array's dimension references, each group's lists
+        trees = {}  # form index -> NCZarr's own metadata of the tree (each array's dimension references, each
+        # group's lists), in each form with NCZarr's keys (their arrays' dimensions differ)
+        if nczarr:
             groups = [path for d, path in enumerate(dirs.paths) if d not in self._by_dir and not self.hidden_dir(d)
                       and self.refset.find(f"{path}/.zgroup" if path else ".zgroup") >= 0]
-            tree = nczarr_tree(groups, nczarr_arrays)
-            for info, _, _ in nczarr_arrays:
-                key = f"{info.path}/.zattrs" if info.path else ".zattrs"
-                for n in nczarr:
-                    served[key][n] = served_array(info, self.forms[n], tree)[1]
+            for n in nczarr:
+                trees[n] = nczarr_tree(groups, nczarr_arrays[n])
+                for info, _, _ in nczarr_arrays[n]:
+                    served[f"{info.path}/.zattrs" if info.path else ".zattrs"][n] = served_array(info, self.forms[n], trees[n])[1]
             for path in groups:  # (a group without attributes gets a .zattrs for its _nczarr_group)
                 key = f"{path}/.zattrs" if path else ".zattrs"
                 if self.refset.find(key) < 0:
-                    served[key] = [served_group_attributes({}, {}, form, path, tree) for form in self.forms]
+                    served[key] = [served_group_attributes({}, {}, form, path, trees.get(n))
+                                   for n, form in enumerate(self.forms)]
         # every other JSON metadata key: re-emitted as UTF-8 without \u escapes, group attributes
         # typed as for arrays
         for d, path in enumerate(dirs.paths):
@@ -179,7 +180,7 @@ class DecodedView:
                 key = prefix + name
                 i = self.refset.find(key)
                 if i >= 0 and key not in served and i not in self._hidden_keys and self.refset.inline_data(i) is not None:
-                    value = self._plain(i, name, prefix, tree)
+                    value = self._plain(i, name, prefix, trees)
                     if value is not None:
                         served[key] = value
         renames.update(strlen_renames)
@@ -197,7 +198,7 @@ class DecodedView:
         self._fill_keys = {self.refset.find(key): info for key, info in fill_keys.items()}
         for key, target in joined_fills.items():
             self._renamed[self.refset.find(key)] = self.refset.find(target)
-        if all(f.chars in ("char", "ubyte") for f in self.forms):  # (no form reads their own names)
+        if all(f.chars in ("char", "ubyte", "nczarr") for f in self.forms):  # (no form reads their own names)
             self._renamed_away = set(strlen_renames.values())
         by_index = {self.refset.find(k): v for k, v in served.items()}
         for n in range(len(self.forms)):
@@ -290,7 +291,7 @@ class DecodedView:
         return [name for name in names if self.refset.find(prefix + name) < 0]
 
     def _joined_chunk_names(self, info: ArrayInfo) -> dict[str, int]:
-        """Chunk keys of a char array served as strings of its last dimension ("strings" form):
+        """Chunk keys of a char array served as strings of its last dimension ("gdal" form):
         key "1.0" answers as "1" too."""
         prefix = f"{info.path}/" if info.path else ""
         names = {}
@@ -311,7 +312,7 @@ class DecodedView:
         self._hidden_dirs.add(dir_id)
         self._hidden_prefixes.append(path + "/")
 
-    def _plain(self, i: int, name: str, prefix: str, tree=None) -> list | None:
+    def _plain(self, i: int, name: str, prefix: str, trees: dict) -> list | None:
         """A group's .zgroup or .zattrs in each form (None: not JSON, served as it is)."""
         value = self._inline_json(i)
         if value is None:
@@ -322,7 +323,8 @@ class DecodedView:
         attrs, notes = served_attributes(value, None, None)
         for note in notes:
             log.info("decoded view: group %s: %s", prefix.rstrip("/") or "/", note)
-        return [served_group_attributes(attrs, left_out, form, prefix.rstrip("/"), tree) for form in self.forms]
+        return [served_group_attributes(attrs, left_out, form, prefix.rstrip("/"), trees.get(n))
+                for n, form in enumerate(self.forms)]
 
     # -- visibility -------------------------------------------------------------------------------
 

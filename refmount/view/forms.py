@@ -32,7 +32,7 @@ import numpy as np
 from refmount.view.arrays import CHAR_DTYPE_49, SCALAR_DIMENSION, ArrayInfo
 from refmount.view.ncattrs import HINT_49, HINT_410, HINT_KEYS, NCZARR_JSON, VARIABLE_TYPED, nczarr_types
 
-CHARS = ("char", "string", "ubyte", "strings", "gdal", "nczarr")
+CHARS = ("char", "string", "ubyte", "gdal", "nczarr", "nczarr_strings")
 # NCZarr's own keys (netCDF-C >= 4.9.1 reads them from .zattrs, 4.9.0 spelled them in capitals)
 NCZARR_SUPERBLOCK, NCZARR_GROUP, NCZARR_ARRAY = "_nczarr_superblock", "_nczarr_group", "_nczarr_array"
 NCZARR_VERSION = "2.0.0"  # the version netCDF-C 4.9.3 and 4.10.1 write
@@ -42,10 +42,10 @@ ANONYMOUS_DIMENSION = "_Anonymous_Dim_{}"  # netCDF-C's name of a Zarr dimension
 @dataclass(frozen=True)
 class Form:
     name: str
-    # "char": netCDF-C 4.9's '<U1'; "string": '|S1' and '|Sn'; "ubyte": '|u1' numbers; "strings": a char
-    # array of 2 or more dimensions as '|Sn' strings of its last one, others '|S1'; "gdal": as GDAL's netCDF
-    # driver shows them, a 2-D char array as strings, others as bytes; "nczarr": NCZarr's own '>S1' (char in
-    # nczarr mode, one-character strings in zarr mode), strings '|Sn' without the added last dimension
+    # "char": netCDF-C 4.9's '<U1'; "string": '|S1' and '|Sn'; "ubyte": '|u1' numbers; "gdal": as GDAL's
+    # netCDF driver shows them, a 2-D char array as strings, others as bytes; "nczarr": NCZarr's own '>S1'
+    # (char in nczarr mode, one-character strings in zarr mode), strings as for "char"; "nczarr_strings":
+    # '>S1', strings '|Sn'
     chars: str
     zarr_scalars: bool  # a scalar as shape [] (else [1] with dimension _scalar_)
     hints: tuple  # the NCZarr attribute type hints kept (each netCDF-C shows the other one as text)
@@ -73,17 +73,16 @@ NC49 = Form("nc49", chars="char", zarr_scalars=False, hints=(HINT_49,), all_attr
             unsigned_dtype=False,
             description="netCDF-C 4.9.x (Debian 12's ncdump, NCO, CDO): characters '<U1', scalars [1], "
                         "_NCZARR_ATTR hints")
-NC410 = Form("nc410", chars="strings", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
-             unsigned_dtype=False,
-             description="netCDF-C >= 4.10 (netCDF4-python wheels): characters '|S1', scalars [1], "
-                         "_nczarr_attr hints; char arrays as strings of their last dimension (netCDF-C reads "
-                         "'|S1' as one-byte strings, which netCDF4-python cannot decode when not ASCII)")
-NCZARR = Form("nczarr", chars="nczarr", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
-               unsigned_dtype=False, nczarr=True,
-               description="netCDF-C >= 4.9.1 (Debian 13's ncdump, NCO, CDO; netCDF4-python wheels): NCZarr's own "
-                           "metadata, as its nccopy writes it: in #mode=nczarr,file characters are char ('>S1'), "
-                           "scalars scalars, dimensions in their groups; #mode=zarr,file reads it as netCDF-C reads "
-                           "its own stores (characters as one-character strings, scalars over _scalar_)")
+NC491 = Form("nc491", chars="nczarr", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
+              unsigned_dtype=False, nczarr=True,
+              description="netCDF-C 4.9.1 to 4.9.x (Debian 13's ncdump, NCO, CDO: 4.9.3): NCZarr's own metadata, "
+                          "as its nccopy writes it; in #mode=nczarr,file characters are char ('>S1'), scalars "
+                          "scalars, dimensions in their groups; strings as characters (netCDF-C reads an empty "
+                          "NCZarr string as NULL, which crashes NCO); #mode=zarr,file reads it as netCDF-C reads "
+                          "its own stores (characters as one-character strings, scalars over _scalar_)")
+NC410 = Form("nc410", chars="nczarr_strings", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
+             unsigned_dtype=False, nczarr=True,
+             description="netCDF-C >= 4.10 (netCDF4-python wheels): as nc491, with strings as strings ('|Sn')")
 ZARR = Form("zarr", chars="string", zarr_scalars=True, hints=(), all_attributes=True, unsigned_dtype=False,
             encoding_attribute=True,
             description="programs without netCDF-C or GDAL (zarr-python, xarray's zarr engine, cp): '|S1', "
@@ -96,7 +95,7 @@ PORTABLE = Form("portable", chars="ubyte", zarr_scalars=False, hints=(HINT_49, H
                 unsigned_dtype=False,
                 description="programs that cannot be identified: characters as numbers, scalars [1], both hints "
                             "(no reader crashes on it)")
-FORMS = {f.name: f for f in (NC49, NCZARR, NC410, ZARR, GDAL, PORTABLE)}
+FORMS = {f.name: f for f in (NC49, NC491, NC410, ZARR, GDAL, PORTABLE)}
 FALLBACK = PORTABLE.name  # the form of a reader that cannot be identified
 
 
@@ -205,14 +204,12 @@ def served_hints(attrs: dict, form: Form) -> None:
 def joins_last_dimension(info: ArrayInfo, form: Form) -> bool:
     """Does `form` serve this char array's rows as '|Sn' strings of its last dimension? "gdal" does
     so for a 2-D char array, as GDAL's netCDF driver shows it (1-D and 3-D ones are bytes: measured,
-    GDAL 3.6); "strings" for 2 or more dimensions. Only where one chunk spans that dimension (a chunk's
-    bytes are then whole strings), with the "." separator: the chunk "i.0" of the characters is the
-    chunk "i" of the strings (decoded.py)."""
-    if form.chars not in ("gdal", "strings") or info.out_zarray["dtype"] != CHAR_DTYPE_49:
+    GDAL 3.6). Only where one chunk spans that dimension (a chunk's bytes are then whole strings), with
+    the "." separator: the chunk "i.0" of the characters is the chunk "i" of the strings (decoded.py)."""
+    if form.chars != "gdal" or info.out_zarray["dtype"] != CHAR_DTYPE_49:
         return False
     shape, chunks = info.out_zarray["shape"], info.out_zarray["chunks"]
-    rank_ok = len(shape) == 2 if form.chars == "gdal" else len(shape) >= 2
-    return (not info.strlen and not info.scalar and rank_ok and chunks[-1] == shape[-1] > 0
+    return (not info.strlen and not info.scalar and len(shape) == 2 and chunks[-1] == shape[-1] > 0
             and info.separator == "." and not info.lazy)
 
 
@@ -226,15 +223,19 @@ def _drop_last_dimension(z: dict, a: dict) -> None:
 def _characters(info: ArrayInfo, form: Form, z: dict, a: dict) -> None:
     if form.chars == "ubyte":
         z["dtype"] = "|u1"
-    elif form.chars in ("gdal", "strings"):
+    elif form.chars == "gdal":
         if info.strlen or joins_last_dimension(info, form):
             z["dtype"] = f"|S{info.strlen or z['shape'][-1]}"
             _drop_last_dimension(z, a)
         else:
-            z["dtype"] = "|u1" if form.chars == "gdal" else "|S1"
-    elif form.chars == "nczarr":
-        z["dtype"] = ">S1"  # (netCDF-C's char: a big-endian '|S1')
-        if info.strlen:  # |Sn as it is: netCDF strings in both modes
+            z["dtype"] = "|u1"
+    elif form.chars in ("nczarr", "nczarr_strings"):
+        # NCZarr's char, '|S1' said big-endian. Strings: '|Sn' as they are, or (for 4.9.x) with their
+        # added last dimension as in "char": netCDF-C (4.9.3, 4.10.1) reads an empty '|Sn' string as a
+        # NULL pointer, which ncdump prints as NIL and NCO 5.3 crashes on (the whole dump; on netCDF-C's
+        # own NCZarr stores too), while netCDF4-python reads it as ''
+        z["dtype"] = ">S1"
+        if info.strlen and form.chars == "nczarr_strings":
             z["dtype"] = f"|S{info.strlen}"
             _drop_last_dimension(z, a)
     elif form.chars == "string":

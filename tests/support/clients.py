@@ -66,9 +66,9 @@ def netcdf_version() -> tuple[int, int, int]:
 
 def netcdf_form(version: tuple[int, int, int]) -> str:
     """The decoded view's form for a netCDF-C version (refmount.fuse.readers)."""
-    from refmount.fuse.readers import NCZARR_SINCE
+    from refmount.fuse.readers import netcdf_form as form
 
-    return "nczarr" if version >= NCZARR_SINCE else "nc49"
+    return form(version)
 
 
 NCDUMP = tool("ncdump")
