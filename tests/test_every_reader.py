@@ -117,7 +117,7 @@ def test_each_program_got_its_own_form(every_reader):
     served = every_reader["served"]
     labels = {form: " ".join(readers) for form, readers in served.items()}
     version = ".".join(map(str, netcdf_version()))
-    tools = labels[netcdf_form(netcdf_version())]  # nc49 (Debian 12's 4.9.0), nczarr (Debian 13's 4.9.3)
+    tools = labels[netcdf_form(netcdf_version())]  # nc49 (Debian 12's 4.9.0), nc491 (Debian 13's 4.9.3)
     assert f"ncdump (netCDF-C {version})" in tools and f"ncks (netCDF-C {version})" in tools
     assert f"cdo (netCDF-C {version})" in tools
     assert "gdalmdiminfo (GDAL)" in labels["gdal"]
