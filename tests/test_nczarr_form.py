@@ -227,3 +227,14 @@ def test_nczarr_keys_as_netcdf_c_writes_them():
         assert "_nczarr_superblock" not in group
     for name in ("nc49", "zarr", "gdal", "portable"):  # (only the NCZarr forms have NCZarr's keys)
         assert not any(k.startswith("_nczarr_") and k != "_nczarr_attr" for k in served_array(arrays[0], FORMS[name])[1])
+
+
+def test_inspect_names_the_mode(mounted):
+    """`refmount inspect` says that netCDF-C >= 4.9.1 reads chars and scalars exactly in nczarr mode."""
+    from tests.conftest import REFMOUNT
+
+    out = subprocess.run([*REFMOUNT, "inspect", str(mounted["work"] / "refs.json")],
+                         capture_output=True, text=True, check=True).stdout
+    assert "exactly as 'file:///MNT#mode=nczarr,file'" in out
+    assert "decoded netcdf-c >= 4.9.1 yes, characters as char ('>S1') in #mode=nczarr,file" in out
+    assert "decoded form nc491    <i4 [1] fill None (_nczarr_attr, NCZarr keys: a scalar in #mode=nczarr,file)" in out

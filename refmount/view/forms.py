@@ -1,14 +1,18 @@
 """The metadata forms of the decoded view: what each kind of reader reads right.
 
 No one Zarr form of netCDF data reads right in every client (NOTES §2, §6; measured again for
-issue 24, see docs/views-and-clients.md):
+issues 24 and 32, see docs/views-and-clients.md):
 
-- netCDF-C 4.9.x (Debian 12's ncdump, NCO, CDO) reads characters only as its own '<U1' (one byte
+- netCDF-C 4.9.0 (Debian 12's ncdump, NCO, CDO) reads characters only as its own '<U1' (one byte
   each) and crashes on any '|S'; it crashes reading a rank-0 array in every mode (also one its own
   nccopy wrote), so a scalar must be [1]; it fails the whole open on attributes that are lists of
   strings, [] or null; it types attributes right only with the `_NCZARR_ATTR` hint.
-- netCDF-C >= 4.10 (the netCDF4 wheels) fails the whole open on '<U1' and reads '|S1'; in zarr mode it
-  silently drops a rank-0 array, so a scalar must be [1] too; it reads the `_nczarr_attr` hint.
+- netCDF-C >= 4.9.1 (Debian 13's 4.9.3, the netCDF4 wheels' 4.10.1) fails the whole open on '<U1'.
+  In nczarr mode (`#mode=nczarr,file`) it reads the NCZarr keys its own nccopy writes in .zattrs
+  (`_nczarr_superblock`, `_nczarr_group`, `_nczarr_array`, `_nczarr_attr`), and then reads '>S1' as
+  char, [1] marked "scalar" as a scalar, and each dimension in its group, as in the source file; in
+  zarr mode it ignores them (one-character strings, `_scalar_`), as on its own stores. It reads an
+  empty '|Sn' string as NULL, which NCO 5.3 crashes on: 4.9.x gets strings as characters.
 - zarr-python/xarray cannot read '<U1' holding one byte per character; they take real scalars.
 - GDAL's Zarr driver ignores `_Unsigned` (65535 reads as -1): it needs the unsigned dtype; it reads
   '|S1' and '|Sn' as text, and real scalars.
@@ -16,10 +20,12 @@ issue 24, see docs/views-and-clients.md):
 So every metadata file (.zarray, .zattrs, .zmetadata) is served in the form of the program that
 opens it (refmount.fuse.readers tells which). A `Form` is a set of choices; `served_array` derives
 an array's metadata in a form from its base plan (refmount.view.arrays: the netCDF-C 4.9 form, with
-both hints). Chunk files are the same bytes in every form: characters are one byte each in all of
-them, a scalar's one chunk is "0" at [] and at [1], an unsigned dtype reinterprets the same bytes.
-Strings served as characters ('<U1' or u1 with a last dimension) have their chunk keys with an
-added ".0" as well (decoded.py); the form that serves them as |Sn uses the original keys.
+both hints); the NCZarr forms' `_nczarr_group` and `_nczarr_array` come from `nczarr_tree`, made of
+every array as the form serves it. Chunk files are the same bytes in every form: characters are one
+byte each in all of them, a scalar's one chunk is "0" at [] and at [1], an unsigned dtype reinterprets
+the same bytes. Strings served as characters ('<U1', '>S1' or u1 with a last dimension) have their
+chunk keys with an added ".0" as well (decoded.py); the forms that serve them as |Sn use the original
+keys.
 """
 
 from __future__ import annotations
@@ -71,7 +77,7 @@ class Form:
 
 NC49 = Form("nc49", chars="char", zarr_scalars=False, hints=(HINT_49,), all_attributes=False,
             unsigned_dtype=False,
-            description="netCDF-C 4.9.x (Debian 12's ncdump, NCO, CDO): characters '<U1', scalars [1], "
+            description="netCDF-C 4.9.0 and older (Debian 12's ncdump, NCO, CDO): characters '<U1', scalars [1], "
                         "_NCZARR_ATTR hints")
 NC491 = Form("nc491", chars="nczarr", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
               unsigned_dtype=False, nczarr=True,
@@ -283,13 +289,16 @@ def _unsigned(z: dict, a: dict) -> None:
 
 
 def form_notes(info: ArrayInfo) -> dict[str, str]:
-    """What each form serves of this array (dtype, shape, fill, hints), where forms differ (for
-    `refmount inspect`); {} when every form serves the same .zarray."""
+    """What each form serves of this array (dtype, shape, fill, hints, how the NCZarr forms read), where
+    forms differ (for `refmount inspect`); {} when every form serves the same .zarray."""
     out = {}
     for name, form in FORMS.items():
         z, a = served_array(info, form)
-        hints = [k for k in HINT_KEYS if k in a]
+        notes = [k for k in HINT_KEYS if k in a]
+        if form.nczarr:  # (its reading in nczarr mode: the form is exact only there)
+            notes.append("NCZarr keys" + (": a scalar in #mode=nczarr,file" if info.scalar else
+                                          ": char in #mode=nczarr,file" if z["dtype"] == ">S1" else ""))
         out[name] = (f"{z['dtype']} {z['shape']} fill {z.get('fill_value')!r}"
-                     + (f" ({', '.join(hints)})" if hints else ""))
+                     + (f" ({', '.join(notes)})" if notes else ""))
     shown = {v.split(" (")[0] for v in out.values()}
     return out if len(shown) > 1 else {}
