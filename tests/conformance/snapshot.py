@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from tests.conformance.header import parse_header
-from tests.support.clients import NCDUMP, nczarr_url, parse_ncdump, tool, tool_name
+from tests.support.clients import NCDUMP, nczarr_url, parse_ncdump, tool, tool_name, tool_url
 
 NCDUMP_TIMEOUT = 60
 
@@ -46,8 +46,9 @@ def first_line(e: BaseException | str) -> str:
 
 
 def target_of(path: Path, client: str, zarr: bool) -> str:
+    """ncdump, NCO and CDO: the mode their netCDF-C reads the mount by (tests.support.clients.tool_url)."""
     if client == "ncdump" and zarr:
-        return nczarr_url(path)
+        return tool_url(path)
     return str(path)
 
 

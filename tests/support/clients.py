@@ -64,6 +64,16 @@ def netcdf_version() -> tuple[int, int, int]:
     return _versions["ncdump"]
 
 
+def tool_url(path) -> str:
+    """The url this system's netCDF-C programs (ncdump, NCO, CDO) open a local Zarr directory by, in the
+    conformance harness: ``mode=zarr,file`` for 4.9.0, which reads its form (no NCZarr keys) the same in
+    both modes, and whose own NCZarr stores (the harness's proof of a reader's limitation) it reads as
+    Zarr only so; ``mode=nczarr,file`` from 4.9.1 on."""
+    if netcdf_form(netcdf_version()) == "nc49":
+        return f"file://{Path(path).resolve()}#mode=zarr,file"
+    return nczarr_url(path)
+
+
 def netcdf_form(version: tuple[int, int, int]) -> str:
     """The decoded view's form for a netCDF-C version (refmount.fuse.readers)."""
     from refmount.fuse.readers import netcdf_form as form
