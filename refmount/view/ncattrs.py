@@ -10,9 +10,10 @@ from the JSON, and each version guesses differently (measured, NOTES §6):
 - ncdump 4.9.0 prints ``_`` only when ``_FillValue`` has the variable's own type; 4.10 converts it.
 
 NCZarr's type hints fix the types, but each version reads only its own spelling and shows the other
-one as an ordinary attribute: 4.9.x reads ``_NCZARR_ATTR``, 4.10.x ``_nczarr_attr`` (both
+one as an ordinary attribute: 4.9.0 reads ``_NCZARR_ATTR``, 4.9.1 and later ``_nczarr_attr`` (both
 ``{"types": {name: dtype}}``). So a hint is written for a version only when that version would
-otherwise get a type wrong, and only for types we know:
+otherwise get a type wrong, and only for types we know (the NCZarr forms of 4.9.1 and later type
+every number, as netCDF-C's own writer does: `nczarr_types`):
 
 - ``_FillValue`` (added from ``fill_value`` when absent), ``missing_value`` and ``valid_*`` have the
   variable's type (CF) whenever their values fit it exactly;
@@ -30,8 +31,8 @@ import numpy as np
 
 from refmount.errors import quote
 
-HINT_49 = "_NCZARR_ATTR"  # read (and hidden) by netCDF-C 4.9.x
-HINT_410 = "_nczarr_attr"  # read (and hidden) by netCDF-C >= 4.10
+HINT_49 = "_NCZARR_ATTR"  # read (and hidden) by netCDF-C 4.9.0 (4.9.1 and 4.9.2 read both)
+HINT_410 = "_nczarr_attr"  # read (and hidden) by netCDF-C >= 4.9.1
 HINT_KEYS = (HINT_49, HINT_410)
 # CF: these have the data type of the variable (the packed type for packed data).
 VARIABLE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_range")
