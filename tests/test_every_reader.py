@@ -117,7 +117,7 @@ def test_each_program_got_its_own_form(every_reader):
     served = every_reader["served"]
     labels = {form: " ".join(readers) for form, readers in served.items()}
     version = ".".join(map(str, netcdf_version()))
-    tools = labels[netcdf_form(netcdf_version())]  # nc49 (Debian 12's 4.9.0), nc491 (Debian 13's 4.9.3)
+    tools = labels[netcdf_form(netcdf_version())]  # nc49 (Debian 12's 4.9.0), nc493 (Debian 13's 4.9.3)
     assert f"ncdump (netCDF-C {version})" in tools and f"ncks (netCDF-C {version})" in tools
     assert f"cdo (netCDF-C {version})" in tools
     assert "gdalmdiminfo (GDAL)" in labels["gdal"]
@@ -139,7 +139,7 @@ def test_scalar_in_ncks(every_reader):
     """netCDF-C 4.9.0 (Debian 12's NCO 5.1) reads no Zarr scalar: a rank-0 array crashes it on reading,
     in zarr mode and in nczarr mode alike, even in a store its own nccopy wrote; so its form serves it
     [1] with netCDF-C's own scalar dimension name, `_scalar_`, and ncks reads the value right. (A store
-    nccopy 4.9.0 wrote shows the scalar as [1] too, with a dimension named `_zdim_1`.) netCDF-C >= 4.9.1
+    nccopy 4.9.0 wrote shows the scalar as [1] too, with a dimension named `_zdim_1`.) netCDF-C >= 4.9.3
     (Debian 13's NCO 5.3) reads NCZarr's own scalar, [1] marked "scalar", as a scalar in nczarr mode: its
     form serves that, and ncks shows `int crs` as for the source."""
     work, source = every_reader["work"], every_reader["source"]
@@ -176,7 +176,7 @@ def test_copy_in_a_readers_form(every_reader, tmp_path):
         mnt.stop()
     plain = json.loads((tmp_path / "plain/station_name/.zarray").read_text())
     copied = json.loads((tmp_path / "forncdump/station_name/.zarray").read_text())
-    assert (plain["dtype"], copied["dtype"]) == ("|S1", {"nc49": "<U1", "nc491": ">S1", "nc410": ">S1"}[form])
+    assert (plain["dtype"], copied["dtype"]) == ("|S1", {"nc49": "<U1", "nc493": ">S1", "nc410": ">S1"}[form])
     dumped = subprocess.run([*tool("ncdump"), "-v", "station_name", nczarr_url(tmp_path / "forncdump")],
                             capture_output=True, text=True, check=True).stdout
     assert '"Oslo"' in dumped and '"Bergen"' in dumped and "char station_name(station, name_len)" in dumped

@@ -20,7 +20,7 @@ from tests.support import clients as C
 from tests.support.datasets import kerchunk_refs
 
 # What makes this system's ncdump read strings as characters: netCDF-C 4.9.0 (Debian 12) only with
-# --chars char ('<U1'); >= 4.9.1 (Debian 13) in its own form, nc491 (NCZarr's '>S1', no option).
+# --chars char ('<U1'); >= 4.9.3 (Debian 13) in its own form, nc493 (NCZarr's '>S1', no option).
 NCDUMP_CHARS = ("--chars", "char") if C.netcdf_form(C.netcdf_version()) == "nc49" else ()
 
 

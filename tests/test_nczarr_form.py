@@ -1,11 +1,11 @@
-"""The decoded view's NCZarr forms (refmount.view.forms: nc491 for netCDF-C 4.9.1 to 4.9.x, nc410 for
+"""The decoded view's NCZarr forms (refmount.view.forms: nc493 for netCDF-C 4.9.3 to 4.9.x, nc410 for
 >= 4.10), read the way the docs name (`#mode=nczarr,file`) by netCDF4-python (the wheel's netCDF-C
 4.10.1) and by this system's ncdump, NCO and CDO, against the same clients reading the source file
 (issue 32): characters as char over their dimensions, scalars as scalars, dimensions in their groups,
 fills. `#mode=zarr,file` reads the mount as netCDF-C reads a store its own library wrote.
 
 The ncdump/NCO/CDO checks follow the netCDF-C version those programs use: Debian 12's 4.9.0 gets the
-nc49 form (scalars over `_scalar_`, as before); Debian 13's 4.9.3 the nc491 form, read exactly.
+nc49 form (scalars over `_scalar_`, as before); Debian 13's 4.9.3 the nc493 form, read exactly.
 REFMOUNT_TEST_NETCDF_ROOT=/var/cache/refmount/trixie runs that userland's programs (tests/support/clients.py).
 """
 
@@ -155,7 +155,7 @@ def _header(target: str) -> list[str]:
 # the group and variable order (kerchunk sorts its keys): the headers are compared line by line, sorted
 def test_ncdump_ncks_and_cdo_read_as_the_source(mounted):
     """This system's ncdump (-h), NCO (ncks -m) and CDO (sinfon) on the mount in nczarr mode print
-    what they print for the source (4.9.1 and later; Debian 12's 4.9.0 gets its own form, in which
+    what they print for the source (4.9.3 and later; Debian 12's 4.9.0 gets its own form, in which
     scalars have the dimension `_scalar_`, as before)."""
     source, url = str(mounted["source"]), C.nczarr_url(mounted["mnt"].path)
     got, want = _header(url), _header(source)
@@ -201,7 +201,7 @@ def test_nczarr_keys_as_netcdf_c_writes_them():
     from refmount.view.arrays import _rename_clashing_dimensions
 
     _rename_clashing_dimensions(arrays)
-    for name in ("nc491", "nc410"):
+    for name in ("nc493", "nc410"):
         form = FORMS[name]
         served = [(info, *served_array(info, form)) for info in arrays]
         tree = nczarr_tree(["", "obs"], served)
@@ -230,11 +230,11 @@ def test_nczarr_keys_as_netcdf_c_writes_them():
 
 
 def test_inspect_names_the_mode(mounted):
-    """`refmount inspect` says that netCDF-C >= 4.9.1 reads chars and scalars exactly in nczarr mode."""
+    """`refmount inspect` says that netCDF-C >= 4.9.3 reads chars and scalars exactly in nczarr mode."""
     from tests.conftest import REFMOUNT
 
     out = subprocess.run([*REFMOUNT, "inspect", str(mounted["work"] / "refs.json")],
                          capture_output=True, text=True, check=True).stdout
     assert "exactly as 'file:///MNT#mode=nczarr,file'" in out
-    assert "decoded netcdf-c >= 4.9.1 yes, characters as char ('>S1') in #mode=nczarr,file" in out
-    assert "decoded form nc491    <i4 [1] fill None (_nczarr_attr, NCZarr keys: a scalar in #mode=nczarr,file)" in out
+    assert "decoded netcdf-c >= 4.9.3 yes, characters as char ('>S1') in #mode=nczarr,file" in out
+    assert "decoded form nc493    <i4 [1] fill None (_nczarr_attr, NCZarr keys: a scalar in #mode=nczarr,file)" in out

@@ -52,10 +52,13 @@ def test_forms_from_libraries(tmp_path):
     fake_process(proc, 14, "/usr/bin/cp", [], env={"REFMOUNT_FORM": "nc49", "HOME": "/root"})
     fake_process(proc, 15, "/usr/bin/python3.11", [str(tmp_path / "rasterio.libs/libgdal-c8c9c467.so.36.3.10.3")])
     fake_process(proc, 16, "/usr/bin/ncdump", [library(tmp_path, "libnetcdf.so.22", "4.9.3")])  # Debian 13
-    fake_process(proc, 17, "/usr/bin/ncdump", [library(tmp_path, "libnetcdf.so.19.1", "4.9.1")])
+    fake_process(proc, 17, "/usr/bin/ncdump", [library(tmp_path, "libnetcdf.so.19.1", "4.9.1")])  # (neither form: portable)
+    # (netCDF4 1.6.5's snapshot of 2023 reads 4.9.2's form, not 4.9.3's: measured)
+    fake_process(proc, 18, "/usr/bin/python3.11", [library(tmp_path, "libnetcdf-1a2b.so.19", "4.9.3-development")])
     readers = ReaderIdentifier(proc=str(proc))
-    assert [readers.identify(pid).form for pid in range(10, 18)] == [
-        "nc49", "nc410", "gdal", "zarr", "nc49", "gdal", "nc491", "nc491"]
+    assert [readers.identify(pid).form for pid in range(10, 19)] == [
+        "nc49", "nc410", "gdal", "zarr", "nc49", "gdal", "nc493", "portable", "portable"]
+    assert readers.identify(18).label == "python3.11 (netCDF-C 4.9.3-development)"
     assert readers.identify(10).label == "ncdump (netCDF-C 4.9.0)"
     assert readers.identify(11).label == "python3.11 (netCDF-C 4.10.1)"
     assert readers.identify(16).label == "ncdump (netCDF-C 4.9.3)"
@@ -97,7 +100,7 @@ def test_library_of_a_chrooted_process(tmp_path):
     fake_process(proc, 40, "/usr/bin/ncdump", ["/usr/lib/libnetcdf.so.22"])
     (proc / "40" / "root").symlink_to(root)
     reader = ReaderIdentifier(proc=str(proc)).identify(40)
-    assert (reader.label, reader.form) == ("ncdump (netCDF-C 4.9.3)", "nc491")
+    assert (reader.label, reader.form) == ("ncdump (netCDF-C 4.9.3)", "nc493")
 
 
 @pytest.mark.parametrize("code, env, form", [
@@ -160,12 +163,12 @@ def test_characters_in_each_form():
     info = planned(zarray("|S1", [3, 4]), {"_ARRAY_DIMENSIONS": ["x", "n"]})
     served = {name: served_array(info, form) for name, form in FORMS.items()}
     assert {n: (z["dtype"], z["shape"]) for n, (z, _) in served.items()} == {
-        "nc49": ("<U1", [3, 4]), "nc491": (">S1", [3, 4]), "nc410": (">S1", [3, 4]), "zarr": ("|S1", [3, 4]),
+        "nc49": ("<U1", [3, 4]), "nc493": (">S1", [3, 4]), "nc410": (">S1", [3, 4]), "zarr": ("|S1", [3, 4]),
         "gdal": ("|S4", [3]), "portable": ("|u1", [3, 4])}
     assert served["gdal"][1]["_ARRAY_DIMENSIONS"] == ["x"] and served["nc410"][1]["_ARRAY_DIMENSIONS"] == ["x", "n"]
     one = planned(zarray("|S1", [5]), {"_ARRAY_DIMENSIONS": ["n"]})  # (1-D: one string in netCDF, bytes to GDAL)
     assert {n: served_array(one, f)[0]["dtype"] for n, f in FORMS.items()} == {
-        "nc49": "<U1", "nc491": ">S1", "nc410": ">S1", "zarr": "|S1", "gdal": "|u1", "portable": "|u1"}
+        "nc49": "<U1", "nc493": ">S1", "nc410": ">S1", "zarr": "|S1", "gdal": "|u1", "portable": "|u1"}
     split = planned(zarray("|S1", [3, 4], chunks=[3, 2]), {"_ARRAY_DIMENSIONS": ["x", "n"]})  # (strings across chunks)
     assert served_array(split, FORMS["gdal"])[0]["dtype"] == "|u1"
 
@@ -177,14 +180,14 @@ def test_fixed_strings_in_each_form():
     for name in ("zarr", "nc410"):
         assert (served[name][0]["dtype"], served[name][0]["shape"]) == ("|S5", [2])
     # (netCDF-C reads an empty '|S5' as a NULL string, which NCO crashes on: characters, as for 4.9.0)
-    assert (served["nc491"][0]["dtype"], served["nc491"][0]["shape"]) == (">S1", [2, 5])
-    assert served["nc491"][1]["_ARRAY_DIMENSIONS"] == ["x", "string5"]
+    assert (served["nc493"][0]["dtype"], served["nc493"][0]["shape"]) == (">S1", [2, 5])
+    assert served["nc493"][1]["_ARRAY_DIMENSIONS"] == ["x", "string5"]
 
 
 def test_scalars_in_each_form():
     info = planned(zarray("<f8", []), {"units": "s"})
     served = {name: served_array(info, form) for name, form in FORMS.items()}
-    for name in ("nc49", "nc491", "nc410", "portable"):  # (netCDF-C reads no Zarr scalar: docs/views-and-clients.md)
+    for name in ("nc49", "nc493", "nc410", "portable"):  # (netCDF-C reads no Zarr scalar: docs/views-and-clients.md)
         assert served[name][0]["shape"] == [1] and served[name][1]["_ARRAY_DIMENSIONS"] == [SCALAR_DIMENSION]
     for name in ("zarr", "gdal"):
         assert served[name][0]["shape"] == [] and served[name][1]["_ARRAY_DIMENSIONS"] == []
@@ -206,7 +209,7 @@ def test_unsigned_for_gdal_and_hints_per_netcdf_version():
 
 def test_attributes_netcdf_49_fails_on_stay_for_json_readers():
     info = planned(zarray("<f4", [2]), {"tags": ["a", "b"], "empty": [], "_ARRAY_DIMENSIONS": ["x"]})
-    for name in ("nc49", "nc491", "nc410", "portable"):
+    for name in ("nc49", "nc493", "nc410", "portable"):
         assert "tags" not in served_array(info, FORMS[name])[1]
     for name in ("zarr", "gdal"):
         assert served_array(info, FORMS[name])[1]["tags"] == ["a", "b"]

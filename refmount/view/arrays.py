@@ -554,8 +554,8 @@ def raw_verdicts(info: ArrayInfo) -> tuple[str, str]:
 
 
 def decoded_verdicts(info: ArrayInfo) -> tuple[str, str]:
-    """(netCDF-C 4.9.0, netCDF-C >= 4.9.1) verdicts for the decoded view, each reading its own form
-    (refmount.view.forms); >= 4.9.1 reads exactly only in nczarr mode (NCZarr's keys)."""
+    """(netCDF-C 4.9.0, netCDF-C >= 4.9.3) verdicts for the decoded view, each reading its own form
+    (refmount.view.forms); >= 4.9.3 reads exactly only in nczarr mode (NCZarr's keys)."""
     if info.hidden_reason:
         return (f"hidden: {info.hidden_reason}",) * 2
     if info.scalar:

@@ -187,7 +187,7 @@ class DecodedView:
         chars = [a.name for a in self.arrays if not a.hidden_reason and a.out_zarray["dtype"] == CHAR_DTYPE_49]
         if chars and len(self.forms) > 1:
             log.info("decoded view: character arrays %s are served in each reader's form (netCDF-C 4.9.0: '<U1'; "
-                     "netCDF-C >= 4.9.1: NCZarr's '>S1', char in #mode=nczarr,file; zarr: '|S1'; GDAL: as its netCDF "
+                     "netCDF-C >= 4.9.3: NCZarr's '>S1', char in #mode=nczarr,file; zarr: '|S1'; GDAL: as its netCDF "
                      "driver; unidentified readers: numbers)", listed(chars))
         served[".zmetadata"] = [None] * len(self.forms)  # filled in below, once every key has its index
         added = {k: b"" for k in served if self.refset.find(k) < 0}

@@ -7,7 +7,7 @@ issues 24 and 32, see docs/views-and-clients.md):
   each) and crashes on any '|S'; it crashes reading a rank-0 array in every mode (also one its own
   nccopy wrote), so a scalar must be [1]; it fails the whole open on attributes that are lists of
   strings, [] or null; it types attributes right only with the `_NCZARR_ATTR` hint.
-- netCDF-C >= 4.9.1 (Debian 13's 4.9.3, the netCDF4 wheels' 4.10.1) fails the whole open on '<U1'.
+- netCDF-C >= 4.9.3 (Debian 13's 4.9.3, the netCDF4 wheels' 4.10.1) fails the whole open on '<U1'.
   In nczarr mode (`#mode=nczarr,file`) it reads the NCZarr keys its own nccopy writes in .zattrs
   (`_nczarr_superblock`, `_nczarr_group`, `_nczarr_array`, `_nczarr_attr`), and then reads '>S1' as
   char, [1] marked "scalar" as a scalar, and each dimension in its group, as in the source file; in
@@ -39,7 +39,7 @@ from refmount.view.arrays import CHAR_DTYPE_49, SCALAR_DIMENSION, ArrayInfo
 from refmount.view.ncattrs import HINT_49, HINT_410, HINT_KEYS, NCZARR_JSON, VARIABLE_TYPED, nczarr_types
 
 CHARS = ("char", "string", "ubyte", "gdal", "nczarr", "nczarr_strings")
-# NCZarr's own keys (netCDF-C >= 4.9.1 reads them from .zattrs, 4.9.0 spelled them in capitals)
+# NCZarr's own keys (netCDF-C >= 4.9.3 reads them from .zattrs, 4.9.0 spelled them in capitals)
 NCZARR_SUPERBLOCK, NCZARR_GROUP, NCZARR_ARRAY = "_nczarr_superblock", "_nczarr_group", "_nczarr_array"
 NCZARR_VERSION = "2.0.0"  # the version netCDF-C 4.9.3 and 4.10.1 write
 ANONYMOUS_DIMENSION = "_Anonymous_Dim_{}"  # netCDF-C's name of a Zarr dimension that has none (by length)
@@ -64,7 +64,7 @@ class Form:
     # the source; not for netCDF-C >= 4.10, which reads '|Sn' as strings itself (and xarray's netcdf4
     # engine then fails to decode them again)
     encoding_attribute: bool = False
-    # NCZarr's own metadata as netCDF-C >= 4.9.1 writes it: `_nczarr_superblock` at the root, `_nczarr_group`
+    # NCZarr's own metadata as netCDF-C >= 4.9.3 writes it: `_nczarr_superblock` at the root, `_nczarr_group`
     # (dimensions, arrays, subgroups) in each group's .zattrs, `_nczarr_array` (dimension references; a
     # scalar as [1] with none) in each array's, every attribute typed in `_nczarr_attr`. Read in nczarr mode
     # (`#mode=nczarr,file`); in zarr mode netCDF-C ignores it, as on its own stores.
@@ -79,16 +79,16 @@ NC49 = Form("nc49", chars="char", zarr_scalars=False, hints=(HINT_49,), all_attr
             unsigned_dtype=False,
             description="netCDF-C 4.9.0 and older (Debian 12's ncdump, NCO, CDO): characters '<U1', scalars [1], "
                         "_NCZARR_ATTR hints")
-NC491 = Form("nc491", chars="nczarr", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
+NC493 = Form("nc493", chars="nczarr", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
               unsigned_dtype=False, nczarr=True,
-              description="netCDF-C 4.9.1 to 4.9.x (Debian 13's ncdump, NCO, CDO: 4.9.3): NCZarr's own metadata, "
+              description="netCDF-C 4.9.3 to 4.9.x (Debian 13's ncdump, NCO, CDO: 4.9.3): NCZarr's own metadata, "
                           "as its nccopy writes it; in #mode=nczarr,file characters are char ('>S1'), scalars "
                           "scalars, dimensions in their groups; strings as characters (netCDF-C reads an empty "
                           "NCZarr string as NULL, which crashes NCO); #mode=zarr,file reads it as netCDF-C reads "
                           "its own stores (characters as one-character strings, scalars over _scalar_)")
 NC410 = Form("nc410", chars="nczarr_strings", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
              unsigned_dtype=False, nczarr=True,
-             description="netCDF-C >= 4.10 (netCDF4-python wheels): as nc491, with strings as strings ('|Sn')")
+             description="netCDF-C >= 4.10 (netCDF4-python wheels): as nc493, with strings as strings ('|Sn')")
 ZARR = Form("zarr", chars="string", zarr_scalars=True, hints=(), all_attributes=True, unsigned_dtype=False,
             encoding_attribute=True,
             description="programs without netCDF-C or GDAL (zarr-python, xarray's zarr engine, cp): '|S1', "
@@ -101,7 +101,7 @@ PORTABLE = Form("portable", chars="ubyte", zarr_scalars=False, hints=(HINT_49, H
                 unsigned_dtype=False,
                 description="programs that cannot be identified: characters as numbers, scalars [1], both hints "
                             "(no reader crashes on it)")
-FORMS = {f.name: f for f in (NC49, NC491, NC410, ZARR, GDAL, PORTABLE)}
+FORMS = {f.name: f for f in (NC49, NC493, NC410, ZARR, GDAL, PORTABLE)}
 FALLBACK = PORTABLE.name  # the form of a reader that cannot be identified
 
 
@@ -155,7 +155,7 @@ def _add_json(a: dict, key: str, value: dict) -> None:
 
 @dataclass
 class NCZarrTree:
-    """What NCZarr's own metadata says of the tree: in nczarr mode netCDF-C >= 4.9.1 takes a group's
+    """What NCZarr's own metadata says of the tree: in nczarr mode netCDF-C >= 4.9.3 takes a group's
     dimensions, arrays and subgroups from its `_nczarr_group` (it lists no directory), and each
     array's dimensions from the absolute paths in its `_nczarr_array`."""
     groups: dict  # group path ("" the root) -> {"dimensions": {name: length}, "arrays": [...], "groups": [...]}

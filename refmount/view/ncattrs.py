@@ -12,7 +12,7 @@ from the JSON, and each version guesses differently (measured, NOTES §6):
 NCZarr's type hints fix the types, but each version reads only its own spelling and shows the other
 one as an ordinary attribute: 4.9.0 reads ``_NCZARR_ATTR``, 4.9.1 and later ``_nczarr_attr`` (both
 ``{"types": {name: dtype}}``). So a hint is written for a version only when that version would
-otherwise get a type wrong, and only for types we know (the NCZarr forms of 4.9.1 and later type
+otherwise get a type wrong, and only for types we know (the NCZarr forms of 4.9.3 and later type
 every number, as netCDF-C's own writer does: `nczarr_types`):
 
 - ``_FillValue`` (added from ``fill_value`` when absent), ``missing_value`` and ``valid_*`` have the
@@ -32,7 +32,7 @@ import numpy as np
 from refmount.errors import quote
 
 HINT_49 = "_NCZARR_ATTR"  # read (and hidden) by netCDF-C 4.9.0 (4.9.1 and 4.9.2 read both)
-HINT_410 = "_nczarr_attr"  # read (and hidden) by netCDF-C >= 4.9.1
+HINT_410 = "_nczarr_attr"  # read (and hidden) by netCDF-C >= 4.9.3
 HINT_KEYS = (HINT_49, HINT_410)
 # CF: these have the data type of the variable (the packed type for packed data).
 VARIABLE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_range")
@@ -228,7 +228,7 @@ NCZARR_JSON = "|J0"  # NCZarr's name of its own JSON-valued keys (_nczarr_array,
 
 
 def nczarr_types(attrs: dict, dtype: str | None) -> dict:
-    """Every attribute's netCDF type as NCZarr's own writer names it in `_nczarr_attr` (netCDF-C >= 4.9.1
+    """Every attribute's netCDF type as NCZarr's own writer names it in `_nczarr_attr` (netCDF-C >= 4.9.3
     then guesses none): the >= 4.10 hint where `served_attributes` gave one, else the type that
     netCDF-C >= 4.10 guesses (served_attributes cast each value so that the guess is right), text as
     char, `_FillValue` as the variable's type `dtype`. Bools, objects and nulls stay unhinted."""

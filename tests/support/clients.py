@@ -68,7 +68,7 @@ def tool_url(path) -> str:
     """The url this system's netCDF-C programs (ncdump, NCO, CDO) open a local Zarr directory by, in the
     conformance harness: ``mode=zarr,file`` for 4.9.0, which reads its form (no NCZarr keys) the same in
     both modes, and whose own NCZarr stores (the harness's proof of a reader's limitation) it reads as
-    Zarr only so; ``mode=nczarr,file`` from 4.9.1 on."""
+    Zarr only so; ``mode=nczarr,file`` from 4.9.3 on."""
     if netcdf_form(netcdf_version()) == "nc49":
         return f"file://{Path(path).resolve()}#mode=zarr,file"
     return nczarr_url(path)
@@ -86,7 +86,7 @@ NCDUMP = tool("ncdump")
 
 def nczarr_url(path) -> str:
     """The netCDF-C url of a local Zarr directory in the mode the docs name (docs/views-and-clients.md):
-    ``mode=nczarr,file``. netCDF-C >= 4.9.1 reads the decoded view's "nczarr" form exactly only so;
+    ``mode=nczarr,file``. netCDF-C >= 4.9.3 reads the decoded view's "nczarr" form exactly only so;
     4.9.0 reads its "nc49" form (no NCZarr superblock) as in ``mode=zarr,file``. See NOTES.md §2."""
     return f"file://{Path(path).resolve()}#mode=nczarr,file"
 
@@ -161,7 +161,7 @@ def bytes_form(a: np.ndarray) -> np.ndarray:
 
 def served(values: np.ndarray, view: str = "decoded") -> np.ndarray:
     """The oracle array as the ``view`` serves it (before any client decoding); "nczarr": the decoded
-    view in an NCZarr form read in nczarr mode (netCDF-C >= 4.9.1), where a scalar is a scalar."""
+    view in an NCZarr form read in nczarr mode (netCDF-C >= 4.9.3), where a scalar is a scalar."""
     a = bytes_form(values)
     if view == "decoded" and a.ndim == 0:
         a = a.reshape(1)  # scalars are served as shape [1]
