@@ -55,7 +55,7 @@ def test_odd_arrays_are_hidden_not_fatal(mount):
     assert sorted(p.name for p in mnt.path.iterdir()) == [".zattrs", ".zgroup", ".zmetadata", "ok"]
     consolidated = json.loads((mnt / ".zmetadata").read_text())["metadata"]
     assert sorted(consolidated) == [".zattrs", ".zgroup", "ok/.zarray", "ok/.zattrs"]  # hidden arrays left out
-    assert consolidated[".zattrs"] == {}
+    assert set(consolidated[".zattrs"]) <= {"_nczarr_superblock", "_nczarr_group", "_nczarr_attr"}
     log = mnt.log()
     assert "hiding array vlen" in log and "hiding array weird" in log and "no-such-codec" in log
 
