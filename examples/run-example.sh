@@ -32,18 +32,18 @@ step "$refmount" mount "$work/air-zlib.json" "$mnt"
 step ls -l "$mnt" "$mnt/air"
 step cat "$mnt/air/.zarray"
 step getfattr -d "$mnt/air/0.0.0"
-step ncdump -h "file://$mnt#mode=zarr,file"
+step ncdump -h "file://$mnt#mode=nczarr,file"
 
 echo
-echo "\$ ncdump -v lat,lon 'file://$mnt#mode=zarr,file' | sed -n '/^data:/,\$p'"
-ncdump -v lat,lon "file://$mnt#mode=zarr,file" | sed -n '/^data:/,$p'
+echo "\$ ncdump -v lat,lon 'file://$mnt#mode=nczarr,file' | sed -n '/^data:/,\$p'"
+ncdump -v lat,lon "file://$mnt#mode=nczarr,file" | sed -n '/^data:/,$p'
 
 # A slice of the compressed variable, and a check of every value against the source file.
 data_of() { ncdump -v air "$1" | sed -n '/^ air =/,$p'; }
 echo
 echo "first values of air (time 0), through the mount:"
-data_of "file://$mnt#mode=zarr,file" | sed -n 1,4p  # (head would SIGPIPE ncdump under pipefail)
-if diff <(data_of "file://$mnt#mode=zarr,file") <(data_of "$here/air-zlib.nc") >/dev/null; then
+data_of "file://$mnt#mode=nczarr,file" | sed -n 1,4p  # (head would SIGPIPE ncdump under pipefail)
+if diff <(data_of "file://$mnt#mode=nczarr,file") <(data_of "$here/air-zlib.nc") >/dev/null; then
   echo "all $(( 124 * 11 * 21 )) values of air equal ncdump of the source netCDF-4 file"
 else
   echo "MISMATCH between the mount and the source file" >&2

@@ -141,7 +141,7 @@ def did_you_mean(word: str, choices) -> str:
 
 def add_mount_options(p: argparse.ArgumentParser) -> None:
     """Every option of `refmount mount` (also used by the fstab helper and the systemd config)."""
-    FORM_NAMES = ("nc49", "nc410", "zarr", "gdal", "portable")  # refmount.view.forms.FORMS (not imported: numpy)
+    FORM_NAMES = ("nc49", "nc493", "nc410", "zarr", "gdal", "portable")  # refmount.view.forms.FORMS (not imported: numpy)
     from refmount.refs import DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_KEYS, DEFAULT_MAX_VALUE_SIZE, default_max_refs_size
     from refmount.refs.limits import format_size
 
@@ -157,13 +157,15 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "as referenced")
     g.add_argument("--chars", choices=("char", "string", "ubyte"), default=None,
                    help="serve netCDF char arrays and strings in this form to every reader, overriding the form "
-                        "each reader gets (see --form): char (netCDF-C 4.9's '<U1', which netCDF-C >= 4.10 and "
-                        "zarr cannot read), string ('|S1', which crashes netCDF-C 4.9), ubyte (the bytes as "
+                        "each reader gets (see --form): char (netCDF-C 4.9.0's '<U1', which netCDF-C >= 4.9.3 and "
+                        "zarr cannot read), string ('|S1', which crashes netCDF-C 4.9.0), ubyte (the bytes as "
                         "numbers, which every client reads)")
     g.add_argument("--form", choices=("auto", *FORM_NAMES), default="auto",
                    help="the metadata form of --view decoded: auto (default) gives each program the form it reads "
-                        "right, told from the netCDF-C or GDAL library it has loaded: nc49 (netCDF-C 4.9: Debian "
-                        "12's ncdump, NCO, CDO), nc410 (netCDF-C >= 4.10: netCDF4-python wheels), gdal (GDAL's "
+                        "right, told from the netCDF-C or GDAL library it has loaded: nc49 (netCDF-C 4.9.0: Debian "
+                        "12's ncdump, NCO, CDO), nc493 (netCDF-C 4.9.3 to 4.9.x: Debian 13's), nc410 (netCDF-C >= "
+                        "4.10: netCDF4-python wheels; nc493 and nc410 are NCZarr, read exactly as "
+                        "'file:///MNT#mode=nczarr,file'), gdal (GDAL's "
                         "Zarr driver), zarr (everything else: zarr, xarray's zarr engine, cp); a form name serves "
                         "that form to every program. A program may choose its own with REFMOUNT_FORM=<form> in "
                         "its environment")

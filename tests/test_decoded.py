@@ -11,7 +11,8 @@ files; its oracle is the numpy data it was made from.
 Clients:
 - ``ncdump``: Debian's /usr/bin/ncdump (netCDF-C 4.9.0, no filter plugins), ``-v`` with every
   variable path, its CDL data section parsed (tests.support.clients.parse_ncdump);
-- ``netcdf4``: netCDF4-python, whose wheel bundles netCDF-C 4.10.1, on ``file://MNT#mode=zarr,file``;
+- ``netcdf4``: netCDF4-python, whose wheel bundles netCDF-C 4.10.1, on ``file://MNT#mode=nczarr,file``
+  (its form, nc410, has NCZarr's own keys: scalars are scalars there);
 - ``xarray``: ``xarray.open_zarr`` (zarr-python 3) per group;
 - ``gdal``: rasterio (GDAL 3.10 in its wheel) on ``ZARR:"MNT":/path`` for 2-D and 3-D numeric
   variables. GDAL neither flips nor squeezes: a 2-D (y, x) array is one band of shape (y, x), a
@@ -265,7 +266,8 @@ def _open_netcdf4(root: Path):
 
 @pytest.mark.parametrize("case", CASES)
 def test_decoded_netcdf4(case, mounts, oracle, tmp_path):
-    """netCDF4-python (netCDF-C 4.10.1) on file://MNT#mode=zarr,file."""
+    """netCDF4-python (netCDF-C 4.10.1) on file://MNT#mode=nczarr,file: its form has NCZarr's keys, so
+    scalars read as scalars."""
     mnt = mounts[case, "decoded"].path
     if expected_failure(case, "netcdf4", lambda p: _open_netcdf4(p).close(), mnt, tmp_path):
         return
@@ -275,7 +277,7 @@ def test_decoded_netcdf4(case, mounts, oracle, tmp_path):
             v.set_auto_maskandscale(False)
             v.set_auto_chartostring(False)
             got[path] = np.array(v[...])
-    compare_all(got, decoded_expected(case, oracle), "decoded", f"netcdf4 {case}")
+    compare_all(got, decoded_expected(case, oracle), "nczarr", f"netcdf4 {case}")
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -1,9 +1,13 @@
 """One mount (no flags), read at the same time by every kind of reader, each compared with the same
 reader on the source file (issue 24; the conformance harness's snapshots and rules):
-Debian's ncdump, NCO (ncks) and CDO (netCDF-C 4.9.0), GDAL's Zarr driver (gdalmdiminfo, GDAL 3.6),
-netCDF4-python from its wheel (netCDF-C 4.10.1), xarray's zarr engine (a process without netCDF-C)
-and xarray's netcdf4 engine. Each gets its own metadata form (refmount.view.forms), told from the
-libraries its process has loaded; `refmount stats` says which program got which.
+Debian's ncdump, NCO (ncks) and CDO (netCDF-C 4.9.0 on Debian 12, 4.9.3 on Debian 13), GDAL's Zarr
+driver (gdalmdiminfo), netCDF4-python from its wheel (netCDF-C 4.10.1), xarray's zarr engine (a
+process without netCDF-C) and xarray's netcdf4 engine. Each gets its own metadata form
+(refmount.view.forms), told from the libraries its process has loaded; `refmount stats` says which
+program got which. netCDF-C reads in `#mode=nczarr,file`, the mode the docs name.
+
+REFMOUNT_TEST_NETCDF_ROOT=/var/cache/refmount/trixie runs the Debian programs of that userland
+(tests/support/clients.py: `tool`), and the expectations follow their netCDF-C version.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ import numpy as np
 import pytest
 
 from tests.conftest import Mount
+from tests.support.clients import netcdf_form, netcdf_version, nczarr_url, tool, tool_exists
 from tests.support.datasets import kerchunk_refs
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ("/usr/bin/ncdump", "/usr/bin/ncks", "/usr/bin/cdo", "/usr/bin/gdalmdiminfo", "/usr/bin/nccopy")
+TOOLS = ("ncdump", "ncks", "cdo", "gdalmdiminfo", "nccopy")
 CLIENTS = ("ncdump", "nco", "cdo", "gdal", "netcdf4", "xarray", "xarray-netcdf4")
 
-pytestmark = pytest.mark.skipif(not all(Path(t).exists() for t in TOOLS),
+pytestmark = pytest.mark.skipif(not all(tool_exists(t) for t in TOOLS),
                                 reason="needs Debian's netcdf-bin, nco, cdo and gdal-bin (apt-get install -y ...)")
 
 
@@ -111,8 +116,10 @@ def test_read_right_by_every_reader_at_once(every_reader, client):
 def test_each_program_got_its_own_form(every_reader):
     served = every_reader["served"]
     labels = {form: " ".join(readers) for form, readers in served.items()}
-    assert "ncdump (netCDF-C 4.9" in labels["nc49"] and "ncks (netCDF-C 4.9" in labels["nc49"]
-    assert "cdo (netCDF-C 4.9" in labels["nc49"]
+    version = ".".join(map(str, netcdf_version()))
+    tools = labels[netcdf_form(netcdf_version())]  # nc49 (Debian 12's 4.9.0), nc493 (Debian 13's 4.9.3)
+    assert f"ncdump (netCDF-C {version})" in tools and f"ncks (netCDF-C {version})" in tools
+    assert f"cdo (netCDF-C {version})" in tools
     assert "gdalmdiminfo (GDAL)" in labels["gdal"]
     assert "(netCDF-C 4.10" in labels["nc410"]  # netCDF4-python, and xarray's netcdf4 engine
     assert "python" in labels["zarr"]  # xarray's zarr engine, in a process without netCDF-C
@@ -129,37 +136,47 @@ def test_unsigned_values_in_gdal(every_reader):
 
 
 def test_scalar_in_ncks(every_reader):
-    """netCDF-C 4.9.0 (NCO 5.1's library) reads no Zarr scalar: a rank-0 array crashes it on reading,
-    in zarr mode and in nczarr mode alike, even in a store its own nccopy wrote; so the mount serves it
+    """netCDF-C 4.9.0 (Debian 12's NCO 5.1) reads no Zarr scalar: a rank-0 array crashes it on reading,
+    in zarr mode and in nczarr mode alike, even in a store its own nccopy wrote; so its form serves it
     [1] with netCDF-C's own scalar dimension name, `_scalar_`, and ncks reads the value right. (A store
-    nccopy 4.9.0 wrote shows the scalar as [1] too, with a dimension named `_zdim_1`.)"""
+    nccopy 4.9.0 wrote shows the scalar as [1] too, with a dimension named `_zdim_1`.) netCDF-C >= 4.9.3
+    (Debian 13's NCO 5.3) reads NCZarr's own scalar, [1] marked "scalar", as a scalar in nczarr mode: its
+    form serves that, and ncks shows `int crs` as for the source."""
     work, source = every_reader["work"], every_reader["source"]
     got = every_reader["mounted"]["nco"]["vars"]["crs"]
-    assert got.dims == ("_scalar_",) and got.values == [0]
     assert every_reader["sources"]["nco"]["vars"]["crs"].dims == ()
     own = work / "own_nczarr"
     shutil.rmtree(own, ignore_errors=True)
-    subprocess.run(["/usr/bin/nccopy", "-V", "crs", str(source), f"file://{own}#mode=nczarr,file"], check=True)
-    crashed = subprocess.run(["/usr/bin/ncks", "-v", "crs", f"file://{own}#mode=nczarr,file"], capture_output=True)
+    subprocess.run([*tool("nccopy"), "-V", "crs", str(source), f"file://{own}#mode=nczarr,file"], check=True)
+    if netcdf_form(netcdf_version()) != "nc49":
+        assert got.dims == () and got.values == 0
+        own_scalar = subprocess.run([*tool("ncks"), "--jsn_fmt=1", "-v", "crs", nczarr_url(own)],
+                                    capture_output=True, text=True, check=True)
+        assert "shape" not in json.loads(own_scalar.stdout)["variables"]["crs"]
+        return
+    assert got.dims == ("_scalar_",) and got.values == [0]
+    crashed = subprocess.run([*tool("ncks"), "-v", "crs", f"file://{own}#mode=nczarr,file"], capture_output=True)
     assert crashed.returncode != 0  # (a segmentation fault: netCDF-C 4.9.0 reads "dimrefs" past their end)
-    zarr_mode = subprocess.run(["/usr/bin/ncks", "--jsn_fmt=1", "-v", "crs", f"file://{own}#mode=zarr,file"],
+    zarr_mode = subprocess.run([*tool("ncks"), "--jsn_fmt=1", "-v", "crs", f"file://{own}#mode=zarr,file"],
                                capture_output=True, text=True, check=True)
     assert json.loads(zarr_mode.stdout)["variables"]["crs"]["shape"] == ["_zdim_1"]
 
 
 def test_copy_in_a_readers_form(every_reader, tmp_path):
-    """`cp -r` gives a copy in cp's form (zarr: what zarr/xarray read); REFMOUNT_FORM picks another."""
+    """`cp -r` gives a copy in cp's form (zarr: what zarr/xarray read); REFMOUNT_FORM picks another: the
+    form of this system's ncdump, which reads the copy's characters as text."""
     work = every_reader["work"]
+    form = netcdf_form(netcdf_version())
     mnt = Mount(work / "refs.json", tmp_path / "mnt").start()
     try:
         subprocess.run(["cp", "-r", str(mnt.path), str(tmp_path / "plain")], check=True)
-        subprocess.run(["cp", "-r", str(mnt.path), str(tmp_path / "for49")], check=True,
-                       env={**os.environ, "REFMOUNT_FORM": "nc49"})
+        subprocess.run(["cp", "-r", str(mnt.path), str(tmp_path / "forncdump")], check=True,
+                       env={**os.environ, "REFMOUNT_FORM": form})
     finally:
         mnt.stop()
     plain = json.loads((tmp_path / "plain/station_name/.zarray").read_text())
-    for49 = json.loads((tmp_path / "for49/station_name/.zarray").read_text())
-    assert (plain["dtype"], for49["dtype"]) == ("|S1", "<U1")
-    dumped = subprocess.run(["/usr/bin/ncdump", "-v", "station_name", f"file://{tmp_path / 'for49'}#mode=zarr,file"],
+    copied = json.loads((tmp_path / "forncdump/station_name/.zarray").read_text())
+    assert (plain["dtype"], copied["dtype"]) == ("|S1", {"nc49": "<U1", "nc493": ">S1", "nc410": ">S1"}[form])
+    dumped = subprocess.run([*tool("ncdump"), "-v", "station_name", nczarr_url(tmp_path / "forncdump")],
                             capture_output=True, text=True, check=True).stdout
-    assert '"Oslo"' in dumped and '"Bergen"' in dumped
+    assert '"Oslo"' in dumped and '"Bergen"' in dumped and "char station_name(station, name_len)" in dumped

@@ -19,6 +19,10 @@ import pytest
 from tests.support import clients as C
 from tests.support.datasets import kerchunk_refs
 
+# What makes this system's ncdump read strings as characters: netCDF-C 4.9.0 (Debian 12) only with
+# --chars char ('<U1'); >= 4.9.3 (Debian 13) in its own form, nc493 (NCZarr's '>S1', no option).
+NCDUMP_CHARS = ("--chars", "char") if C.netcdf_form(C.netcdf_version()) == "nc49" else ()
+
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
@@ -188,6 +192,8 @@ def test_fixed_strings_served_as_characters(mount):
     assert sorted(p.name for p in (mnt / "s").iterdir()) == [".zarray", ".zattrs", "0.0", "1.0"]
     zarray = json.loads((mnt / "s" / ".zarray").read_text())
     assert zarray["shape"] == [4, 5] and zarray["chunks"] == [2, 5]
+    if not NCDUMP_CHARS:
+        mnt = mount(refs)
     dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["s"])["s"].items
     assert dumped == [b"ab", b"hello", b"", b"xyzzy"]
 
@@ -203,7 +209,7 @@ def test_variable_length_strings_served_fixed(tmp_path, mount):
     mnt = mount(refs, "--chars", "string")
     with netCDF4.Dataset(C.nczarr_url(mnt.path)) as ds:
         assert list(ds["s"][:]) == words
-    mnt = mount(refs, "--chars", "char")
+    mnt = mount(refs, *NCDUMP_CHARS)
     dumped = _ncdump_vars(C.nczarr_url(mnt.path), ["s"])["s"].items
     assert [b.decode() for b in dumped] == words
 
@@ -220,7 +226,7 @@ def test_utf32_strings_served_as_utf8(mount):
     mnt = mount(refs, "--chars", "string")
     with netCDF4.Dataset(C.nczarr_url(mnt.path)) as ds:
         assert list(ds["u"][:]) == list(data)
-    mnt = mount(refs, "--chars", "char")
+    mnt = mount(refs, *NCDUMP_CHARS)
     assert [b.decode() for b in _ncdump_vars(C.nczarr_url(mnt.path), ["u"])["u"].items] == list(data)
 
 

@@ -2,9 +2,11 @@
 
 A FUSE request carries the caller's thread id. From /proc we read what the program is and the
 libraries it has mapped:
-- a netCDF-C library (Debian's libnetcdf.so.19, the wheels' netcdf4.libs/libnetcdf-*.so.22, ...):
-  its version string ("4.9.0 of Aug  7 2022 ...", what nc_inq_libvers returns) gives "nc49" for
-  4.9.x and older, "nc410" for >= 4.10;
+- a netCDF-C library (Debian 12's libnetcdf.so.19, Debian 13's libnetcdf.so.22, the wheels'
+  netcdf4.libs/libnetcdf-*.so.22, ...): its version string ("4.9.0 of Aug  7 2022 ...", what
+  nc_inq_libvers returns) gives "nc49" for 4.9.0 and older, "portable" for 4.9.1 and 4.9.2, "nc493"
+  for 4.9.3 to 4.9.x (Debian 13's 4.9.3), "nc410" for >= 4.10 (the wheels' 4.10.1): `netcdf_form`;
+  a chrooted program's library is read through /proc/PID/root;
 - a GDAL library with a GDAL program (gdalinfo, gdalmdiminfo, ogr2ogr, qgis, ...) or without netCDF-C:
   "gdal" (GDAL's own tools map netCDF-C too, for their netCDF driver);
 - neither: "zarr" (zarr-python, xarray's zarr engine, cp, tar, rclone, ...).
@@ -31,9 +33,10 @@ from refmount.view.forms import FALLBACK, FORMS
 ENV_VAR = "REFMOUNT_FORM"
 _NETCDF = re.compile(r"^libnetcdf(?:[-.].*)?\.so(?:\.(\d+))?")
 _GDAL = re.compile(r"^libgdal(?:[-.].*)?\.so")
-_VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)(?:\.\d+)?(?:-[\w.]+)? of [A-Z][a-z]{2} [ \d]\d \d{4} \d\d:\d\d:\d\d \$")
+_VERSION = re.compile(rb"(\d+)\.(\d+)\.(\d+)(?:\.\d+)?(-[\w.]+)? of [A-Z][a-z]{2} [ \d]\d \d{4} \d\d:\d\d:\d\d \$")
 # GDAL's programs (they map netCDF-C too, for the netCDF driver, but read Zarr through GDAL's driver)
 _GDAL_PROGRAMS = re.compile(r"^(gdal|ogr|gnm|nearblack|qgis)")
+NCZARR_SINCE = (4, 9, 3)  # the first netCDF-C to read NCZarr's keys from .zattrs (forms.NC493)
 _MAX_PROCESSES = 4096
 _MAX_LIBRARY_BYTES = 64 << 20
 
@@ -55,7 +58,7 @@ class ReaderIdentifier:
         self.fallback = fallback
         self.proc = proc
         self._processes: OrderedDict[tuple[int, int], tuple[int, Reader]] = OrderedDict()
-        self._versions: dict[tuple[str, str], tuple[int, int, int] | None] = {}  # (device, inode) -> version
+        self._versions: dict[tuple[str, str], tuple | None] = {}  # (device, inode) -> (version, as named)
         self.served: Counter[tuple[str, str]] = Counter()  # (reader label, form) -> files opened
         self._one_at_a_time = trio.CapacityLimiter(1)  # (the tables above are not shared across threads)
 
@@ -143,8 +146,8 @@ class ReaderIdentifier:
         if gdal and (netcdf is None or _GDAL_PROGRAMS.match(program)):
             return Reader(program, "GDAL", "gdal")
         if netcdf is not None:
-            version = ".".join(map(str, netcdf)) if netcdf != (0, 0, 0) else "unknown version"
-            return Reader(program, f"netCDF-C {version}", "nc410" if netcdf >= (4, 10, 0) else "nc49")
+            version, text = netcdf
+            return Reader(program, f"netCDF-C {text}", netcdf_form(version))
         return Reader(program, "", "zarr", False)
 
     def _environment_form(self, pid: int) -> str | None:
@@ -155,9 +158,12 @@ class ReaderIdentifier:
                 return value if value in FORMS else None
         return None
 
-    def _netcdf_version(self, pid: int, path: str, device: str, inode: str, soname: str | None) -> tuple[int, int, int]:
-        """The version netCDF-C's library file names itself by (what nc_inq_libvers returns); else a
-        guess from its soname (19: 4.8-4.9, 22: 4.10); (0, 0, 0) when neither tells."""
+    def _netcdf_version(self, pid: int, path: str, device: str, inode: str,
+                        soname: str | None) -> tuple[tuple[int, int, int], str]:
+        """(version, as named) of netCDF-C's library file: the version it names itself by (what
+        nc_inq_libvers returns; a development snapshot, "4.9.3-development", counts as the release
+        before: netCDF4 1.6.5's, of 2023, reads 4.9.2's form, not 4.9.3's); else a guess from its soname
+        (19: 4.8-4.9, 22: 4.10); (0, 0, 0) when neither tells."""
         key = (device, inode)
         if key not in self._versions:
             found = None
@@ -167,12 +173,27 @@ class ReaderIdentifier:
                         m = _VERSION.search(f.read(_MAX_LIBRARY_BYTES))
                 except OSError:
                     continue
-                found = tuple(int(x) for x in m.groups()) if m else None
+                if m:
+                    major, minor, patch = (int(x) for x in m.groups()[:3])
+                    suffix = (m.group(4) or b"").decode("ascii", "replace")
+                    found = ((major, minor, patch - 1) if suffix else (major, minor, patch), f"{major}.{minor}.{patch}{suffix}")
                 break
             self._versions[key] = found
-        version = self._versions[key]
-        if version is not None:
-            return version
-        if soname and soname.isdigit():
-            return (4, 10, 0) if int(soname) >= 22 else (4, 9, 0)
-        return (0, 0, 0)
+        found = self._versions[key]
+        if found is not None:
+            return found
+        if soname and soname.isdigit():  # (4.9.3 is .so.22 too: Debian 13)
+            return ((4, 10, 0), "4.10 (by its soname)") if int(soname) >= 22 else ((4, 9, 0), "4.9 (by its soname)")
+        return (0, 0, 0), "unknown version"
+
+
+def netcdf_form(version: tuple[int, int, int]) -> str:
+    """The form of a netCDF-C version: "nc49" to 4.9.0; "portable" for 4.9.1 and 4.9.2, which read
+    neither 4.9.0's '<U1' nor the NCZarr keys of 4.9.3 in .zattrs (theirs are in .zgroup and .zarray;
+    measured: the netCDF4 1.6.3 wheel's 4.9.1 opens only that form); "nc493" (NCZarr's own metadata,
+    strings as characters) to 4.9.x; "nc410" (the same, strings as strings) from 4.10."""
+    if version < (4, 9, 1):
+        return "nc49"
+    if version < NCZARR_SINCE:
+        return "portable"
+    return "nc410" if version >= (4, 10, 0) else "nc493"

@@ -554,12 +554,14 @@ def raw_verdicts(info: ArrayInfo) -> tuple[str, str]:
 
 
 def decoded_verdicts(info: ArrayInfo) -> tuple[str, str]:
-    """(netCDF-C 4.9.0, netCDF-C >= 4.10) verdicts for the decoded view, each reading its own form
-    (refmount.view.forms)."""
+    """(netCDF-C 4.9.0, netCDF-C >= 4.9.3) verdicts for the decoded view, each reading its own form
+    (refmount.view.forms); >= 4.9.3 reads exactly only in nczarr mode (NCZarr's keys)."""
     if info.hidden_reason:
         return (f"hidden: {info.hidden_reason}",) * 2
     if info.scalar:
-        return ("yes, as shape [1] (no netCDF-C reads a Zarr scalar)",) * 2
+        return ("yes, as shape [1] (it reads no Zarr scalar)",
+                "yes, a scalar in #mode=nczarr,file (shape [1] over _scalar_ in #mode=zarr,file)")
     if info.dtype is not None and info.dtype.kind == "S":
-        return "yes, characters as its own '<U1'", "yes, characters as '|S1' (strings in zarr mode)"
+        return ("yes, characters as its own '<U1'",
+                "yes, characters as char ('>S1') in #mode=nczarr,file (one-character strings in #mode=zarr,file)")
     return "yes", "yes"

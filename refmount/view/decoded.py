@@ -25,7 +25,7 @@ import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from refmount.view.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, dump_json, fixed_strings, load_json_value, scan_arrays
-from refmount.view.forms import FORMS, joins_last_dimension, served_array, served_group_attributes
+from refmount.view.forms import FORMS, joins_last_dimension, nczarr_tree, served_array, served_group_attributes
 from refmount.view.bounded import decode_bounded, decode_into
 from refmount.view.consolidated import consolidated_value
 from refmount.errors import RefmountError
@@ -120,12 +120,14 @@ class DecodedView:
         dirs = self.refset.dirs
         served: dict[str, list] = {}  # metadata key -> its JSON value in each form
         # added chunk keys -> the key they serve: of strings given a last dimension (characters),
-        # and of characters whose last dimension is joined into strings (the "strings" form)
+        # and of characters whose last dimension is joined into strings (the "gdal" form)
         renames: dict[str, int] = {}
         strlen_renames: dict[str, int] = {}
         fill_keys: dict[str, ArrayInfo] = {}  # missing chunks served as files (_fill_missing_chunks)
         joined_fills: dict[str, str] = {}  # second names of those that are chunks of joined characters
-        chars_with_dimension = any(f.chars in ("char", "ubyte") for f in self.forms)
+        chars_with_dimension = any(f.chars in ("char", "ubyte", "nczarr") for f in self.forms)
+        nczarr = [n for n, f in enumerate(self.forms) if f.nczarr]  # forms with NCZarr's own metadata
+        nczarr_arrays = {n: [] for n in nczarr}  # (info, .zarray, .zattrs) of each visible array in each of them
         for info in self.arrays:
             if info.strlen and getattr(self.refset, "lazy", False):
                 info.hidden_reason = "strings served as characters need their chunk keys renamed, not done for Parquet sets"
@@ -139,8 +141,10 @@ class DecodedView:
             forms = [served_array(info, form) for form in self.forms]
             filled = self._fill_missing_chunks(info, [z for z, _ in forms], fill_keys)
             served[prefix + ".zarray"] = [z for z, _ in forms]
-            if info.zattrs or self.refset.find(prefix + ".zattrs") >= 0:
+            if info.zattrs or self.refset.find(prefix + ".zattrs") >= 0 or nczarr:  # (NCZarr needs one)
                 served[prefix + ".zattrs"] = [a for _, a in forms]
+            for n in nczarr:
+                nczarr_arrays[n].append((info, *forms[n]))
             if info.strlen and chars_with_dimension:
                 strlen_renames.update(self._strlen_chunk_names(info))
             if any(joins_last_dimension(info, form) for form in self.forms):
@@ -154,6 +158,20 @@ class DecodedView:
                     for d, path in enumerate(dirs.paths):
                         if path.startswith(prefix):
                             self._by_dir.setdefault(d, info)
+        trees = {}  # form index -> NCZarr's own metadata of the tree (each array's dimension references, each
+        # group's lists), in each form with NCZarr's keys (their arrays' dimensions differ)
+        if nczarr:
+            groups = [path for d, path in enumerate(dirs.paths) if d not in self._by_dir and not self.hidden_dir(d)
+                      and self.refset.find(f"{path}/.zgroup" if path else ".zgroup") >= 0]
+            for n in nczarr:
+                trees[n] = nczarr_tree(groups, nczarr_arrays[n])
+                for info, _, _ in nczarr_arrays[n]:
+                    served[f"{info.path}/.zattrs" if info.path else ".zattrs"][n] = served_array(info, self.forms[n], trees[n])[1]
+            for path in groups:  # (a group without attributes gets a .zattrs for its _nczarr_group)
+                key = f"{path}/.zattrs" if path else ".zattrs"
+                if self.refset.find(key) < 0:
+                    served[key] = [served_group_attributes({}, {}, form, path, trees.get(n))
+                                   for n, form in enumerate(self.forms)]
         # every other JSON metadata key: re-emitted as UTF-8 without \u escapes, group attributes
         # typed as for arrays
         for d, path in enumerate(dirs.paths):
@@ -162,15 +180,15 @@ class DecodedView:
                 key = prefix + name
                 i = self.refset.find(key)
                 if i >= 0 and key not in served and i not in self._hidden_keys and self.refset.inline_data(i) is not None:
-                    value = self._plain(i, name, prefix)
+                    value = self._plain(i, name, prefix, trees)
                     if value is not None:
                         served[key] = value
         renames.update(strlen_renames)
         chars = [a.name for a in self.arrays if not a.hidden_reason and a.out_zarray["dtype"] == CHAR_DTYPE_49]
         if chars and len(self.forms) > 1:
-            log.info("decoded view: character arrays %s are served in each reader's form (netCDF-C 4.9: '<U1'; "
-                     "netCDF-C >= 4.10: strings; zarr: '|S1'; GDAL: as its netCDF driver; unidentified readers: "
-                     "numbers)", listed(chars))
+            log.info("decoded view: character arrays %s are served in each reader's form (netCDF-C 4.9.0: '<U1'; "
+                     "netCDF-C >= 4.9.3: NCZarr's '>S1', char in #mode=nczarr,file; zarr: '|S1'; GDAL: as its netCDF "
+                     "driver; unidentified readers: numbers)", listed(chars))
         served[".zmetadata"] = [None] * len(self.forms)  # filled in below, once every key has its index
         added = {k: b"" for k in served if self.refset.find(k) < 0}
         self.refset = OverlayRefSet(self.refset, {**added, **dict.fromkeys(renames, b""),
@@ -180,7 +198,7 @@ class DecodedView:
         self._fill_keys = {self.refset.find(key): info for key, info in fill_keys.items()}
         for key, target in joined_fills.items():
             self._renamed[self.refset.find(key)] = self.refset.find(target)
-        if all(f.chars in ("char", "ubyte") for f in self.forms):  # (no form reads their own names)
+        if all(f.chars in ("char", "ubyte", "nczarr") for f in self.forms):  # (no form reads their own names)
             self._renamed_away = set(strlen_renames.values())
         by_index = {self.refset.find(k): v for k, v in served.items()}
         for n in range(len(self.forms)):
@@ -275,7 +293,7 @@ class DecodedView:
         return [name for name in names if self.refset.find(prefix + name) < 0]
 
     def _joined_chunk_names(self, info: ArrayInfo) -> dict[str, int]:
-        """Chunk keys of a char array served as strings of its last dimension ("strings" form):
+        """Chunk keys of a char array served as strings of its last dimension ("gdal" form):
         key "1.0" answers as "1" too."""
         prefix = f"{info.path}/" if info.path else ""
         names = {}
@@ -296,7 +314,7 @@ class DecodedView:
         self._hidden_dirs.add(dir_id)
         self._hidden_prefixes.append(path + "/")
 
-    def _plain(self, i: int, name: str, prefix: str) -> list | None:
+    def _plain(self, i: int, name: str, prefix: str, trees: dict) -> list | None:
         """A group's .zgroup or .zattrs in each form (None: not JSON, served as it is)."""
         value = self._inline_json(i)
         if value is None:
@@ -307,7 +325,8 @@ class DecodedView:
         attrs, notes = served_attributes(value, None, None)
         for note in notes:
             log.info("decoded view: group %s: %s", prefix.rstrip("/") or "/", note)
-        return [served_group_attributes(attrs, left_out, form) for form in self.forms]
+        return [served_group_attributes(attrs, left_out, form, prefix.rstrip("/"), trees.get(n))
+                for n, form in enumerate(self.forms)]
 
     # -- visibility -------------------------------------------------------------------------------
 

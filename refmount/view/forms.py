@@ -1,14 +1,18 @@
 """The metadata forms of the decoded view: what each kind of reader reads right.
 
 No one Zarr form of netCDF data reads right in every client (NOTES §2, §6; measured again for
-issue 24, see docs/views-and-clients.md):
+issues 24 and 32, see docs/views-and-clients.md):
 
-- netCDF-C 4.9.x (Debian 12's ncdump, NCO, CDO) reads characters only as its own '<U1' (one byte
+- netCDF-C 4.9.0 (Debian 12's ncdump, NCO, CDO) reads characters only as its own '<U1' (one byte
   each) and crashes on any '|S'; it crashes reading a rank-0 array in every mode (also one its own
   nccopy wrote), so a scalar must be [1]; it fails the whole open on attributes that are lists of
   strings, [] or null; it types attributes right only with the `_NCZARR_ATTR` hint.
-- netCDF-C >= 4.10 (the netCDF4 wheels) fails the whole open on '<U1' and reads '|S1'; in zarr mode it
-  silently drops a rank-0 array, so a scalar must be [1] too; it reads the `_nczarr_attr` hint.
+- netCDF-C >= 4.9.3 (Debian 13's 4.9.3, the netCDF4 wheels' 4.10.1) fails the whole open on '<U1'.
+  In nczarr mode (`#mode=nczarr,file`) it reads the NCZarr keys its own nccopy writes in .zattrs
+  (`_nczarr_superblock`, `_nczarr_group`, `_nczarr_array`, `_nczarr_attr`), and then reads '>S1' as
+  char, [1] marked "scalar" as a scalar, and each dimension in its group, as in the source file; in
+  zarr mode it ignores them (one-character strings, `_scalar_`), as on its own stores. It reads an
+  empty '|Sn' string as NULL, which NCO 5.3 crashes on: 4.9.x gets strings as characters.
 - zarr-python/xarray cannot read '<U1' holding one byte per character; they take real scalars.
 - GDAL's Zarr driver ignores `_Unsigned` (65535 reads as -1): it needs the unsigned dtype; it reads
   '|S1' and '|Sn' as text, and real scalars.
@@ -16,10 +20,12 @@ issue 24, see docs/views-and-clients.md):
 So every metadata file (.zarray, .zattrs, .zmetadata) is served in the form of the program that
 opens it (refmount.fuse.readers tells which). A `Form` is a set of choices; `served_array` derives
 an array's metadata in a form from its base plan (refmount.view.arrays: the netCDF-C 4.9 form, with
-both hints). Chunk files are the same bytes in every form: characters are one byte each in all of
-them, a scalar's one chunk is "0" at [] and at [1], an unsigned dtype reinterprets the same bytes.
-Strings served as characters ('<U1' or u1 with a last dimension) have their chunk keys with an
-added ".0" as well (decoded.py); the form that serves them as |Sn uses the original keys.
+both hints); the NCZarr forms' `_nczarr_group` and `_nczarr_array` come from `nczarr_tree`, made of
+every array as the form serves it. Chunk files are the same bytes in every form: characters are one
+byte each in all of them, a scalar's one chunk is "0" at [] and at [1], an unsigned dtype reinterprets
+the same bytes. Strings served as characters ('<U1', '>S1' or u1 with a last dimension) have their
+chunk keys with an added ".0" as well (decoded.py); the forms that serve them as |Sn use the original
+keys.
 """
 
 from __future__ import annotations
@@ -30,17 +36,22 @@ from dataclasses import dataclass
 import numpy as np
 
 from refmount.view.arrays import CHAR_DTYPE_49, SCALAR_DIMENSION, ArrayInfo
-from refmount.view.ncattrs import HINT_49, HINT_410, HINT_KEYS, VARIABLE_TYPED
+from refmount.view.ncattrs import HINT_49, HINT_410, HINT_KEYS, NCZARR_JSON, VARIABLE_TYPED, nczarr_types
 
-CHARS = ("char", "string", "ubyte", "strings", "gdal")
+CHARS = ("char", "string", "ubyte", "gdal", "nczarr", "nczarr_strings")
+# NCZarr's own keys (netCDF-C >= 4.9.3 reads them from .zattrs, 4.9.0 spelled them in capitals)
+NCZARR_SUPERBLOCK, NCZARR_GROUP, NCZARR_ARRAY = "_nczarr_superblock", "_nczarr_group", "_nczarr_array"
+NCZARR_VERSION = "2.0.0"  # the version netCDF-C 4.9.3 and 4.10.1 write
+ANONYMOUS_DIMENSION = "_Anonymous_Dim_{}"  # netCDF-C's name of a Zarr dimension that has none (by length)
 
 
 @dataclass(frozen=True)
 class Form:
     name: str
-    # "char": netCDF-C 4.9's '<U1'; "string": '|S1' and '|Sn'; "ubyte": '|u1' numbers; "strings": a char
-    # array of 2 or more dimensions as '|Sn' strings of its last one, others '|S1'; "gdal": as GDAL's netCDF
-    # driver shows them, a 2-D char array as strings, others as bytes
+    # "char": netCDF-C 4.9's '<U1'; "string": '|S1' and '|Sn'; "ubyte": '|u1' numbers; "gdal": as GDAL's
+    # netCDF driver shows them, a 2-D char array as strings, others as bytes; "nczarr": NCZarr's own '>S1'
+    # (char in nczarr mode, one-character strings in zarr mode), strings as for "char"; "nczarr_strings":
+    # '>S1', strings '|Sn'
     chars: str
     zarr_scalars: bool  # a scalar as shape [] (else [1] with dimension _scalar_)
     hints: tuple  # the NCZarr attribute type hints kept (each netCDF-C shows the other one as text)
@@ -53,6 +64,11 @@ class Form:
     # the source; not for netCDF-C >= 4.10, which reads '|Sn' as strings itself (and xarray's netcdf4
     # engine then fails to decode them again)
     encoding_attribute: bool = False
+    # NCZarr's own metadata as netCDF-C >= 4.9.3 writes it: `_nczarr_superblock` at the root, `_nczarr_group`
+    # (dimensions, arrays, subgroups) in each group's .zattrs, `_nczarr_array` (dimension references; a
+    # scalar as [1] with none) in each array's, every attribute typed in `_nczarr_attr`. Read in nczarr mode
+    # (`#mode=nczarr,file`); in zarr mode netCDF-C ignores it, as on its own stores.
+    nczarr: bool = False
     description: str = ""
 
     def with_chars(self, chars: str | None) -> "Form":
@@ -61,13 +77,18 @@ class Form:
 
 NC49 = Form("nc49", chars="char", zarr_scalars=False, hints=(HINT_49,), all_attributes=False,
             unsigned_dtype=False,
-            description="netCDF-C 4.9.x (Debian 12's ncdump, NCO, CDO): characters '<U1', scalars [1], "
+            description="netCDF-C 4.9.0 and older (Debian 12's ncdump, NCO, CDO): characters '<U1', scalars [1], "
                         "_NCZARR_ATTR hints")
-NC410 = Form("nc410", chars="strings", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
-             unsigned_dtype=False,
-             description="netCDF-C >= 4.10 (netCDF4-python wheels): characters '|S1', scalars [1], "
-                         "_nczarr_attr hints; char arrays as strings of their last dimension (netCDF-C reads "
-                         "'|S1' as one-byte strings, which netCDF4-python cannot decode when not ASCII)")
+NC493 = Form("nc493", chars="nczarr", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
+              unsigned_dtype=False, nczarr=True,
+              description="netCDF-C 4.9.3 to 4.9.x (Debian 13's ncdump, NCO, CDO: 4.9.3): NCZarr's own metadata, "
+                          "as its nccopy writes it; in #mode=nczarr,file characters are char ('>S1'), scalars "
+                          "scalars, dimensions in their groups; strings as characters (netCDF-C reads an empty "
+                          "NCZarr string as NULL, which crashes NCO); #mode=zarr,file reads it as netCDF-C reads "
+                          "its own stores (characters as one-character strings, scalars over _scalar_)")
+NC410 = Form("nc410", chars="nczarr_strings", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
+             unsigned_dtype=False, nczarr=True,
+             description="netCDF-C >= 4.10 (netCDF4-python wheels): as nc493, with strings as strings ('|Sn')")
 ZARR = Form("zarr", chars="string", zarr_scalars=True, hints=(), all_attributes=True, unsigned_dtype=False,
             encoding_attribute=True,
             description="programs without netCDF-C or GDAL (zarr-python, xarray's zarr engine, cp): '|S1', "
@@ -80,12 +101,13 @@ PORTABLE = Form("portable", chars="ubyte", zarr_scalars=False, hints=(HINT_49, H
                 unsigned_dtype=False,
                 description="programs that cannot be identified: characters as numbers, scalars [1], both hints "
                             "(no reader crashes on it)")
-FORMS = {f.name: f for f in (NC49, NC410, ZARR, GDAL, PORTABLE)}
+FORMS = {f.name: f for f in (NC49, NC493, NC410, ZARR, GDAL, PORTABLE)}
 FALLBACK = PORTABLE.name  # the form of a reader that cannot be identified
 
 
-def served_array(info: ArrayInfo, form: Form) -> tuple[dict, dict]:
-    """(.zarray, .zattrs) of a planned, visible array in `form`."""
+def served_array(info: ArrayInfo, form: Form, tree: "NCZarrTree | None" = None) -> tuple[dict, dict]:
+    """(.zarray, .zattrs) of a planned, visible array in `form` (an NCZarr form's `_nczarr_array` comes
+    from `tree`, made of every array's served metadata: `nczarr_tree`)."""
     z, a = dict(info.out_zarray), dict(info.zattrs)
     if z["dtype"] == CHAR_DTYPE_49:
         _characters(info, form, z, a)
@@ -103,15 +125,82 @@ def served_array(info: ArrayInfo, form: Form) -> tuple[dict, dict]:
     served_hints(a, form)
     if form.all_attributes:
         a.update(info.left_out)
+    if form.nczarr:
+        a[HINT_410] = {"types": nczarr_types(a, z["dtype"])}
+        if tree is not None and info.path in tree.references:
+            _add_json(a, NCZARR_ARRAY, {"dimension_references": tree.references[info.path], "storage": "chunked",
+                                        **({"scalar": 1} if info.scalar else {})})
     return z, a
 
 
-def served_group_attributes(attrs: dict, left_out: dict, form: Form) -> dict:
+def served_group_attributes(attrs: dict, left_out: dict, form: Form, path: str = "",
+                            tree: "NCZarrTree | None" = None) -> dict:
+    """A group's .zattrs in `form` (an NCZarr form's `_nczarr_group` comes from `tree`)."""
     a = dict(attrs)
     served_hints(a, form)
     if form.all_attributes:
         a.update(left_out)
+    if form.nczarr:
+        a[HINT_410] = {"types": nczarr_types(a, None)}
+        if tree is not None and path in tree.groups:
+            _add_json(a, NCZARR_GROUP, tree.groups[path])
+            if not path:
+                _add_json(a, NCZARR_SUPERBLOCK, {"version": NCZARR_VERSION})
     return a
+
+
+def _add_json(a: dict, key: str, value: dict) -> None:
+    """One of NCZarr's own keys, typed as its writer types them."""
+    a[key] = value
+    a[HINT_410]["types"].update({key: NCZARR_JSON, HINT_410: NCZARR_JSON})
+
+
+@dataclass
+class NCZarrTree:
+    """What NCZarr's own metadata says of the tree: in nczarr mode netCDF-C >= 4.9.3 takes a group's
+    dimensions, arrays and subgroups from its `_nczarr_group` (it lists no directory), and each
+    array's dimensions from the absolute paths in its `_nczarr_array`."""
+    groups: dict  # group path ("" the root) -> {"dimensions": {name: length}, "arrays": [...], "groups": [...]}
+    references: dict  # array path -> its dimension references (["/site", "/obs/n"]; [] for a scalar)
+
+
+def nczarr_tree(groups: list[str], arrays: list[tuple[ArrayInfo, dict, dict]]) -> NCZarrTree:
+    """The NCZarr tree of the visible `groups` (paths of directories with a .zgroup, "" the root)
+    and the visible arrays with their (.zarray, .zattrs) as an NCZarr form serves them. A dimension is
+    defined in the group kerchunk names it by ("obs/n": group obs; the netCDF-4 source's own), else
+    in the root, as netCDF-C's zarr mode defines every named dimension; one without a name is
+    netCDF-C's `_Anonymous_Dim_<length>` in the root. A name given two lengths in one group gets
+    the second as '<name>_<length>' (the decoded view's rename)."""
+    known = set(groups)
+    tree = NCZarrTree({g: {"dimensions": {}, "arrays": [], "groups": []} for g in groups}, {})
+    for g in groups:
+        parent = g.rpartition("/")[0]
+        if g and parent in known:
+            tree.groups[parent]["groups"].append(g.rpartition("/")[2])
+    for info, z, a in arrays:
+        group = info.path.rpartition("/")[0]
+        if group not in known:
+            continue  # (in a directory that is no group: nczarr mode does not see it)
+        tree.groups[group]["arrays"].append(info.path.rpartition("/")[2])
+        if info.scalar:
+            tree.references[info.path] = []
+            continue
+        shape, dims = z["shape"], a.get("_ARRAY_DIMENSIONS")
+        if not (isinstance(dims, list) and len(dims) == len(shape) and all(isinstance(d, str) and d for d in dims)):
+            dims = [ANONYMOUS_DIMENSION.format(n) for n in shape]
+        original = {new: old for old, new in info.renamed_dims.items()}
+        references = []
+        for name, length in zip(dims, shape):
+            home, _, base = original.get(name, name).strip("/").rpartition("/")
+            if home not in known or not (home == "" or group == home or group.startswith(home + "/")):
+                home, base = "", name
+            defined = tree.groups[home]["dimensions"]
+            if defined.setdefault(base, length) != length:
+                base = f"{base}_{length}"
+                defined.setdefault(base, length)
+            references.append(f"/{home}/{base}" if home else f"/{base}")
+        tree.references[info.path] = references
+    return tree
 
 
 def served_hints(attrs: dict, form: Form) -> None:
@@ -123,14 +212,12 @@ def served_hints(attrs: dict, form: Form) -> None:
 def joins_last_dimension(info: ArrayInfo, form: Form) -> bool:
     """Does `form` serve this char array's rows as '|Sn' strings of its last dimension? "gdal" does
     so for a 2-D char array, as GDAL's netCDF driver shows it (1-D and 3-D ones are bytes: measured,
-    GDAL 3.6); "strings" for 2 or more dimensions. Only where one chunk spans that dimension (a chunk's
-    bytes are then whole strings), with the "." separator: the chunk "i.0" of the characters is the
-    chunk "i" of the strings (decoded.py)."""
-    if form.chars not in ("gdal", "strings") or info.out_zarray["dtype"] != CHAR_DTYPE_49:
+    GDAL 3.6). Only where one chunk spans that dimension (a chunk's bytes are then whole strings), with
+    the "." separator: the chunk "i.0" of the characters is the chunk "i" of the strings (decoded.py)."""
+    if form.chars != "gdal" or info.out_zarray["dtype"] != CHAR_DTYPE_49:
         return False
     shape, chunks = info.out_zarray["shape"], info.out_zarray["chunks"]
-    rank_ok = len(shape) == 2 if form.chars == "gdal" else len(shape) >= 2
-    return (not info.strlen and not info.scalar and rank_ok and chunks[-1] == shape[-1] > 0
+    return (not info.strlen and not info.scalar and len(shape) == 2 and chunks[-1] == shape[-1] > 0
             and info.separator == "." and not info.lazy)
 
 
@@ -144,12 +231,21 @@ def _drop_last_dimension(z: dict, a: dict) -> None:
 def _characters(info: ArrayInfo, form: Form, z: dict, a: dict) -> None:
     if form.chars == "ubyte":
         z["dtype"] = "|u1"
-    elif form.chars in ("gdal", "strings"):
+    elif form.chars == "gdal":
         if info.strlen or joins_last_dimension(info, form):
             z["dtype"] = f"|S{info.strlen or z['shape'][-1]}"
             _drop_last_dimension(z, a)
         else:
-            z["dtype"] = "|u1" if form.chars == "gdal" else "|S1"
+            z["dtype"] = "|u1"
+    elif form.chars in ("nczarr", "nczarr_strings"):
+        # NCZarr's char, '|S1' said big-endian. Strings: '|Sn' as they are, or (for 4.9.x) with their
+        # added last dimension as in "char": netCDF-C (4.9.3, 4.10.1) reads an empty '|Sn' string as a
+        # NULL pointer, which ncdump prints as NIL and NCO 5.3 crashes on (the whole dump; on netCDF-C's
+        # own NCZarr stores too), while netCDF4-python reads it as ''
+        z["dtype"] = ">S1"
+        if info.strlen and form.chars == "nczarr_strings":
+            z["dtype"] = f"|S{info.strlen}"
+            _drop_last_dimension(z, a)
     elif form.chars == "string":
         z["dtype"] = "|S1"
         if info.strlen:  # |Sn as it is: the added last dimension goes
@@ -215,13 +311,16 @@ def _unsigned(z: dict, a: dict) -> None:
 
 
 def form_notes(info: ArrayInfo) -> dict[str, str]:
-    """What each form serves of this array (dtype, shape, fill, hints), where forms differ (for
-    `refmount inspect`); {} when every form serves the same .zarray."""
+    """What each form serves of this array (dtype, shape, fill, hints, how the NCZarr forms read), where
+    forms differ (for `refmount inspect`); {} when every form serves the same .zarray."""
     out = {}
     for name, form in FORMS.items():
         z, a = served_array(info, form)
-        hints = [k for k in HINT_KEYS if k in a]
+        notes = [k for k in HINT_KEYS if k in a]
+        if form.nczarr:  # (its reading in nczarr mode: the form is exact only there)
+            notes.append("NCZarr keys" + (": a scalar in #mode=nczarr,file" if info.scalar else
+                                          ": char in #mode=nczarr,file" if z["dtype"] == ">S1" else ""))
         out[name] = (f"{z['dtype']} {z['shape']} fill {z.get('fill_value')!r}"
-                     + (f" ({', '.join(hints)})" if hints else ""))
+                     + (f" ({', '.join(notes)})" if notes else ""))
     shown = {v.split(" (")[0] for v in out.values()}
     return out if len(shown) > 1 else {}

@@ -34,7 +34,7 @@ def inspect_refs(refset, zarr3: bool = False) -> list[dict]:
     for info in scan_arrays(refset):
         present, missing = _chunk_counts(refset, info)
         raw49, raw410 = raw_verdicts(info) if not zarr3 else ("no: Zarr v3 (netCDF-C reads Zarr v2 only)",) * 2
-        decoded49, decoded410 = decoded_verdicts(info)
+        decoded49, decoded493 = decoded_verdicts(info)
         rows.append({
             "array": info.name,
             "dtype": info.zarray.get("dtype"),
@@ -44,7 +44,7 @@ def inspect_refs(refset, zarr3: bool = False) -> list[dict]:
             "chunks_present": present,
             "chunks_missing": missing,
             "raw": {"netcdf-c 4.9.0": raw49, "netcdf-c >= 4.10": raw410},
-            "decoded": {"netcdf-c 4.9.0": decoded49, "netcdf-c >= 4.10": decoded410},
+            "decoded": {"netcdf-c 4.9.0": decoded49, "netcdf-c >= 4.9.3": decoded493},
             "decoded_changes": info.notes,
             # the metadata each kind of reader gets (refmount.view.forms; `refmount stats` says who got which)
             "decoded_forms": form_notes(info) if not info.hidden_reason and info.out_zarray else {},
@@ -68,6 +68,7 @@ def run_inspect(location: str, *, remote_options: dict | None = None, as_json: b
     print("decoded view forms (each program gets its own; `refmount stats MOUNTPOINT` says which programs got which):")
     for form in FORMS.values():
         print(f"    {form.name:<9}{form.description}")
+    print("netCDF-C reads the decoded view exactly as 'file:///MNT#mode=nczarr,file' (4.9.0 reads it so in zarr mode too)")
     for row in rows:
         codecs = "+".join(map(str, row["codecs"])) or "none"
         print(f"{row['array']}: {row['dtype']} shape {row['shape']} chunks {row['chunks']} codecs {codecs}; "

@@ -10,9 +10,10 @@ from the JSON, and each version guesses differently (measured, NOTES §6):
 - ncdump 4.9.0 prints ``_`` only when ``_FillValue`` has the variable's own type; 4.10 converts it.
 
 NCZarr's type hints fix the types, but each version reads only its own spelling and shows the other
-one as an ordinary attribute: 4.9.x reads ``_NCZARR_ATTR``, 4.10.x ``_nczarr_attr`` (both
+one as an ordinary attribute: 4.9.0 reads ``_NCZARR_ATTR``, 4.9.1 and later ``_nczarr_attr`` (both
 ``{"types": {name: dtype}}``). So a hint is written for a version only when that version would
-otherwise get a type wrong, and only for types we know:
+otherwise get a type wrong, and only for types we know (the NCZarr forms of 4.9.3 and later type
+every number, as netCDF-C's own writer does: `nczarr_types`):
 
 - ``_FillValue`` (added from ``fill_value`` when absent), ``missing_value`` and ``valid_*`` have the
   variable's type (CF) whenever their values fit it exactly;
@@ -30,8 +31,8 @@ import numpy as np
 
 from refmount.errors import quote
 
-HINT_49 = "_NCZARR_ATTR"  # read (and hidden) by netCDF-C 4.9.x
-HINT_410 = "_nczarr_attr"  # read (and hidden) by netCDF-C >= 4.10
+HINT_49 = "_NCZARR_ATTR"  # read (and hidden) by netCDF-C 4.9.0 (4.9.1 and 4.9.2 read both)
+HINT_410 = "_nczarr_attr"  # read (and hidden) by netCDF-C >= 4.9.3
 HINT_KEYS = (HINT_49, HINT_410)
 # CF: these have the data type of the variable (the packed type for packed data).
 VARIABLE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_range")
@@ -220,3 +221,25 @@ def served_attributes(zattrs: dict, dtype: np.dtype | None, fill) -> tuple[dict,
         if types:
             attrs[key] = {"types": types}
     return attrs, notes
+
+
+NCZARR_TEXT = ">S1"  # NCZarr's name of netCDF's char type (a text attribute is a char attribute)
+NCZARR_JSON = "|J0"  # NCZarr's name of its own JSON-valued keys (_nczarr_array, _nczarr_group, ...)
+
+
+def nczarr_types(attrs: dict, dtype: str | None) -> dict:
+    """Every attribute's netCDF type as NCZarr's own writer names it in `_nczarr_attr` (netCDF-C >= 4.9.3
+    then guesses none): the >= 4.10 hint where `served_attributes` gave one, else the type that
+    netCDF-C >= 4.10 guesses (served_attributes cast each value so that the guess is right), text as
+    char, `_FillValue` as the variable's type `dtype`. Bools, objects and nulls stay unhinted."""
+    given = attrs.get(HINT_410)
+    types = dict(given.get("types", {})) if isinstance(given, dict) else {}
+    for name, value in attrs.items():
+        if name in types or name in HINT_KEYS or name == "_ARRAY_DIMENSIONS":
+            continue
+        if (items := _numbers(value)) is not None:
+            if name == "_FillValue" and dtype is not None and np.dtype(dtype).kind in "iuf":
+                types[name] = _type_name(np.dtype(dtype))
+            elif (guess := _guess_410(items)).kind != "O":
+                types[name] = _type_name(guess)
+    return types

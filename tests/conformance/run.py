@@ -32,10 +32,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List
 
+from tests.support.clients import tool
+
 HERE = Path(__file__).resolve().parent
 CDL_DIR = HERE / "cdl"
 SLICE_FILE = HERE / "slice.txt"
-NCGEN, NCCOPY = "/usr/bin/ncgen", "/usr/bin/nccopy"
+NCGEN, NCCOPY = tool("ncgen"), tool("nccopy")
 TOOL_TIMEOUT = 60  # ncgen, nccopy, cp, each ncdump
 CDL_TIMEOUT = 900  # one CDL, both variants, all clients
 VARIANTS = ("source", "deflated")
@@ -106,7 +108,7 @@ def nofill_variables(nc: Path) -> set:
 
     from tests.conformance.header import parse_header
 
-    proc = subprocess.run(["/usr/bin/ncdump", "-hs", str(nc)], capture_output=True, text=True,
+    proc = subprocess.run([*tool("ncdump"), "-hs", str(nc)], capture_output=True, text=True,
                           errors="surrogateescape", timeout=TOOL_TIMEOUT)
     if proc.returncode != 0:
         return set()
@@ -291,10 +293,10 @@ def own_store(client: str, nc: Path, work: Path, variant: str):
         return store
     if client == "gdal":
         store = work / f"own_{variant}_gdal.zarr"
-        cmd = ["/usr/bin/gdalmdimtranslate", "-q", "-of", "ZARR", str(nc), str(store)]
+        cmd = [*tool("gdalmdimtranslate"), "-q", "-of", "ZARR", str(nc), str(store)]
     else:  # (-u: netCDF-C 4.9.0 writes no unlimited dimension to Zarr, it fails unless they are made fixed)
         store = work / f"own_{variant}_netcdf49"
-        cmd = [NCCOPY, "-u", str(nc), f"file://{store}#mode=nczarr,file"]
+        cmd = [*NCCOPY, "-u", str(nc), f"file://{store}#mode=nczarr,file"]
     if store.exists():
         return store
     try:
@@ -365,11 +367,11 @@ def run_one(cdl: str, work: Path, mount_args: List[str], isolate: bool = False) 
     if _is_data_file(cdl):  # a netCDF-4/HDF5 file of the user's: measured as it is
         shutil.copyfile(cdl, source)
     else:
-        subprocess.run([NCGEN, "-k", "nc4", "-o", str(source), str(CDL_DIR / cdl)], check=True,
+        subprocess.run([*NCGEN, "-k", "nc4", "-o", str(source), str(CDL_DIR / cdl)], check=True,
                        capture_output=True, timeout=TOOL_TIMEOUT)
     rows = run_variant(cdl, "source", source, work, mount_args, isolate)
     deflated = work / "deflated.nc"
-    proc = subprocess.run([NCCOPY, "-d4", "-s", str(source), str(deflated)], capture_output=True,
+    proc = subprocess.run([*NCCOPY, "-d4", "-s", str(source), str(deflated)], capture_output=True,
                           text=True, timeout=TOOL_TIMEOUT)
     if proc.returncode == 0:
         rows += run_variant(cdl, "deflated", deflated, work, mount_args, isolate)

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from tests.conformance.header import parse_header
-from tests.support.clients import NCDUMP, nczarr_url, parse_ncdump
+from tests.support.clients import NCDUMP, nczarr_url, parse_ncdump, tool, tool_name, tool_url
 
 NCDUMP_TIMEOUT = 60
 
@@ -46,8 +46,9 @@ def first_line(e: BaseException | str) -> str:
 
 
 def target_of(path: Path, client: str, zarr: bool) -> str:
+    """ncdump, NCO and CDO: the mode their netCDF-C reads the mount by (tests.support.clients.tool_url)."""
     if client == "ncdump" and zarr:
-        return nczarr_url(path)
+        return tool_url(path)
     return str(path)
 
 
@@ -83,7 +84,7 @@ def ncdump_snapshot(path: Path, zarr: bool) -> dict:
 
 def _run(target: str, args: List[str]) -> Optional[subprocess.CompletedProcess]:
     try:
-        return subprocess.run([NCDUMP, "-p", "9,17", *args, target], capture_output=True, text=True,
+        return subprocess.run([*NCDUMP, "-p", "9,17", *args, target], capture_output=True, text=True,
                               errors="surrogateescape", timeout=NCDUMP_TIMEOUT)
     except subprocess.TimeoutExpired:
         return None
@@ -231,7 +232,7 @@ def xarray_snapshot(path: Path, zarr: bool, group_paths: List[str], engine: str 
 
 # ----------------------------------------------------------------------------- NCO, CDO and GDAL (Debian's)
 
-NCKS, CDO, GDALMDIMINFO = "/usr/bin/ncks", "/usr/bin/cdo", "/usr/bin/gdalmdiminfo"
+NCKS, CDO, GDALMDIMINFO = tool("ncks"), tool("cdo"), tool("gdalmdiminfo")
 TOOL_TIMEOUT = 60
 
 
@@ -242,15 +243,15 @@ def _tool(cmd: List[str]) -> subprocess.CompletedProcess | str:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, errors="surrogateescape", timeout=TOOL_TIMEOUT)
     except subprocess.TimeoutExpired:
-        return f"{Path(cmd[0]).name} timed out"
+        return f"{tool_name(cmd)} timed out"
     if proc.returncode < 0:
-        return f"{Path(cmd[0]).name} crashed ({signal.Signals(-proc.returncode).name})"
+        return f"{tool_name(cmd)} crashed ({signal.Signals(-proc.returncode).name})"
     return proc
 
 
 def _tool_failure(proc: subprocess.CompletedProcess) -> str:
     lines = [line for line in (proc.stderr or proc.stdout).strip().splitlines() if line.strip()]
-    return f"{Path(proc.args[0]).name} exit {proc.returncode}: {(lines or ['(no message)'])[-1][:240]}"
+    return f"{tool_name(proc.args)} exit {proc.returncode}: {(lines or ['(no message)'])[-1][:240]}"
 
 
 def _loads(text: str):
@@ -267,7 +268,7 @@ def _loads(text: str):
 def nco_snapshot(path: Path, zarr: bool) -> dict:
     """``ncks --jsn_fmt=1``: every group's dimensions, variables (type, dimensions, attributes as JSON
     values, data as printed: fills are data) and attributes."""
-    proc = _tool([NCKS, "--jsn_fmt=1", target_of(path, "ncdump", zarr)])
+    proc = _tool([*NCKS, "--jsn_fmt=1", target_of(path, "ncdump", zarr)])
     if isinstance(proc, str):
         return {"vars": {}, "groups": {}, "error": proc}
     if proc.returncode != 0:
@@ -296,7 +297,7 @@ def nco_snapshot(path: Path, zarr: bool) -> dict:
 def cdo_snapshot(path: Path, zarr: bool) -> dict:
     """``cdo -s infon``: per variable (by name) its rows of date, time, level, grid size, missing
     points, minimum, mean and maximum. CDO reads gridded variables only: the others are not shown."""
-    proc = _tool([CDO, "-s", "infon", target_of(path, "ncdump", zarr)])
+    proc = _tool([*CDO, "-s", "infon", target_of(path, "ncdump", zarr)])
     if isinstance(proc, str):
         return {"vars": {}, "groups": {}, "error": proc}
     if proc.returncode != 0:
@@ -312,7 +313,7 @@ def cdo_snapshot(path: Path, zarr: bool) -> dict:
         head, stats, name = parts[1].split(), parts[2].split(), parts[3]
         shot = out.setdefault(name, VarShot(type="cdo", values=[]))
         shot.values.append((*head, *stats))
-    time_axis = _tool([CDO, "-s", "sinfon", target_of(path, "ncdump", zarr)])  # (its time coordinate's name)
+    time_axis = _tool([*CDO, "-s", "sinfon", target_of(path, "ncdump", zarr)])  # (its time coordinate's name)
     if not isinstance(time_axis, str):
         found = re.search(r"Time coordinate :\s*\n\s*(\S+) :", time_axis.stdout)
         skipped += [found.group(1)] if found else []
@@ -323,7 +324,7 @@ def gdal_snapshot(path: Path, zarr: bool) -> dict:
     """``gdalmdiminfo -detailed``: GDAL's multidimensional view (the netCDF driver for the source, the
     Zarr driver for the mount): per array its data type, dimensions, values, nodata, scale, offset,
     unit and attributes (values only: the Zarr driver types attributes from JSON)."""
-    proc = _tool([GDALMDIMINFO, "-detailed", str(path)])
+    proc = _tool([*GDALMDIMINFO, "-detailed", str(path)])
     if isinstance(proc, str):
         return {"vars": {}, "groups": {}, "error": proc}
     if proc.returncode != 0:

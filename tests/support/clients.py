@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -22,12 +23,72 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
-NCDUMP = "/usr/bin/ncdump"
+# The netCDF-C programs (ncdump, nccopy, ncgen, NCO, CDO, GDAL's) of another userland, such as a `debootstrap
+# trixie` tree (Debian 13: netCDF-C 4.9.3): each runs chrooted there, in a mount namespace of its own with
+# /dev, /proc, /sys, /tmp and this checkout bound in at their own paths (so that it sees the test's files
+# and mounts). Unset: the system's own programs.
+NETCDF_ROOT = os.environ.get("REFMOUNT_TEST_NETCDF_ROOT", "")
+_REPO = str(Path(__file__).resolve().parents[2])
+_CHROOT = ('set -e; r=$1; shift; for d in /dev /proc /sys /tmp "$REPO"; do mkdir -p "$r$d"; '
+           'mount --rbind "$d" "$r$d"; done; exec chroot "$r" "$@"')
+
+
+def tool(name: str) -> list[str]:
+    """The command that runs netCDF-C's (or NCO's, CDO's, GDAL's) program `name`: /usr/bin/<name>, or
+    that of REFMOUNT_TEST_NETCDF_ROOT's userland."""
+    if not NETCDF_ROOT:
+        return [f"/usr/bin/{name}"]
+    return ["env", f"REPO={_REPO}", "unshare", "-m", "--propagation", "slave", "sh", "-c", _CHROOT, "sh",
+            NETCDF_ROOT, f"/usr/bin/{name}"]
+
+
+def tool_exists(name: str) -> bool:
+    return Path(f"{NETCDF_ROOT}/usr/bin/{name}").exists()
+
+
+def tool_name(args) -> str:
+    """The program a `tool` command runs (for messages)."""
+    return next((Path(a).name for a in args if str(a).startswith("/usr/bin/")), Path(args[0]).name)
+
+
+_versions: dict = {}
+
+
+def netcdf_version() -> tuple[int, int, int]:
+    """The netCDF-C version the `tool` programs run with (ncdump says it; NCO and CDO use the same
+    userland's library): it decides which metadata form of the decoded view they read."""
+    if "ncdump" not in _versions:
+        proc = subprocess.run(tool("ncdump"), capture_output=True, text=True)
+        found = re.search(r"netcdf library version (\d+)\.(\d+)\.(\d+)", proc.stdout + proc.stderr)
+        _versions["ncdump"] = tuple(int(x) for x in found.groups()) if found else (0, 0, 0)
+    return _versions["ncdump"]
+
+
+def tool_url(path) -> str:
+    """The url this system's netCDF-C programs (ncdump, NCO, CDO) open a local Zarr directory by, in the
+    conformance harness: ``mode=zarr,file`` for 4.9.0, which reads its form (no NCZarr keys) the same in
+    both modes, and whose own NCZarr stores (the harness's proof of a reader's limitation) it reads as
+    Zarr only so; ``mode=nczarr,file`` from 4.9.3 on."""
+    if netcdf_form(netcdf_version()) == "nc49":
+        return f"file://{Path(path).resolve()}#mode=zarr,file"
+    return nczarr_url(path)
+
+
+def netcdf_form(version: tuple[int, int, int]) -> str:
+    """The decoded view's form for a netCDF-C version (refmount.fuse.readers)."""
+    from refmount.fuse.readers import netcdf_form as form
+
+    return form(version)
+
+
+NCDUMP = tool("ncdump")
 
 
 def nczarr_url(path) -> str:
-    """The netCDF-C url of a local Zarr directory (``mode=zarr,file``; see NOTES.md §2)."""
-    return f"file://{Path(path).resolve()}#mode=zarr,file"
+    """The netCDF-C url of a local Zarr directory in the mode the docs name (docs/views-and-clients.md):
+    ``mode=nczarr,file``. netCDF-C >= 4.9.3 reads the decoded view's "nczarr" form exactly only so;
+    4.9.0 reads its "nc49" form (no NCZarr superblock) as in ``mode=zarr,file``. See NOTES.md §2."""
+    return f"file://{Path(path).resolve()}#mode=nczarr,file"
 
 
 # ----------------------------------------------------------------------------- the oracle
@@ -99,11 +160,12 @@ def bytes_form(a: np.ndarray) -> np.ndarray:
 
 
 def served(values: np.ndarray, view: str = "decoded") -> np.ndarray:
-    """The oracle array as the ``view`` serves it (before any client decoding)."""
+    """The oracle array as the ``view`` serves it (before any client decoding); "nczarr": the decoded
+    view in an NCZarr form read in nczarr mode (netCDF-C >= 4.9.3), where a scalar is a scalar."""
     a = bytes_form(values)
     if view == "decoded" and a.ndim == 0:
         a = a.reshape(1)  # scalars are served as shape [1]
-    if view == "decoded" and a.dtype.kind == "b":
+    if view in ("decoded", "nczarr") and a.dtype.kind == "b":
         a = a.astype("u1")  # bool is served as |u1 0/1
     return a
 
@@ -158,7 +220,7 @@ def ncdump(target: str, variables: Optional[List[str]] = None, timeout: float = 
     """Run Debian's ncdump; ``variables`` are paths without a leading slash
     ("t2" matches t2 in every group, "forecast/t3" only that one; "/t2" is an error).
     ``-p 9,17`` prints floats and doubles with enough digits to round-trip exactly."""
-    cmd = [NCDUMP, "-p", "9,17"]
+    cmd = [*NCDUMP, "-p", "9,17"]
     if variables:
         cmd += ["-v", ",".join(variables)]
     proc = subprocess.run(cmd + [target], capture_output=True, text=True, timeout=timeout)
