@@ -195,7 +195,7 @@ def test_the_cookie_jar_reads_curls_file_and_scopes_cookies_as_browsers_do(tmp_p
     path.write_text("\n".join([
         "# Netscape HTTP Cookie File",
         f"#HttpOnly_urs.example.gov\tFALSE\t/\tTRUE\t{later}\turs_session\tU1",
-        f".daac.example.gov\tTRUE\t/\tFALSE\t0\tdaac_wide\tD1",
+        ".daac.example.gov\tTRUE\t/\tFALSE\t0\tdaac_wide\tD1",
         f"data.daac.example.gov\tFALSE\t/protected\tFALSE\t{later}\tnarrow\tN1",
         f"data.daac.example.gov\tFALSE\t/\tFALSE\t{int(time.time()) - 10}\tstale\tS1", ""]))
     jar = CookieJar(str(path))

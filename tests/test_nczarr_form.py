@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import warnings
 from pathlib import Path
 
 import netCDF4

@@ -119,7 +119,7 @@ def test_stats_and_xattrs(mount, datasets, http_data):
     assert after["cache"]["misses"] > before["cache"]["misses"]
     assert "p50_ms" in after["fetch"]["latency"]
     (mnt / "air" / "0.0.0").read_bytes()
-    os.system(f"echo 1 > /proc/sys/vm/drop_caches")
+    os.system("echo 1 > /proc/sys/vm/drop_caches")
     (mnt / "air" / "0.0.0").read_bytes()
     assert json.loads(run_refmount("stats", "--json", mnt.path).stdout)["cache"]["hits"] > after["cache"]["hits"]
     human = run_refmount("stats", mnt.path).stdout
