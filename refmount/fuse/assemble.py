@@ -194,6 +194,8 @@ def build_filesystem(opts):
                "hosts": pacer.statistics(), "passes": passing.statistics(),
                "served": {"bytes": raw.bytes_served, "reads": raw.reads_served,
                           "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3)}}
+        if raw.grid is not None:
+            out["grid_readahead"] = raw.grid.statistics()
         if hasattr(view, "statistics"):
             out["decoded"] = view.statistics()
         if readers is not None:
