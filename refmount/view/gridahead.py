@@ -15,8 +15,8 @@ files over the array's chunk grid instead:
 - `GridAhead` asks the walk for the next chunks and fetches their exact byte ranges (never the
   blocks around them), in the background and at once, near ranges of one remote object as one
   request (`coalesce`). How many chunks it keeps predicted ahead grows by one per prediction used,
-  so it doubles while the walk goes on, and it never exceeds a quarter of the chunks the walk has
-  read (plus a few): when the walk ends, what was fetched ahead for it is at most a quarter more
+  so it doubles while the walk goes on, and it never exceeds a fifth of the chunks the walk has
+  read (or MIN_WINDOW): when the walk ends, what was fetched ahead for it is at most a fifth more
   than what it read. A walk that wastes more than it uses halves it. A read that fits no walk
   starts a new one; predictions of the old one never read count as wasted.
 - A walk that reads every chunk of the inner axes in C order is a scan of the remote file: the
@@ -28,15 +28,21 @@ Everything here runs on the trio thread.
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
 import math
 from collections import OrderedDict, deque
 
 from refmount.refs import INLINE, WHOLE_FILE
 
+log = logging.getLogger("refmount")
+
 HISTORY = 64  # chunk reads a walk remembers (its box and strides come from these)
-MIN_WINDOW = 4  # predictions a walk may keep ahead from the start
-LEAD_FRACTION = 0.25  # ... and at most this fraction of the chunks it has read, beyond that
+MAX_BOX = 4096  # the largest box whose holes are looked for
+SLACK = 16  # steps beyond the box along a moving axis that still go on with the walk
+MIN_WINDOW = 8  # predictions a walk may keep ahead from the start
+LEAD_FRACTION = 0.2  # ... and at most this fraction of the chunks it has read, beyond that
 MAX_WINDOW = 512
 MAX_GROUP = 8 << 20  # bytes one coalesced request may span
 GAP_UNMEASURED = 64 << 10  # the largest gap worth fetching before the link is measured
@@ -67,7 +73,7 @@ class Walk:
         self.history.append(index)
         self.read.add(index)
         self.count += 1
-        if len(self.read) > 16 * HISTORY:  # keep what the box still needs to skip
+        if len(self.read) > MAX_BOX:  # keep what the box still needs to skip
             self.read = set(self.history)
         return fits
 
@@ -78,8 +84,12 @@ class Walk:
             moved = [a for a in range(len(index)) if index[a] != lo[a]]
             return len(moved) <= 1 or all(abs(index[a] - lo[a]) <= 1 for a in moved)
         strides = self.strides(lo)
+        outer = next((a for a in range(len(lo)) if lo[a] != hi[a]), None)
         for a, v in enumerate(index):
-            slack = 2 * strides[a] if lo[a] != hi[a] else 2
+            if a == outer:
+                continue  # anywhere along the walk's outermost axis (dask reads in any order)
+            # (readers a few threads wide, each waiting on a chunk of its own, ask out of order)
+            slack = SLACK * strides[a] if lo[a] != hi[a] else 2
             if not lo[a] - slack <= v <= hi[a] + slack:
                 return False
         return True
@@ -151,16 +161,20 @@ class Walk:
         return True
 
     def predict(self, count: int, skip=()) -> list[tuple[int, ...]]:
-        """The next `count` chunks of the walk after its frontier, nearest first, within the grid;
-        none of them read already or in `skip`."""
+        """The next `count` chunks of the walk, within the grid, none of them read already or in
+        `skip`: first the holes of the box its reads span, nearest the latest read first (a reader
+        in no order, as dask, fills the box in its own order), then those after its frontier,
+        nearest first."""
         m = self.model()
         if m is None or count <= 0:
             return []
         varying, lo, hi, strides, direction = m
         outer, inner = varying[0], varying[1:]
+        out = self._holes(m, count, skip)
+        if len(out) >= count:
+            return out
         frontier = max(self.history, key=self._rank_key(varying, direction))
         pos = list(frontier)
-        out = []
         for _ in range(4 * count + 4 * len(self.read) + 64):  # bounded: skipped chunks cost a step each
             # the next position in C order over the inner axes, carrying into the outer axis
             for a in reversed(inner):
@@ -175,12 +189,40 @@ class Walk:
             if any(not 0 <= pos[a] < self.grid[a] for a in inner):
                 continue
             index = tuple(pos)
-            if index in self.read or index in skip:
+            if index in self.read or index in skip or index in out:
                 continue
             out.append(index)
             if len(out) >= count:
                 break
         return out
+
+
+    def _holes(self, m, count: int, skip) -> list[tuple[int, ...]]:
+        """Up to `count` chunks of the box the walk's reads span (on its strides) not read yet,
+        nearest the latest read (in C order over the box) first; none in a box of over MAX_BOX."""
+        varying, lo, hi, strides, _ = m
+        extents = [(hi[a] - lo[a]) // strides[a] + 1 for a in varying]
+        if math.prod(extents) > MAX_BOX:
+            return []
+        latest = self.history[-1]
+
+        def rank(p) -> int:
+            r = 0
+            for a, n in zip(varying, extents):
+                r = r * n + (p[a] - lo[a]) // strides[a]
+            return r
+
+        here = rank(latest)
+        holes = []
+        for steps in itertools.product(*(range(n) for n in extents)):
+            pos = list(latest)
+            for a, k in zip(varying, steps):
+                pos[a] = lo[a] + k * strides[a]
+            index = tuple(pos)
+            if index not in self.read and index not in skip:
+                holes.append((abs(rank(index) - here), index))
+        holes.sort()
+        return [index for _, index in holes[:count]]
 
 
 def coalesce(ranges: list[tuple[int, int]], max_gap: int, max_span: int = MAX_GROUP,
@@ -321,6 +363,7 @@ class GridAhead:
             grid.used += 1
             grid.window = min(grid.window + 1, MAX_WINDOW)
         if not walk.note(index):
+            log.debug("grid read-ahead: %s%s starts a new walk of %s", grid.prefix, index, grid.prefix.rstrip("/"))
             self._end_walk(grid)
             self.stats["walks"] += 1
         grid.verdict = self._verdict(grid, prefetch)
@@ -369,8 +412,8 @@ class GridAhead:
             self._drop(grid, gone)
         window = min(grid.window, max(MIN_WINDOW, int(walk.count * LEAD_FRACTION)))
         wanted = window - len(grid.pending)
-        if wanted <= 0 or len(grid.pending) > window // 2:
-            return  # (topped up by halves: chunks predicted together go out in fewer requests)
+        if wanted < max(window // 4, 1):
+            return  # (topped up by quarters: chunks predicted together go out in fewer requests)
         room = self.budget.prefetch_room()
         by_object: dict[int, list[tuple[int, int]]] = {}
         for index in walk.predict(wanted, grid.pending):
