@@ -1,6 +1,6 @@
 """Sparse reads over an emulated WAN: a point's time series, a map tile and a small cube (issue 33).
 
-    PYTHONPATH=$PWD python bench/bench_sparse.py [--quick] [--runs N] [--links 80:1000,20:100]
+    PYTHONPATH=$PWD python bench/bench_sparse.py [--quick] [--runs N] [--links 80:1000,20:100] [--files ...]
                                                  [--baseline TREE] [--only zarr,fsspec,...]
 
 Needs root. Builds bench_wan.py's kernel-TCP link (`--link nfqueue`: a router namespace between the
@@ -341,6 +341,7 @@ def vz_python(given: str | None) -> str | None:
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the small-chunk file only")
+    p.add_argument("--files", help="comma-separated: tas.nc, big.nc (default both, or tas.nc with --quick)")
     p.add_argument("--runs", type=int, default=3, help="runs per contender (default 3)")
     p.add_argument("--links", default="80:1000,20:100", help="RTT_MS:MBIT pairs (default 80:1000,20:100)")
     p.add_argument("--only", help="comma-separated readers: zarr, xarray, ncks, fsspec, virtualizarr")
@@ -373,7 +374,7 @@ def main(argv=None) -> int:
     if vz is None:
         log("VirtualiZarr 2.8 needs Python >= 3.12 with virtualizarr, obstore: none found (--vz-python), skipped")
     links = [tuple(float(v) for v in pair.split(":")) for pair in args.links.split(",")]
-    files = ["tas.nc"] if args.quick else list(FILES)
+    files = args.files.split(",") if args.files else ["tas.nc"] if args.quick else list(FILES)
     wanted = args.selections.split(",") if args.selections else None
     selections = {k: v for k, v in SELECTIONS.items() if not wanted or k.split()[0] in wanted}
     args.workdir.mkdir(parents=True, exist_ok=True)

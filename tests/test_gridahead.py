@@ -184,3 +184,27 @@ def test_sparse_selections_fetch_their_chunks_only(sparse_file, mount):
         stats = m.stats()["grid_readahead"]
         assert stats["used"] > 0 and stats["predicted"] >= stats["used"]
         assert stats["wasted"] <= stats["predicted"]
+
+
+def test_point_series_through_the_decoded_view(sparse_file, mount):
+    """netCDF-C reads one chunk at a time, in C order of the selection: the grid read-ahead has the
+    next chunks on their way (the decoded view's chunk files map to the same ranges)."""
+    import netCDF4
+
+    from tests.support.clients import nczarr_url
+
+    with RangeServer(sparse_file.parent) as srv:
+        refs = kerchunk_refs(sparse_file, url=srv.url_for("tas.nc"))
+        lengths = {k: v[2] for k, v in refs["refs"].items() if k.startswith("tas/") and isinstance(v, list)}
+        m = mount(refs, "--view", "decoded")
+        with netCDF4.Dataset(sparse_file) as ds:
+            source = ds["tas"][:, 70, 90]
+        since = len(srv.stats["log"])
+        with netCDF4.Dataset(nczarr_url(m.path)) as ds:
+            got = ds["tas"][:, 70, 90]
+        np.testing.assert_array_equal(got, source)
+        gets, nbytes = _fetched(srv.stats["log"], since)
+        needed = sum(lengths[f"tas/{t}.4.5"] for t in range(STEPS))
+        assert gets <= STEPS and nbytes <= 1.25 * needed, (gets, nbytes, needed)
+        stats = m.stats()["grid_readahead"]
+        assert stats["used"] >= STEPS // 2, stats
