@@ -16,7 +16,7 @@ files over the array's chunk grid instead:
   blocks around them), in the background and at once, near ranges of one remote object as one
   request (`coalesce`). How many chunks it keeps predicted ahead grows by one per prediction used,
   so it doubles while the walk goes on, and it never exceeds a fifth of the chunks the walk has
-  read (or MIN_WINDOW): when the walk ends, what was fetched ahead for it is at most a fifth more
+  read (or a few: MIN_WINDOW): when the walk ends, what was fetched ahead for it is at most a fifth more
   than what it read. A walk that wastes more than it uses halves it. A read that fits no walk
   starts a new one; predictions of the old one never read count as wasted.
 - A walk that reads every chunk of the inner axes in C order is a scan of the remote file: the
@@ -41,7 +41,8 @@ log = logging.getLogger("refmount")
 HISTORY = 64  # chunk reads a walk remembers (its box and strides come from these)
 MAX_BOX = 4096  # the largest box whose holes are looked for
 SLACK = 16  # steps beyond the box along a moving axis that still go on with the walk
-MIN_WINDOW = 8  # predictions a walk may keep ahead from the start
+MIN_WINDOW = 8  # predictions a walk may keep ahead from the start (small chunks)...
+MIN_WINDOW_BYTES = 256 << 10  # ... or fewer, as many as hold this many bytes (at least 2), for big ones
 LEAD_FRACTION = 0.2  # ... and at most this fraction of the chunks it has read, beyond that
 MAX_WINDOW = 512
 MAX_GROUP = 8 << 20  # bytes one coalesced request may span
@@ -251,7 +252,7 @@ def coalesce(ranges: list[tuple[int, int]], max_gap: int, max_span: int = MAX_GR
 class _Grid:
     """One array's chunk grid, as its inline .zarray gives it."""
 
-    __slots__ = ("prefix", "separator", "grid", "walk", "window", "pending", "used", "scanning", "verdict")
+    __slots__ = ("prefix", "separator", "grid", "walk", "window", "pending", "used", "scanning", "verdict", "chunk_bytes")
 
     def __init__(self, prefix: str, separator: str, grid: tuple[int, ...]) -> None:
         self.prefix = prefix
@@ -263,6 +264,7 @@ class _Grid:
         self.used = 0  # of this walk's predictions
         self.scanning = False  # the walk is a scan (see Walk.is_scan)
         self.verdict: str | None = None  # what the last read from a chunk's start made of the walk
+        self.chunk_bytes = 0  # the referenced length of its chunk read last
 
     def key(self, index) -> str:
         return self.prefix + self.separator.join(map(str, index))
@@ -354,6 +356,7 @@ class GridAhead:
         walk = grid.walk
         if not first:
             return grid.verdict
+        grid.chunk_bytes = self.refset.target(i)[2]
         predicted = grid.pending.pop(index, None)
         if predicted is not None:
             uid, start, end = predicted
@@ -410,7 +413,8 @@ class GridAhead:
         gone = [index for index in grid.pending if not walk.in_walk(index, model)]
         if gone:
             self._drop(grid, gone)
-        window = min(grid.window, max(MIN_WINDOW, int(walk.count * LEAD_FRACTION)))
+        floor = min(MIN_WINDOW, max(2, MIN_WINDOW_BYTES // max(grid.chunk_bytes, 1)))
+        window = min(grid.window, max(floor, int(walk.count * LEAD_FRACTION)))
         wanted = window - len(grid.pending)
         if wanted < max(window // 4, 1):
             return  # (topped up by quarters: chunks predicted together go out in fewer requests)
