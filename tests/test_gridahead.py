@@ -121,6 +121,75 @@ def test_array_grid():
     assert array_grid({"shape": [4], "chunks": [0]}) is None
 
 
+# -- GridAhead over a real reference set and block cache (a remote that records requests) -------------
+
+def _grid_set(tmp_path, grid=(20, 4, 4), size=100):
+    """Array `a` of one-element chunks laid out in C order, `size` bytes each, in one remote file."""
+    import itertools
+    import json
+
+    from refmount.refs import load_refs
+
+    refs = {".zgroup": '{"zarr_format": 2}',
+            "a/.zarray": json.dumps({"shape": list(grid), "chunks": [1] * len(grid), "dtype": "<f4",
+                                     "compressor": None, "filters": None, "fill_value": 0, "order": "C",
+                                     "zarr_format": 2})}
+    for n, index in enumerate(itertools.product(*map(range, grid))):
+        refs["a/" + ".".join(map(str, index))] = ["http://127.0.0.1:9/f.bin", n * size, size]
+    path = tmp_path / "refs.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    return load_refs(str(path))
+
+
+def test_predictions_are_exact_ranges_counted_against_the_budget(tmp_path):
+    import trio
+
+    from refmount.cache.blocks import BlockCache
+    from refmount.fetch.pieces import piece_sizes
+    from refmount.view.gridahead import GridAhead
+
+    refset = _grid_set(tmp_path)
+    requests = []
+
+    async def fetch(source, start, end):
+        requests.append((start, end))
+        await trio.sleep(0.001)
+        return [bytes(n) for n in piece_sizes(start, end, 1 << 20)]
+
+    async def main():
+        cache = BlockCache(fetch, block_size=1 << 20, capacity=64 << 20)
+        ahead = GridAhead(refset, cache)
+        # a point series along the first axis: chunk (t, 1, 2) is 16 chunks (1600 bytes) after (t-1, 1, 2)
+        for t in range(6):
+            i = refset.find(f"a/{t}.1.2")
+            ahead.on_read(i)
+            uid, offset, length = refset.target(i)
+            await cache.read_exact(uid, offset, offset + length)
+        await trio.sleep(0.05)
+        stats = ahead.statistics()
+        assert stats["predicted"] >= 4 and stats["used"] >= 2
+        assert all(end - start == 100 and (start - 600) % 1600 == 0 for start, end in requests)
+        assert len(requests) == len(set(requests))  # each chunk once, read or predicted
+        assert cache.budget.ahead == 100 * stats["pending"] > 0
+        # nobody goes on with the walk: its predictions are wasted and give their budget back
+        ahead._sweep(1e12)
+        assert cache.budget.ahead == 0
+        assert ahead.statistics()["wasted"] == stats["wasted"] + stats["pending"]
+
+        # a tile row: neighbours in the file go out as one request
+        before = len(requests)
+        for y, x in [(0, 0), (0, 1), (1, 0)]:
+            i = refset.find(f"a/15.{y}.{x}")
+            ahead.on_read(i)
+            uid, offset, length = refset.target(i)
+            await cache.read_exact(uid, offset, offset + length)
+        await trio.sleep(0.05)
+        assert ahead.statistics()["coalesced_gets"] >= 1
+        assert any(end - start > 100 for start, end in requests[before:])
+
+    trio.run(main)
+
+
 # -- through a mount -------------------------------------------------------------------------------------
 
 STEPS, SIDE, CHUNK = 60, 128, 16  # a grid of 60 x 8 x 8 chunks of 16 x 16 float32, zlib

@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import math
+import time
 from collections import OrderedDict, deque
 
 from refmount.refs import INLINE, WHOLE_FILE
@@ -47,7 +48,8 @@ LEAD_FRACTION = 0.2  # ... and at most this fraction of the chunks it has read, 
 MAX_WINDOW = 512
 MAX_GROUP = 8 << 20  # bytes one coalesced request may span
 GAP_UNMEASURED = 64 << 10  # the largest gap worth fetching before the link is measured
-GAP_SHARE = 0.25  # gaps may add at most this fraction of a coalesced request's wanted bytes
+GAP_SHARE = 0.25
+IDLE = 5.0  # seconds after its last read when a walk's unread predictions count as wasted (and free the budget)  # gaps may add at most this fraction of a coalesced request's wanted bytes
 
 
 class Walk:
@@ -90,7 +92,7 @@ class Walk:
             if a == outer:
                 continue  # anywhere along the walk's outermost axis (dask reads in any order)
             # (readers a few threads wide, each waiting on a chunk of its own, ask out of order)
-            slack = SLACK * strides[a] if lo[a] != hi[a] else 2
+            slack = SLACK * strides[a] if lo[a] != hi[a] else 1  # (or the next row, plane or step)
             if not lo[a] - slack <= v <= hi[a] + slack:
                 return False
         return True
@@ -252,7 +254,7 @@ def coalesce(ranges: list[tuple[int, int]], max_gap: int, max_span: int = MAX_GR
 class _Grid:
     """One array's chunk grid, as its inline .zarray gives it."""
 
-    __slots__ = ("prefix", "separator", "grid", "walk", "window", "pending", "used", "scanning", "verdict", "chunk_bytes")
+    __slots__ = ("prefix", "separator", "grid", "walk", "window", "pending", "used", "scanning", "verdict", "chunk_bytes", "last_read")
 
     def __init__(self, prefix: str, separator: str, grid: tuple[int, ...]) -> None:
         self.prefix = prefix
@@ -265,6 +267,7 @@ class _Grid:
         self.scanning = False  # the walk is a scan (see Walk.is_scan)
         self.verdict: str | None = None  # what the last read from a chunk's start made of the walk
         self.chunk_bytes = 0  # the referenced length of its chunk read last
+        self.last_read = 0.0
 
     def key(self, index) -> str:
         return self.prefix + self.separator.join(map(str, index))
@@ -290,6 +293,7 @@ class GridAhead:
         self.budget = cache.budget
         self._arrays: dict[str, _Grid | None] = {}  # array path -> its grid (None: not an array we follow)
         self._by_dir: dict[int, tuple] = {}  # key's dir id -> (grid, name prefix to strip) or ()
+        self._swept = 0.0  # when idle walks were last looked for
         self.stats = {"predicted": 0, "predicted_bytes": 0, "used": 0, "used_bytes": 0, "wasted": 0,
                       "wasted_bytes": 0, "gets": 0, "coalesced_gets": 0, "coalesced_ranges": 0,
                       "gap_bytes": 0, "walks": 0, "scans": 0}
@@ -357,6 +361,9 @@ class GridAhead:
         if not first:
             return grid.verdict
         grid.chunk_bytes = self.refset.target(i)[2]
+        grid.last_read = now = time.monotonic()
+        if now - self._swept > IDLE:
+            self._sweep(now)
         predicted = grid.pending.pop(index, None)
         if predicted is not None:
             uid, start, end = predicted
@@ -387,6 +394,13 @@ class GridAhead:
         if prefetch:
             self._predict(grid)
         return "walk"
+
+    def _sweep(self, now: float) -> None:
+        """Walks nobody went on with for IDLE seconds: their unread predictions are wasted."""
+        self._swept = now
+        for grid in self._arrays.values():
+            if grid is not None and grid.pending and now - grid.last_read > IDLE:
+                self._end_walk(grid)
 
     def _end_walk(self, grid: _Grid) -> None:
         """The walk ended: what it predicted and nobody read is wasted; a walk that wasted more
