@@ -41,6 +41,8 @@ log = logging.getLogger("refmount")
 
 HISTORY = 64  # chunk reads a walk remembers (its box and strides come from these)
 MAX_BOX = 4096  # the largest box whose holes are looked for
+MAX_READ = 1024  # chunks a walk remembers having read (to skip them)
+MAX_WALKS = 64  # arrays whose walks are followed at once (the least recently read is forgotten)
 SLACK = 16  # steps beyond the box along a moving axis that still go on with the walk
 MIN_WINDOW = 8  # predictions a walk may keep ahead from the start (small chunks)...
 MIN_WINDOW_BYTES = 256 << 10  # ... or fewer, as many as hold this many bytes (at least 2), for big ones
@@ -76,7 +78,7 @@ class Walk:
         self.history.append(index)
         self.read.add(index)
         self.count += 1
-        if len(self.read) > MAX_BOX:  # keep what the box still needs to skip
+        if len(self.read) > MAX_READ:  # (bounded memory: older reads may then be predicted again)
             self.read = set(self.history)
         return fits
 
@@ -294,6 +296,7 @@ class GridAhead:
         self._arrays: dict[str, _Grid | None] = {}  # array path -> its grid (None: not an array we follow)
         self._by_dir: dict[int, tuple] = {}  # key's dir id -> (grid, name prefix to strip) or ()
         self._swept = 0.0  # when idle walks were last looked for
+        self._walking: OrderedDict[int, _Grid] = OrderedDict()  # grids with a walk, least recently read first
         self.stats = {"predicted": 0, "predicted_bytes": 0, "used": 0, "used_bytes": 0, "wasted": 0,
                       "wasted_bytes": 0, "gets": 0, "coalesced_gets": 0, "coalesced_ranges": 0,
                       "gap_bytes": 0, "walks": 0, "scans": 0}
@@ -361,6 +364,12 @@ class GridAhead:
         if not first:
             return grid.verdict
         grid.chunk_bytes = self.refset.target(i)[2]
+        self._walking[id(grid)] = grid
+        self._walking.move_to_end(id(grid))
+        if len(self._walking) > MAX_WALKS:
+            _, old = self._walking.popitem(last=False)
+            self._end_walk(old)
+            old.walk = Walk(old.grid)
         grid.last_read = now = time.monotonic()
         if now - self._swept > IDLE:
             self._sweep(now)
@@ -398,8 +407,8 @@ class GridAhead:
     def _sweep(self, now: float) -> None:
         """Walks nobody went on with for IDLE seconds: their unread predictions are wasted."""
         self._swept = now
-        for grid in self._arrays.values():
-            if grid is not None and grid.pending and now - grid.last_read > IDLE:
+        for grid in self._walking.values():
+            if grid.pending and now - grid.last_read > IDLE:
                 self._end_walk(grid)
 
     def _end_walk(self, grid: _Grid) -> None:
