@@ -294,7 +294,7 @@ class GridAhead:
         self.cache = cache
         self.budget = cache.budget
         self._arrays: dict[str, _Grid | None] = {}  # array path -> its grid (None: not an array we follow)
-        self._by_dir: dict[int, tuple] = {}  # key's dir id -> (grid, name prefix to strip) or ()
+        self._by_dir: dict[int, tuple] = {}  # key's dir id -> (its array's grid,), or () for none
         self._swept = 0.0  # when idle walks were last looked for
         self._walking: OrderedDict[int, _Grid] = OrderedDict()  # grids with a walk, least recently read first
         self.stats = {"predicted": 0, "predicted_bytes": 0, "used": 0, "used_bytes": 0, "wasted": 0,
