@@ -9,15 +9,16 @@ files over the array's chunk grid instead:
 
 - `Walk` (no I/O) recognises the walk the reads make: a line along any axis with any stride, or a
   box walked in C order (a row of n chunks, then the next row; a plane of rows, then the next
-  plane), with its outermost moving axis open-ended. Readers need not keep strict order (zarr
-  reads a few chunks at once from threads): the walk's frontier is the furthest chunk read in walk
-  order, and chunks behind it are left to the readers already reading them.
+  plane), with its outermost moving axis open-ended. Readers need not keep order (zarr reads a
+  few chunks at once from threads; dask reads a selection in the string order of its keys): the
+  holes of the box the reads span come first, nearest the latest read, then the chunks after the
+  walk's frontier (the furthest chunk read in walk order).
 - `GridAhead` asks the walk for the next chunks and fetches their exact byte ranges (never the
   blocks around them), in the background and at once, near ranges of one remote object as one
   request (`coalesce`). How many chunks it keeps predicted ahead grows by one per prediction used,
   so it doubles while the walk goes on, and it never exceeds a fifth of the chunks the walk has
-  read (or a few: MIN_WINDOW): when the walk ends, what was fetched ahead for it is at most a fifth more
-  than what it read. A walk that wastes more than it uses halves it. A read that fits no walk
+  read (or a few: MIN_WINDOW): when the walk ends, what was fetched ahead for it is at most a fifth
+  more than what it read. A walk that wastes more than it uses halves it. A read that fits no walk
   starts a new one; predictions of the old one never read count as wasted.
 - A walk that reads every chunk of the inner axes in C order is a scan of the remote file: the
   byte-stream read-ahead serves it (big requests, paced), and the grid predicts nothing for it.
@@ -50,8 +51,8 @@ LEAD_FRACTION = 0.2  # ... and at most this fraction of the chunks it has read, 
 MAX_WINDOW = 512
 MAX_GROUP = 8 << 20  # bytes one coalesced request may span
 GAP_UNMEASURED = 64 << 10  # the largest gap worth fetching before the link is measured
-GAP_SHARE = 0.25
-IDLE = 5.0  # seconds after its last read when a walk's unread predictions count as wasted (and free the budget)  # gaps may add at most this fraction of a coalesced request's wanted bytes
+GAP_SHARE = 0.25  # gaps may add at most this fraction of a coalesced request's wanted bytes
+IDLE = 5.0  # seconds after its last read when a walk's unread predictions count as wasted (and free the budget)
 
 
 class Walk:
