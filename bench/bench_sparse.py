@@ -40,7 +40,6 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -319,7 +318,8 @@ def verdicts(all_results: list[tuple]) -> list[str]:
         ratio = median(rm, "seconds") / median(fs, "seconds")
         ok = amp <= most and median(rm, "gets") <= median(fs, "gets") and ratio <= fastest
         out.append(f"{'met' if ok else 'MISSED'}: {link} {file} {name}: bytes {amp:.2f}x (<= {most}), GETs "
-                   f"{median(rm, 'gets'):.0f} vs fsspec {median(fs, 'gets'):.0f}, time {ratio:.2f}x fsspec (<= {fastest})")
+                   f"{median(rm, 'gets'):.0f} vs fsspec {median(fs, 'gets'):.0f}, "
+                   f"time {ratio:.2f}x fsspec (<= {fastest})")
         nc = results.get("ncks") or []
         if nc and name == "point series" and link.startswith("80 ms"):
             t = median(nc, "seconds")

@@ -257,7 +257,8 @@ def coalesce(ranges: list[tuple[int, int]], max_gap: int, max_span: int = MAX_GR
 class _Grid:
     """One array's chunk grid, as its inline .zarray gives it."""
 
-    __slots__ = ("prefix", "separator", "grid", "walk", "window", "pending", "used", "scanning", "verdict", "chunk_bytes", "last_read")
+    __slots__ = ("prefix", "separator", "grid", "walk", "window", "pending", "used", "scanning", "verdict",
+                 "chunk_bytes", "last_read")
 
     def __init__(self, prefix: str, separator: str, grid: tuple[int, ...]) -> None:
         self.prefix = prefix
