@@ -221,10 +221,11 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="total time one read may take, retries included, before it fails with EIO (default: 30)")
     g.add_argument("--stall-timeout", type=positive_float, default=10.0, metavar="SECONDS",
                    help="abandon and retry a connection that sends nothing for this long (default: 10)")
-    g.add_argument("--connections", type=positive_int, default=8, metavar="N",
+    g.add_argument("--connections", type=positive_int, default=32, metavar="N",
                    help="most parallel connections per host, opened (--http-client stdlib) when the mount first "
                         "meets the host, so that parallel reads skip the handshake; read-ahead "
-                        "adapts below it, and one remote object gets all but one of them (default: 8)")
+                        "adapts below it (scans use a few; the chunks a sparse read predicts, one request each, "
+                        "use many), and one remote object gets all but one of them (default: 32)")
     g.add_argument("--max-full-download", type=parse_size, default=None, metavar="SIZE",
                    help="a server that ignores Range sends every object from its first byte: reads of an object "
                         "share one pass over it (which keeps the blocks the reference set refers to as it goes), "

@@ -151,6 +151,60 @@ class BlockCache:
             self._store(key, data)
         return data
 
+    def fetch_exact_ahead(self, source, groups: list[list[tuple[int, int]]]) -> None:
+        """Fetch exact ranges ahead of their readers (the chunk-grid read-ahead, view/gridahead.py)
+        in the background: each group [(start, end), ...] of `source` as one request spanning it,
+        paced as read-ahead parts are. Each range is kept as `read_exact` keeps it, so its reader
+        finds it, or waits for it, under the same key. Ranges cached or in flight are left out."""
+        for group in groups:
+            keys = [(source, start, end) for start, end in group
+                    if (source, start, end) not in self._blocks and (source, start, end) not in self._inflight]
+            if not keys:
+                continue
+            flight = _Flight()
+            for key in keys:
+                self._inflight[key] = flight
+            trio.lowlevel.spawn_system_task(self._fetch_exact_group, source, keys, flight)
+
+    async def _fetch_exact_group(self, source, keys: list[tuple], flight: _Flight) -> None:
+        # A failure leaves the flight without the ranges: its waiters then fetch them themselves
+        # (and report what goes wrong), as a failed read-ahead part leaves its blocks to readers.
+        start, end = keys[0][1], keys[-1][2]
+        ticket = None
+        try:
+            if self.pacer is not None:
+                ticket = await self.pacer.acquire(source)
+            await self.budget.start_fetch(end - start)
+            flight.reserved = end - start
+            self._evict()
+            self.budget.note_cached()
+            pieces = await self._fetch(source, start, end)
+            data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            self._landed(flight)
+            if ticket is not None:
+                ticket.nbytes = len(data)
+            view = memoryview(data)
+            for key in keys:
+                lo, hi = key[1] - start, key[2] - start
+                if hi > len(data):
+                    break  # the object ends first: its reader finds out (PastEnd)
+                kept = self._keep(bytes(view[lo:hi]))  # (own copies: each range is evicted on its own)
+                flight.blocks[key] = kept
+                self._store(key, kept)
+            view.release()
+            if self.pool is not None:
+                self.pool.release(data)  # (the request's own buffer: its slot may be reused)
+        except Exception:  # noqa: BLE001 - the readers of these ranges retry and report
+            pass
+        finally:
+            self._landed(flight)
+            if ticket is not None:
+                self.pacer.release(ticket)
+            for key in keys:
+                if self._inflight.get(key) is flight:
+                    del self._inflight[key]
+            flight.done.set()
+
     def put(self, source, index: int, block) -> bool:
         """Keep block `index` of `source` that came by some other way (a whole-object pass over an
         object whose server ignores Range: cache/passing.py), unless it is cached or being fetched."""

@@ -214,12 +214,14 @@ def build_filesystem(opts):
                           "malloc": malloc_statistics()},
                "hosts": host_statistics(pacer, fetcher), "passes": passing.statistics(),
                "logins": fetcher.logins.statistics(),
-               # (every number of "readahead", and of "grid_readahead" when the chunk-grid read-ahead
-               # adds it, is exported by fuse/metrics.py: as a counter, or a gauge if named 'pending'...)
+               # (every number of "readahead" and "grid_readahead" is exported by fuse/metrics.py: as a
+               # counter, or a gauge if named as what is there now, 'pending'...)
                "readahead": raw.streams.statistics(),
                "served": {"bytes": raw.bytes_served, "reads": raw.reads_served,
                           "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3),
                           "reader_bytes": fs.bytes_read, "reader_reads": fs.reads}}
+        if raw.grid is not None:
+            out["grid_readahead"] = raw.grid.statistics()
         if hasattr(view, "statistics"):
             out["decoded"] = view.statistics()
         if readers is not None:

@@ -19,6 +19,7 @@ from refmount.errors import FetchError
 from refmount.fetch import Fetcher, redact
 from refmount.cache.lru import SingleFlightLRU
 from refmount.fetch.protocols import is_remote
+from refmount.view.gridahead import GridAhead
 from refmount.refs import INLINE, WHOLE_FILE, RefSet
 
 log = logging.getLogger("refmount")
@@ -34,6 +35,7 @@ _STAGGER = (4, 3, 2, 3)
 # (Chosen when smaller ranges went over other connections than big ones; now every range of the
 # stdlib engine shares one pool, and smaller spreads are untested.)
 _SPREAD_MIN = 512 << 10
+_WALKED_CHUNK_MAX = 16 << 20  # chunks up to this size read in a walk over their grid are fetched whole
 
 
 class _Stream:
@@ -442,6 +444,10 @@ class RawView:
         # which coalesces neighbouring chunks into one request. (The disk cache stores whole blocks
         # only, so with it every read goes by blocks.)
         self.small_chunk = cache.block_size // 4 if exact_small_reads else 0
+        # Chunks of arrays read in a walk over their grid (a point's time series, a tile, a cube)
+        # are predicted and fetched as exact ranges (view/gridahead.py); the byte streams above
+        # read ahead only for scans. (Not over the disk cache, which fetches whole blocks only.)
+        self.grid = GridAhead(refset, cache) if exact_small_reads else None
         self._whole_sizes = SingleFlightLRU(1 << 62)  # url id -> size of the whole remote object (all kept)
         self.past_end = PastEnd(refset)  # objects that end before a key's range does
         self.bytes_served = 0  # what readers got from remote objects (fetched / served = amplification)
@@ -560,19 +566,28 @@ class RawView:
         # may ask for it in pieces: a read from its start at random fetches all of it in one request,
         # and its other pieces come from that (nothing to read ahead for them).
         chunk = not whole and not exact and self.small_chunk and length <= self.cache.block_size
-        chunk_fetched = chunk and self.cache.has_exact(uid, base, base + length)
+        # A chunk of an array walked over its grid (not scanned): the grid read-ahead may have it
+        # fetched already, and the byte stream must not run ahead past the walk's chunks.
+        walk = None if whole or exact or self.grid is None else self.grid.on_read(i, offset == 0, self.prefetch)
+        chunk_fetched = (chunk or walk in ("walk", "scan")) and self.cache.has_exact(uid, base, base + length)
         # A read from the start of a chunk that begins a run of chunks following one another in the
         # remote file is how a scan of a variable starts (`cat` of its chunk files in order): read
         # ahead to the end of the next chunk at once rather than after it (a reader of that one
         # chunk alone pays one chunk more; the scan ramps up once it goes on into the next). A
         # chunk after another one read at random stays one exact request; small chunks wait for a
         # proven scan.
+        # (a small chunk is no scan until its array's walk shows one: one read of it, whole, is all)
+        walking = walk == "walk" or (walk == "new" and small_key)
         next_key_end = (self._next_in_run(i, uid, base, length)
-                        if offset == 0 and not whole and not exact and length > self.small_chunk else 0)
+                        if offset == 0 and not whole and not exact and length > self.small_chunk and not walking else 0)
         scan = self.streams.on_read(uid, base + offset, base + end, base + length, limit,
-                                    prefetch=self.prefetch and not chunk_fetched, small=small,
+                                    prefetch=self.prefetch and not chunk_fetched and not walking, small=small,
                                     opening=offset == 0 and end >= self.cache.block_size, next_key_end=next_key_end)
-        whole_chunk = chunk_fetched or (chunk and offset == 0 and not scan)
+        scan = scan and not walking
+        # (a walk's chunk not predicted is fetched whole at its first read too: its readers read it
+        # whole, and its other pieces then come from that rather than a request each)
+        walked_chunk = walking and offset == 0 and length <= _WALKED_CHUNK_MAX
+        whole_chunk = chunk_fetched or ((chunk or walked_chunk) and offset == 0 and not scan)
         if (small_key and not scan and not exact) or whole_chunk:  # (readers usually read a small chunk whole)
             data = (await self.cache.read_exact(uid, base, base + length))[offset:end]
         elif not scan and self.small_chunk and ((base + offset) % self.cache.block_size
