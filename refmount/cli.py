@@ -231,6 +231,7 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         f"(default: {format_size(DEFAULT_MAX_VALUE_SIZE)})")
     g.add_argument("--load-timeout", type=positive_float, default=DEFAULT_LOAD_TIMEOUT, metavar="SECONDS",
                    help=f"give up loading the reference set after this long (default: {DEFAULT_LOAD_TIMEOUT:g})")
+    add_archive_options(p)
     g = p.add_argument_group("kernel tuning (root only)")
     g.add_argument("--no-tune-kernel", dest="tune_kernel", action="store_false",
                    help="leave the kernel readahead and FUSE max_background as they are")
@@ -239,6 +240,25 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Icechunk repositories")
     add_version_options(g)
     add_authorization_options(g)
+
+
+def add_archive_options(p: argparse.ArgumentParser) -> None:
+    """How data files (netCDF, HDF5, GRIB, TIFF) and archives of them are scanned (mount and scan)."""
+    g = p.add_argument_group("data files and archives (REFS a data file, a glob, a directory, an s3:// prefix "
+                             "or @FILE; see docs/archives.md)")
+    g.add_argument("--concat", metavar="DIM",
+                   help="combine the files into one dataset along dimension DIM (as kerchunk's MultiZarrToZarr): "
+                        "variables over DIM concatenated in the order of DIM's values, its values re-encoded to "
+                        "one CF unit and calendar; other variables taken once when identical in every file "
+                        "(default: one subdirectory per file)")
+    g.add_argument("--identical", action="append", default=[], metavar="VAR",
+                   help="with --concat: take variable VAR from the first file without comparing it (repeatable)")
+    g.add_argument("--skip-mismatched", action="store_true",
+                   help="with --concat: leave out, with a log line, a file whose variables not along DIM differ "
+                        "from the first file's (default: refuse the whole set, naming the file and variable)")
+    g.add_argument("--strict", action="store_true",
+                   help="a file of a glob, directory or list that is not a data file, or cannot be scanned, "
+                        "fails the whole mount (default: it is left out with a log line)")
 
 
 def add_version_options(g) -> None:
@@ -314,6 +334,7 @@ def options_from_args(args):
         max_refs_size=args.max_refs_size, max_value_size=args.max_value_size, load_timeout=args.load_timeout,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
         containers=parse_repoint(args.container), authorized_containers=parse_authorized(args.authorize_container),
+        concat=args.concat, identical=tuple(args.identical), skip_mismatched=args.skip_mismatched, strict=args.strict,
     )
 
 

@@ -1,0 +1,286 @@
+"""Scan the data files a SOURCE names and make one reference set of them.
+
+- One data file: the mount root is its dataset.
+- Several (a glob, a directory, an s3:// prefix, @FILE): one subdirectory per file, each a dataset;
+  with `concat` one dataset combined along that dimension (refmount.refs.combine).
+
+Every file is identified first (a stat, a HEAD, or the listing's ETag); one scanned before at the same
+version comes from the scan store without a byte of its header read. The others are sniffed (their first
+bytes, through the block cache) and scanned in worker processes. A file that cannot be scanned is one
+log line and is left out (the whole source fails with `strict`, or when it is the only file).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import orjson
+import trio
+
+from refmount.errors import FetchError, RefmountError, RefsError, quote
+from refmount.fetch.stats import redact
+from refmount.refs.scan.formats import FORMAT_NAMES, SNIFF_BYTES, sniff
+from refmount.refs.scan.sources import Entry, list_sources, looks_like_many, may_be_data_file
+
+log = logging.getLogger("refmount")
+
+SCANNER_MEMORY = 1 << 30  # address space a scanner may add to what it has after its imports
+SCAN_CACHE_BYTES = 64 << 20  # the block cache the headers are read through
+
+
+@dataclass
+class ArchiveOptions:
+    concat: str | None = None
+    identical: tuple = ()
+    skip_mismatched: bool = False
+    strict: bool = False
+    scan_dir: str | None = None  # where scans are kept (None: the per-user default, store.py)
+    cache_dir: str | None = None
+    block_size: int = 1 << 20
+    connections: int = 8
+    workers: int | None = None
+    read_timeout: float = 30.0
+    stall_timeout: float = 10.0
+    http_client: str = "stdlib"
+    allow_cross_host_redirects: bool = False
+    progress: object = None  # called with (files done, files in all), or None
+    remote_options: dict = field(default_factory=dict)
+
+
+@dataclass
+class Scanned:
+    name: str
+    url: str
+    format: str
+    refs: dict
+    refused: list
+
+
+def is_archive_source(location: str, remote_options: dict | None = None) -> bool:
+    """A data file (told by its first bytes) or a form that names several files."""
+    if looks_like_many(location):
+        return True
+    if not may_be_data_file(location):
+        return False
+    return _first_bytes_format(location, remote_options or {}) is not None
+
+
+def _first_bytes_format(location: str, remote_options: dict) -> str | None:
+    from refmount.fetch.protocols import is_remote, local_path
+
+    if not is_remote(location):
+        try:
+            with open(local_path(location), "rb") as f:
+                head = f.read(1 << 20)
+        except OSError:
+            return None
+        return sniff(head)
+
+    async def head() -> bytes:
+        from refmount.fetch import Fetcher
+
+        fetcher = Fetcher(remote_options=remote_options)
+        try:
+            return b"".join(map(bytes, await fetcher.read(location, 0, SNIFF_BYTES)))
+        finally:
+            await fetcher.aclose()
+
+    try:
+        return sniff(trio.run(head))
+    except Exception:  # noqa: BLE001 - not reachable as a data file: the reference loaders say why
+        return None
+
+
+def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, timeout: float | None) -> tuple:
+    """(kind, [Scanned]) of a source: kind 'file' (one data file) or 'many'."""
+    single = not looks_like_many(location)
+    if single:
+        entries = [Entry(location.rstrip("/").rsplit("/", 1)[-1], location)]
+    else:
+        headers = options.remote_options.get("headers")
+        entries = list_sources(location, options.remote_options, headers)
+        if not entries:
+            raise RefmountError(f"{quote(redact(location))} names no files")
+    from refmount.refs.scan.store import ScanStore, default_scan_dir
+
+    store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
+    if not single:
+        names = [e.name for e in entries]
+        for gone in sorted(set(store.previous_names(location)) - set(names)):
+            log.warning("%s: file %s is gone since the last mount; it leaves the mount", redact(location), quote(gone))
+    started = time.monotonic()
+    results, failures = trio.run(_scan_all, entries, options, store, max_refs_size, timeout)
+    scanned = [r for r in results if r is not None]
+    for entry, message in failures:
+        if single or options.strict:
+            raise RefmountError(f"{quote(redact(entry.url))}: {message}")
+        log.warning("%s: %s; left out of the mount", redact(entry.url), message)
+    if not single:
+        store.put_names(location, [s.name for s in scanned])
+        if not scanned:
+            raise RefmountError(f"no file of {quote(redact(location))} could be scanned")
+    for s in scanned:
+        for reason in s.refused:
+            log.warning("%s: variable %s", redact(s.url), reason + " (cannot be referenced; left out)"
+                        if ":" in reason else reason)
+    log.info("scanned %d file(s) of %s in %.2f s", len(scanned), redact(location), time.monotonic() - started)
+    return ("file" if single else "many"), scanned
+
+
+async def _scan_all(entries: list[Entry], options: ArchiveOptions, store, max_refs_size: int,
+                    timeout: float | None):
+    from refmount.cache.blocks import BlockCache
+    from refmount.fetch import Fetcher, RetryPolicy
+    from refmount.refs.scan.pool import ScanPool, ScanFailed, default_workers
+
+    policy = RetryPolicy(read_timeout=options.read_timeout, stall_timeout=options.stall_timeout)
+    fetcher = Fetcher(policy=policy, remote_options=options.remote_options,
+                      connections_per_host=options.connections, http_client=options.http_client,
+                      allow_cross_host_redirects=options.allow_cross_host_redirects)
+    bs = options.block_size
+
+    async def fetch(url, start, end):
+        return await fetcher.read(url, start, end, bs)
+
+    cache = BlockCache(fetch, block_size=bs, capacity=SCAN_CACHE_BYTES)
+
+    async def read(url: str, start: int, end: int):
+        return await cache.read(url, start, end)
+
+    workers = options.workers or default_workers()
+    pool = ScanPool(read, workers=min(workers, len(entries)), memory=SCANNER_MEMORY, max_result=max_refs_size,
+                    timeout=timeout)
+    results: list[Scanned | None] = [None] * len(entries)
+    failures: list[tuple[Entry, str]] = []
+    lookups = trio.CapacityLimiter(max(16, 4 * options.connections))
+    done = 0
+
+    def finished() -> None:
+        nonlocal done
+        done += 1
+        if options.progress:
+            options.progress(done, len(entries))
+
+    async def one(i: int, entry: Entry) -> None:
+        try:
+            async with lookups:
+                size, version = await _identify(fetcher, entry)
+            kept = store.get(entry.url, version, max_refs_size) if version else None
+            if kept is not None:
+                results[i] = Scanned(entry.name, entry.url, kept["format"], kept["refs"], kept.get("refused", []))
+                return
+            if size == 0:
+                raise ScanFailed("is empty")
+            head = bytes(await read(entry.url, 0, min(size, SNIFF_BYTES)))
+            fmt = sniff(head)
+            if fmt is None:
+                raise ScanFailed("is not a netCDF, HDF5, GRIB or TIFF file (told by its first bytes)")
+            try:
+                scan = await pool.scan(fmt, entry.url, size)
+            except ScanFailed as e:
+                raise ScanFailed(f"{FORMAT_NAMES[fmt]} file that cannot be scanned: {e}") from None
+            refs, refused = scan.get("refs"), scan.get("refused", [])
+            if not isinstance(refs, dict) or not isinstance(refused, list):
+                raise ScanFailed("the scanner gave no references")
+            if version:
+                store.put(entry.url, version, {"format": fmt, "refs": refs, "refused": refused})
+            results[i] = Scanned(entry.name, entry.url, fmt, refs, [str(r) for r in refused])
+        except (ScanFailed, FetchError) as e:
+            failures.append((entry, str(e)))
+        finally:
+            finished()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for i, entry in enumerate(entries):
+                nursery.start_soon(one, i, entry)
+    finally:
+        pool.close()
+        await fetcher.aclose()
+    order = {id(e): i for i, e in enumerate(entries)}
+    failures.sort(key=lambda f: order[id(f[0])])
+    return results, failures
+
+
+async def _identify(fetcher, entry: Entry) -> tuple[int, str | None]:
+    """(size, version) of a file: a local file's stat, the listing's ETag, or one HEAD."""
+    from refmount.fetch.protocols import is_remote, local_path
+
+    if not is_remote(entry.url):
+        try:
+            st = await trio.to_thread.run_sync(os.stat, local_path(entry.url))
+        except FileNotFoundError:
+            raise FetchError("does not exist") from None
+        except OSError as e:
+            raise FetchError(e.strerror) from None
+        return st.st_size, f"size {st.st_size} mtime {st.st_mtime_ns}"
+    if entry.size is not None and entry.version:
+        return entry.size, f"{entry.version} size {entry.size}"
+    size = await fetcher.size(entry.url)
+    try:
+        version = await fetcher.identity(entry.url)
+    except FetchError:
+        version = None
+    return size, (f"{version} size {size}" if version else None)
+
+
+def combined_refs(kind: str, scanned: list[Scanned], options: ArchiveOptions, read) -> dict:
+    """The reference dict of the mount: one file's, one subdirectory per file, or combined."""
+    if kind == "file":
+        return scanned[0].refs
+    if options.concat:
+        from refmount.refs.combine import combine_datasets
+
+        return combine_datasets([(s.name, s.refs) for s in scanned], options.concat,
+                                identical=tuple(options.identical), skip_mismatched=options.skip_mismatched,
+                                read=read)
+    out = {".zgroup": '{"zarr_format":2}'}
+    for s in scanned:
+        prefix = s.name + "/"
+        for key, value in s.refs.items():
+            out[prefix + key] = value
+    return out
+
+
+def sync_reader(options: ArchiveOptions):
+    """A synchronous (url, offset, length) -> bytes over refmount's fetcher, for combining (which
+    reads each file's coordinate values). One trio run per call: combining reads little."""
+    from refmount.fetch import Fetcher, RetryPolicy
+
+    def read(url: str, offset: int, length: int) -> bytes:
+        async def run() -> bytes:
+            fetcher = Fetcher(policy=RetryPolicy(read_timeout=options.read_timeout),
+                              remote_options=options.remote_options, http_client=options.http_client)
+            try:
+                return b"".join(map(bytes, await fetcher.read(url, offset, offset + length)))
+            finally:
+                await fetcher.aclose()
+
+        return trio.run(run)
+
+    return read
+
+
+def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_size, max_value_size, timeout):
+    """The reference set (a `RefSet`) of a data file or archive; `refused` per file name attached."""
+    from refmount.refs.jsonrefs import load_json
+    from refmount.refs.limits import memory_budget, memory_limit
+    from refmount.refs.model import RefSetBuilder
+
+    kind, scanned = scan_source(location, options, max_refs_size=max_refs_size, timeout=timeout)
+    refs = combined_refs(kind, scanned, options, sync_reader(options))
+    text = orjson.dumps(refs)
+    del refs
+    if max_refs_size is not None and len(text) > max_refs_size:
+        raise RefsError(f"the references of {quote(redact(location))} exceed --max-refs-size")
+    builder = RefSetBuilder(max_keys, max_refs_size)
+    with memory_limit(memory_budget(max_keys, max_refs_size)):
+        load_json(lambda: io.BytesIO(text), builder, max_value=max_value_size)
+        refset = builder.build()
+    refset.refused = {s.name: list(s.refused) for s in scanned if s.refused}
+    refset.scanned = kind
+    return refset
