@@ -1,4 +1,4 @@
-"""Command line: `refmount mount|umount|stats|inspect`. User mistakes print one line, exit non-zero."""
+"""Command line: `refmount mount|scan|umount|stats|inspect`. User mistakes print one line, exit non-zero."""
 
 from __future__ import annotations
 
@@ -242,10 +242,10 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     add_authorization_options(g)
 
 
-def add_archive_options(p: argparse.ArgumentParser) -> None:
+def add_archive_options(p: argparse.ArgumentParser, mount: bool = True) -> None:
     """How data files (netCDF, HDF5, GRIB, TIFF) and archives of them are scanned (mount and scan)."""
-    g = p.add_argument_group("data files and archives (REFS a data file, a glob, a directory, an s3:// prefix "
-                             "or @FILE; see docs/archives.md)")
+    g = p.add_argument_group("data files and archives" + (" (REFS a data file, a glob, a directory, an s3:// "
+                                                          "prefix or @FILE; see docs/archives.md)" if mount else ""))
     g.add_argument("--concat", metavar="DIM",
                    help="combine the files into one dataset along dimension DIM (as kerchunk's MultiZarrToZarr): "
                         "variables over DIM concatenated in the order of DIM's values, its values re-encoded to "
@@ -291,6 +291,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_mount_options(p)
     p.add_argument("--config", metavar="FILE", help="read REFS, MOUNTPOINT and options from a TOML file "
                    "(keys named like these options, e.g. cache-size = \"2G\"); used by refmount@.service")
+    p = sub.add_parser("scan", help="write the references of data files (netCDF, HDF5, GRIB, TIFF) to a file",
+                       description="Scan the data files SOURCE names (a file, a glob, a directory, an s3:// prefix "
+                                   "or @FILE; several may be given) and write their references to OUT: kerchunk JSON "
+                                   "when OUT ends in .json or .json.gz, else Parquet (a new directory).")
+    p.add_argument("sources", nargs="+", metavar="SOURCE")
+    p.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="where to write: NAME.json, NAME.json.gz, or a directory for Parquet")
+    p.add_argument("--remote-options", type=parse_json_object, default={}, metavar="JSON", help="as for mount")
+    p.add_argument("--cache-dir", metavar="DIR", help="as for mount: scans are kept in DIR/scans (default: "
+                   "$XDG_CACHE_HOME/refmount/scans)")
+    p.add_argument("--load-timeout", type=positive_float, default=300.0, metavar="SECONDS",
+                   help="give up scanning one file after this long (default: 300)")
+    add_archive_options(p, mount=False)
     p = sub.add_parser("umount", help="unmount a refmount mount", description="Unmount MOUNTPOINT (works even if "
                        "the daemon died) and wait for the daemon to exit.")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
@@ -426,6 +439,30 @@ def _stdout_to_devnull() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _scan(args) -> int:
+    import logging
+
+    from refmount.refs import default_max_refs_size
+    from refmount.refs.scan.archive import ArchiveOptions
+    from refmount.refs.scan.export import scan_to_file
+
+    logging.basicConfig(level=logging.WARNING, format="refmount: %(message)s")
+    progress = None
+    if sys.stderr.isatty():
+        from refmount.fuse.progress import ScanProgress
+
+        progress = ScanProgress()
+    options = ArchiveOptions(concat=args.concat, identical=tuple(args.identical), skip_mismatched=args.skip_mismatched,
+                             strict=args.strict, cache_dir=args.cache_dir, remote_options=args.remote_options,
+                             progress=progress)
+    try:
+        return scan_to_file(args.sources, args.output, options, max_refs_size=default_max_refs_size(),
+                            timeout=args.load_timeout)
+    finally:
+        if progress:
+            progress.close()
+
+
 def _run(args) -> int:
     if args.command == "mount":
         from refmount.fuse import daemon
@@ -436,6 +473,8 @@ def _run(args) -> int:
 
             return print_summary(opts)
         return daemon.mount(opts)
+    if args.command == "scan":
+        return _scan(args)
     if args.command == "umount":
         from refmount.fuse.daemon import umount
 

@@ -64,6 +64,16 @@ class PipeReader(io.RawIOBase):
             self._blocks.move_to_end(index)
         return block
 
+    def read(self, size: int = -1) -> bytes:
+        """No more than what is left is ever allocated: kerchunk's GRIB splitter asks for the length a
+        message header declares (1.6 GB for a 2.7 kB file of cfgrib's)."""
+        left = max(self._size - self._pos, 0)
+        buffer = bytearray(left if size is None or size < 0 else min(size, left))
+        return bytes(buffer[:self.readinto(buffer)])
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
     def readinto(self, buffer) -> int:
         view = memoryview(buffer).cast("B")
         end = min(self._pos + len(view), self._size)
@@ -93,7 +103,7 @@ def _register_pipe_filesystem() -> None:
         cachable = False
 
         def _open(self, path, mode="rb", **kwargs):
-            return io.BufferedReader(PipeReader(_current["conn"], _current["size"]), buffer_size=64 << 10)
+            return PipeReader(_current["conn"], _current["size"])  # (it keeps blocks itself)
 
         def info(self, path, **kwargs):
             return {"name": path, "size": _current["size"], "type": "file"}
@@ -150,7 +160,7 @@ def _scan_hdf5(conn, url: str, size: int, refused: list) -> dict:
                 for key in [k for k in self.store_dict if k.startswith(prefix)]:
                     del self.store_dict[key]
 
-    fileobj = io.BufferedReader(PipeReader(conn, size), buffer_size=64 << 10)
+    fileobj = PipeReader(conn, size)
     translator = Translator(fileobj, url=url, error="raise")
     try:
         return translator.translate()
@@ -181,12 +191,18 @@ def _scan_tiff(url: str, pipe_url: str) -> dict:
     return tiff_to_zarr(pipe_url)
 
 
+_PARSER_MODULES = {"hdf5": "kerchunk.hdf", "netcdf3": "kerchunk.netCDF3", "grib": "kerchunk.grib2",
+                   "tiff": "kerchunk.tiff"}
+
+
 def scan_file(conn, fmt: str, url: str, size: int) -> dict:
     """{"refs": v0 dict, "refused": [...]} of one file."""
     refused: list[str] = []
     name = url.rstrip("/").rsplit("/", 1)[-1] or "file"
     pipe_url = f"{PIPE_PROTOCOL}://scan/{name}"
     _current.update(conn=conn, size=size)
+    __import__(_PARSER_MODULES[fmt])  # (GRIB's and TIFF's libraries on first use only: eccodes takes 1 s)
+    limit_memory(_current["memory"])  # set after the imports, before a byte of the file is parsed
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if fmt == "hdf5":
@@ -209,13 +225,16 @@ def _describe(error: BaseException) -> str:
 
 def limit_memory(extra: int) -> None:
     """Cap the address space at what the worker has now plus `extra` (a huge header fails with
-    MemoryError in the worker; the daemon never grows for it)."""
+    MemoryError in the worker; the daemon never grows for it). The soft limit only: raised again for
+    the next file once its parser's libraries are imported."""
     try:
         with open("/proc/self/status") as f:
             vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
     except (OSError, StopIteration, ValueError):
         return
-    resource.setrlimit(resource.RLIMIT_AS, (vm + extra, resource.getrlimit(resource.RLIMIT_AS)[1]))
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    limit = vm + extra if hard == resource.RLIM_INFINITY else min(vm + extra, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 
 
 def preload() -> None:
@@ -232,7 +251,7 @@ def worker_main(conn, memory: int, max_result: int) -> None:
     """Scan the files the parent sends, one at a time, until told to stop."""
     logging.disable(logging.CRITICAL)  # kerchunk's and cfgrib's chatter; what matters goes back in messages
     preload()
-    limit_memory(memory)
+    _current["memory"] = memory
     while True:
         try:
             job = conn.recv()
