@@ -11,11 +11,14 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import time
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
+import trio
 
 SAMPLES = Path(__file__).parent / "data" / "cfgrib"
 GRIB_FILES = ["regular_ll_sfc", "lambert_grid", "fields_with_missing_values", "scanning_mode_64"]
@@ -213,3 +216,149 @@ def test_grib_over_http_through_both_views(mount, grib_sets, server):
         skt.set_auto_maskandscale(False)
         assert np.array_equal(skt[...], expected["skt"])
         assert np.array_equal(ds["latitude"][...], expected["latitude"])
+
+
+# -- sizes: what a stat, a listing and a read say agree once the object's size is known ----------------
+
+INLINE_CASE = b"stuff"  # kerchunk's tests/test_utils.py::test_inline: a key of 4 bytes at offset 2 of these 5
+
+
+def inline_case_refs(url: str) -> dict:
+    return {"key0": "00", "key1": [url, 2, 4], "key2": [url, 1, 1], "whole": [url]}
+
+
+_NO_CACHE = types.SimpleNamespace(block_size=1 << 20)  # (sizes need no block cache)
+
+
+class _NoRequests:
+    """A fetcher that has been told nothing and must not be asked."""
+
+    def known_size(self, url):
+        return None
+
+    async def size(self, url):
+        raise AssertionError(f"a request for the size of {url}")
+
+
+def test_sizes_known_at_mount_need_no_request():
+    """Scanned files' sizes, given at mount (RawView.known_object_sizes): the keys past their end are
+    sized by them from their first stat or listing on."""
+    from refmount.fuse.fs import Filesystem
+    from refmount.refs import refs_from_dict
+    from refmount.view.raw import RawView
+
+    url = "http://example.invalid/regular_ll_sfc.grib"
+    refset = refs_from_dict({"version": 1, "refs": {"skt/0.0": [url, 0, DECLARED], "skt/1.0": [url, 100, 50],
+                                                    "other": ["http://example.invalid/b", 0, 10]}})
+    view = RawView(refset, _NoRequests(), cache=_NO_CACHE)
+    view.known_object_sizes({url: 2772, "http://example.invalid/not-referenced": 1})
+    fs = Filesystem(refset, view)
+    seen = []
+    fs.invalidate = seen.extend
+    first, second = refset.find("skt/0.0"), refset.find("skt/1.0")
+    assert view.known_size(first) == 2772 and view.known_size(second) == 50
+    assert trio.run(view.size, first) == 2772
+    assert view.known_size(refset.find("other")) == 10  # not given: its declared length until a response
+    assert seen == []  # nothing was shown before
+
+
+def test_a_listing_shows_local_sizes_and_the_kernel_forgets_what_it_was_shown(tmp_path):
+    """A listing looks up the local objects' sizes before it shows its keys' sizes; a remote object's
+    size, learnt later (at its first response), invalidates the sizes the kernel was shown, at once for
+    keys not being read, after their reads for those that are."""
+    from refmount.fuse.fs import ROOT_INODE, Filesystem
+    from refmount.refs import refs_from_dict
+    from refmount.view.raw import RawView
+
+    class LocalSizes(_NoRequests):
+        async def size(self, url):
+            return os.path.getsize(url)
+
+    local = tmp_path / "data"
+    local.write_bytes(INLINE_CASE)
+    remote = "http://example.invalid/r.grib"
+    refset = refs_from_dict({**{f"l/{k}": v for k, v in inline_case_refs(str(local)).items()},
+                             "r/a": [remote, 0, DECLARED], "r/b": [remote, 10, 20], "r/c": [remote, 2000, 5000]})
+    view = RawView(refset, LocalSizes(), cache=_NO_CACHE)
+    fs = Filesystem(refset, view)
+    invalidated = []
+    fs.invalidate = invalidated.extend
+
+    async def sizes(path):
+        d = refset.dirs.children[0][path]
+        files = await fs.file_entries(fs.dir_inode(d), 0, 100)
+        return {name.decode(): size for name, size in zip(files.names, files.sizes)}
+
+    assert trio.run(sizes, "l") == {"key0": 2, "key1": 3, "key2": 1, "whole": 5}
+    assert trio.run(sizes, "r") == {"a": DECLARED, "b": 20, "c": 5000}  # no request: the declared lengths
+    assert invalidated == []
+    a, c = fs.file_inode(refset.find("r/a")), fs.file_inode(refset.find("r/c"))
+    fs._reading[a] = 1  # a read of r/a is under way
+    view.past_end.learn(refset.url_id[refset.find("r/a")], 2772)  # as its first response tells
+    assert trio.run(sizes, "r") == {"a": 2772, "b": 20, "c": 772}
+    assert invalidated == [c]  # r/b is inside the object; r/a waits for its read to end
+    del fs._reading[a]
+    fs._invalidate_stale()
+    assert invalidated == [c, a]
+    assert ROOT_INODE not in invalidated
+
+
+def test_ls_stat_and_read_agree_on_every_past_end_key_over_http(mount, grib_sets, server):
+    """The issue's Done-when: cfgrib's four GRIB files (kerchunk's scan_grib references) and kerchunk's
+    inline case, through a loopback Range server. Before any response `ls -l` can only show the declared
+    lengths (the kernel then caches them for an hour); once one key of an object has been read, `ls -l`,
+    `stat` and a read agree on every key of it."""
+    refs = {".zgroup": '{"zarr_format":2}'}
+    for name, (grib, _) in grib_sets.items():
+        shutil.copy(SAMPLES / f"{name}.grib", server.root)
+        url = server.url_for(f"{name}.grib")
+        for key, value in grib["refs"].items():
+            if isinstance(value, list) and value[0] == "{{u}}":
+                value = [url, *value[1:]]
+            refs[f"{name}/{key}"] = value
+        refs[f"{name}/magic"] = [url, 0, 4]  # "GRIB": a key inside the object
+    (server.root / "inline").write_bytes(INLINE_CASE)
+    refs.update({f"inline/{k}": v for k, v in inline_case_refs(server.url_for("inline")).items()})
+    m = mount(refs, *RAW)
+
+    def ls_sizes(d: str) -> dict:
+        """key -> the size `ls -l` shows, for every key under d."""
+        sizes = {}
+        for parent in sorted({k.rpartition("/")[0] for k in refs if k.startswith(d + "/")}):
+            out = subprocess.run(["ls", "-lnA", str(m / parent)], capture_output=True, text=True, check=True).stdout
+            sizes.update({f"{parent}/{line.split()[-1]}": int(line.split()[4])
+                          for line in out.splitlines()[1:] if line.startswith("-")})
+        return sizes
+
+    def past_end(key: str) -> bool:
+        value = refs[key]
+        return isinstance(value, list) and len(value) == 3 and \
+            value[1] + value[2] > (server.root / value[0].rsplit("/", 1)[1]).stat().st_size
+
+    dirs = sorted(grib_sets) + ["inline"]
+    before = {d: ls_sizes(d) for d in dirs}
+    assert all(os.stat(m / key).st_size == size for d in dirs for key, size in before[d].items())
+    assert DECLARED in before["regular_ll_sfc"].values()  # as the issue saw it
+    assert before["inline"]["inline/key1"] == 4  # declared: the object's size is not known yet
+    # A read of a key inside each object tells its size (the server's Content-Range): the keys past its
+    # end that `ls -l` and `stat` showed with their declared length must show what a read returns, at
+    # once. (A listing refreshes what the kernel holds; without the invalidation a `stat` alone would
+    # show the old size for an hour.)
+    for d in dirs:
+        inside = "inline/key2" if d == "inline" else f"{d}/magic"
+        assert (m / inside).read_bytes() in (b"t", b"GRIB")
+    time.sleep(0.2)  # (the invalidations go out after the reads' replies)
+    stated = {key: int(subprocess.run(["stat", "-c", "%s", str(m / key)], capture_output=True, text=True,
+                                      check=True).stdout) for d in dirs for key in before[d]}
+    checked = 0
+    for d in dirs:
+        listed = ls_sizes(d)
+        assert sorted(listed) == sorted(k for k in refs if k.startswith(d + "/"))
+        for key, shown in listed.items():
+            path = m / key
+            data = path.read_bytes()
+            assert stated[key] == shown == os.stat(path).st_size == len(data), key
+            assert data == fsspec_bytes(refs, key), key
+            checked += past_end(key)
+    assert checked >= 5
+    assert ls_sizes("inline")["inline/key1"] == 3

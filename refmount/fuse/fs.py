@@ -70,6 +70,17 @@ class Filesystem:
         self._subdir_names = [sorted(children) for children in self.dirs.children]
         self._may_hide = not getattr(view, "hides_nothing", False)  # a view may promise to hide no key
         self.readers = readers if hasattr(view, "varies") else None
+        # Sizes that shrink once an object's size is known (ranges past its end: view.raw.PastEnd) may
+        # be cached by the kernel: `invalidate(inodes)` (the FUSE glue's; None without a mount) makes
+        # it ask again. An inode being read is invalidated after its reads: the kernel shrinks a file
+        # whose read came back short only if its attributes did not change meanwhile.
+        self.invalidate = None
+        self._reading: dict[int, int] = {}  # inode -> reads in flight
+        self._stale: set[int] = set()  # inodes to invalidate once no read of them is in flight
+        self._learn_sizes = getattr(view, "learn_sizes", None)
+        watch = getattr(view, "watch_sizes", None)
+        if watch is not None:
+            watch(self._sizes_changed)
 
     # -- inode numbering --------------------------------------------------------------------------
 
@@ -132,6 +143,18 @@ class Filesystem:
             raise FsError(errno.ENOENT)
         return await self._file_attributes(i)
 
+    def _sizes_changed(self, keys: list[int]) -> None:
+        self._stale.update(map(self.file_inode, keys))
+        self._invalidate_stale()
+
+    def _invalidate_stale(self) -> None:
+        ready = [ino for ino in self._stale if ino not in self._reading]
+        if not ready:
+            return
+        self._stale.difference_update(ready)
+        if self.invalidate is not None:
+            self.invalidate(sorted(ready))
+
     # -- directories ------------------------------------------------------------------------------
 
     async def opendir(self, ino: int) -> int:
@@ -167,6 +190,8 @@ class Filesystem:
         while True:
             positions, indexes = await refset.files_from(d, pos, count)
             keys = indexes.tolist()
+            if self._learn_sizes is not None and keys:
+                await self._learn_sizes(keys)  # (local objects' sizes, for keys that run past their end)
             if self._may_hide:
                 hidden = list(map(view.hidden, keys))
                 if any(hidden):
@@ -208,7 +233,16 @@ class Filesystem:
         form = (fh >> FORM_SHIFT) - 1
         if form >= 0:
             return await self.view.read(i, offset, size, form)
-        return await self.view.read(i, offset, size)
+        ino = fh & _INODE_BITS
+        self._reading[ino] = self._reading.get(ino, 0) + 1
+        try:
+            return await self.view.read(i, offset, size)
+        finally:
+            left = self._reading.pop(ino) - 1
+            if left:
+                self._reading[ino] = left
+            elif self._stale:
+                self._invalidate_stale()
 
     def key_of(self, ino: int) -> str:
         """The reference key behind an inode or file handle (for log lines; no I/O)."""

@@ -68,6 +68,25 @@ class FuseOperations(pyfuse3.Operations):
         self.fs = fs
         self.failed_reads = 0
         self._said: set[str] = set()  # limits whose refusal the log has told
+        fs.invalidate = self._invalidate_later
+
+    def _invalidate_later(self, inodes: list[int]) -> None:
+        """Have the kernel forget these inodes' attributes, after the reply of the request under way
+        (pyfuse3 replies as soon as the handler returns; a system task runs after that)."""
+        try:
+            trio.lowlevel.spawn_system_task(self._invalidate, inodes)
+        except RuntimeError:
+            pass  # not serving yet (sizes learnt before the mount): the kernel holds nothing
+
+    @staticmethod
+    async def _invalidate(inodes: list[int]) -> None:
+        for ino in inodes:
+            try:
+                pyfuse3.invalidate_inode(ino, attr_only=True)  # (no page cache: no lock a read may hold)
+            except OSError as e:
+                log.debug("invalidating inode %d: %s", ino, e)  # ENOENT: the kernel holds nothing of it
+            except Exception:  # a system task must not raise (trio would end the mount)
+                log.exception("invalidating inode %d", ino)
 
     def _subject(self, handler_name: str, args) -> str:
         """The key a failed request was about, for its log line (a lookup names the child it stats)."""

@@ -346,6 +346,21 @@ class DecodedView:
             return info.out_chunk_bytes
         return self.raw.known_size(i)
 
+    def watch_sizes(self, resized) -> None:
+        """As RawView.watch_sizes, with the keys this view adds that serve a resized key."""
+        def with_added(keys):
+            shown = set(keys)
+            resized(keys + [added for added, i in self._renamed.items() if i in shown])
+
+        self.raw.watch_sizes(with_added)
+
+    def known_object_sizes(self, sizes: dict[str, int]) -> None:
+        self.raw.known_object_sizes(sizes)
+
+    async def learn_sizes(self, keys) -> None:
+        capacity = self.raw.refset.capacity
+        await self.raw.learn_sizes([j for j in (self._renamed.get(i, i) for i in keys) if j < capacity])
+
     async def size(self, i: int) -> int:
         known = self.known_size(i)
         return known if known is not None else await self.raw.size(self._renamed.get(i, i))

@@ -303,11 +303,15 @@ class PastEnd:
     2772-byte file), and cfgrib's codec decodes what exists.
 
     A key's size is its reference's length until the object's size is known, then what the object
-    holds of the range (0 if it starts past the end), so that a stat after the first read agrees
-    with what reads return: local objects' sizes are looked up at the first stat of one of their keys,
-    a remote object's comes with the first response of its server. One warning per key names it and
-    both lengths. An object whose validators changed while mounted still fails with EIO (the
-    fetcher raises RemoteChanged before any bytes are served).
+    holds of the range (0 if it starts past the end), so that stats agree with what reads return. An
+    object's size becomes known at mount for objects whose sizes the caller already has (RawView.
+    known_object_sizes: scanned files), at the first stat or listing of one of its keys for local
+    objects, and with the first response of its server for remote ones. Then every key of the object
+    whose range runs past it is resized at once, and `resized` (set by the filesystem) is told the keys
+    whose old size the kernel may have cached (from a listing or a stat before the size was known), so
+    that it invalidates them. One warning per key names it and both lengths. An object whose
+    validators changed while mounted still fails with EIO (the fetcher raises RemoteChanged before any
+    bytes are served).
 
     Object sizes are kept per url id in a growing int64 array (8 bytes per url; a stat costs an
     array lookup, not a call into the fetcher): UNSEEN, REMOTE_UNKNOWN (remote, no response told its
@@ -320,7 +324,9 @@ class PastEnd:
         self.refset = refset
         self.sizes = np.full(max(len(refset.urls), 1), self.UNSEEN, dtype=np.int64)
         self.clipping = False  # some object ends before a key's range does
+        self.resized = None  # callable(list of key indexes) whose cached sizes must go (the filesystem's)
         self._warned: set[int] = set()
+        self._furthest: np.ndarray | None = None  # per url id: where its keys' ranges end, at most (see learn)
 
     def get(self, uid: int) -> int:
         return self.sizes.item(uid) if uid < len(self.sizes) else self.UNSEEN
@@ -337,13 +343,55 @@ class PastEnd:
         size = self.get(uid)
         return length if size < 0 or offset + length <= size else max(size - offset, 0)
 
-    def found(self, i: int, uid: int, offset: int, length: int, object_size: int, url: str) -> None:
-        """Key i's range runs past its object's end, `object_size` (or an upper bound of it: an empty read
-        past the end of an object whose size no response told gives only that)."""
+    def learn(self, uid: int, size: int, serving: int = -1, shown: bool = True) -> None:
+        """The object of url id `uid` holds `size` bytes (or at most that many: an empty read past the end
+        of an object whose size no response told gives only that). Keys whose range runs past it are
+        resized, warned about, and, if the kernel may have been `shown` their old size, passed to
+        `resized`, but for `serving`, a key being read short (the kernel itself shrinks a file a read of
+        which comes back short)."""
         known = self.get(uid)
-        if known < 0 or object_size < known:
-            self.set(uid, object_size)
+        if 0 <= known <= size:
+            return
+        self.set(uid, size)
+        keys = self._keys_past(uid, size)
+        if not keys:
+            return
         self.clipping = True
+        for i in keys:
+            self._warn(i, uid)
+        if self.resized is not None and shown:
+            stale = [i for i in keys if i != serving]
+            if stale:
+                self.resized(stale)
+
+    def found(self, i: int, uid: int, object_size: int) -> None:
+        """Key i, being stat'ed or read short, runs past its object's end, `object_size` (or an upper
+        bound of it)."""
+        self.learn(uid, object_size, serving=i)
+        self.clipping = True
+        self._warn(i, uid)
+
+    def _keys_past(self, uid: int, size: int) -> list[int]:
+        """The keys of url id `uid` whose range ends past `size` (of a lazy set: none; each is sized at
+        its own first stat, once its records are loaded)."""
+        refset = self.refset
+        url_ids = getattr(refset, "url_id", None)
+        if not isinstance(url_ids, np.ndarray):
+            return []
+        if self._furthest is None or len(self._furthest) < len(refset.urls):
+            # Where each object's furthest key ends, computed once: an object learnt then costs an
+            # array lookup, not a pass over every key, unless some key of it does run past its end.
+            furthest = np.zeros(len(refset.urls) + 1, dtype=np.int64)
+            ranged = (url_ids >= 0) & (refset.length != WHOLE_FILE)
+            np.maximum.at(furthest, url_ids[ranged], refset.offset[ranged] + refset.length[ranged])
+            self._furthest = furthest
+        if uid >= len(self._furthest) or self._furthest[uid] <= size:
+            return []
+        past = ((url_ids == uid) & (refset.length != WHOLE_FILE) & (refset.offset + refset.length > size)
+                & (refset.dir_of >= 0))
+        return np.flatnonzero(past).tolist()
+
+    def _warn(self, i: int, uid: int) -> None:
         if i in self._warned or len(self._warned) > self.MAX_WARNINGS:
             return
         self._warned.add(i)
@@ -351,9 +399,10 @@ class PastEnd:
             log.warning("more keys refer to bytes past their object's end (not logged; each serves the bytes "
                         "that exist)")
             return
+        _, offset, length = self.refset.target(i)
         log.warning("key %r refers to %d bytes at offset %d of %s, whose object ends after %d bytes: serving the "
-                    "%d bytes that exist (as fsspec does)", self.refset.key(i), length, offset, redact(url),
-                    self.get(uid), self.clip(uid, offset, length))
+                    "%d bytes that exist (as fsspec does)", self.refset.key(i), length, offset,
+                    redact(self.refset.urls[uid]), self.get(uid), self.clip(uid, offset, length))
 
 
 class RawView:
@@ -408,7 +457,7 @@ class RawView:
         if object_size == PastEnd.UNSEEN:
             object_size = await self._first_size(uid)
         if offset + length > object_size >= 0:
-            self.past_end.found(i, uid, offset, length, object_size, self.refset.urls[uid])
+            self.past_end.found(i, uid, object_size)
             return self.past_end.clip(uid, offset, length)
         return length
 
@@ -422,8 +471,40 @@ class RawView:
                 size = await self._whole_sizes.get(uid, self._object_size(uid))
             except FetchError:
                 return PastEnd.UNSEEN  # (a read reports why; the next stat tries again)
-        self.past_end.set(uid, PastEnd.REMOTE_UNKNOWN if size is None else size)
+        if size is None:
+            self.past_end.set(uid, PastEnd.REMOTE_UNKNOWN)
+        else:  # (a local object's keys were not shown yet: every stat and listing of one comes here first;
+            # a listing shows a remote object's keys with their declared length)
+            self.past_end.learn(uid, size, shown=is_remote(url))
         return self.past_end.get(uid)
+
+    async def learn_sizes(self, keys) -> None:
+        """Before a listing shows these keys' sizes: look up the sizes of the local objects they refer to
+        that no stat has seen yet (a listing's sizes are what the kernel shows `ls -l`). Remote objects
+        are not asked: their sizes come with their first response."""
+        if not self.past_end.sizes.size or not isinstance(getattr(self.refset, "url_id", None), np.ndarray):
+            return
+        keys = np.asarray(keys, dtype=np.int64)
+        uids = np.unique(self.refset.url_id[keys[keys < len(self.refset.url_id)]])
+        for uid in uids[uids >= 0].tolist():
+            if self.past_end.get(uid) == PastEnd.UNSEEN and not is_remote(self.refset.urls[uid]):
+                await self._first_size(uid)
+
+    def known_object_sizes(self, sizes: dict[str, int]) -> None:
+        """Sizes of referenced objects that the caller knows already (url -> bytes; e.g. the files it
+        scanned, at mount): keys whose range runs past their object's end are sized by it from their
+        first stat on, with no request (unknown urls are ignored). Call it before serving, or from the
+        trio thread (it may invalidate what the kernel was shown)."""
+        ids = {url: n for n, url in enumerate(self.refset.urls)}
+        for url, size in sizes.items():
+            uid = ids.get(url)
+            if uid is not None and size is not None and size >= 0:
+                self.past_end.learn(uid, int(size))
+
+    def watch_sizes(self, resized) -> None:
+        """`resized(keys)` is called with the keys whose size shrank once their object's size was known
+        (the kernel may hold their old size)."""
+        self.past_end.resized = resized
 
     def _object_size(self, uid: int):
         return lambda: self.fetcher.size(self.refset.urls[uid])
@@ -482,8 +563,8 @@ class RawView:
             data = await self.cache.read(uid, base + offset, base + end)
         if self.past_end.get(uid) < 0 and not whole:  # learn the object's size once a response told it
             known = self.fetcher.known_size(self.refset.urls[uid])
-            if known is not None:
-                self.past_end.set(uid, known)
+            if known is not None and len(data) == end - offset:
+                self.past_end.learn(uid, known)
         if len(data) != end - offset:
             url = self.refset.urls[uid]
             # A short read: the object ends there (Fetcher.read), or before it if nothing came back.
@@ -492,7 +573,7 @@ class RawView:
             if whole or (known is not None and known != ends and (len(data) > 0 or known > ends)):
                 raise FetchError(f"{redact(url)}: the object ends before byte {base + end} "
                                  f"that key {self.refset.key(i)!r} refers to")
-            self.past_end.found(i, uid, base, ref_length, known if known is not None else ends, url)
+            self.past_end.found(i, uid, known if known is not None else ends)
         self.bytes_served += end - offset
         self.reads_served += 1
         return data
