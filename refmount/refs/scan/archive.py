@@ -95,8 +95,11 @@ def _first_bytes_format(location: str, remote_options: dict) -> str | None:
         return None
 
 
-def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, timeout: float | None) -> tuple:
-    """(kind, [Scanned]) of a source: kind 'file' (one data file) or 'many'."""
+def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, timeout: float | None,
+                then=None) -> tuple:
+    """(kind, [Scanned], then's result) of a source: kind 'file' (one data file) or 'many'. `then`
+    (kind, scanned, read) runs in a thread once the files are scanned, with `read` a synchronous
+    (url, offset, length) -> bytes through the same fetcher and block cache (combining reads coordinates)."""
     single = not looks_like_many(location)
     if single:
         entries = [Entry(location.rstrip("/").rsplit("/", 1)[-1], location)]
@@ -113,44 +116,77 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
         for gone in sorted(set(store.previous_names(location)) - set(names)):
             log.warning("%s: file %s is gone since the last mount; it leaves the mount", redact(location), quote(gone))
     started = time.monotonic()
-    results, failures = trio.run(_scan_all, entries, options, store, max_refs_size, timeout)
+    kind = "file" if single else "many"
+
+    async def main():
+        async with _Reader(options) as reader:
+            results, failures = await _scan_all(entries, reader, options, store, max_refs_size, timeout)
+            scanned = _settle(location, single, options, results, failures)
+            if not single:
+                store.put_names(location, [s.name for s in scanned])
+            log.info("scanned %d file(s) of %s in %.2f s", len(scanned), redact(location),
+                     time.monotonic() - started)
+            if then is None:
+                return scanned, None
+            token = trio.lowlevel.current_trio_token()
+
+            def read(url: str, offset: int, length: int) -> bytes:
+                return bytes(trio.from_thread.run(reader.read, url, offset, offset + length, trio_token=token))
+
+            return scanned, await trio.to_thread.run_sync(then, kind, scanned, read)
+
+    scanned, result = trio.run(main)
+    return kind, scanned, result
+
+
+def _settle(location: str, single: bool, options: ArchiveOptions, results, failures) -> list[Scanned]:
+    """The files scanned; each failure a log line (or the error, for one file or with --strict)."""
     scanned = [r for r in results if r is not None]
     for entry, message in failures:
         if single or options.strict:
             raise RefmountError(f"{quote(redact(entry.url))}: {message}")
         log.warning("%s: %s; left out of the mount", redact(entry.url), message)
-    if not single:
-        store.put_names(location, [s.name for s in scanned])
-        if not scanned:
-            raise RefmountError(f"no file of {quote(redact(location))} could be scanned")
+    if not single and not scanned:
+        raise RefmountError(f"no file of {quote(redact(location))} could be scanned")
     for s in scanned:
         for reason in s.refused:
-            log.warning("%s: variable %s", redact(s.url), reason + " (cannot be referenced; left out)"
-                        if ":" in reason else reason)
-    log.info("scanned %d file(s) of %s in %.2f s", len(scanned), redact(location), time.monotonic() - started)
-    return ("file" if single else "many"), scanned
+            log.warning("%s: variable %s (cannot be referenced; left out)", redact(s.url), reason)
+    return scanned
 
 
-async def _scan_all(entries: list[Entry], options: ArchiveOptions, store, max_refs_size: int,
+class _Reader:
+    """refmount's fetcher with a block cache in front, for headers and coordinates."""
+
+    def __init__(self, options: ArchiveOptions) -> None:
+        from refmount.cache.blocks import BlockCache
+        from refmount.fetch import Fetcher, RetryPolicy
+
+        policy = RetryPolicy(read_timeout=options.read_timeout, stall_timeout=options.stall_timeout)
+        self.fetcher = Fetcher(policy=policy, remote_options=options.remote_options,
+                               connections_per_host=options.connections, http_client=options.http_client,
+                               allow_cross_host_redirects=options.allow_cross_host_redirects)
+        bs = options.block_size
+
+        async def fetch(url, start, end):
+            return await self.fetcher.read(url, start, end, bs)
+
+        self.cache = BlockCache(fetch, block_size=bs, capacity=SCAN_CACHE_BYTES)
+
+    async def read(self, url: str, start: int, end: int):
+        return await self.cache.read(url, start, end)
+
+    async def __aenter__(self) -> "_Reader":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.fetcher.aclose()
+
+
+async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptions, store, max_refs_size: int,
                     timeout: float | None):
-    from refmount.cache.blocks import BlockCache
-    from refmount.fetch import Fetcher, RetryPolicy
     from refmount.refs.scan.pool import ScanPool, ScanFailed, default_workers
 
-    policy = RetryPolicy(read_timeout=options.read_timeout, stall_timeout=options.stall_timeout)
-    fetcher = Fetcher(policy=policy, remote_options=options.remote_options,
-                      connections_per_host=options.connections, http_client=options.http_client,
-                      allow_cross_host_redirects=options.allow_cross_host_redirects)
-    bs = options.block_size
-
-    async def fetch(url, start, end):
-        return await fetcher.read(url, start, end, bs)
-
-    cache = BlockCache(fetch, block_size=bs, capacity=SCAN_CACHE_BYTES)
-
-    async def read(url: str, start: int, end: int):
-        return await cache.read(url, start, end)
-
+    fetcher, read = reader.fetcher, reader.read
     workers = options.workers or default_workers()
     pool = ScanPool(read, workers=min(workers, len(entries)), memory=SCANNER_MEMORY, max_result=max_refs_size,
                     timeout=timeout)
@@ -200,7 +236,6 @@ async def _scan_all(entries: list[Entry], options: ArchiveOptions, store, max_re
                 nursery.start_soon(one, i, entry)
     finally:
         pool.close()
-        await fetcher.aclose()
     order = {id(e): i for i, e in enumerate(entries)}
     failures.sort(key=lambda f: order[id(f[0])])
     return results, failures
@@ -246,33 +281,14 @@ def combined_refs(kind: str, scanned: list[Scanned], options: ArchiveOptions, re
     return out
 
 
-def sync_reader(options: ArchiveOptions):
-    """A synchronous (url, offset, length) -> bytes over refmount's fetcher, for combining (which
-    reads each file's coordinate values). One trio run per call: combining reads little."""
-    from refmount.fetch import Fetcher, RetryPolicy
-
-    def read(url: str, offset: int, length: int) -> bytes:
-        async def run() -> bytes:
-            fetcher = Fetcher(policy=RetryPolicy(read_timeout=options.read_timeout),
-                              remote_options=options.remote_options, http_client=options.http_client)
-            try:
-                return b"".join(map(bytes, await fetcher.read(url, offset, offset + length)))
-            finally:
-                await fetcher.aclose()
-
-        return trio.run(run)
-
-    return read
-
-
 def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_size, max_value_size, timeout):
     """The reference set (a `RefSet`) of a data file or archive; `refused` per file name attached."""
     from refmount.refs.jsonrefs import load_json
     from refmount.refs.limits import memory_budget, memory_limit
     from refmount.refs.model import RefSetBuilder
 
-    kind, scanned = scan_source(location, options, max_refs_size=max_refs_size, timeout=timeout)
-    refs = combined_refs(kind, scanned, options, sync_reader(options))
+    kind, scanned, refs = scan_source(location, options, max_refs_size=max_refs_size, timeout=timeout,
+                                      then=lambda kind, scanned, read: combined_refs(kind, scanned, options, read))
     text = orjson.dumps(refs)
     del refs
     if max_refs_size is not None and len(text) > max_refs_size:

@@ -13,7 +13,7 @@ import tempfile
 import orjson
 
 from refmount.errors import RefmountError, quote
-from refmount.refs.scan.archive import ArchiveOptions, Scanned, combined_refs, scan_source, sync_reader
+from refmount.refs.scan.archive import ArchiveOptions, Scanned, combined_refs, scan_source
 
 log = logging.getLogger("refmount")
 
@@ -32,18 +32,13 @@ def scan_to_file(sources: list[str], out: str, options: ArchiveOptions, *, max_r
     kind = output_kind(out)
     if kind == "parquet" and os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
         raise RefmountError(f"output {quote(out)} exists (Parquet output is a new or empty directory)")
-    scanned: list[Scanned] = []
-    single = len(sources) == 1
-    for source in sources:
-        found, files = scan_source(source, options, max_refs_size=max_refs_size, timeout=timeout)
-        single = single and found == "file"
-        scanned += files
-    names: dict[str, int] = {}
-    for s in scanned:  # the same file name from two sources: the later ones numbered
-        names[s.name] = names.get(s.name, 0) + 1
-        if names[s.name] > 1:
-            s.name = f"{s.name}~{names[s.name]}"
-    refs = combined_refs("file" if single else "many", scanned, options, sync_reader(options))
+    if len(sources) == 1:
+        _, scanned, refs = scan_source(sources[0], options, max_refs_size=max_refs_size, timeout=timeout,
+                                       then=lambda kind, scanned, read: combined_refs(kind, scanned, options, read))
+    else:
+        scanned = _scan_several(sources, options, max_refs_size, timeout)
+        _, _, refs = scan_source(f"@{_list_file(scanned)}", options, max_refs_size=max_refs_size, timeout=timeout,
+                                 then=lambda kind, files, read: combined_refs(kind, files, options, read))
     if kind == "parquet":
         _write_parquet(refs, out)
     else:
@@ -51,6 +46,25 @@ def scan_to_file(sources: list[str], out: str, options: ArchiveOptions, *, max_r
         _write_atomically(out, gzip.compress(text, 6) if kind == "json.gz" else text)
     log.info("wrote %d references of %d file(s) to %s", len(refs), len(scanned), out)
     return 0
+
+
+def _scan_several(sources, options, max_refs_size, timeout) -> list[Scanned]:
+    """Every file of every source, scanned (each then comes from the scan store when combined)."""
+    scanned: list[Scanned] = []
+    for source in sources:
+        scanned += scan_source(source, options, max_refs_size=max_refs_size, timeout=timeout)[1]
+    return scanned
+
+
+def _list_file(scanned: list[Scanned]) -> str:
+    """The files of several sources as one @FILE list (kept until the process ends)."""
+    fd, path = tempfile.mkstemp(prefix="refmount-scan-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(s.url + "\n" for s in scanned))
+    import atexit
+
+    atexit.register(os.unlink, path)
+    return path
 
 
 def _write_atomically(path: str, data: bytes) -> None:

@@ -17,6 +17,7 @@ import io
 import logging
 import os
 import resource
+import threading
 import warnings
 from collections import OrderedDict
 
@@ -25,6 +26,9 @@ import orjson
 PIPE_PROTOCOL = "refmountscan"
 BLOCK = 256 << 10  # what one request to the parent asks for
 KEEP_BLOCKS = 32  # the worker's own small cache of them (8 MiB)
+
+
+_pipe_lock = threading.Lock()
 
 
 class PipeReader(io.RawIOBase):
@@ -55,8 +59,9 @@ class PipeReader(io.RawIOBase):
         block = self._blocks.get(index)
         if block is None:
             start = index * BLOCK
-            self._conn.send_bytes(orjson.dumps(["read", start, min(start + BLOCK, self._size)]))
-            block = self._conn.recv_bytes()
+            with _pipe_lock:  # one question, one answer: a parser may read from threads of its own
+                self._conn.send_bytes(orjson.dumps(["read", start, min(start + BLOCK, self._size)]))
+                block = self._conn.recv_bytes()
             self._blocks[index] = block
             if len(self._blocks) > KEEP_BLOCKS:
                 self._blocks.popitem(last=False)
@@ -103,7 +108,9 @@ def _register_pipe_filesystem() -> None:
         cachable = False
 
         def _open(self, path, mode="rb", **kwargs):
-            return PipeReader(_current["conn"], _current["size"])  # (it keeps blocks itself)
+            reader = PipeReader(_current["conn"], _current["size"])  # (it keeps blocks itself)
+            reader.fs = self  # (kerchunk's TIFF reader asks the file for its filesystem's protocol)
+            return reader
 
         def info(self, path, **kwargs):
             return {"name": path, "size": _current["size"], "type": "file"}
