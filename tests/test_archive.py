@@ -308,3 +308,28 @@ def test_a_file_that_is_no_data_file_or_truncated_is_one_line(scans, tmp_path):
     result = run_refmount("scan", truncated, "-o", tmp_path / "x.json")
     assert result.returncode == 1 and "cut.nc" in result.stderr and "netCDF-4/HDF5" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# -- combined along a dimension -------------------------------------------------------------------------
+
+def test_concat_time_equals_open_mfdataset_and_ncrcat(mount, scans, daily, tmp_path):
+    """Each daily file has its own time units: the combined times are re-encoded to one unit."""
+    import xarray as xr
+
+    files = sorted(daily.glob("*.nc"))
+    m = mount(f"{daily}/*.nc", "--concat", "time", "--view", "raw")
+    with xr.open_zarr(m.path) as got, xr.open_mfdataset(files, combine="by_coords") as want:
+        xr.testing.assert_allclose(got.load(), want.load())
+        assert got.time.values.tolist() == want.time.values.tolist()
+        assert got.tas.attrs == want.tas.attrs
+    decoded = mount(f"{daily}/*.nc", "--concat", "time")
+    ncrcat = shutil.which("ncrcat")
+    if ncrcat:
+        joined = tmp_path / "joined.nc"
+        subprocess.run([ncrcat, "-O", *map(str, files), str(joined)], check=True, capture_output=True)
+        import netCDF4
+
+        with netCDF4.Dataset(nczarr_url(decoded.path)) as got, netCDF4.Dataset(joined) as want:
+            assert netCDF4.num2date(got["time"][:], got["time"].units).tolist() == \
+                netCDF4.num2date(want["time"][:], want["time"].units).tolist()
+            assert np.array_equal(got["tas"][:], want["tas"][:])
