@@ -333,3 +333,18 @@ def test_concat_time_equals_open_mfdataset_and_ncrcat(mount, scans, daily, tmp_p
             assert netCDF4.num2date(got["time"][:], got["time"].units).tolist() == \
                 netCDF4.num2date(want["time"][:], want["time"].units).tolist()
             assert np.array_equal(got["tas"][:], want["tas"][:])
+
+
+def test_what_cannot_be_referenced_is_said_and_the_rest_mounts(mount, scans, tmp_path):
+    import h5py
+
+    source = tmp_path / "odd.h5"
+    with h5py.File(source, "w") as f:
+        f["good"] = np.arange(10.0)
+        f.create_dataset("packed", data=np.arange(100), compression="lzf")  # a filter kerchunk refuses
+    m = mount(source, "--view", "raw")
+    assert listed(m.path) == ["good"]
+    assert "variable packed: /packed uses szip or lzf compression - not supported by kerchunk" in m.log()
+    result = run_refmount("inspect", source)
+    assert result.returncode == 0, result.stderr
+    assert "packed: not referenced (/packed uses szip or lzf compression" in result.stdout
