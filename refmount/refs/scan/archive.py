@@ -24,7 +24,7 @@ import trio
 from refmount.errors import FetchError, RefmountError, RefsError, quote
 from refmount.fetch.stats import redact
 from refmount.refs.scan.formats import FORMAT_NAMES, SNIFF_BYTES, sniff
-from refmount.refs.scan.sources import Entry, list_sources, looks_like_many, may_be_data_file
+from refmount.refs.scan.sources import Entry, list_sources, looks_like_many, may_be_data_file, pair_sidecars
 
 log = logging.getLogger("refmount")
 
@@ -106,6 +106,8 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
     else:
         headers = options.remote_options.get("headers")
         entries = list_sources(location, options.remote_options, headers)
+        if dmrpp_module() is not None:
+            entries = pair_sidecars(entries)
         if not entries:
             raise RefmountError(f"{quote(redact(location))} names no files")
     from refmount.refs.scan.store import ScanStore, default_scan_dir
@@ -203,6 +205,9 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
 
     async def one(i: int, entry: Entry) -> None:
         try:
+            if entry.sidecar:
+                results[i] = await _from_sidecar(reader, entry, lookups)
+                return
             async with lookups:
                 size, version = await _identify(fetcher, entry)
             kept = store.get(entry.url, version, max_refs_size) if version else None
@@ -239,6 +244,33 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
     order = {id(e): i for i, e in enumerate(entries)}
     failures.sort(key=lambda f: order[id(f[0])])
     return results, failures
+
+
+def dmrpp_module():
+    """refmount.refs.dmrpp (DMR++ sidecars), where it is installed; None otherwise."""
+    try:
+        from refmount.refs import dmrpp
+    except ImportError:
+        return None
+    return dmrpp if hasattr(dmrpp, "dmrpp_to_refs") else None
+
+
+async def _from_sidecar(reader: _Reader, entry: Entry, lookups) -> Scanned:
+    """A data file's references from its DMR++ (no byte of the data file is read)."""
+    from refmount.refs.scan.pool import ScanFailed
+
+    async with lookups:
+        size = await reader.fetcher.size(entry.sidecar)
+    if size > 256 << 20:
+        raise ScanFailed(f"its DMR++ {redact(entry.sidecar)} is larger than 256 MiB")
+    text = b"".join(map(bytes, await reader.fetcher.read(entry.sidecar, 0, size)))
+    data_url = None if entry.url == entry.sidecar else entry.url
+    try:
+        refs, refused = await trio.to_thread.run_sync(
+            lambda: dmrpp_module().dmrpp_to_refs(text, entry.sidecar, data_url))
+    except RefmountError as e:
+        raise ScanFailed(str(e)) from None
+    return Scanned(entry.name, data_url or entry.url, "dmrpp", refs, list(refused))
 
 
 async def _identify(fetcher, entry: Entry) -> tuple[int, str | None]:

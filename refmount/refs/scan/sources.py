@@ -34,6 +34,29 @@ class Entry:
     url: str
     size: int | None = None
     version: str | None = None  # a validator from the listing (S3's ETag), if any
+    sidecar: str | None = None  # the url of its DMR++ (X.dmrpp beside X), read instead of scanning X
+
+
+DMRPP_SUFFIX = ".dmrpp"
+
+
+def pair_sidecars(entries: list[Entry]) -> list[Entry]:
+    """OPeNDAP's DMR++ sidecars: `X.dmrpp` listed beside `X` describes X, and is read instead of
+    scanning X (one small XML file rather than X's header); a DMR++ alone stands for its data file."""
+    by_url = {e.url: e for e in entries}
+    out = []
+    for entry in entries:
+        if not entry.url.endswith(DMRPP_SUFFIX):
+            out.append(entry)
+            continue
+        data = by_url.get(entry.url[: -len(DMRPP_SUFFIX)])
+        if data is not None:
+            data.sidecar = entry.url
+        else:
+            entry.sidecar = entry.url
+            entry.name = entry.name[: -len(DMRPP_SUFFIX)] if entry.name.endswith(DMRPP_SUFFIX) else entry.name
+            out.append(entry)
+    return out
 
 
 def has_glob(location: str) -> bool:
