@@ -119,6 +119,7 @@ def main() -> int:
         data = run / "data"
         log(f"making {args.files} daily files of {nlat} x {nlon} ...")
         files = make_daily(data / "tas", args.files, nlat, nlon)
+        (data / "big.bin").write_bytes(b"x" * 4096)  # (what bench_wan probes nginx with)
         log(f"{sum(f.stat().st_size for f in files) / args.files / 1e6:.1f} MB a file")
         if args.link == "nfqueue":
             missing = bw.nfqueue_missing()

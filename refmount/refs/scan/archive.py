@@ -30,6 +30,20 @@ log = logging.getLogger("refmount")
 
 SCANNER_MEMORY = 1 << 30  # address space a scanner may add to what it has after its imports
 SCAN_CACHE_BYTES = 64 << 20  # the block cache the headers are read through
+REVALIDATION_CONNECTIONS = 32  # per host, while scanning: 56 HEADs at 80 ms take 2 round trips, not 7
+SCANNER_RSS = 128 << 20  # what one scanner process is counted as against the memory target (measured: ~100 MB)
+
+
+def scanner_count(options: "ArchiveOptions", files: int) -> int:
+    """As many scanners as files, up to 8 (they mostly wait for bytes), and no more than the memory
+    target leaves beside the daemon and its header cache: they count against it while they run."""
+    from refmount.cache.target import DEFAULT_TARGET, resident_bytes
+    from refmount.refs.scan.pool import default_workers
+
+    wanted = options.workers or default_workers()
+    target = options.memory_target or DEFAULT_TARGET
+    room = target - resident_bytes() - SCAN_CACHE_BYTES
+    return max(1, min(wanted, files, room // SCANNER_RSS))
 
 
 @dataclass
@@ -49,6 +63,7 @@ class ArchiveOptions:
     allow_cross_host_redirects: bool = False
     progress: object = None  # called with (files done, files in all), or None
     remote_options: dict = field(default_factory=dict)
+    memory_target: int | None = None  # the daemon's --memory-target: the scanners' share bounds their number
 
 
 @dataclass
@@ -58,6 +73,7 @@ class Scanned:
     format: str
     refs: dict
     refused: list
+    version: str | None = None  # what the scan store keyed it by (None: not kept)
 
 
 def is_archive_source(location: str, remote_options: dict | None = None) -> bool:
@@ -164,8 +180,10 @@ class _Reader:
         from refmount.fetch import Fetcher, RetryPolicy
 
         policy = RetryPolicy(read_timeout=options.read_timeout, stall_timeout=options.stall_timeout)
+        # More connections than reads use: revalidating an archive is one HEAD per file, each a round trip
         self.fetcher = Fetcher(policy=policy, remote_options=options.remote_options,
-                               connections_per_host=options.connections, http_client=options.http_client,
+                               connections_per_host=max(options.connections, REVALIDATION_CONNECTIONS),
+                               http_client=options.http_client,
                                allow_cross_host_redirects=options.allow_cross_host_redirects)
         bs = options.block_size
 
@@ -186,12 +204,11 @@ class _Reader:
 
 async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptions, store, max_refs_size: int,
                     timeout: float | None):
-    from refmount.refs.scan.pool import ScanPool, ScanFailed, default_workers
+    from refmount.refs.scan.pool import ScanPool, ScanFailed
 
     fetcher, read = reader.fetcher, reader.read
-    workers = options.workers or default_workers()
-    pool = ScanPool(read, workers=min(workers, len(entries)), memory=SCANNER_MEMORY, max_result=max_refs_size,
-                    timeout=timeout)
+    pool = ScanPool(read, workers=scanner_count(options, len(entries)), memory=SCANNER_MEMORY,
+                    max_result=max_refs_size, timeout=timeout)
     results: list[Scanned | None] = [None] * len(entries)
     failures: list[tuple[Entry, str]] = []
     lookups = trio.CapacityLimiter(max(16, 4 * options.connections))
@@ -212,7 +229,8 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
                 size, version = await _identify(fetcher, entry)
             kept = store.get(entry.url, version, max_refs_size) if version else None
             if kept is not None:
-                results[i] = Scanned(entry.name, entry.url, kept["format"], kept["refs"], kept.get("refused", []))
+                results[i] = Scanned(entry.name, entry.url, kept["format"], kept["refs"], kept.get("refused", []),
+                                     version)
                 return
             if size == 0:
                 raise ScanFailed("is empty")
@@ -229,7 +247,7 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
                 raise ScanFailed("the scanner gave no references")
             if version:
                 store.put(entry.url, version, {"format": fmt, "refs": refs, "refused": refused})
-            results[i] = Scanned(entry.name, entry.url, fmt, refs, [str(r) for r in refused])
+            results[i] = Scanned(entry.name, entry.url, fmt, refs, [str(r) for r in refused], version)
         except (ScanFailed, FetchError) as e:
             failures.append((entry, str(e)))
         finally:
@@ -313,6 +331,27 @@ def combined_refs(kind: str, scanned: list[Scanned], options: ArchiveOptions, re
     return out
 
 
+def kept_combination(options: ArchiveOptions, max_refs_size: int):
+    """`combined_refs`, but a combination of the same files at the same versions with the same options
+    comes from the scan store (combining reads every file's coordinates: a warm mount must not)."""
+    from refmount.refs.scan.store import ScanStore, default_scan_dir
+
+    def then(kind: str, scanned: list[Scanned], read) -> dict:
+        if kind == "file" or not options.concat or any(s.version is None for s in scanned):
+            return combined_refs(kind, scanned, options, read)
+        key = "combined:" + orjson.dumps([options.concat, sorted(options.identical), options.skip_mismatched,
+                                           [(s.name, s.url, s.version) for s in scanned]]).decode()
+        store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
+        kept = store.get(key, "combined", max_refs_size)
+        if isinstance(kept, dict):
+            return kept
+        refs = combined_refs(kind, scanned, options, read)
+        store.put(key, "combined", refs)
+        return refs
+
+    return then
+
+
 def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_size, max_value_size, timeout):
     """The reference set (a `RefSet`) of a data file or archive; `refused` per file name attached."""
     from refmount.refs.jsonrefs import load_json
@@ -320,7 +359,7 @@ def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_s
     from refmount.refs.model import RefSetBuilder
 
     kind, scanned, refs = scan_source(location, options, max_refs_size=max_refs_size, timeout=timeout,
-                                      then=lambda kind, scanned, read: combined_refs(kind, scanned, options, read))
+                                      then=kept_combination(options, max_refs_size))
     text = orjson.dumps(refs)
     del refs
     if max_refs_size is not None and len(text) > max_refs_size:
