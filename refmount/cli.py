@@ -252,7 +252,8 @@ def add_archive_options(p: argparse.ArgumentParser, mount: bool = True) -> None:
                         "one CF unit and calendar; other variables taken once when identical in every file "
                         "(default: one subdirectory per file)")
     g.add_argument("--identical", action="append", default=[], metavar="VAR",
-                   help="with --concat: take variable VAR from the first file without comparing it (repeatable)")
+                   help="with --concat: take variable VAR from the first file without comparing it (repeatable, or "
+                        "comma-separated)")
     g.add_argument("--skip-mismatched", action="store_true",
                    help="with --concat: leave out, with a log line, a file whose variables not along DIM differ "
                         "from the first file's (default: refuse the whole set, naming the file and variable)")
@@ -327,6 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _listed(values) -> tuple:
+    """A repeatable option's values, each also comma-separated."""
+    return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
+
+
 def options_from_args(args):
     from refmount.fuse.daemon import MountOptions
     from refmount.refs.icechunk_containers import parse_authorized, parse_repoint
@@ -347,7 +353,7 @@ def options_from_args(args):
         max_refs_size=args.max_refs_size, max_value_size=args.max_value_size, load_timeout=args.load_timeout,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
         containers=parse_repoint(args.container), authorized_containers=parse_authorized(args.authorize_container),
-        concat=args.concat, identical=tuple(args.identical), skip_mismatched=args.skip_mismatched, strict=args.strict,
+        concat=args.concat, identical=_listed(args.identical), skip_mismatched=args.skip_mismatched, strict=args.strict,
     )
 
 
@@ -452,7 +458,7 @@ def _scan(args) -> int:
         from refmount.fuse.progress import ScanProgress
 
         progress = ScanProgress()
-    options = ArchiveOptions(concat=args.concat, identical=tuple(args.identical), skip_mismatched=args.skip_mismatched,
+    options = ArchiveOptions(concat=args.concat, identical=_listed(args.identical), skip_mismatched=args.skip_mismatched,
                              strict=args.strict, cache_dir=args.cache_dir, remote_options=args.remote_options,
                              progress=progress)
     try:

@@ -119,7 +119,8 @@ def archive_options(opts, progress=None):
                           connections=opts.connections, read_timeout=opts.read_timeout,
                           stall_timeout=opts.stall_timeout, http_client=opts.http_client,
                           allow_cross_host_redirects=opts.allow_cross_host_redirects, progress=progress,
-                          remote_options=opts.remote_options, memory_target=opts.memory_target)
+                          remote_options=opts.remote_options, memory_target=opts.memory_target,
+                          max_full_download=opts.max_full_download)
 
 
 def load_reference_set(opts):

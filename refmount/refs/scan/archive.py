@@ -64,6 +64,7 @@ class ArchiveOptions:
     progress: object = None  # called with (files done, files in all), or None
     remote_options: dict = field(default_factory=dict)
     memory_target: int | None = None  # the daemon's --memory-target: the scanners' share bounds their number
+    max_full_download: int | None = None  # a server ignoring Range: how far a header read may stream (None: 1G)
 
 
 @dataclass
@@ -185,6 +186,7 @@ class _Reader:
                                connections_per_host=max(options.connections, REVALIDATION_CONNECTIONS),
                                http_client=options.http_client,
                                allow_cross_host_redirects=options.allow_cross_host_redirects)
+        self.fetcher.max_full_download = options.max_full_download
         bs = options.block_size
 
         async def fetch(url, start, end):
