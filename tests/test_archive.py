@@ -348,3 +348,30 @@ def test_what_cannot_be_referenced_is_said_and_the_rest_mounts(mount, scans, tmp
     result = run_refmount("inspect", source)
     assert result.returncode == 0, result.stderr
     assert "packed: not referenced (/packed uses szip or lzf compression" in result.stdout
+
+
+def test_formats_are_told_by_their_first_bytes():
+    from refmount.refs.scan.formats import HDF5_SIGNATURE, sniff
+
+    assert sniff(AIR.read_bytes()[:4096]) == "hdf5"
+    for block in (512, 1024, 2048, 32768):  # an HDF5 user block before the signature (HDF-EOS5 has one)
+        assert sniff(b"\0" * block + HDF5_SIGNATURE + b"\0" * 64) == "hdf5", block
+    assert sniff(b"\0" * 700 + HDF5_SIGNATURE) is None  # not at a power of two
+    assert [sniff(m + b"\0" * 8) for m in (b"CDF\x01", b"CDF\x02", b"CDF\x05")] == ["netcdf3"] * 3
+    assert sniff(b"CDF\x03" + b"\0" * 8) is None
+    assert sniff(GRIB.read_bytes()[:64]) == "grib"
+    assert [sniff(m + b"\0" * 8) for m in (b"II*\0", b"MM\0*", b"II+\0")] == ["tiff"] * 3
+    assert sniff(b'{"version": 1}') is None and sniff(b"") is None
+
+
+def test_apache_index_links():
+    from refmount.refs.scan.sources import index_links, matches
+
+    html = """<table><tr><th><a href="?C=N;O=D">Name</a></th></tr>
+    <tr><td><a href="/pub/">Parent Directory</a></td></tr>
+    <tr><td><a href="tas_20200101.nc">tas_20200101.nc</a></td></tr>
+    <tr><td><a href="2021/">2021/</a></td></tr></table>"""
+    files, dirs = index_links("https://h/pub/data", html)
+    assert files == ["https://h/pub/data/tas_20200101.nc"] and dirs == ["https://h/pub/data/2021/"]
+    assert matches(["**", "tas_*.nc"], ["2021", "x", "tas_1.nc"]) and matches(["tas_*.nc"], ["tas_1.nc"])
+    assert not matches(["tas_*.nc"], ["2021", "tas_1.nc"]) and not matches(["*.nc"], ["a.nc.dmrpp"])
