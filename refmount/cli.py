@@ -116,7 +116,8 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("refs", metavar="REFS",
                    help="reference set: a JSON file (optionally .gz/.bz2/.xz/.zst), a Parquet reference "
                         "directory, an Icechunk repository, an http(s)://, s3://, ... url of either, or - for JSON "
-                        "on stdin")
+                        "on stdin; or data files scanned at mount: a netCDF, HDF5, GRIB or TIFF file, a glob, a "
+                        "directory, an s3:// prefix or @FILE of them (see 'data files and archives' below)")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     g = p.add_argument_group("view")
     g.add_argument("--view", choices=("decoded", "raw"), default="decoded",
