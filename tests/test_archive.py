@@ -375,3 +375,12 @@ def test_apache_index_links():
     assert files == ["https://h/pub/data/tas_20200101.nc"] and dirs == ["https://h/pub/data/2021/"]
     assert matches(["**", "tas_*.nc"], ["2021", "x", "tas_1.nc"]) and matches(["tas_*.nc"], ["tas_1.nc"])
     assert not matches(["tas_*.nc"], ["2021", "tas_1.nc"]) and not matches(["*.nc"], ["a.nc.dmrpp"])
+
+
+def test_one_remote_data_file_over_http(mount, scans, server):
+    import xarray as xr
+
+    shutil.copy(AIR, server.root / "air")  # no suffix: told by its first bytes
+    m = mount(server.url_for("air"), "--view", "raw")
+    with xr.open_zarr(m.path, consolidated=False) as got, xr.open_dataset(AIR) as want:
+        xr.testing.assert_allclose(got.load(), want.load())
