@@ -384,3 +384,18 @@ def test_one_remote_data_file_over_http(mount, scans, server):
     m = mount(server.url_for("air"), "--view", "raw")
     with xr.open_zarr(m.path, consolidated=False) as got, xr.open_dataset(AIR) as want:
         xr.testing.assert_allclose(got.load(), want.load())
+
+
+def test_scan_concat_read_by_fsspec_equals_the_concat_mount(mount, scans, daily, tmp_path):
+    import fsspec
+    import xarray as xr
+
+    out = tmp_path / "tas.json.gz"
+    result = run_refmount("scan", f"{daily}/*.nc", "--concat", "time", "-o", out)
+    assert result.returncode == 0, result.stderr
+    fs = fsspec.filesystem("reference", fo=str(out), target_options={"compression": "gzip"}, skip_instance_cache=True)
+    m = mount(f"{daily}/*.nc", "--concat", "time", "--view", "raw")
+    with xr.open_zarr(fs.get_mapper(""), consolidated=False, zarr_format=2) as exported, \
+            xr.open_zarr(m.path, consolidated=False) as mounted:
+        xr.testing.assert_identical(exported.load(), mounted.load())
+        assert exported.sizes["time"] == 24 * len(list(daily.glob("*.nc")))
