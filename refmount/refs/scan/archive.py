@@ -270,8 +270,10 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
 
 def dmrpp_module():
     """refmount.refs.dmrpp (DMR++ sidecars), where it is installed; None otherwise."""
-    try:
-        from refmount.refs import dmrpp
+    import importlib
+
+    try:  # (by name: the module is optional)
+        dmrpp = importlib.import_module("refmount.refs.dmrpp")
     except ImportError:
         return None
     return dmrpp if hasattr(dmrpp, "dmrpp_to_refs") else None
