@@ -118,6 +118,7 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
     """(kind, [Scanned], then's result) of a source: kind 'file' (one data file) or 'many'. `then`
     (kind, scanned, read) runs in a thread once the files are scanned, with `read` a synchronous
     (url, offset, length) -> bytes through the same fetcher and block cache (combining reads coordinates)."""
+    _check_parsers()
     single = not looks_like_many(location)
     if single:
         entries = [Entry(location.rstrip("/").rsplit("/", 1)[-1], location)]
@@ -157,6 +158,14 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
 
     scanned, result = trio.run(main)
     return kind, scanned, result
+
+
+def _check_parsers() -> None:
+    import importlib.util
+
+    missing = [name for name in ("kerchunk", "h5py") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise RefmountError(f"scanning data files needs {' and '.join(missing)}: pip install 'refmount[archives]'")
 
 
 def _settle(location: str, single: bool, options: ArchiveOptions, results, failures) -> list[Scanned]:
