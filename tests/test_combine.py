@@ -18,19 +18,21 @@ import pytest
 from refmount.errors import RefsError
 from refmount.refs import combine
 from refmount.refs.combine import combine_datasets
+from refmount.view.bounded import decode_bounded
 
 DAYS = 6
 
 
-def make_day(path, day: int, *, fmt="NETCDF4", calendar="standard", units="hours", lat_shift=0.0, extra=None):
-    """One day of hourly `tas` on a small grid, its time in "<units> since <its day>"; time_bnds as CF bounds."""
+def make_day(path, day: int, *, fmt="NETCDF4", calendar="standard", units="hours", lat_shift=0.0, extra=None,
+             steps=24, contiguous=False):
+    """One day of hourly `tas` on a small grid, its time in "<units> since <its day>"; time_bnds as CF bounds.
+    `contiguous`: time a fixed dimension of `steps`, tas stored in one piece (kerchunk: one chunk)."""
     import netCDF4
 
-    steps = 24
     with netCDF4.Dataset(path, "w", format=fmt) as ds:
         ds.title = "daily test"
         ds.source = "refmount tests"
-        ds.createDimension("time", None)
+        ds.createDimension("time", steps if contiguous else None)
         ds.createDimension("lat", 5)
         ds.createDimension("lon", 4)
         ds.createDimension("nv", 2)
@@ -49,11 +51,12 @@ def make_day(path, day: int, *, fmt="NETCDF4", calendar="standard", units="hours
         lon = ds.createVariable("lon", "f4", ("lon",))
         lon.units = "degrees_east"
         lon[:] = np.arange(4) * 90.0
-        tas = ds.createVariable("tas", "f4", ("time", "lat", "lon"), zlib=fmt == "NETCDF4", fill_value=-999.0)
+        tas = ds.createVariable("tas", "f4", ("time", "lat", "lon"), zlib=fmt == "NETCDF4" and not contiguous,
+                                fill_value=-999.0, contiguous=contiguous)
         tas.units = "K"
         tas.long_name = "air temperature"
         values = 250 + day * 24 + np.arange(steps * 20, dtype="f4").reshape(steps, 5, 4) * 0.1
-        values[3, 1, 1] = -999.0  # a missing value
+        values[min(3, steps - 1), 1, 1] = -999.0  # a missing value
         tas[:] = values
         if extra:
             extra(ds)
@@ -119,7 +122,7 @@ def test_daily_files_equal_open_mfdataset(tmp_path, fmt, caplog):
     files, shuffled = daily_files(tmp_path, fmt)
     read = LocalReader()
     caplog.set_level(logging.INFO, logger="refmount")
-    refs = combine_datasets([(str(f), scan(f, fmt)) for f in shuffled], "time", read=read)
+    refs = combine_datasets([(str(f), scan(f, fmt)) for f in shuffled], "time", read=read, decode=decode_bounded)
     assert read.calls > 0  # the coordinate's values came through the caller's reader
     got = assert_same_as_mfdataset(refs, files)
     # one unit (the earliest file's), written inline; tas's chunks are the files' own references
@@ -233,6 +236,26 @@ def test_overlap_and_uneven_chunks(tmp_path, monkeypatch):
         combine_datasets(sets, "time", read=LocalReader())
 
 
+def test_files_of_different_lengths_stored_in_one_piece(tmp_path, monkeypatch):
+    """Contiguous variables (kerchunk: one chunk a file) of files of 24 and 23 steps: the combined chunks
+    would differ, so the variable is written inline while small, and refused when not."""
+    import xarray as xr
+
+    files = [tmp_path / "a.nc", tmp_path / "b.nc"]
+    make_day(files[0], 0, steps=24, contiguous=True)
+    make_day(files[1], 1, steps=23, contiguous=True)
+    sets = [(str(f), scan(f)) for f in files[::-1]]
+    assert json.loads(sets[0][1]["refs"]["tas/.zarray"])["chunks"][0] == 23
+    refs = combine_datasets(sets, "time", read=LocalReader())
+    assert refs["tas/0.0.0"].startswith("base64:")
+    with xr.open_mfdataset([str(f) for f in files], combine="by_coords") as expected:
+        xr.testing.assert_identical(open_refs(refs).load(), expected.load())
+    monkeypatch.setattr(combine, "INLINE_LIMIT", 1024)
+    with pytest.raises(RefsError, match=f"^file '{files[1]}': variable 'tas' has 23 values along 'time' in "
+                                        r"chunks of 23 \(the earliest file's: 24\): the combined chunks would be uneven"):
+        combine_datasets(sets, "time", read=LocalReader())
+
+
 def test_no_such_dimension_or_identical_over_it(tmp_path):
     files, _ = daily_files(tmp_path, days=2)
     sets = [(str(f), scan(f)) for f in files]
@@ -245,9 +268,10 @@ def test_no_such_dimension_or_identical_over_it(tmp_path):
 
 
 def test_mount_answers_ncdump_as_ncrcat(tmp_path, mount):
-    """The issue's Done-when: `ncdump -v time` of the mounted combination equals that of NCO's ncrcat
-    of the same files (given in time order: ncrcat concatenates in argument order, and re-bases each
-    file's time to the first file's units)."""
+    """The issue's Done-when: xarray.open_zarr of the mounted combination equals open_mfdataset of the
+    files, and `ncdump -v time` of it equals that of NCO's ncrcat of the same files (given in time
+    order: ncrcat concatenates in argument order, and re-bases each file's time to the first file's
+    units)."""
     from tests.support.clients import NCDUMP, nczarr_url
 
     files, shuffled = daily_files(tmp_path)
@@ -269,6 +293,10 @@ def test_mount_answers_ncdump_as_ncrcat(tmp_path, mount):
     assert got == expected
     assert got[0] == ['time:calendar = "standard" ;', 'time:units = "hours since 2020-01-01" ;']
     assert "142, 143 ;" in got[1]
+    import xarray as xr
+
+    with xr.open_mfdataset([str(f) for f in files], combine="by_coords") as expected:
+        xr.testing.assert_identical(xr.open_zarr(m.path, consolidated=False).load(), expected.load())
 
 
 
@@ -299,3 +327,62 @@ def test_groups(tmp_path):
 
     assert np.array_equal(got["ts"], np.concatenate([raw(f) for f in files]))
     assert np.array_equal(got["orog"], np.full((5, 4), 2.0, "f4"))
+
+
+def test_times_that_outgrow_their_integer_dtype_become_float64(tmp_path):
+    """int16 seconds since 1900 and since 2020: in the earliest file's units the later ones do not fit."""
+    import netCDF4
+    import xarray as xr
+
+    files = []
+    for n, first in enumerate(["1900-01-01", "2020-01-01"]):
+        path = tmp_path / f"{n}.nc"
+        with netCDF4.Dataset(path, "w") as ds:
+            ds.createDimension("time", None)
+            time = ds.createVariable("time", "i2", ("time",))
+            time.units = f"seconds since {first}"
+            time[:] = np.arange(3)
+            ds.createVariable("x", "f4", ("time",))[:] = np.arange(3)
+        files.append(path)
+    refs = combine_datasets([(str(f), scan(f)) for f in files[::-1]], "time", read=LocalReader())
+    assert json.loads(refs["time/.zarray"])["dtype"] == "<f8"
+    with xr.open_mfdataset([str(f) for f in files], combine="by_coords") as expected:
+        xr.testing.assert_identical(open_refs(refs).load(), expected.load())
+
+
+def test_synthetic_sets_with_slash_separated_chunk_keys():
+    """References as a Zarr v2 store with dimension_separator "/" (no file at all: inline chunks)."""
+    import base64
+
+    def one(first: int) -> dict:
+        def inline(values, dtype):
+            return "base64:" + base64.b64encode(np.asarray(values, dtype=dtype).tobytes()).decode()
+
+        array = {"shape": [2, 3], "chunks": [1, 3], "dtype": "<i4", "fill_value": None, "order": "C",
+                 "filters": None, "compressor": None, "zarr_format": 2, "dimension_separator": "/"}
+        return {".zgroup": '{"zarr_format": 2}',
+                "t/.zarray": json.dumps(dict(array, shape=[2], chunks=[2], dimension_separator=".")),
+                "t/.zattrs": '{"_ARRAY_DIMENSIONS": ["t"]}', "t/0": inline([first, first + 1], "<i4"),
+                "v/.zarray": json.dumps(array), "v/.zattrs": '{"_ARRAY_DIMENSIONS": ["t", "x"]}',
+                "v/0/0": inline([first] * 3, "<i4"), "v/1/0": inline([first + 1] * 3, "<i4")}
+
+    refs = combine_datasets([("b", one(2)), ("a", one(0))], "t", read=LocalReader())
+    assert sorted(k for k in refs if k.startswith("v/") and "/." not in k) == ["v/0/0", "v/1/0", "v/2/0", "v/3/0"]
+    got = open_refs(refs)
+    assert got["t"].values.tolist() == [0, 1, 2, 3]
+    assert got["v"].values.tolist() == [[n] * 3 for n in range(4)]
+
+
+def test_a_chunk_that_inflates_past_its_size_is_refused(tmp_path):
+    """A zlib bomb in a chunk the combination decodes (64 MiB of zeros for 24 times) stops at the bound."""
+    import base64
+    import zlib
+
+    files, _ = daily_files(tmp_path, days=2)
+    sets = [(str(f), scan(f)) for f in files]
+    refs = sets[1][1]["refs"]
+    refs["time/.zarray"] = json.dumps(dict(json.loads(refs["time/.zarray"]), compressor={"id": "zlib", "level": 1}))
+    refs["time/0"] = "base64:" + base64.b64encode(zlib.compress(bytes(64 << 20))).decode()
+    with pytest.raises(RefsError, match=f"^file '{files[1]}': chunk \\(0,\\) of variable 'time' cannot be decoded: "
+                                        "decodes to more than the expected"):
+        combine_datasets(sets, "time", read=LocalReader(), decode=decode_bounded)

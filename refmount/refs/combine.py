@@ -48,10 +48,12 @@ COMPARE_LIMIT = 64 << 20  # encoded bytes of one variable per file that its iden
 PREFETCH_LIMIT = 64 << 20  # bytes of all files read at once, before the combination needs them
 INLINE_LIMIT = 4 << 20  # decoded bytes a variable written inline (re-encoded, or unevenly chunked) may have
 _CF_TIME = re.compile(r"^\s*(\w+)\s+since\s+(.+)$")
+# CF time units of a fixed length, in seconds (months and years are converted through dates)
 _SECONDS = {unit: seconds for names, seconds in (
-    (("days", "day", "d"), 86400), (("hours", "hour", "hr", "hrs", "h"), 3600), (("minutes", "minute", "min", "mins"), 60),
-    (("seconds", "second", "sec", "secs", "s"), 1), (("milliseconds", "millisecond", "msec", "ms"), 1e-3),
-    (("microseconds", "microsecond", "usec", "us"), 1e-6)) for unit in names}
+    (("days", "day", "d"), 86400), (("hours", "hour", "hr", "hrs", "h"), 3600),
+    (("minutes", "minute", "min", "mins"), 60), (("seconds", "second", "sec", "secs", "s"), 1),
+    (("milliseconds", "millisecond", "msec", "ms"), 1e-3), (("microseconds", "microsecond", "usec", "us"), 1e-6),
+) for unit in names}
 # Calendars that name the same dates (as xarray and cftime treat them; "standard" differs from
 # "proleptic_gregorian" only before 1582-10-15, which cftime checks when it converts).
 _CALENDAR_ALIASES = {"gregorian": "standard", "noleap": "365_day", "all_leap": "366_day"}
@@ -81,14 +83,17 @@ class _File:
 
 
 def combine_datasets(datasets, concat_dim: str, *, identical=(), skip_mismatched: bool = False, read,
-                     workers: int = 32) -> dict:
+                     decode=None, workers: int = 32) -> dict:
     """One Version-0 reference dict combining `datasets` (a list of (name, refs), refs each a scanned
-    file's references, Version 0 or kerchunk's {"version": 1, "refs": ...}) along `concat_dim`."""
+    file's references, Version 0 or kerchunk's {"version": 1, "refs": ...}) along `concat_dim`.
+    `decode(codec, data, limit)`: a decoder that refuses output past `limit` bytes without producing it
+    (refmount.view.bounded.decode_bounded, which refs/ may not import itself); None decodes unbounded.
+    `workers`: reads at once (`read` is called from that many threads)."""
     if not datasets:
         raise RefsError(f"--concat {concat_dim}: no files to combine")
     files = [_parse(name, refs) for name, refs in datasets]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return _Combiner(files, concat_dim, set(identical), skip_mismatched, read, pool).combine()
+        return _Combiner(files, concat_dim, set(identical), skip_mismatched, read, pool, decode).combine()
 
 
 # -- reading the scanned files' references ----------------------------------------------------------------
@@ -123,14 +128,12 @@ def _parse(name: str, refs: dict) -> _File:
     for key, value in chunk_values.items():
         parent, _, index = key.rpartition("/")
         array = arrays.get(parent)
-        if array is None:
-            continue  # (a key outside every array: nothing reads it)
-        separator = array.meta.get("dimension_separator") or "."
-        if separator != ".":
+        if array is None or array.meta.get("dimension_separator") == "/":
             parent, index = _split_slash_key(key, arrays)
             array = arrays.get(parent)
             if array is None:
-                continue
+                continue  # (a key outside every array: nothing reads it)
+        separator = array.meta.get("dimension_separator") or "."
         try:
             position = tuple(int(p) for p in index.split(separator)) if array.meta.get("shape") else (0,)
         except ValueError:
@@ -144,9 +147,9 @@ def _split_slash_key(key: str, arrays: dict[str, _Array]) -> tuple[str, str]:
     parts = key.split("/")
     for cut in range(len(parts) - 1, 0, -1):
         path = "/".join(parts[:cut])
-        if path in arrays:
-            return path, ".".join(parts[cut:])
-    return "", key
+        if path in arrays and arrays[path].meta.get("dimension_separator") == "/":
+            return path, "/".join(parts[cut:])
+    return "\0", key  # (no such array)
 
 
 def _json(value) -> dict:
@@ -166,8 +169,10 @@ def _inline_bytes(value) -> bytes:
 
 
 class _Combiner:
-    def __init__(self, files: list[_File], dim: str, identical: set[str], skip_mismatched: bool, read, pool):
+    def __init__(self, files: list[_File], dim: str, identical: set[str], skip_mismatched: bool, read, pool,
+                 decode=None):
         self.files = files
+        self.decode = decode
         self.dim = dim
         self.identical = identical
         self.skip_mismatched = skip_mismatched
@@ -371,10 +376,10 @@ class _Combiner:
     def _as_dtype(self, values: np.ndarray, array: _Array, file: _File) -> np.ndarray:
         """Values in the array's dtype; floats when an integer dtype cannot hold them exactly."""
         dtype = np.dtype(array.meta["dtype"])
-        if dtype.kind in "iu" and values.dtype.kind == "f":
+        if dtype.kind in "iu" and values.dtype.kind in "iuf":
             info = np.iinfo(dtype)
-            if not (np.all(np.isfinite(values)) and np.all(values == np.round(values))
-                    and values.min(initial=0) >= info.min and values.max(initial=0) <= info.max):
+            exact = values.dtype.kind != "f" or (np.all(np.isfinite(values)) and np.all(values == np.round(values)))
+            if not (exact and values.min(initial=0) >= info.min and values.max(initial=0) <= info.max):
                 log.info("--concat %s: variable %r re-encoded as float64 (its values do not fit %s)",
                          self.dim, array.path, dtype)
                 return values.astype(np.dtype("f8").newbyteorder(dtype.byteorder))
@@ -390,15 +395,20 @@ class _Combiner:
                 return self._mismatch(f, path, why)
         axis = first.dims.index(self.dim)
         chunk = int(first.meta["chunks"][axis])
-        uneven = next((k for k, (s, n) in enumerate(zip(starts, lengths))
-                       if s % chunk or (n % chunk and k < len(files) - 1 and sum(lengths[k + 1:]))), None)
+        chunks = [int(f.arrays[path].meta["chunks"][axis]) for f in files]
+        # Each file must begin a chunk of the combined array, and fill its last chunk unless no file
+        # with values follows (Zarr v2's chunks are all alike).
+        uneven = next((k for k, (s, n, c) in enumerate(zip(starts, lengths, chunks))
+                       if c != chunk or s % chunk or (n % chunk and sum(lengths[k + 1:]))), None)
         shape = list(first.meta["shape"])
         shape[axis] = starts[-1]
         if uneven is not None:
             nbytes = math.prod(shape) * np.dtype(first.meta["dtype"]).itemsize
             if nbytes > INLINE_LIMIT or np.dtype(first.meta["dtype"]).kind == "O":
+                other = f" (the earliest file's: {chunk})" if chunks[uneven] != chunk else ""
                 return self._mismatch(files[uneven], path, f"has {lengths[uneven]} values along {self.dim!r} in chunks "
-                                      f"of {chunk}: the combined chunks would be uneven, which Zarr v2 cannot express")
+                                      f"of {chunks[uneven]}{other}: the combined chunks would be uneven, which Zarr v2 "
+                                      "cannot express")
             values = np.concatenate([self._values(f, f.arrays[path]) for f in files], axis=axis)
             return self._write_inline(first, values)
         self._write_meta(first, dict(first.meta, shape=shape))
@@ -473,7 +483,8 @@ class _Combiner:
     def _check_same(self, file: _File, array: _Array, first: _Array) -> None:
         why = self._differs(array, first, over_dim=True)
         if why:
-            raise RefsError(f"file {quote(file.name)}: variable {array.path!r} {why}: cannot combine along {self.dim!r}")
+            raise RefsError(f"file {quote(file.name)}: variable {array.path!r} {why}: "
+                            f"cannot combine along {self.dim!r}")
 
     # -- values ------------------------------------------------------------------------------------------
 
@@ -528,11 +539,13 @@ class _Combiner:
         chunks = [int(n) for n in meta["chunks"]] if shape else []
         out = np.full(shape, _fill(meta, dtype), dtype=dtype)
         codecs = _codecs(file, array)
+        # (no stage of a chunk's decoding may grow past a few times the chunk: a hostile chunk stops there)
+        bound = 8 * max(math.prod(chunks or [1]) * dtype.itemsize, 1 << 20)
         for position, value in array.chunks.items():
             raw = self._bytes(file, array, value)
             try:
                 for codec in codecs:
-                    raw = codec.decode(raw)
+                    raw = self.decode(codec, raw, bound) if self.decode is not None else codec.decode(raw)
                 block = np.frombuffer(raw, dtype=dtype) if dtype.kind != "O" else np.asarray(raw, dtype=object)
                 block = block.reshape(chunks or [], order=meta.get("order", "C"))
             except Exception as e:  # (numcodecs raises many kinds)
@@ -580,9 +593,6 @@ class _Combiner:
         shape = list(values.shape)
         meta = dict(array.meta, shape=shape, chunks=shape or [], dtype=values.dtype.str, compressor=None,
                     filters=None, order="C")
-        if meta.get("fill_value") is not None and values.dtype != np.dtype(array.meta["dtype"]) \
-                and values.dtype.kind == "f":
-            meta["fill_value"] = float(meta["fill_value"]) if not isinstance(meta["fill_value"], str) else meta["fill_value"]
         self._write_meta(array, meta)
         self.out[_chunk_key(array, [0] * len(shape))] = "base64:" + base64.b64encode(values.tobytes()).decode()
 

@@ -327,6 +327,8 @@ class PastEnd:
         self.resized = None  # callable(list of key indexes) whose cached sizes must go (the filesystem's)
         self._warned: set[int] = set()
         self._furthest: np.ndarray | None = None  # per url id: where its keys' ranges end, at most (see learn)
+        self._by_url: np.ndarray | None = None  # key indexes in url id order, and where each url's begin
+        self._url_bounds: np.ndarray | None = None
 
     def get(self, uid: int) -> int:
         return self.sizes.item(uid) if uid < len(self.sizes) else self.UNSEEN
@@ -387,9 +389,17 @@ class PastEnd:
             self._furthest = furthest
         if uid >= len(self._furthest) or self._furthest[uid] <= size:
             return []
-        past = ((url_ids == uid) & (refset.length != WHOLE_FILE) & (refset.offset + refset.length > size)
-                & (refset.dir_of >= 0))
-        return np.flatnonzero(past).tolist()
+        if self._by_url is None:
+            # The keys grouped by url (once, on the first object that ends before a key): kerchunk's
+            # GRIB sets have a key past the end in every file, a pass over every key for each costs
+            # too much.
+            order = np.argsort(url_ids, kind="stable")
+            self._by_url = order.astype(np.int32) if len(order) < 2**31 else order
+            self._url_bounds = np.searchsorted(url_ids[order], np.arange(len(self._furthest) + 1))
+        keys = self._by_url[self._url_bounds[uid] : self._url_bounds[uid + 1]]
+        past = (refset.length[keys] != WHOLE_FILE) & (refset.offset[keys] + refset.length[keys] > size) \
+            & (refset.dir_of[keys] >= 0)
+        return keys[past].tolist()
 
     def _warn(self, i: int, uid: int) -> None:
         if i in self._warned or len(self._warned) > self.MAX_WARNINGS:
@@ -450,7 +460,10 @@ class RawView:
         uid, offset, length = self.refset.target(i)
         if length == WHOLE_FILE:
             known = self._whole_sizes.peek(uid)
-            return known if known is not None else await self._whole_sizes.get(uid, self._object_size(uid))
+            if known is None:
+                known = await self._whole_sizes.get(uid, self._object_size(uid))
+                self.past_end.learn(uid, known)  # (ranges of other keys may run past it)
+            return known
         if uid == INLINE:
             return length
         object_size = self.past_end.get(uid)
