@@ -452,6 +452,7 @@ def _scan(args) -> int:
     from refmount.refs import default_max_refs_size
     from refmount.refs.scan.archive import ArchiveOptions
     from refmount.refs.scan.export import scan_to_file
+    from refmount.view.bounded import decode_bounded
 
     logging.basicConfig(level=logging.WARNING, format="refmount: %(message)s")
     progress = None
@@ -461,7 +462,7 @@ def _scan(args) -> int:
         progress = ScanProgress()
     options = ArchiveOptions(concat=args.concat, identical=_listed(args.identical), skip_mismatched=args.skip_mismatched,
                              strict=args.strict, cache_dir=args.cache_dir, remote_options=args.remote_options,
-                             progress=progress)
+                             progress=progress, decode=decode_bounded)
     try:
         return scan_to_file(args.sources, args.output, options, max_refs_size=default_max_refs_size(),
                             timeout=args.load_timeout)

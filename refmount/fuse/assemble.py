@@ -113,8 +113,9 @@ def disk_backed(fetch, fetcher, urls, opts):
 def archive_options(opts, progress=None):
     """How data files and archives of them are scanned (refmount.refs.scan), from the mount's options."""
     from refmount.refs.scan.archive import ArchiveOptions
+    from refmount.view.bounded import decode_bounded
 
-    return ArchiveOptions(concat=opts.concat, identical=tuple(opts.identical), skip_mismatched=opts.skip_mismatched,
+    return ArchiveOptions(decode=decode_bounded, concat=opts.concat, identical=tuple(opts.identical), skip_mismatched=opts.skip_mismatched,
                           strict=opts.strict, cache_dir=opts.cache_dir, block_size=opts.block_size,
                           connections=opts.connections, read_timeout=opts.read_timeout,
                           stall_timeout=opts.stall_timeout, http_client=opts.http_client,

@@ -66,6 +66,7 @@ class ArchiveOptions:
     remote_options: dict = field(default_factory=dict)
     memory_target: int | None = None  # the daemon's --memory-target: the scanners' share bounds their number
     max_full_download: int | None = None  # a server ignoring Range: how far a header read may stream (None: 1G)
+    decode: object = None  # combining's bounded decoder (refmount.view.bounded.decode_bounded, given from above)
 
 
 @dataclass
@@ -337,7 +338,7 @@ def combined_refs(kind: str, scanned: list[Scanned], options: ArchiveOptions, re
 
         return combine_datasets([(s.name, s.refs) for s in scanned], options.concat,
                                 identical=tuple(options.identical), skip_mismatched=options.skip_mismatched,
-                                read=read)
+                                read=read, decode=options.decode)
     out = {".zgroup": '{"zarr_format":2}'}
     for s in scanned:
         prefix = s.name + "/"
