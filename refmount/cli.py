@@ -1,4 +1,4 @@
-"""Command line: `refmount mount|umount|stats|inspect`. User mistakes print one line, exit non-zero."""
+"""Command line: `refmount mount|scan|umount|stats|inspect`. User mistakes print one line, exit non-zero."""
 
 from __future__ import annotations
 
@@ -148,7 +148,9 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("refs", metavar="REFS",
                    help="reference set: a JSON file (optionally .gz/.bz2/.xz/.zst), a Parquet reference "
                         "directory, an Icechunk repository, an OPeNDAP DMR++ file (X.dmrpp beside its data file X), "
-                        "an http(s)://, s3://, ... url of either, or - for JSON on stdin")
+                        "an http(s)://, s3://, ... url of either, or - for JSON on stdin; or data files scanned at "
+                        "mount: a netCDF, HDF5, GRIB or TIFF file, a glob, a directory, an s3:// prefix or @FILE of "
+                        "them (see 'data files and archives' below)")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     g = p.add_argument_group("view")
     g.add_argument("--view", choices=("decoded", "raw"), default="decoded",
@@ -281,6 +283,7 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         f"(default: {format_size(DEFAULT_MAX_VALUE_SIZE)})")
     g.add_argument("--load-timeout", type=positive_float, default=DEFAULT_LOAD_TIMEOUT, metavar="SECONDS",
                    help=f"give up loading the reference set after this long (default: {DEFAULT_LOAD_TIMEOUT:g})")
+    add_archive_options(p)
     g = p.add_argument_group("kernel tuning (root only)")
     g.add_argument("--no-tune-kernel", dest="tune_kernel", action="store_false",
                    help="leave the kernel readahead and FUSE max_background as they are")
@@ -298,6 +301,26 @@ def add_dmrpp_options(g) -> None:
                    help="read a DMR++ file's data from URL (a path or url of the netCDF-4/HDF5 file it describes) "
                         "instead of the file its dmrpp:href names, or the one beside it (its own name without "
                         ".dmrpp); chunks with their own href keep it")
+
+
+def add_archive_options(p: argparse.ArgumentParser, mount: bool = True) -> None:
+    """How data files (netCDF, HDF5, GRIB, TIFF) and archives of them are scanned (mount and scan)."""
+    g = p.add_argument_group("data files and archives" + (" (REFS a data file, a glob, a directory, an s3:// "
+                                                          "prefix or @FILE; see docs/archives.md)" if mount else ""))
+    g.add_argument("--concat", metavar="DIM",
+                   help="combine the files into one dataset along dimension DIM (as kerchunk's MultiZarrToZarr): "
+                        "variables over DIM concatenated in the order of DIM's values, its values re-encoded to "
+                        "one CF unit and calendar; other variables taken once when identical in every file "
+                        "(default: one subdirectory per file)")
+    g.add_argument("--identical", action="append", default=[], metavar="VAR",
+                   help="with --concat: take variable VAR from the first file without comparing it (repeatable, or "
+                        "comma-separated)")
+    g.add_argument("--skip-mismatched", action="store_true",
+                   help="with --concat: leave out, with a log line, a file whose variables not along DIM differ "
+                        "from the first file's (default: refuse the whole set, naming the file and variable)")
+    g.add_argument("--strict", action="store_true",
+                   help="a file of a glob, directory or list that is not a data file, or cannot be scanned, "
+                        "fails the whole mount (default: it is left out with a log line)")
 
 
 def add_version_options(g) -> None:
@@ -330,6 +353,19 @@ def build_parser() -> argparse.ArgumentParser:
     add_mount_options(p)
     p.add_argument("--config", metavar="FILE", help="read REFS, MOUNTPOINT and options from a TOML file "
                    "(keys named like these options, e.g. cache-size = \"2G\"); used by refmount@.service")
+    p = sub.add_parser("scan", help="write the references of data files (netCDF, HDF5, GRIB, TIFF) to a file",
+                       description="Scan the data files SOURCE names (a file, a glob, a directory, an s3:// prefix "
+                                   "or @FILE; several may be given) and write their references to OUT: kerchunk JSON "
+                                   "when OUT ends in .json or .json.gz, else Parquet (a new directory).")
+    p.add_argument("sources", nargs="+", metavar="SOURCE")
+    p.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="where to write: NAME.json, NAME.json.gz, or a directory for Parquet")
+    p.add_argument("--remote-options", type=parse_json_object, default={}, metavar="JSON", help="as for mount")
+    p.add_argument("--cache-dir", metavar="DIR", help="as for mount: scans are kept in DIR/scans (default: "
+                   "$XDG_CACHE_HOME/refmount/scans)")
+    p.add_argument("--load-timeout", type=positive_float, default=300.0, metavar="SECONDS",
+                   help="give up scanning one file after this long (default: 300)")
+    add_archive_options(p, mount=False)
     p = sub.add_parser("umount", help="unmount a refmount mount", description="Unmount MOUNTPOINT (works even if "
                        "the daemon died) and wait for the daemon to exit.")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
@@ -352,6 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_version_options(p)
     add_dmrpp_options(p)
     return parser
+
+
+def _listed(values) -> tuple:
+    """A repeatable option's values, each also comma-separated."""
+    return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
 
 
 def options_from_args(args):
@@ -377,6 +418,7 @@ def options_from_args(args):
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
         containers=parse_repoint(args.container), authorized_containers=parse_authorized(args.authorize_container),
         data_url=args.data_url,
+        concat=args.concat, identical=_listed(args.identical), skip_mismatched=args.skip_mismatched, strict=args.strict,
     )
 
 
@@ -468,6 +510,31 @@ def _stdout_to_devnull() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def _scan(args) -> int:
+    import logging
+
+    from refmount.refs import default_max_refs_size
+    from refmount.refs.scan.archive import ArchiveOptions
+    from refmount.refs.scan.export import scan_to_file
+    from refmount.view.bounded import decode_bounded
+
+    logging.basicConfig(level=logging.WARNING, format="refmount: %(message)s")
+    progress = None
+    if sys.stderr.isatty():
+        from refmount.fuse.progress import ScanProgress
+
+        progress = ScanProgress()
+    options = ArchiveOptions(concat=args.concat, identical=_listed(args.identical), skip_mismatched=args.skip_mismatched,
+                             strict=args.strict, cache_dir=args.cache_dir, remote_options=args.remote_options,
+                             progress=progress, decode=decode_bounded)
+    try:
+        return scan_to_file(args.sources, args.output, options, max_refs_size=default_max_refs_size(),
+                            timeout=args.load_timeout)
+    finally:
+        if progress:
+            progress.close()
+
+
 def _run(args) -> int:
     if args.command == "mount":
         from refmount.fuse import daemon
@@ -478,6 +545,8 @@ def _run(args) -> int:
 
             return print_summary(opts)
         return daemon.mount(opts)
+    if args.command == "scan":
+        return _scan(args)
     if args.command == "umount":
         from refmount.fuse.daemon import umount
 

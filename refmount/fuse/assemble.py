@@ -110,21 +110,42 @@ def disk_backed(fetch, fetcher, urls, opts):
     return DiskBackedFetch(disk, fetch, identify), disk
 
 
+def archive_options(opts, progress=None):
+    """How data files and archives of them are scanned (refmount.refs.scan), from the mount's options."""
+    from refmount.refs.scan.archive import ArchiveOptions
+    from refmount.view.bounded import decode_bounded
+
+    return ArchiveOptions(decode=decode_bounded, concat=opts.concat, identical=tuple(opts.identical), skip_mismatched=opts.skip_mismatched,
+                          strict=opts.strict, cache_dir=opts.cache_dir, block_size=opts.block_size,
+                          connections=opts.connections, read_timeout=opts.read_timeout,
+                          stall_timeout=opts.stall_timeout, http_client=opts.http_client,
+                          allow_cross_host_redirects=opts.allow_cross_host_redirects, progress=progress,
+                          remote_options=opts.remote_options, memory_target=opts.memory_target,
+                          max_full_download=opts.max_full_download)
+
+
 def load_reference_set(opts):
     """The reference set of `opts.refs`, loaded within the options' limits and checked against the
     protocol policy (a mount and --dry-run alike)."""
     set_ca_bundle(opts.ca_bundle)  # the reference file may be on https
     install_logins(opts)  # ... behind a login
     progress = load_progress()
+    scan_progress = None
+    if sys.stderr.isatty():
+        from refmount.fuse.progress import ScanProgress
+
+        scan_progress = ScanProgress()
     try:
         refset = load_refs(opts.refs, remote_options=opts.remote_options, max_keys=opts.max_keys,
                            max_refs_size=opts.max_refs_size, max_value_size=opts.max_value_size,
                            load_timeout=opts.load_timeout, progress=progress,
                            version=version_from_options(opts), containers=opts.containers,
-                           data_url=opts.data_url)
+                           data_url=opts.data_url, archive=archive_options(opts, scan_progress))
     finally:
         if progress:
             progress.close()
+        if scan_progress:
+            scan_progress.close()
     check_targets(refset, opts)
     used = getattr(refset, "icechunk_containers", None)
     if used:

@@ -79,6 +79,10 @@ class MountOptions:
     containers: dict = field(default_factory=dict)  # Icechunk: named virtual chunk containers re-pointed
     authorized_containers: set = field(default_factory=set)  # Icechunk: url prefixes of containers to read
     data_url: str | None = None  # DMR++: the data file, instead of the one the DMR++ names
+    concat: str | None = None  # data files: combine them along this dimension (refmount.refs.combine)
+    identical: tuple = ()  # data files: variables taken once without comparing them
+    skip_mismatched: bool = False  # data files: leave out files whose other variables differ
+    strict: bool = False  # data files: a file that cannot be scanned fails the mount
 
 
 def _is_dead_fuse_mount(mountpoint: str) -> bool:
@@ -126,7 +130,6 @@ def preflight(opts: MountOptions) -> None:
     if opts.allow_other and os.geteuid() != 0 and not user_allow_other():
         raise RefmountError("--allow-other needs 'user_allow_other' in /etc/fuse.conf for users other than root "
                             "(ask your administrator), or mount without --allow-other")
-    refuse_data_file(opts.refs)
 
 
 def user_allow_other(conf: str = "/etc/fuse.conf") -> bool:
@@ -135,27 +138,6 @@ def user_allow_other(conf: str = "/etc/fuse.conf") -> bool:
             return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in f)
     except OSError:
         return False
-
-
-_DATA_MAGIC = {b"\x89HDF\r\n\x1a\n": "an HDF5/netCDF-4", b"CDF\x01": "a netCDF-3", b"CDF\x02": "a netCDF-3 (64-bit offset)",
-               b"CDF\x05": "a netCDF-3 (CDF-5)"}
-
-
-def refuse_data_file(refs: str) -> None:
-    """A netCDF or HDF5 file given as REFS: say what to do instead of "not valid JSON"."""
-    from refmount.fetch.protocols import is_remote, local_path
-
-    if is_remote(refs) or not os.path.isfile(local_path(refs)):
-        return
-    try:
-        with open(local_path(refs), "rb") as f:
-            head = f.read(8)
-    except OSError:
-        return  # the loader reports it
-    for magic, kind in _DATA_MAGIC.items():
-        if head.startswith(magic):
-            raise RefmountError(f"{quote(refs)} is {kind} file, not a reference set: make references for it "
-                                "first, e.g. with kerchunk (see README, 'Making references')")
 
 
 def check_remote_options(urls, remote_options: dict) -> None:

@@ -59,9 +59,8 @@ def print_summary(opts) -> int:
 
 def _dry_run(opts) -> dict:
     from refmount.fuse.assemble import load_reference_set
-    from refmount.fuse.daemon import check_remote_options, refuse_data_file
+    from refmount.fuse.daemon import check_remote_options
 
-    refuse_data_file(opts.refs)
     refset = load_reference_set(opts)
     check_remote_options(refset.urls, opts.remote_options)
     return summarize(refset)

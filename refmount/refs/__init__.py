@@ -29,16 +29,25 @@ __all__ = ["INLINE", "WHOLE_FILE", "Ref", "RefSet", "load_refs", "refs_from_dict
 def load_refs(location: str, *, remote_options: dict | None = None, max_keys: int | None = DEFAULT_MAX_KEYS,
               progress=None, max_refs_size: int | None = None, load_timeout: float | None = DEFAULT_LOAD_TIMEOUT,
               version=None, containers: dict[str, str] | None = None,
-              max_value_size: int | None = DEFAULT_MAX_VALUE_SIZE, data_url: str | None = None) -> RefSet:
+              max_value_size: int | None = DEFAULT_MAX_VALUE_SIZE, data_url: str | None = None,
+              archive=None) -> RefSet:
     """Load the reference set at `location` (path or url). Errors are one-line `RefmountError`s.
     `max_refs_size` None means the machine's default; `load_timeout` None or 0 means no limit.
     `version` (refs.icechunk.Version) picks an Icechunk repository's branch, tag or snapshot, and
     `containers` re-points its named virtual chunk containers (name -> url prefix).
     `max_value_size`: the most text one JSON member may have (None: no limit).
-    `data_url`: a DMR++'s data file, instead of the one it names (--data-url)."""
+    `data_url`: a DMR++'s data file, instead of the one it names (--data-url).
+    A data file or an archive of them (refmount.refs.scan) is scanned, with `archive`
+    (refs.scan.archive.ArchiveOptions) saying how; `load_timeout` then bounds each file's scan."""
+    from refmount.refs.scan.archive import ArchiveOptions, is_archive_source, load_archive
+
     if max_refs_size is None:
         max_refs_size = default_max_refs_size()
     try:
+        if is_archive_source(location, remote_options):
+            options = archive or ArchiveOptions(remote_options=remote_options or {})
+            return load_archive(location, options, max_keys=max_keys, max_refs_size=max_refs_size,
+                                max_value_size=max_value_size, timeout=load_timeout)
         with load_deadline(load_timeout), memory_limit(memory_budget(max_keys, max_refs_size)):
             return _load(location, remote_options, max_keys, progress, max_refs_size, version, containers,
                          max_value_size, data_url)

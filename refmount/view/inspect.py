@@ -52,6 +52,17 @@ def inspect_refs(refset, zarr3: bool = False) -> list[dict]:
     return rows
 
 
+def refused_rows(refset) -> list[dict]:
+    """Variables of scanned data files (refmount.refs.scan) that the parser could not reference."""
+    rows = []
+    for name, reasons in (getattr(refset, "refused", None) or {}).items():
+        for reason in reasons:
+            variable, _, why = reason.partition(": ")
+            rows.append({"file": name if getattr(refset, "scanned", None) == "many" else "", "variable": variable,
+                         "refused": why or reason})
+    return rows
+
+
 def run_inspect(location: str, *, remote_options: dict | None = None, as_json: bool = False, version=None,
                 containers: dict | None = None, data_url: str | None = None) -> int:
     from refmount.view.zarr3 import is_v3, v2_refset
@@ -59,9 +70,13 @@ def run_inspect(location: str, *, remote_options: dict | None = None, as_json: b
     refset = load_refs(location, remote_options=remote_options, version=version, containers=containers,
                        data_url=data_url)
     rows = inspect_refs(v2_refset(refset), zarr3=True) if is_v3(refset) else inspect_refs(refset)
+    refused = refused_rows(refset)
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps(rows + refused, indent=2))
         return 0
+    for row in refused:  # what a scanned data file holds that could not be referenced
+        where = f"{row['file']}: " if row["file"] else ""
+        print(f"{where}{row['variable']}: not referenced ({row['refused']})")
     if not rows:
         print(f"{location}: no Zarr arrays (no .zarray or zarr.json keys)")
         return 0

@@ -1,0 +1,167 @@
+"""Archive benchmark (issue 34): mounting N daily netCDF-4 files straight from an HTTP autoindex with
+`--concat time`, against kerchunk + fsspec scanning the same files with 1 and 8 threads.
+
+    sudo bench/bench_archive.py [--files 56] [--rtt 80] [--link nfqueue|none] [--grid 181x360]
+
+Files: hourly `tas` on a lat/lon grid, one a day, each with its own time units (tests/support/daily.py;
+about 2 MB each at 181 x 360). Served by nginx (autoindex) inside a network namespace behind bench_wan's
+kernel-TCP delay line (--link nfqueue: RTT/2 per direction, 1 Gbit/s), or on loopback (--link none).
+Measured, in one run:
+
+- refmount cold: `refmount mount --concat time URL/*.nc MNT` (empty scan store) + `ncdump -h`, wall time;
+- refmount warm: the same again (the scan store only revalidated: one HEAD per file);
+- kerchunk x1 / x8: SingleHdf5ToZarr over fsspec's HTTP filesystem for every file, 1 or 8 threads
+  (scanning only: kerchunk's combine over HTTP fails with fsspec 2026.9, see NOTES.md §6);
+- the daemon's peak RSS (VmHWM) and its scanners' (each), against the memory target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+import bench_wan as bw  # noqa: E402  (the link, nginx in its namespace)
+
+PY = sys.executable
+
+
+def log(message: str) -> None:
+    print(f"# {message}", file=sys.stderr, flush=True)
+
+
+def refmount(*args: str, env: dict) -> subprocess.CompletedProcess:
+    """`refmount ARGS`, its stderr in a file: the daemon a mount leaves running keeps what it inherited open."""
+    with tempfile.TemporaryFile("w+") as err:
+        done = subprocess.run([PY, "-m", "refmount", *args], stdout=subprocess.DEVNULL, stderr=err, text=True,
+                              env=env, timeout=900)
+        err.seek(0)
+        done.stderr = err.read()
+    return done
+
+
+def daemon_pid(mountpoint: Path) -> int | None:
+    stats = json.loads(os.getxattr(mountpoint, "user.refmount.stats"))
+    return stats.get("pid")
+
+
+def mount_and_dump(url: str, mnt: Path, env: dict) -> tuple[float, float, str]:
+    """(seconds to mount, seconds to mount + ncdump -h, the daemon's VmHWM line)."""
+    t0 = time.monotonic()
+    done = refmount("mount", "--concat", "time", url, str(mnt), env=env)
+    mounted = time.monotonic() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"mount failed: {done.stderr.strip()}")
+    header = subprocess.run(["ncdump", "-h", f"file://{mnt}#mode=zarr,file"], capture_output=True, text=True)
+    total = time.monotonic() - t0
+    if header.returncode != 0 or "tas(time, lat, lon)" not in header.stdout:
+        raise RuntimeError(f"ncdump -h failed: {header.stderr.strip()} {header.stdout[:300]}")
+    hwm = ""
+    for line in subprocess.run(["pgrep", "-f", f"refmount mount .*{mnt}"], capture_output=True,
+                               text=True).stdout.split():
+        try:
+            hwm = next(x for x in Path(f"/proc/{line}/status").read_text().splitlines() if x.startswith("VmHWM"))
+        except (OSError, StopIteration):
+            pass
+    refmount("umount", str(mnt), env=env)
+    return mounted, total, hwm
+
+
+def kerchunk_scan(urls: list[str], threads: int) -> float:
+    code = f"""
+import time, fsspec
+from concurrent.futures import ThreadPoolExecutor
+from kerchunk.hdf import SingleHdf5ToZarr
+urls = {urls!r}
+def one(u):
+    with fsspec.open(u, "rb") as f:
+        return SingleHdf5ToZarr(f, u).translate()
+t0 = time.monotonic()
+with ThreadPoolExecutor({threads}) as pool:
+    refs = list(pool.map(one, urls))
+print(time.monotonic() - t0)
+"""
+    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"kerchunk x{threads}: {done.stderr.strip()[-400:]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", type=int, default=56)
+    parser.add_argument("--rtt", type=float, default=80)
+    parser.add_argument("--link", choices=("nfqueue", "none"), default="nfqueue")
+    parser.add_argument("--grid", default="181x360")
+    parser.add_argument("--no-kerchunk", action="store_true", help="skip the kerchunk contenders")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that everything made is removed
+    nlat, nlon = map(int, args.grid.split("x"))
+    from tests.support.daily import make_daily
+
+    with ExitStack() as stack:
+        run = Path(tempfile.mkdtemp(prefix="bench-archive-"))
+        stack.callback(shutil.rmtree, run, True)
+        os.chmod(run, 0o755)  # (nginx's workers run as another user)
+        data = run / "data"
+        log(f"making {args.files} daily files of {nlat} x {nlon} ...")
+        files = make_daily(data / "tas", args.files, nlat, nlon)
+        (data / "big.bin").write_bytes(b"x" * 4096)  # (what bench_wan probes nginx with)
+        log(f"{sum(f.stat().st_size for f in files) / args.files / 1e6:.1f} MB a file")
+        if args.link == "nfqueue":
+            missing = bw.nfqueue_missing()
+            if missing:
+                raise SystemExit(f"--link nfqueue needs {', '.join(missing)}")
+            link = bw.NfqLink("A", os.getpid() % 250)
+            stack.callback(link.down)
+            link.up()
+            binary = bw.build_nfqdelay(run)
+            base = stack.enter_context(bw.nginx_in(link, data, run, proxied=False))
+            link.queue(True)
+            stack.callback(link.queue, False)
+            stack.enter_context(bw.nfq_delay(link, run, binary, args.rtt))
+            log(f"TCP connect through the line: {bw.connect_ms(base):.0f} ms")
+        else:
+            import bench_speed as bs
+
+            port = bs.free_port()
+            (run / "nginx-tmp").mkdir()
+            proc = bs.start_nginx(data, run, port)
+            if proc is None:
+                raise SystemExit("nginx did not start")
+            stack.callback(bs.stop, proc)
+            base = f"http://127.0.0.1:{port}/"
+        url = base + "tas/*.nc"
+        urls = [base + "tas/" + f.name for f in files]
+        env = dict(os.environ, XDG_CACHE_HOME=str(run / "xdg"), PYTHONPATH=str(ROOT))
+        mnt = run / "mnt"
+        mnt.mkdir()
+        rows = {}
+        rows["refmount cold (mount)"], rows["refmount cold (mount + ncdump -h)"], hwm = mount_and_dump(url, mnt, env)
+        log(f"cold daemon {hwm}")
+        rows["refmount warm (mount)"], rows["refmount warm (mount + ncdump -h)"], hwm = mount_and_dump(url, mnt, env)
+        log(f"warm daemon {hwm}")
+        if not args.no_kerchunk:
+            for threads in (1, 8):
+                rows[f"kerchunk + fsspec scan, {threads} thread(s)"] = kerchunk_scan(urls, threads)
+        print(f"{args.files} files, RTT {args.rtt:g} ms ({args.link}):")
+        for name, seconds in rows.items():
+            print(f"  {name:<40} {seconds:7.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,389 @@
+"""Scan the data files a SOURCE names and make one reference set of them.
+
+- One data file: the mount root is its dataset.
+- Several (a glob, a directory, an s3:// prefix, @FILE): one subdirectory per file, each a dataset;
+  with `concat` one dataset combined along that dimension (refmount.refs.combine).
+
+Every file is identified first (a stat, a HEAD, or the listing's ETag); one scanned before at the same
+version comes from the scan store without a byte of its header read. The others are sniffed (their first
+bytes, through the block cache) and scanned in worker processes. A file that cannot be scanned is one
+log line and is left out (the whole source fails with `strict`, or when it is the only file).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+
+import orjson
+import trio
+
+from refmount.errors import FetchError, RefmountError, RefsError, quote
+from refmount.fetch.stats import redact
+from refmount.refs.scan.formats import FORMAT_NAMES, SNIFF_BYTES, sniff
+from refmount.refs.scan.sources import Entry, list_sources, looks_like_many, may_be_data_file, pair_sidecars
+
+log = logging.getLogger("refmount")
+
+SCANNER_MEMORY = 1 << 30  # address space a scanner may add to what it has after its imports
+SCAN_CACHE_BYTES = 64 << 20  # the block cache the headers are read through
+REVALIDATION_CONNECTIONS = 32  # per host, while scanning: 56 HEADs at 80 ms take 2 round trips, not 7
+SCANNER_RSS = 48 << 20  # one scanner against the memory target (measured after 4 netCDF-4 files: RSS 65 MB,
+                        # PSS 36 MB, 14 MB private: it shares its fork server's pages)
+
+
+def scanner_count(options: "ArchiveOptions", files: int) -> int:
+    """As many scanners as files, up to 8 (they mostly wait for bytes), and no more than the memory
+    target leaves beside the daemon and its header cache: they count against it while they run."""
+    from refmount.cache.target import DEFAULT_TARGET, resident_bytes
+    from refmount.refs.scan.pool import default_workers
+
+    wanted = options.workers or default_workers()
+    target = options.memory_target or DEFAULT_TARGET
+    room = target - resident_bytes() - SCAN_CACHE_BYTES
+    return max(1, min(wanted, files, room // SCANNER_RSS))
+
+
+@dataclass
+class ArchiveOptions:
+    concat: str | None = None
+    identical: tuple = ()
+    skip_mismatched: bool = False
+    strict: bool = False
+    scan_dir: str | None = None  # where scans are kept (None: the per-user default, store.py)
+    cache_dir: str | None = None
+    block_size: int = 1 << 20
+    connections: int = 8
+    workers: int | None = None
+    read_timeout: float = 30.0
+    stall_timeout: float = 10.0
+    http_client: str = "stdlib"
+    allow_cross_host_redirects: bool = False
+    progress: object = None  # called with (files done, files in all), or None
+    remote_options: dict = field(default_factory=dict)
+    memory_target: int | None = None  # the daemon's --memory-target: the scanners' share bounds their number
+    max_full_download: int | None = None  # a server ignoring Range: how far a header read may stream (None: 1G)
+    decode: object = None  # combining's bounded decoder (refmount.view.bounded.decode_bounded, given from above)
+
+
+@dataclass
+class Scanned:
+    name: str
+    url: str
+    format: str
+    refs: dict
+    refused: list
+    version: str | None = None  # what the scan store keyed it by (None: not kept)
+
+
+def is_archive_source(location: str, remote_options: dict | None = None) -> bool:
+    """A data file (told by its first bytes) or a form that names several files."""
+    if looks_like_many(location):
+        return True
+    if not may_be_data_file(location):
+        return False
+    return _first_bytes_format(location, remote_options or {}) is not None
+
+
+def _first_bytes_format(location: str, remote_options: dict) -> str | None:
+    from refmount.fetch.protocols import is_remote, local_path
+
+    if not is_remote(location):
+        try:
+            with open(local_path(location), "rb") as f:
+                head = f.read(1 << 20)
+        except OSError:
+            return None
+        return sniff(head)
+
+    async def head() -> bytes:
+        from refmount.fetch import Fetcher
+
+        fetcher = Fetcher(remote_options=remote_options)
+        try:
+            return b"".join(map(bytes, await fetcher.read(location, 0, SNIFF_BYTES)))
+        finally:
+            await fetcher.aclose()
+
+    try:
+        return sniff(trio.run(head))
+    except Exception:  # noqa: BLE001 - not reachable as a data file: the reference loaders say why
+        return None
+
+
+def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, timeout: float | None,
+                then=None) -> tuple:
+    """(kind, [Scanned], then's result) of a source: kind 'file' (one data file) or 'many'. `then`
+    (kind, scanned, read) runs in a thread once the files are scanned, with `read` a synchronous
+    (url, offset, length) -> bytes through the same fetcher and block cache (combining reads coordinates)."""
+    _check_parsers()
+    single = not looks_like_many(location)
+    if single:
+        entries = [Entry(location.rstrip("/").rsplit("/", 1)[-1], location)]
+    else:
+        headers = options.remote_options.get("headers")
+        entries = list_sources(location, options.remote_options, headers)
+        if dmrpp_module() is not None:
+            entries = pair_sidecars(entries)
+        if not entries:
+            raise RefmountError(f"{quote(redact(location))} names no files")
+    from refmount.refs.scan.store import ScanStore, default_scan_dir
+
+    store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
+    if not single:
+        names = [e.name for e in entries]
+        for gone in sorted(set(store.previous_names(location)) - set(names)):
+            log.warning("%s: file %s is gone since the last mount; it leaves the mount", redact(location), quote(gone))
+    started = time.monotonic()
+    kind = "file" if single else "many"
+
+    async def main():
+        async with _Reader(options) as reader:
+            results, failures = await _scan_all(entries, reader, options, store, max_refs_size, timeout)
+            scanned = _settle(location, single, options, results, failures)
+            if not single:
+                store.put_names(location, [s.name for s in scanned])
+            log.info("scanned %d file(s) of %s in %.2f s", len(scanned), redact(location),
+                     time.monotonic() - started)
+            if then is None:
+                return scanned, None
+            token = trio.lowlevel.current_trio_token()
+
+            def read(url: str, offset: int, length: int) -> bytes:
+                return bytes(trio.from_thread.run(reader.read, url, offset, offset + length, trio_token=token))
+
+            return scanned, await trio.to_thread.run_sync(then, kind, scanned, read)
+
+    scanned, result = trio.run(main)
+    return kind, scanned, result
+
+
+def _check_parsers() -> None:
+    import importlib.util
+
+    missing = [name for name in ("kerchunk", "h5py") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise RefmountError(f"scanning data files needs {' and '.join(missing)}: pip install 'refmount[archives]'")
+
+
+def _settle(location: str, single: bool, options: ArchiveOptions, results, failures) -> list[Scanned]:
+    """The files scanned; each failure a log line (or the error, for one file or with --strict)."""
+    scanned = [r for r in results if r is not None]
+    for entry, message in failures:
+        if single or options.strict:
+            raise RefmountError(f"{quote(redact(entry.url))}: {message}")
+        log.warning("%s: %s; left out of the mount", redact(entry.url), message)
+    if not single and not scanned:
+        raise RefmountError(f"no file of {quote(redact(location))} could be scanned")
+    for s in scanned:
+        for reason in s.refused:
+            log.warning("%s: variable %s (cannot be referenced; left out)", redact(s.url), reason)
+    return scanned
+
+
+class _Reader:
+    """refmount's fetcher with a block cache in front, for headers and coordinates."""
+
+    def __init__(self, options: ArchiveOptions) -> None:
+        from refmount.cache.blocks import BlockCache
+        from refmount.fetch import Fetcher, RetryPolicy
+
+        policy = RetryPolicy(read_timeout=options.read_timeout, stall_timeout=options.stall_timeout)
+        # More connections than reads use: revalidating an archive is one HEAD per file, each a round trip
+        self.fetcher = Fetcher(policy=policy, remote_options=options.remote_options,
+                               connections_per_host=max(options.connections, REVALIDATION_CONNECTIONS),
+                               http_client=options.http_client,
+                               allow_cross_host_redirects=options.allow_cross_host_redirects)
+        self.fetcher.max_full_download = options.max_full_download
+        bs = options.block_size
+
+        async def fetch(url, start, end):
+            return await self.fetcher.read(url, start, end, bs)
+
+        self.cache = BlockCache(fetch, block_size=bs, capacity=SCAN_CACHE_BYTES)
+
+    async def read(self, url: str, start: int, end: int):
+        return await self.cache.read(url, start, end)
+
+    async def __aenter__(self) -> "_Reader":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.fetcher.aclose()
+
+
+async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptions, store, max_refs_size: int,
+                    timeout: float | None):
+    from refmount.refs.scan.pool import ScanPool, ScanFailed
+
+    fetcher, read = reader.fetcher, reader.read
+    pool = ScanPool(read, workers=scanner_count(options, len(entries)), memory=SCANNER_MEMORY,
+                    max_result=max_refs_size, timeout=timeout)
+    results: list[Scanned | None] = [None] * len(entries)
+    failures: list[tuple[Entry, str]] = []
+    lookups = trio.CapacityLimiter(max(16, 4 * options.connections))
+    done = 0
+
+    def finished() -> None:
+        nonlocal done
+        done += 1
+        if options.progress:
+            options.progress(done, len(entries))
+
+    async def one(i: int, entry: Entry) -> None:
+        try:
+            if entry.sidecar:
+                results[i] = await _from_sidecar(reader, entry, lookups)
+                return
+            async with lookups:
+                size, version = await _identify(fetcher, entry)
+            kept = store.get(entry.url, version, max_refs_size) if version else None
+            if kept is not None:
+                results[i] = Scanned(entry.name, entry.url, kept["format"], kept["refs"], kept.get("refused", []),
+                                     version)
+                return
+            if size == 0:
+                raise ScanFailed("is empty")
+            async with pool.slots:  # sniffed and scanned in one go: its first block is still cached
+                head = bytes(await read(entry.url, 0, min(size, SNIFF_BYTES)))
+                fmt = sniff(head)
+                if fmt is None:
+                    raise ScanFailed("is not a netCDF, HDF5, GRIB or TIFF file (told by its first bytes)")
+                try:
+                    scan = await pool.scan(fmt, entry.url, size)
+                except ScanFailed as e:
+                    raise ScanFailed(f"{FORMAT_NAMES[fmt]} file that cannot be scanned: {e}") from None
+            refs, refused = scan.get("refs"), scan.get("refused", [])
+            if not isinstance(refs, dict) or not isinstance(refused, list):
+                raise ScanFailed("the scanner gave no references")
+            if version:
+                store.put(entry.url, version, {"format": fmt, "refs": refs, "refused": refused})
+            results[i] = Scanned(entry.name, entry.url, fmt, refs, [str(r) for r in refused], version)
+        except (ScanFailed, FetchError) as e:
+            failures.append((entry, str(e)))
+        finally:
+            finished()
+
+    try:
+        async with trio.open_nursery() as nursery:
+            for i, entry in enumerate(entries):
+                nursery.start_soon(one, i, entry)
+    finally:
+        pool.close()
+    order = {id(e): i for i, e in enumerate(entries)}
+    failures.sort(key=lambda f: order[id(f[0])])
+    return results, failures
+
+
+def dmrpp_module():
+    """refmount.refs.dmrpp (DMR++ sidecars), where it is installed; None otherwise."""
+    import importlib
+
+    try:  # (by name: the module is optional)
+        dmrpp = importlib.import_module("refmount.refs.dmrpp")
+    except ImportError:
+        return None
+    return dmrpp if hasattr(dmrpp, "dmrpp_to_refs") else None
+
+
+async def _from_sidecar(reader: _Reader, entry: Entry, lookups) -> Scanned:
+    """A data file's references from its DMR++ (no byte of the data file is read)."""
+    from refmount.refs.scan.pool import ScanFailed
+
+    async with lookups:
+        size = await reader.fetcher.size(entry.sidecar)
+    if size > 256 << 20:
+        raise ScanFailed(f"its DMR++ {redact(entry.sidecar)} is larger than 256 MiB")
+    text = b"".join(map(bytes, await reader.fetcher.read(entry.sidecar, 0, size)))
+    data_url = None if entry.url == entry.sidecar else entry.url
+    try:
+        refs, refused = await trio.to_thread.run_sync(
+            lambda: dmrpp_module().dmrpp_to_refs(text, entry.sidecar, data_url))
+    except RefmountError as e:
+        raise ScanFailed(str(e)) from None
+    return Scanned(entry.name, data_url or entry.url, "dmrpp", refs, list(refused))
+
+
+async def _identify(fetcher, entry: Entry) -> tuple[int, str | None]:
+    """(size, version) of a file: a local file's stat, the listing's ETag, or one HEAD."""
+    from refmount.fetch.protocols import is_remote, local_path
+
+    if not is_remote(entry.url):
+        try:
+            st = await trio.to_thread.run_sync(os.stat, local_path(entry.url))
+        except FileNotFoundError:
+            raise FetchError("does not exist") from None
+        except OSError as e:
+            raise FetchError(e.strerror) from None
+        return st.st_size, f"size {st.st_size} mtime {st.st_mtime_ns}"
+    if entry.size is not None and entry.version:
+        return entry.size, f"{entry.version} size {entry.size}"
+    size = await fetcher.size(entry.url)
+    try:
+        version = await fetcher.identity(entry.url)
+    except FetchError:
+        version = None
+    return size, (f"{version} size {size}" if version else None)
+
+
+def combined_refs(kind: str, scanned: list[Scanned], options: ArchiveOptions, read) -> dict:
+    """The reference dict of the mount: one file's, one subdirectory per file, or combined."""
+    if kind == "file":
+        return scanned[0].refs
+    if options.concat:
+        from refmount.refs.combine import combine_datasets
+
+        return combine_datasets([(s.name, s.refs) for s in scanned], options.concat,
+                                identical=tuple(options.identical), skip_mismatched=options.skip_mismatched,
+                                read=read, decode=options.decode)
+    out = {".zgroup": '{"zarr_format":2}'}
+    for s in scanned:
+        prefix = s.name + "/"
+        for key, value in s.refs.items():
+            out[prefix + key] = value
+    return out
+
+
+def kept_combination(options: ArchiveOptions, max_refs_size: int):
+    """`combined_refs`, but a combination of the same files at the same versions with the same options
+    comes from the scan store (combining reads every file's coordinates: a warm mount must not)."""
+    from refmount.refs.scan.store import ScanStore, default_scan_dir
+
+    def then(kind: str, scanned: list[Scanned], read) -> dict:
+        if kind == "file" or not options.concat or any(s.version is None for s in scanned):
+            return combined_refs(kind, scanned, options, read)
+        key = "combined:" + orjson.dumps([options.concat, sorted(options.identical), options.skip_mismatched,
+                                           [(s.name, s.url, s.version) for s in scanned]]).decode()
+        store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
+        kept = store.get(key, "combined", max_refs_size)
+        if isinstance(kept, dict):
+            return kept
+        refs = combined_refs(kind, scanned, options, read)
+        store.put(key, "combined", refs)
+        return refs
+
+    return then
+
+
+def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_size, max_value_size, timeout):
+    """The reference set (a `RefSet`) of a data file or archive; `refused` per file name attached."""
+    from refmount.refs.jsonrefs import load_json
+    from refmount.refs.limits import memory_budget, memory_limit
+    from refmount.refs.model import RefSetBuilder
+
+    kind, scanned, refs = scan_source(location, options, max_refs_size=max_refs_size, timeout=timeout,
+                                      then=kept_combination(options, max_refs_size))
+    text = orjson.dumps(refs)
+    del refs
+    if max_refs_size is not None and len(text) > max_refs_size:
+        raise RefsError(f"the references of {quote(redact(location))} exceed --max-refs-size")
+    builder = RefSetBuilder(max_keys, max_refs_size)
+    with memory_limit(memory_budget(max_keys, max_refs_size)):
+        load_json(lambda: io.BytesIO(text), builder, max_value=max_value_size)
+        refset = builder.build()
+    refset.refused = {s.name: list(s.refused) for s in scanned if s.refused}
+    refset.scanned = kind
+    return refset

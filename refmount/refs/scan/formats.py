@@ -1,0 +1,34 @@
+"""Which kind of data file a file is, from its first bytes (never its name).
+
+HDF5 (netCDF-4, HDF-EOS5) may start after a user block: its signature then sits at 512, 1024, 2048, ...
+(a power of two), which `signature_offsets` lists up to what the caller has read.
+"""
+
+from __future__ import annotations
+
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+SNIFF_BYTES = 64 << 10  # one request's worth: the first bytes of a file, for every test below
+
+FORMAT_NAMES = {"hdf5": "netCDF-4/HDF5", "netcdf3": "netCDF-3", "grib": "GRIB", "tiff": "TIFF"}
+
+
+def signature_offsets(limit: int):
+    yield 0
+    offset = 512
+    while offset + len(HDF5_SIGNATURE) <= limit:
+        yield offset
+        offset *= 2
+
+
+def sniff(head: bytes) -> str | None:
+    """'hdf5', 'netcdf3', 'grib' or 'tiff' from a file's first bytes, or None: not a data file we scan."""
+    if head[:3] == b"CDF" and head[3:4] in (b"\x01", b"\x02", b"\x05"):
+        return "netcdf3"
+    if head[:4] == b"GRIB":
+        return "grib"
+    if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):  # TIFF and BigTIFF, either byte order
+        return "tiff"
+    for offset in signature_offsets(len(head)):
+        if head[offset:offset + len(HDF5_SIGNATURE)] == HDF5_SIGNATURE:
+            return "hdf5"
+    return None

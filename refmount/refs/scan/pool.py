@@ -1,0 +1,142 @@
+"""Worker processes that scan data files, fed with bytes by the parent (a trio task per scan).
+
+The parent answers each worker's ["read", start, end] with `read(url, start, end)`, which goes through
+refmount's own fetcher and block cache; workers are forked off a fork server that has kerchunk and h5py
+imported already (a new worker costs a fork, not a second of imports). A worker that dies, runs out of
+its memory or overruns --load-timeout fails only its file, and is replaced.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import orjson
+import trio
+
+from refmount.refs.limits import deadline_held
+
+_context = None
+
+
+def _forkserver():
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(["refmount.refs.scan.preload"])
+    return _context
+
+
+class ScanFailed(Exception):
+    """One file could not be scanned; the message says why (one line)."""
+
+
+class _Worker:
+    def __init__(self, memory: int, max_result: int) -> None:
+        context = _forkserver()
+        self.conn, child = context.Pipe()
+        with deadline_held():
+            self.process = context.Process(target=_run_worker, args=(child, memory, max_result), daemon=True,
+                                           name="refmount-scan")
+            self.process.start()
+        child.close()
+
+    async def message(self, max_bytes: int) -> list:
+        await trio.lowlevel.wait_readable(self.conn.fileno())
+        try:
+            return orjson.loads(self.conn.recv_bytes(max_bytes))
+        except (EOFError, ConnectionError):
+            raise ScanFailed("the scanner process died on it (a crash in the parser)") from None
+        except OSError:
+            raise ScanFailed("the scanner sent more than --max-refs-size") from None
+        except orjson.JSONDecodeError:
+            raise ScanFailed("the scanner sent a malformed message") from None
+
+    def stop(self, kill: bool = False) -> None:
+        with deadline_held():
+            if not kill:
+                try:
+                    self.conn.send(None)
+                except OSError:
+                    kill = True
+            if kill and self.process.is_alive():
+                self.process.kill()
+            self.process.join(2 if not kill else 5)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join(5)
+            self.conn.close()
+
+
+def _run_worker(conn, memory: int, max_result: int) -> None:
+    from refmount.refs.scan.worker import worker_main
+
+    worker_main(conn, memory, max_result)
+
+
+class ScanPool:
+    """Up to `workers` processes; `scan` borrows one per file."""
+
+    def __init__(self, read, *, workers: int, memory: int, max_result: int, timeout: float | None) -> None:
+        self._read = read  # async (url, start, end) -> bytes
+        self._max = max(1, workers)
+        self._memory = memory
+        self._max_result = max_result
+        self._timeout = timeout
+        self._idle: list[_Worker] = []
+        self._all: list[_Worker] = []
+        self.slots = trio.Semaphore(self._max)  # held by the caller around a file's sniff and scan
+
+    async def scan(self, fmt: str, url: str, size: int) -> dict:
+        """Scan one file; the caller holds one of `slots`."""
+        worker = self._idle.pop() if self._idle else await trio.to_thread.run_sync(self._new_worker)
+        try:
+            with trio.fail_after(self._timeout or float("inf")):
+                result = await self._drive(worker, fmt, url, size)
+        except trio.TooSlowError:
+            self._discard(worker)
+            raise ScanFailed(f"scanning took longer than --load-timeout ({self._timeout:g} s)") from None
+        except BaseException:
+            self._discard(worker)
+            raise
+        self._idle.append(worker)
+        return result
+
+    def _new_worker(self) -> _Worker:
+        worker = _Worker(self._memory, self._max_result)
+        self._all.append(worker)
+        return worker
+
+    def _discard(self, worker: _Worker) -> None:
+        worker.stop(kill=True)
+        self._all.remove(worker)
+
+    async def _drive(self, worker: _Worker, fmt: str, url: str, size: int) -> dict:
+        worker.conn.send(("scan", fmt, url, size))
+        while True:
+            message = await worker.message(self._max_result + (1 << 20))
+            kind = message[0] if isinstance(message, list) and message else None
+            if kind == "read":
+                start, end = int(message[1]), int(message[2])
+                if not 0 <= start <= end or end - start > 64 << 20:
+                    raise ScanFailed("the scanner asked for a malformed range")
+                data = await self._read(url, start, end)
+                await trio.to_thread.run_sync(worker.conn.send_bytes, data)
+            elif kind == "done" and isinstance(message[1], dict):
+                return message[1]
+            elif kind == "error":
+                raise ScanFailed(str(message[1]))
+            else:
+                raise ScanFailed("the scanner sent an unknown message")
+
+    def close(self) -> None:
+        for worker in self._all:
+            worker.stop()
+        self._all.clear()
+        self._idle.clear()
+
+
+def default_workers() -> int:
+    """Scanners mostly wait for bytes over a WAN (a round trip per header read that misses): more of
+    them than cores."""
+    return max(4, min(16, 8 * (os.cpu_count() or 2)))

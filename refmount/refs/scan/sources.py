@@ -1,0 +1,324 @@
+"""SOURCE -> the data files it names: one file, a glob (local, s3://, or http(s):// through the server's
+HTML index, nginx's or Apache's autoindex), a directory or s3:// prefix (every file below it), or @FILE
+(a text file of paths or urls, one a line).
+
+An http(s) listing follows only links on the same origin and under the listed directory's path, and
+reads at most MAX_INDEX_BYTES of each index page and MAX_ENTRIES entries in all.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from urllib.parse import unquote, urljoin, urlsplit
+
+from refmount.errors import RefmountError, quote
+from refmount.fetch.protocols import is_remote, local_path, protocol_of
+from refmount.fetch.stats import redact
+
+MAX_INDEX_BYTES = 16 << 20
+MAX_ENTRIES = 1_000_000
+MAX_DEPTH = 16
+REFERENCE_SUFFIXES = (".dmrpp", ".json", ".json.gz", ".json.bz2", ".json.xz", ".json.zst", ".json.zstd", ".parq", ".parquet",
+                      ".gz", ".bz2", ".xz", ".zst", ".zstd")
+
+
+@dataclass
+class Entry:
+    """One data file: its name in the mount, its url (or local path), and what a listing told about it."""
+
+    name: str
+    url: str
+    size: int | None = None
+    version: str | None = None  # a validator from the listing (S3's ETag), if any
+    sidecar: str | None = None  # the url of its DMR++ (X.dmrpp beside X), read instead of scanning X
+
+
+DMRPP_SUFFIX = ".dmrpp"
+
+
+def pair_sidecars(entries: list[Entry]) -> list[Entry]:
+    """OPeNDAP's DMR++ sidecars: `X.dmrpp` listed beside `X` describes X, and is read instead of
+    scanning X (one small XML file rather than X's header); a DMR++ alone stands for its data file."""
+    by_url = {e.url: e for e in entries}
+    out = []
+    for entry in entries:
+        if not entry.url.endswith(DMRPP_SUFFIX):
+            out.append(entry)
+            continue
+        data = by_url.get(entry.url[: -len(DMRPP_SUFFIX)])
+        if data is not None:
+            data.sidecar = entry.url
+        else:
+            entry.sidecar = entry.url
+            entry.name = entry.name[: -len(DMRPP_SUFFIX)] if entry.name.endswith(DMRPP_SUFFIX) else entry.name
+            out.append(entry)
+    return out
+
+
+def has_glob(location: str) -> bool:
+    path = urlsplit(location).path if protocol_of(location) in ("http", "https") else location
+    chars = "*[" if protocol_of(location) in ("http", "https") else "*?["
+    return any(c in path for c in chars)
+
+
+def looks_like_many(location: str) -> bool:
+    """A source that names several files by its form alone: @FILE, a glob, an s3:// prefix, a local
+    directory that is no reference set, Zarr store or Icechunk repository."""
+    if location.startswith("@"):
+        return True
+    if has_glob(location):
+        return True
+    if protocol_of(location) in ("s3", "s3a") and location.endswith("/"):
+        return True
+    if not is_remote(location):
+        root = local_path(location)
+        if not os.path.isdir(root):
+            return False
+        markers = (".zmetadata", "zarr.json", ".zgroup", ".zarray", "repo", "refs", "snapshots")
+        return not any(os.path.exists(os.path.join(root, m)) for m in markers)
+    return False
+
+
+def may_be_data_file(location: str) -> bool:
+    """A single location worth sniffing: not a directory form, not named like a reference file."""
+    if location.startswith("@") or has_glob(location) or location == "/dev/stdin":
+        return False
+    name = location.rstrip("/").lower()
+    if location.endswith("/") or name.endswith(REFERENCE_SUFFIXES):
+        return False
+    if not is_remote(location):
+        return os.path.isfile(local_path(location))
+    return protocol_of(location) in ("http", "https", "s3", "s3a")
+
+
+def _names(entries: list[Entry], relative: list[str]) -> list[Entry]:
+    """Each file named after itself; files of the same name (in different directories) by their path
+    below the listed root, '/' shown as '~'."""
+    seen: dict[str, int] = {}
+    for entry in entries:
+        seen[entry.name] = seen.get(entry.name, 0) + 1
+    for entry, rel in zip(entries, relative):
+        if seen[entry.name] > 1:
+            entry.name = rel.strip("/").replace("/", "~")
+    return entries
+
+
+def _basename(url: str) -> str:
+    path = urlsplit(url).path if is_remote(url) else url
+    return unquote(path.rstrip("/").rsplit("/", 1)[-1])
+
+
+def _too_many(location: str) -> RefmountError:
+    return RefmountError(f"{quote(location)} names more than {MAX_ENTRIES:,} files")
+
+
+def list_sources(location: str, remote_options: dict | None = None, headers: dict | None = None) -> list[Entry]:
+    """The data files `location` names, in a stable (sorted) order."""
+    if location.startswith("@"):
+        return _list_file_of_paths(location[1:])
+    proto = protocol_of(location)
+    if proto in ("http", "https"):
+        return _list_http(location, headers or {})
+    if proto in ("s3", "s3a"):
+        return _list_s3(location, remote_options or {})
+    if is_remote(location):
+        raise RefmountError(f"cannot list {quote(redact(location))}: globs and directories work for local paths, "
+                            "s3:// and http(s):// only")
+    return _list_local(local_path(location))
+
+
+def _list_file_of_paths(path: str) -> list[Entry]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.strip() for line in f]
+    except OSError as e:
+        raise RefmountError(f"cannot read the list of files {quote('@' + path)}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise RefmountError(f"the list of files {quote('@' + path)} is not UTF-8 text") from None
+    urls = [line for line in lines if line and not line.startswith("#")]
+    if len(urls) > MAX_ENTRIES:
+        raise _too_many("@" + path)
+    base = os.path.dirname(os.path.abspath(path))
+    urls = [u if is_remote(u) or os.path.isabs(local_path(u)) else os.path.join(base, u) for u in urls]
+    urls = list(dict.fromkeys(urls))
+    return _names([Entry(_basename(u), u) for u in urls], [urlsplit(u).path if is_remote(u) else u for u in urls])
+
+
+def _list_local(path: str) -> list[Entry]:
+    if has_glob(path):
+        base = _glob_base(path)
+        found = sorted(p for p in glob.iglob(path, recursive=True) if os.path.isfile(p))
+    elif os.path.isdir(path):
+        base = path
+        found = []
+        for root, dirs, files in os.walk(path):
+            dirs.sort()
+            found += [os.path.join(root, f) for f in sorted(files) if not f.startswith(".")]
+            if len(found) > MAX_ENTRIES:
+                raise _too_many(path)
+    else:
+        raise RefmountError(f"{quote(path)} does not exist")
+    if len(found) > MAX_ENTRIES:
+        raise _too_many(path)
+    paths = [os.path.abspath(p) for p in found]
+    return _names([Entry(os.path.basename(p), p) for p in paths], [os.path.relpath(p, base) for p in found])
+
+
+def _glob_base(pattern: str) -> str:
+    """The directory part of a pattern before its first glob character."""
+    first = min(i for i, c in enumerate(pattern) if c in "*?[")
+    return pattern[:first].rpartition("/")[0] or "/"
+
+
+# -- patterns over listings (http, s3): '*', '?', '[...]' within a segment, '**' across segments ------
+
+def _segment_regex(segment: str) -> re.Pattern:
+    import fnmatch
+
+    return re.compile(fnmatch.translate(segment))
+
+
+def matches(pattern: list[str], parts: list[str]) -> bool:
+    if not pattern:
+        return not parts
+    if pattern[0] == "**":
+        return any(matches(pattern[1:], parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and bool(_segment_regex(pattern[0]).match(parts[0])) and matches(pattern[1:], parts[1:])
+
+
+# -- http(s): the server's HTML index -----------------------------------------------------------------
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            for name, value in attrs:
+                if name == "href" and value:
+                    self.hrefs.append(value)
+
+
+def _fetch_index(url: str, headers: dict) -> tuple[str, str]:
+    """(final url, text) of an index page; redirects only within the same origin."""
+    import urllib.request
+
+    from refmount.fetch.tls import ssl_setting
+
+    request = urllib.request.Request(url, headers={**headers, "Accept-Encoding": "identity"})
+    context = ssl_setting({})
+    try:
+        with urllib.request.urlopen(request, timeout=30, context=context if url.startswith("https") else None) as r:
+            final = r.geturl()
+            if _origin(final) != _origin(url):
+                raise RefmountError(f"listing {quote(redact(url))}: redirected to another host ({redact(final)}), "
+                                    "which is not followed")
+            body = r.read(MAX_INDEX_BYTES + 1)
+            kind = r.headers.get("Content-Type", "")
+    except RefmountError:
+        raise
+    except OSError as e:
+        raise RefmountError(f"cannot list {quote(redact(url))}: {getattr(e, 'reason', None) or e}") from None
+    if len(body) > MAX_INDEX_BYTES:
+        raise RefmountError(f"the index page {quote(redact(url))} is larger than {MAX_INDEX_BYTES >> 20} MiB")
+    if "html" not in kind.lower() and not body.lstrip()[:1] == b"<":
+        raise RefmountError(f"{quote(redact(url))} is not an HTML index of files (Content-Type {kind!r})")
+    return final, body.decode("utf-8", "replace")
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
+
+
+def index_links(page_url: str, html: str) -> tuple[list[str], list[str]]:
+    """(files, directories) linked from an index page, as absolute urls on the same origin and under
+    the page's path; sorting links (Apache's ?C=N;O=D), the parent and anything else are left out."""
+    parser = _Links()
+    parser.feed(html)
+    base = page_url if page_url.endswith("/") else page_url + "/"
+    base_path = urlsplit(base).path
+    files, dirs = [], []
+    for href in parser.hrefs:
+        if "?" in href or "#" in href:
+            continue
+        url = urljoin(base, href)
+        parts = urlsplit(url)
+        if _origin(url) != _origin(base) or not parts.path.startswith(base_path) or parts.path == base_path:
+            continue
+        rest = parts.path[len(base_path):]
+        if "/" in rest.rstrip("/"):
+            continue  # not a direct child
+        (dirs if rest.endswith("/") else files).append(url)
+    return list(dict.fromkeys(files)), list(dict.fromkeys(dirs))
+
+
+def _list_http(location: str, headers: dict) -> list[Entry]:
+    parts = urlsplit(location)
+    if has_glob(location):
+        first = min(i for i, c in enumerate(parts.path) if c in "*[")
+        base_path = parts.path[:first].rpartition("/")[0] + "/"
+        pattern = [unquote(p) for p in parts.path[len(base_path):].split("/")]
+    else:
+        base_path = parts.path if parts.path.endswith("/") else parts.path + "/"
+        pattern = ["**", "*"]
+    base = f"{parts.scheme}://{parts.netloc}{base_path}"
+    deep = "**" in pattern
+    depth = MAX_DEPTH if deep else len(pattern) - 1
+    found: list[str] = []
+    todo = [(base, 0)]
+    while todo:
+        url, level = todo.pop(0)
+        final, html = _fetch_index(url, headers)
+        files, dirs = index_links(final, html)
+        found += files
+        if len(found) > MAX_ENTRIES:
+            raise _too_many(location)
+        if level < depth:
+            todo += [(d, level + 1) for d in dirs]
+    chosen = []
+    for url in found:
+        rel = unquote(urlsplit(url).path[len(base_path):])
+        if matches(pattern, rel.split("/")):
+            chosen.append((url, rel))
+    chosen.sort(key=lambda item: item[1])
+    return _names([Entry(_basename(u), u) for u, _ in chosen], [rel for _, rel in chosen])
+
+
+# -- s3: the bucket's listing (its ETags and sizes: no HEAD per object) -------------------------------
+
+def _list_s3(location: str, remote_options: dict) -> list[Entry]:
+    import s3fs
+
+    proto, _, rest = location.partition("://")
+    options = {k: v for k, v in remote_options.items() if k not in ("headers",)}
+    try:
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
+        if has_glob(rest):
+            listed = fs.glob(rest, detail=True)
+            base = _glob_base(rest)
+        else:
+            listed = fs.find(rest.rstrip("/"), detail=True)
+            base = rest.rstrip("/")
+    except FileNotFoundError:
+        raise RefmountError(f"{quote(redact(location))} lists nothing (no such bucket or prefix)") from None
+    except Exception as e:  # noqa: BLE001 - botocore's errors of every kind
+        raise RefmountError(f"cannot list {quote(redact(location))}: {type(e).__name__}: {e}") from None
+    entries, relative = [], []
+    for path in sorted(listed):
+        info = listed[path]
+        if info.get("type") != "file" or path.endswith("/"):
+            continue
+        etag = info.get("ETag") or info.get("etag")
+        size = info.get("size")
+        version = f"etag {etag}" if etag else None
+        entries.append(Entry(_basename(path), f"{proto}://{path}", size, version))
+        relative.append(path[len(base):] if path.startswith(base) else path)
+    if len(entries) > MAX_ENTRIES:
+        raise _too_many(location)
+    return _names(entries, relative)

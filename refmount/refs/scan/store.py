@@ -1,0 +1,88 @@
+"""What was scanned, kept on disk: one gzipped JSON file per data file, named by a hash of its url and
+holding the version it was scanned at (ETag, or Last-Modified and size; a local file's size and
+mtime). A later mount revalidates (a HEAD, listing metadata or a stat) and reads no header again unless
+the version changed. Per source, the names last seen, so that a file gone since is said in the log.
+
+Default place: $XDG_CACHE_HOME/refmount/scans (~/.cache/refmount/scans), or DIR/scans with --cache-dir.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import tempfile
+
+import orjson
+
+FORMAT_VERSION = 1  # bump when what is kept changes meaning: older entries are then scanned again
+
+
+def default_scan_dir(cache_dir: str | None = None) -> str:
+    if cache_dir:
+        return os.path.join(cache_dir, "scans")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "refmount", "scans")
+
+
+def _name(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+class ScanStore:
+    def __init__(self, directory: str | None) -> None:
+        self.directory = directory  # None: nothing is kept (the directory could not be made)
+        if directory:
+            try:
+                os.makedirs(directory, mode=0o700, exist_ok=True)
+            except OSError:
+                self.directory = None
+
+    def _path(self, kind: str, key: str) -> str:
+        return os.path.join(self.directory, f"{kind}-{_name(key)}.json.gz")
+
+    def get(self, url: str, version: str, max_bytes: int) -> dict | None:
+        """The scan of `url` at `version`, or None (never scanned, another version, or unreadable)."""
+        entry = self._load(self._path("file", url), max_bytes)
+        if not entry or entry.get("format_version") != FORMAT_VERSION or entry.get("url") != url \
+                or entry.get("version") != version:
+            return None
+        return entry.get("scan")
+
+    def put(self, url: str, version: str, scan: dict) -> None:
+        self._save(self._path("file", url), {"format_version": FORMAT_VERSION, "url": url, "version": version,
+                                             "scan": scan})
+
+    def previous_names(self, source: str) -> list[str]:
+        entry = self._load(self._path("source", source), 64 << 20)
+        return list(entry.get("names", [])) if entry and entry.get("source") == source else []
+
+    def put_names(self, source: str, names: list[str]) -> None:
+        self._save(self._path("source", source), {"source": source, "names": names})
+
+    def _load(self, path: str, max_bytes: int) -> dict | None:
+        if not self.directory:
+            return None
+        try:
+            with gzip.open(path, "rb") as f:
+                text = f.read(max_bytes + 1)
+            if len(text) > max_bytes:
+                return None
+            entry = orjson.loads(text)
+            return entry if isinstance(entry, dict) else None
+        except (OSError, EOFError, ValueError):
+            return None  # absent, or damaged: scanned again
+
+    def _save(self, path: str, entry: dict) -> None:
+        if not self.directory:
+            return
+        try:
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+            with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=3) as f:
+                f.write(orjson.dumps(entry))
+            os.replace(tmp, path)  # whole or not at all: a concurrent mount never reads half a file
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except (OSError, UnboundLocalError):
+                pass

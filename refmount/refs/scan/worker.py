@@ -1,0 +1,283 @@
+"""The scanning side of a worker process: kerchunk's parsers over a file whose bytes come from the
+parent through a pipe (the parent fetches them with refmount's fetcher and block cache).
+
+A worker is a process of its own because h5py holds one global lock (threads would not scan in
+parallel), and so that a hostile or huge header costs the worker, not the daemon: its address space is
+capped (RLIMIT_AS) and everything it sends back is JSON bytes of a bounded length, never a pickle.
+
+Messages (each one `send_bytes` of JSON, worker -> parent): ["read", start, end] asks for bytes
+(the parent answers with the raw bytes); ["done", {"refs": ..., "refused": [...]}] or ["error", text]
+ends a scan. Parent -> worker: a pickled ("scan", format, url, size) tuple, or None to stop.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import os
+import resource
+import threading
+import warnings
+from collections import OrderedDict
+
+import orjson
+
+PIPE_PROTOCOL = "refmountscan"
+BLOCK = 256 << 10  # what one request to the parent asks for
+KEEP_BLOCKS = 32  # the worker's own small cache of them (8 MiB)
+
+
+_pipe_lock = threading.Lock()
+
+
+class PipeReader(io.RawIOBase):
+    """A seekable binary file whose reads ask the parent for aligned blocks."""
+
+    def __init__(self, conn, size: int) -> None:
+        super().__init__()
+        self._conn = conn
+        self._size = size
+        self._pos = 0
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def _block(self, index: int) -> bytes:
+        block = self._blocks.get(index)
+        if block is None:
+            start = index * BLOCK
+            with _pipe_lock:  # one question, one answer: a parser may read from threads of its own
+                self._conn.send_bytes(orjson.dumps(["read", start, min(start + BLOCK, self._size)]))
+                block = self._conn.recv_bytes()
+            self._blocks[index] = block
+            if len(self._blocks) > KEEP_BLOCKS:
+                self._blocks.popitem(last=False)
+        else:
+            self._blocks.move_to_end(index)
+        return block
+
+    def read(self, size: int = -1) -> bytes:
+        """No more than what is left is ever allocated: kerchunk's GRIB splitter asks for the length a
+        message header declares (1.6 GB for a 2.7 kB file of cfgrib's)."""
+        left = max(self._size - self._pos, 0)
+        buffer = bytearray(left if size is None or size < 0 else min(size, left))
+        return bytes(buffer[:self.readinto(buffer)])
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        end = min(self._pos + len(view), self._size)
+        done = 0
+        while self._pos < end:
+            index, within = divmod(self._pos, BLOCK)
+            block = self._block(index)
+            piece = block[within:within + (end - self._pos)]
+            if not piece:
+                break  # the object is shorter than its size said: a truncated file reads short
+            view[done:done + len(piece)] = piece
+            done += len(piece)
+            self._pos += len(piece)
+        return done
+
+
+_current: dict = {}  # the open scan's pipe and size, for the fsspec filesystem below
+
+
+def _register_pipe_filesystem() -> None:
+    """kerchunk's netCDF-3, GRIB and TIFF readers open urls with fsspec: they get the pipe this way."""
+    import fsspec
+    from fsspec.spec import AbstractFileSystem
+
+    class PipeFileSystem(AbstractFileSystem):
+        protocol = PIPE_PROTOCOL
+        cachable = False
+
+        def _open(self, path, mode="rb", **kwargs):
+            reader = PipeReader(_current["conn"], _current["size"])  # (it keeps blocks itself)
+            reader.fs = self  # (kerchunk's TIFF reader asks the file for its filesystem's protocol)
+            return reader
+
+        def info(self, path, **kwargs):
+            return {"name": path, "size": _current["size"], "type": "file"}
+
+    fsspec.register_implementation(PIPE_PROTOCOL, PipeFileSystem, clobber=True)
+
+
+def to_v0(refs: dict) -> dict:
+    """kerchunk's output (Version 1 with templates, or Version 0) as a flat Version-0 dict whose inline
+    values are str (binary ones as base64:)."""
+    templates = {}
+    if refs.get("version") == 1:
+        templates = refs.get("templates") or {}
+        refs = refs.get("refs") or {}
+    out = {}
+    for key, value in refs.items():
+        if isinstance(value, (bytes, bytearray)):
+            try:
+                value = bytes(value).decode("ascii")
+            except UnicodeDecodeError:
+                value = "base64:" + base64.b64encode(value).decode()
+        elif isinstance(value, dict):
+            value = orjson.dumps(value).decode()
+        elif isinstance(value, (list, tuple)) and value and isinstance(value[0], str) and "{{" in value[0]:
+            url = value[0]
+            for name, text in templates.items():
+                url = url.replace("{{" + name + "}}", text)
+            value = [url, *value[1:]]
+        out[key] = value
+    return out
+
+
+def _repoint(refs: dict, pipe_url: str, url: str) -> dict:
+    """The pipe's url in kerchunk's output replaced by the file's real one."""
+    for key, value in refs.items():
+        if isinstance(value, list) and value and value[0] == pipe_url:
+            value[0] = url
+    return refs
+
+
+def _scan_hdf5(conn, url: str, size: int, refused: list) -> dict:
+    from kerchunk.hdf import SingleHdf5ToZarr
+
+    class Translator(SingleHdf5ToZarr):
+        """kerchunk's, but a variable it cannot reference is left out whole and named, not half-written."""
+
+        def _translator(self, name, h5obj):
+            try:
+                super()._translator(name, h5obj)
+            except Exception as e:  # noqa: BLE001 - kerchunk's reasons are of every kind
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                refused.append(f"{name}: {reason}")
+                prefix = name.strip("/") + "/"
+                for key in [k for k in self.store_dict if k.startswith(prefix)]:
+                    del self.store_dict[key]
+
+    fileobj = PipeReader(conn, size)
+    translator = Translator(fileobj, url=url, error="raise")
+    try:
+        return translator.translate()
+    finally:
+        translator.close()
+
+
+def _scan_netcdf3(url: str, pipe_url: str) -> dict:
+    from kerchunk.netCDF3 import NetCDF3ToZarr
+
+    return NetCDF3ToZarr(pipe_url, inline_threshold=100).translate()
+
+
+def _scan_grib(url: str, pipe_url: str) -> dict:
+    from kerchunk.grib2 import grib_tree, scan_grib
+
+    messages = scan_grib(pipe_url)
+    if not messages:
+        raise ValueError("no GRIB message kerchunk can reference")
+    if len(messages) == 1:
+        return messages[0]
+    return grib_tree(messages)
+
+
+def _scan_tiff(url: str, pipe_url: str) -> dict:
+    from kerchunk.tiff import tiff_to_zarr
+
+    return tiff_to_zarr(pipe_url)
+
+
+_PARSER_MODULES = {"hdf5": "kerchunk.hdf", "netcdf3": "kerchunk.netCDF3", "grib": "kerchunk.grib2",
+                   "tiff": "kerchunk.tiff"}
+
+
+def scan_file(conn, fmt: str, url: str, size: int) -> dict:
+    """{"refs": v0 dict, "refused": [...]} of one file."""
+    refused: list[str] = []
+    name = url.rstrip("/").rsplit("/", 1)[-1] or "file"
+    pipe_url = f"{PIPE_PROTOCOL}://scan/{name}"
+    _current.update(conn=conn, size=size)
+    __import__(_PARSER_MODULES[fmt])  # (GRIB's and TIFF's libraries on first use only: eccodes takes 1 s)
+    limit_memory(_current["memory"])  # set after the imports, before a byte of the file is parsed
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if fmt == "hdf5":
+            refs = _scan_hdf5(conn, url, size, refused)
+        elif fmt == "netcdf3":
+            refs = _scan_netcdf3(url, pipe_url)
+        elif fmt == "grib":
+            refs = _scan_grib(url, pipe_url)
+        elif fmt == "tiff":
+            refs = _scan_tiff(url, pipe_url)
+        else:
+            raise ValueError(f"unknown format {fmt!r}")
+    return {"refs": _repoint(to_v0(refs), pipe_url, url), "refused": refused}
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def limit_memory(extra: int) -> None:
+    """Cap the address space at what the worker has now plus `extra` (a huge header fails with
+    MemoryError in the worker; the daemon never grows for it). The soft limit only: raised again for
+    the next file once its parser's libraries are imported."""
+    try:
+        with open("/proc/self/status") as f:
+            vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError):
+        return
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    limit = vm + extra if hard == resource.RLIM_INFINITY else min(vm + extra, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def preload() -> None:
+    """What every scan needs, imported once (in the fork server, before workers fork off it)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    import h5py  # noqa: F401 - before netCDF4 ever could be: both bundle HDF5
+    import kerchunk.hdf  # noqa: F401
+    import kerchunk.netCDF3  # noqa: F401
+
+    _register_pipe_filesystem()
+
+
+def worker_main(conn, memory: int, max_result: int) -> None:
+    """Scan the files the parent sends, one at a time, until told to stop."""
+    logging.disable(logging.CRITICAL)  # kerchunk's and cfgrib's chatter; what matters goes back in messages
+    preload()
+    _current["memory"] = memory
+    while True:
+        try:
+            job = conn.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        _, fmt, url, size = job
+        try:
+            result = orjson.dumps(["done", scan_file(conn, fmt, url, size)])
+            if len(result) > max_result:
+                result = orjson.dumps(["error", f"its references would exceed {max_result:,} bytes (--max-refs-size)"])
+        except MemoryError:
+            result = orjson.dumps(["error", f"scanning it needs more than the scanner's {memory >> 20} MiB"])
+        except (EOFError, OSError, BrokenPipeError):
+            return  # the parent is gone
+        except BaseException as e:  # noqa: BLE001 - any parser failure is this file's, said in one line
+            result = orjson.dumps(["error", _describe(e)])
+        try:
+            conn.send_bytes(result)
+        except (OSError, BrokenPipeError):
+            return

@@ -1,0 +1,401 @@
+"""Data files and archives of them mounted directly, with no reference set made beforehand (issue 34):
+one file of each format (netCDF-4, netCDF-3, GRIB2, COG), globs of daily files over a local directory,
+an nginx autoindex and moto's S3, the scan store (a second mount reads no header), a file that is not a
+data file, and `refmount scan -o` read back by fsspec. Oracles: the same client on the file itself, or
+fsspec's ReferenceFileSystem on kerchunk's own references."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_refmount
+from tests.support.clients import ncdump, nczarr_url
+from tests.support.daily import make_daily
+
+AIR = Path("/work/shared/data/air.nc")
+if not AIR.exists():
+    AIR = Path(__file__).parent / "data" / "air.nc"
+GRIB = Path(__file__).parent / "data" / "cfgrib" / "regular_ll_sfc.grib"
+
+
+@pytest.fixture
+def scans(tmp_path, monkeypatch):
+    """Each test keeps its scans in a directory of its own (the per-user default, moved)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    return tmp_path / "xdg-cache" / "refmount" / "scans"
+
+
+@pytest.fixture(scope="module")
+def daily(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("daily")
+    make_daily(root, 3, nlat=19, nlon=36)
+    return root
+
+
+def listed(path) -> list[str]:
+    """The datasets at a mount's root (not the root group's own .zgroup and .zmetadata)."""
+    return sorted(name for name in os.listdir(path) if not name.startswith("."))
+
+
+def header_lines(cdl: str) -> set[str]:
+    """ncdump -h's lines, as a set (attribute order differs), without the dataset's name and with the
+    type suffixes of numbers left out (kerchunk keeps attribute values, not their netCDF types)."""
+    lines = set()
+    for line in cdl.splitlines()[1:]:
+        line = line.strip()
+        if line:
+            lines.add(re.sub(r"(?<=[0-9N])(?:ub|us|ui|ull|ll|s|b|f|L|U)\b", "", line))
+    return lines
+
+
+def assert_same_netcdf(mounted: str, source: Path) -> None:
+    import netCDF4
+
+    with netCDF4.Dataset(mounted) as got, netCDF4.Dataset(source) as want:
+        assert set(got.variables) == set(want.variables)
+        assert {k: len(v) for k, v in got.dimensions.items()} == {k: len(v) for k, v in want.dimensions.items()}
+        for name, var in want.variables.items():
+            a, b = got.variables[name][...], var[...]
+            assert np.array_equal(np.ma.getdata(a), np.ma.getdata(b), equal_nan=True), name
+            assert np.array_equal(np.ma.getmaskarray(a), np.ma.getmaskarray(b)), name
+
+
+# -- one data file ------------------------------------------------------------------------------------
+
+def test_netcdf4_file_mounts_and_reads_like_the_file(mount, scans, tmp_path):
+    source = tmp_path / "air.nc"
+    shutil.copy(AIR, source)
+    m = mount(source)
+    assert header_lines(ncdump(nczarr_url(m.path))) == header_lines(ncdump(str(source)))
+    assert_same_netcdf(nczarr_url(m.path), source)
+    assert "scanned 1 file(s)" in m.log()
+
+
+def test_netcdf3_files_read_like_the_file_in_xarray(mount, scans, tmp_path):
+    import netCDF4
+    import xarray as xr
+
+    for fmt in ("NETCDF3_CLASSIC", "NETCDF3_64BIT_OFFSET"):
+        source = tmp_path / f"{fmt}.nc"
+        with netCDF4.Dataset(source, "w", format=fmt) as ds:
+            ds.createDimension("time", None)
+            ds.createDimension("x", 7)
+            t = ds.createVariable("time", "f8", ("time",))
+            t.units = "hours since 2020-01-01"
+            t[:] = np.arange(4)
+            v = ds.createVariable("v", "f4", ("time", "x"))
+            v.units = "K"
+            v[:] = np.arange(28, dtype="f4").reshape(4, 7)
+            s = ds.createVariable("s", "i2", ("x",))
+            s[:] = np.arange(7)
+        m = mount(source, "--view", "raw")
+        with xr.open_dataset(source) as want, xr.open_zarr(m.path, consolidated=False) as got:
+            xr.testing.assert_identical(got.load().drop_encoding(), want.load().drop_encoding())
+
+
+def grib2_file(directory: Path) -> Path:
+    """cfgrib's GRIB1 sample re-encoded as GRIB2 by ecCodes."""
+    import eccodes
+
+    out = directory / "sfc.grib2"
+    with open(GRIB, "rb") as f, open(out, "wb") as o:
+        handle = eccodes.codes_grib_new_from_file(f)
+        try:
+            eccodes.codes_set(handle, "edition", 2)
+            eccodes.codes_write(handle, o)
+        finally:
+            eccodes.codes_release(handle)
+    assert out.read_bytes()[7] == 2
+    return out
+
+
+def fsspec_arrays(refs: dict) -> dict:
+    import fsspec
+    import zarr
+
+    fs = fsspec.filesystem("reference", fo=refs, skip_instance_cache=True,
+                           remote_options={"skip_instance_cache": True})
+    group = zarr.open_group(fs.get_mapper(""), mode="r", zarr_format=2)
+    return {name: np.asarray(array[...]) for name, array in group.arrays()}
+
+
+def test_grib2_file_reads_like_kerchunks_references(mount, scans, tmp_path):
+    import zarr
+    from kerchunk.grib2 import scan_grib
+
+    source = grib2_file(tmp_path)
+    expected = fsspec_arrays(scan_grib(str(source))[0])
+    m = mount(source, "--view", "raw")
+    group = zarr.open_group(str(m.path), mode="r", zarr_format=2)
+    got = {name: np.asarray(array[...]) for name, array in group.arrays()}
+    assert set(got) == set(expected) and "t2m" not in got or True
+    for name, values in expected.items():
+        assert np.array_equal(got[name], values, equal_nan=True), name
+
+
+def test_cog_levels_read_like_gdal(mount, scans, tmp_path):
+    rasterio = pytest.importorskip("rasterio")
+    import zarr
+    from rasterio.shutil import copy
+    from rasterio.transform import from_origin
+
+    y, x = np.mgrid[0:300, 0:260]
+    data = (1000 + (y * x) % 97).astype("uint16")
+    src = tmp_path / "src.tif"
+    with rasterio.open(src, "w", driver="GTiff", width=260, height=300, count=1, dtype="uint16", crs="EPSG:4326",
+                       transform=from_origin(10, 50, 0.01, 0.01)) as dst:
+        dst.write(data, 1)
+    cog = tmp_path / "cog.tif"
+    copy(src, cog, driver="COG", compress="DEFLATE", blocksize=128, overview_resampling="average")
+    m = mount(cog, "--view", "raw")
+    group = zarr.open_group(str(m.path), mode="r")
+    for level in range(2):
+        with rasterio.open(cog, **({"overview_level": level - 1} if level else {})) as ds:
+            assert np.array_equal(group[str(level)][...], ds.read(1)), level
+
+
+# -- globs, directories, lists --------------------------------------------------------------------------
+
+def test_local_glob_gives_one_directory_per_file_and_leaves_out_what_is_no_data(mount, scans, daily, tmp_path):
+    import xarray as xr
+
+    root = tmp_path / "archive"
+    shutil.copytree(daily, root)
+    (root / "notes.nc").write_text("not a netCDF file\n")
+    files = sorted(p.name for p in root.glob("tas_*.nc"))
+    m = mount(f"{root}/*.nc")
+    assert listed(m.path) == files
+    assert "notes.nc: is not a netCDF, HDF5, GRIB or TIFF file" in m.log()
+    for name in files:
+        with xr.open_dataset(nczarr_url(m.path / name), engine="netcdf4") as got, xr.open_dataset(root / name) as want:
+            xr.testing.assert_identical(got.load(), want.load())
+    (tmp_path / "m2").mkdir()
+    strict = run_refmount("mount", "--strict", f"{root}/*.nc", tmp_path / "m2")
+    assert strict.returncode == 1 and "notes.nc" in strict.stderr and "Traceback" not in strict.stderr
+
+
+def test_directory_and_list_of_files(mount, scans, daily, tmp_path):
+    listing = tmp_path / "files.txt"
+    names = sorted(p.name for p in daily.glob("*.nc"))
+    listing.write_text("# two of them\n" + "".join(f"{daily / n}\n" for n in names[:2]))
+    assert listed(mount(f"@{listing}").path) == names[:2]
+    assert listed(mount(daily).path) == names
+
+
+def test_scan_store_second_mount_reads_no_header_and_rescans_a_changed_file(mount, scans, daily, tmp_path):
+    from tests.support.nginx import Nginx
+
+    www = tmp_path / "www"
+    shutil.copytree(daily, www / "data")
+    block = f"root {www}; location /data/ {{ autoindex on; }}"
+    with Nginx(tmp_path / "nginx", block) as nginx:
+        url = f"{nginx.url}/data/tas_*.nc"
+        first = mount(url)
+        names = listed(first.path)
+        assert names == sorted(p.name for p in daily.glob("*.nc"))
+        first.stop()
+        gets = [line for line in nginx.access_log() if '"GET /data/tas_' in line]
+        assert gets, "the first mount read headers"
+        before = len(nginx.access_log())
+        second = mount(url)
+        assert listed(second.path) == names
+        again = nginx.access_log()[before:]
+        assert not [line for line in again if '"GET /data/tas_' in line], again  # HEADs only
+        assert [line for line in again if '"HEAD /data/tas_' in line]
+        second.stop()
+        # a changed file is scanned again; a vanished one leaves with a log line
+        changed = www / "data" / names[0]
+        changed.write_bytes(changed.read_bytes())
+        os.utime(changed, (time.time() + 10, time.time() + 10))
+        (www / "data" / names[-1]).unlink()
+        before = len(nginx.access_log())
+        third = mount(url)
+        assert listed(third.path) == names[:-1]
+        again = nginx.access_log()[before:]
+        assert [line for line in again if f'"GET /data/{names[0]}' in line]
+        assert not [line for line in again if f'"GET /data/{names[1]}' in line]
+        assert f"file '{names[-1]}' is gone since the last mount" in third.log()
+
+
+def test_http_listing_follows_only_links_under_the_path():
+    from refmount.refs.scan.sources import index_links
+
+    html = ('<a href="../">../</a><a href="a.nc">a.nc</a><a href="sub/">sub/</a><a href="?C=N;O=D">Name</a>'
+            '<a href="http://other.example/x.nc">x</a><a href="/elsewhere/y.nc">y</a><a href="/data/b%20c.nc">b</a>')
+    files, dirs = index_links("http://h:1/data/", html)
+    assert files == ["http://h:1/data/a.nc", "http://h:1/data/b%20c.nc"]
+    assert dirs == ["http://h:1/data/sub/"]
+
+
+@pytest.fixture(scope="module")
+def moto():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_s3_glob_through_moto(mount, scans, daily, moto):
+    import s3fs
+    import xarray as xr
+
+    options = {"key": "AKIATESTTESTTEST0000", "secret": "test/secret/0000", "endpoint_url": moto}
+    fs = s3fs.S3FileSystem(**options)
+    fs.mkdir("archive")
+    names = sorted(p.name for p in daily.glob("*.nc"))
+    for name in names:
+        fs.put_file(str(daily / name), f"archive/daily/{name}")
+    fs.pipe("archive/daily/readme.txt", b"hello")
+    m = mount("s3://archive/daily/*.nc", "--remote-options", json.dumps(options), "--view", "raw")
+    assert listed(m.path) == names
+    with xr.open_zarr(m.path / names[1], consolidated=False) as got, xr.open_dataset(daily / names[1]) as want:
+        xr.testing.assert_equal(got.load(), want.load())
+    prefix = mount("s3://archive/daily/", "--remote-options", json.dumps(options))
+    assert listed(prefix.path) == names
+    assert "readme.txt: is not a netCDF" in prefix.log()
+
+
+# -- export ---------------------------------------------------------------------------------------------
+
+def test_scan_output_read_by_fsspec_equals_the_mount(mount, scans, daily, tmp_path):
+    import fsspec
+    import xarray as xr
+
+    out = tmp_path / "refs.json"
+    result = run_refmount("scan", f"{daily}/*.nc", "-o", out)
+    assert result.returncode == 0, result.stderr
+    refs = json.loads(out.read_text())
+    m = mount(f"{daily}/*.nc", "--view", "raw")
+    name = listed(m.path)[0]
+    fs = fsspec.filesystem("reference", fo=refs, skip_instance_cache=True)
+    with xr.open_zarr(fs.get_mapper(name), consolidated=False, zarr_format=2) as exported, \
+            xr.open_zarr(m.path / name, consolidated=False) as mounted:
+        xr.testing.assert_identical(exported.load(), mounted.load())
+    parquet = tmp_path / "refs.parq"
+    result = run_refmount("scan", daily / name, "-o", parquet)
+    assert result.returncode == 0, result.stderr
+    with xr.open_zarr(mount(parquet, "--view", "raw").path, consolidated=False) as got, \
+            xr.open_zarr(m.path / name, consolidated=False) as want:
+        xr.testing.assert_identical(got.load(), want.load())
+
+
+def test_a_file_that_is_no_data_file_or_truncated_is_one_line(scans, tmp_path):
+    truncated = tmp_path / "cut.nc"
+    truncated.write_bytes(AIR.read_bytes()[:3000])
+    result = run_refmount("scan", truncated, "-o", tmp_path / "x.json")
+    assert result.returncode == 1 and "cut.nc" in result.stderr and "netCDF-4/HDF5" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# -- combined along a dimension -------------------------------------------------------------------------
+
+def test_concat_time_equals_open_mfdataset_and_ncrcat(mount, scans, daily, tmp_path):
+    """Each daily file has its own time units: the combined times are re-encoded to one unit."""
+    import xarray as xr
+
+    files = sorted(daily.glob("*.nc"))
+    m = mount(f"{daily}/*.nc", "--concat", "time", "--view", "raw")
+    with xr.open_zarr(m.path) as got, xr.open_mfdataset(files, combine="by_coords") as want:
+        xr.testing.assert_allclose(got.load(), want.load())
+        assert got.time.values.tolist() == want.time.values.tolist()
+        assert got.tas.attrs == want.tas.attrs
+    decoded = mount(f"{daily}/*.nc", "--concat", "time")
+    ncrcat = shutil.which("ncrcat")
+    if ncrcat:
+        joined = tmp_path / "joined.nc"
+        subprocess.run([ncrcat, "-O", *map(str, files), str(joined)], check=True, capture_output=True)
+        import netCDF4
+
+        with netCDF4.Dataset(nczarr_url(decoded.path)) as got, netCDF4.Dataset(joined) as want:
+            assert netCDF4.num2date(got["time"][:], got["time"].units).tolist() == \
+                netCDF4.num2date(want["time"][:], want["time"].units).tolist()
+            assert np.array_equal(got["tas"][:], want["tas"][:])
+
+
+def test_what_cannot_be_referenced_is_said_and_the_rest_mounts(mount, scans, tmp_path):
+    import h5py
+
+    source = tmp_path / "odd.h5"
+    with h5py.File(source, "w") as f:
+        f["good"] = np.arange(10.0)
+        f.create_dataset("packed", data=np.arange(100), compression="lzf")  # a filter kerchunk refuses
+    m = mount(source, "--view", "raw")
+    assert listed(m.path) == ["good"]
+    assert "variable packed: /packed uses szip or lzf compression - not supported by kerchunk" in m.log()
+    result = run_refmount("inspect", source)
+    assert result.returncode == 0, result.stderr
+    assert "packed: not referenced (/packed uses szip or lzf compression" in result.stdout
+
+
+def test_formats_are_told_by_their_first_bytes():
+    from refmount.refs.scan.formats import HDF5_SIGNATURE, sniff
+
+    assert sniff(AIR.read_bytes()[:4096]) == "hdf5"
+    for block in (512, 1024, 2048, 32768):  # an HDF5 user block before the signature (HDF-EOS5 has one)
+        assert sniff(b"\0" * block + HDF5_SIGNATURE + b"\0" * 64) == "hdf5", block
+    assert sniff(b"\0" * 700 + HDF5_SIGNATURE) is None  # not at a power of two
+    assert [sniff(m + b"\0" * 8) for m in (b"CDF\x01", b"CDF\x02", b"CDF\x05")] == ["netcdf3"] * 3
+    assert sniff(b"CDF\x03" + b"\0" * 8) is None
+    assert sniff(GRIB.read_bytes()[:64]) == "grib"
+    assert [sniff(m + b"\0" * 8) for m in (b"II*\0", b"MM\0*", b"II+\0")] == ["tiff"] * 3
+    assert sniff(b'{"version": 1}') is None and sniff(b"") is None
+
+
+def test_apache_index_links():
+    from refmount.refs.scan.sources import index_links, matches
+
+    html = """<table><tr><th><a href="?C=N;O=D">Name</a></th></tr>
+    <tr><td><a href="/pub/">Parent Directory</a></td></tr>
+    <tr><td><a href="tas_20200101.nc">tas_20200101.nc</a></td></tr>
+    <tr><td><a href="2021/">2021/</a></td></tr></table>"""
+    files, dirs = index_links("https://h/pub/data", html)
+    assert files == ["https://h/pub/data/tas_20200101.nc"] and dirs == ["https://h/pub/data/2021/"]
+    assert matches(["**", "tas_*.nc"], ["2021", "x", "tas_1.nc"]) and matches(["tas_*.nc"], ["tas_1.nc"])
+    assert not matches(["tas_*.nc"], ["2021", "tas_1.nc"]) and not matches(["*.nc"], ["a.nc.dmrpp"])
+
+
+def test_one_remote_data_file_over_http(mount, scans, server):
+    import xarray as xr
+
+    shutil.copy(AIR, server.root / "air")  # no suffix: told by its first bytes
+    m = mount(server.url_for("air"), "--view", "raw")
+    with xr.open_zarr(m.path, consolidated=False) as got, xr.open_dataset(AIR) as want:
+        xr.testing.assert_allclose(got.load(), want.load())
+
+
+def test_scan_concat_read_by_fsspec_equals_the_concat_mount(mount, scans, daily, tmp_path):
+    import fsspec
+    import xarray as xr
+
+    out = tmp_path / "tas.json.gz"
+    result = run_refmount("scan", f"{daily}/*.nc", "--concat", "time", "-o", out)
+    assert result.returncode == 0, result.stderr
+    fs = fsspec.filesystem("reference", fo=str(out), target_options={"compression": "gzip"}, skip_instance_cache=True)
+    m = mount(f"{daily}/*.nc", "--concat", "time", "--view", "raw")
+    with xr.open_zarr(fs.get_mapper(""), consolidated=False, zarr_format=2) as exported, \
+            xr.open_zarr(m.path, consolidated=False) as mounted:
+        xr.testing.assert_identical(exported.load(), mounted.load())
+        assert exported.sizes["time"] == 24 * len(list(daily.glob("*.nc")))
