@@ -193,6 +193,19 @@ def test_directory_and_list_of_files(mount, scans, daily, tmp_path):
     assert listed(mount(daily).path) == names
 
 
+def test_mount_in_the_background_lets_go_of_the_callers_pipes(scans, daily, tmp_path):
+    """`refmount mount` returns once ready, also when its scanners' fork server started before: a caller
+    reading its output through pipes gets EOF (the fork server and resource tracker kept them once)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    done = run_refmount("mount", f"{daily}/*.nc", mnt, timeout=90)
+    try:
+        assert done.returncode == 0, done.stderr
+        assert listed(mnt) == sorted(p.name for p in daily.glob("*.nc"))
+    finally:
+        run_refmount("umount", mnt)
+
+
 def test_scan_store_second_mount_reads_no_header_and_rescans_a_changed_file(mount, scans, daily, tmp_path):
     from tests.support.nginx import Nginx
 

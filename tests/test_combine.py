@@ -272,16 +272,16 @@ def test_mount_answers_ncdump_as_ncrcat(tmp_path, mount):
     files, and `ncdump -v time` of it equals that of NCO's ncrcat of the same files (given in time
     order: ncrcat concatenates in argument order, and re-bases each file's time to the first file's
     units)."""
-    from tests.support.clients import NCDUMP, nczarr_url
+    from tests.support.clients import NCDUMP, nczarr_url, tool
 
     files, shuffled = daily_files(tmp_path)
     refs = combine_datasets([(str(f), scan(f)) for f in shuffled], "time", read=LocalReader())
     joined = tmp_path / "ncrcat.nc"
-    subprocess.run(["ncrcat", "-h", *map(str, files), str(joined)], check=True, capture_output=True, timeout=60)
+    subprocess.run([*tool("ncrcat"), "-h", *map(str, files), str(joined)], check=True, capture_output=True, timeout=60)
     m = mount(refs)
 
     def time_data(target):
-        text = subprocess.run([NCDUMP, "-v", "time", target], check=True, capture_output=True, text=True,
+        text = subprocess.run([*NCDUMP, "-v", "time", target], check=True, capture_output=True, text=True,
                               timeout=60).stdout
         # (the headers differ in what is not data: the order of declarations, ncrcat's UNLIMITED
         # and the cell_methods it adds)

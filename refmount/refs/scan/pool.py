@@ -8,7 +8,9 @@ its memory or overruns --load-timeout fails only its file, and is replaced.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import multiprocessing.forkserver
 import os
 
 import orjson
@@ -24,7 +26,27 @@ def _forkserver():
     if _context is None:
         _context = multiprocessing.get_context("forkserver")
         _context.set_forkserver_preload(["refmount.refs.scan.preload"])
+        # The fork server and multiprocessing's resource tracker keep the standard streams they start
+        # with. Before the mount is ready those are the terminal or the pipe of whoever ran `refmount
+        # mount`, which would then wait for EOF until the unmount (the scanners report through pipes).
+        with _streams_to_devnull():
+            multiprocessing.forkserver.ensure_running()
     return _context
+
+
+@contextlib.contextmanager
+def _streams_to_devnull():
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        yield
+    finally:
+        for fd, copy in zip((0, 1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(devnull)
 
 
 class ScanFailed(Exception):
