@@ -36,6 +36,7 @@ import math
 import time
 from collections import OrderedDict, deque
 
+from refmount.cache.budget import MemoryBudget
 from refmount.refs import INLINE, WHOLE_FILE
 
 log = logging.getLogger("refmount")
@@ -294,7 +295,7 @@ class GridAhead:
     def __init__(self, refset, cache) -> None:
         self.refset = refset
         self.cache = cache
-        self.budget = cache.budget
+        self.budget = getattr(cache, "budget", None) or MemoryBudget(1 << 62)  # (as ReadStreams: a bare cache)
         self._arrays: dict[str, _Grid | None] = {}  # array path -> its grid (None: not an array we follow)
         self._by_dir: dict[int, tuple] = {}  # key's dir id -> (its array's grid,), or () for none
         self._swept = 0.0  # when idle walks were last looked for
