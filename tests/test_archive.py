@@ -10,9 +10,7 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import pytest
 from tests.conftest import run_refmount
 from tests.support.clients import ncdump, nczarr_url
 from tests.support.daily import make_daily
+from tests.support.moto import moto_server
 
 AIR = Path("/work/shared/data/air.nc")
 if not AIR.exists():
@@ -253,22 +252,8 @@ def test_http_listing_follows_only_links_under_the_path():
 
 @pytest.fixture(scope="module")
 def moto():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 def test_s3_glob_through_moto(mount, scans, daily, moto):

@@ -10,35 +10,19 @@ from __future__ import annotations
 import errno
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.conftest import run_refmount
 from tests.support.edl import PASSWORD, USER, World, read_loop
+from tests.support.moto import moto_server
 
 
 @pytest.fixture(scope="module")
 def moto():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

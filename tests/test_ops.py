@@ -16,6 +16,7 @@ import pytest
 from refmount.fstab import options_to_args
 from tests.conftest import Mount, force_unmount, is_mounted, run_refmount
 from tests.support.datasets import kerchunk_refs, oracle_bytes, to_v0, write_refs
+from tests.support.moto import moto_server
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -149,21 +150,8 @@ def test_dry_run_summary(tmp_path, datasets):
 
 @pytest.fixture(scope="module")
 def s3_server():
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+    with moto_server() as endpoint:
         yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _free_port() -> int:

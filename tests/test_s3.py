@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import http.server
 import random
-import socket
-import subprocess
-import sys
 import threading
-import time
 from urllib.parse import parse_qs, unquote
 
 import pytest
@@ -20,6 +16,7 @@ import trio
 from refmount.errors import FetchError, RemoteChanged
 from refmount.fetch import Fetcher, RetryPolicy
 from refmount.fetch.s3 import engine_config
+from tests.support.moto import moto_server
 
 KEY, SECRET, TOKEN = "AKIATESTTESTTEST0000", "test/secret/0000", "session-token-0000"
 AWKWARD_KEYS = ["plain.bin", "with space/a b.bin", "unicodé/ß€.bin", "pct%20literal.bin", "plus+sign.bin",
@@ -28,22 +25,8 @@ AWKWARD_KEYS = ["plain.bin", "with space/a b.bin", "unicodé/ß€.bin", "pct%20
 
 @pytest.fixture(scope="module")
 def moto():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(200):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 def with_fetcher(options: dict, body, client: str = "stdlib", **policy):
