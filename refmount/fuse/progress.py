@@ -1,4 +1,4 @@
-"""A progress line on stderr for loads that take more than a second (terminals only)."""
+"""Progress lines on stderr for loads that take more than a second (terminals only)."""
 
 from __future__ import annotations
 
@@ -6,51 +6,50 @@ import sys
 import time
 
 
-class LoadProgress:
+class _ProgressLine:
+    """One line, rewritten at most 5 times a second once `delay` seconds have passed."""
+
     def __init__(self, delay: float = 1.0) -> None:
         self._start = time.monotonic()
         self._delay = delay
         self._last = 0.0
         self._shown = False
+
+    def _due(self, final: bool = False) -> float | None:
+        """Seconds since the start, if the line is to be shown now; else None."""
+        now = time.monotonic()
+        if now - self._start < self._delay or (now - self._last < 0.2 and not final):
+            return None
+        self._last = now
+        return now - self._start
+
+    def _show(self, text: str) -> None:
+        sys.stderr.write(f"\rrefmount: {text}")
+        sys.stderr.flush()
+        self._shown = True
+
+    def close(self) -> None:
+        if self._shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+class LoadProgress(_ProgressLine):
+    """Bytes of the reference file read, and how fast."""
 
     def __call__(self, bytes_read: int) -> None:
-        now = time.monotonic()
-        if now - self._start < self._delay or now - self._last < 0.2:
-            return
-        self._last = now
-        rate = bytes_read / (now - self._start) / 1e6
-        sys.stderr.write(f"\rrefmount: loading references: {bytes_read / 1e6:,.0f} MB read ({rate:,.0f} MB/s)")
-        sys.stderr.flush()
-        self._shown = True
-
-    def close(self) -> None:
-        if self._shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        elapsed = self._due()
+        if elapsed is not None:
+            self._show(f"loading references: {bytes_read / 1e6:,.0f} MB read ({bytes_read / elapsed / 1e6:,.0f} MB/s)")
 
 
-class ScanProgress:
-    """Files scanned of all, files/s and the time left, on one line (a terminal only; after 1 s)."""
-
-    def __init__(self, delay: float = 1.0) -> None:
-        self._start = time.monotonic()
-        self._delay = delay
-        self._last = 0.0
-        self._shown = False
+class ScanProgress(_ProgressLine):
+    """Files scanned of all, files/s and the time left."""
 
     def __call__(self, done: int, total: int) -> None:
-        now = time.monotonic()
-        if now - self._start < self._delay or (now - self._last < 0.2 and done < total):
+        elapsed = self._due(final=done >= total)
+        if elapsed is None:
             return
-        self._last = now
-        rate = done / (now - self._start)
+        rate = done / elapsed
         left = (total - done) / rate if rate > 0 else 0
-        sys.stderr.write(f"\rrefmount: scanning files: {done:,}/{total:,} ({rate:,.1f} files/s, "
-                         f"{left:,.0f} s left)  ")
-        sys.stderr.flush()
-        self._shown = True
-
-    def close(self) -> None:
-        if self._shown:
-            sys.stderr.write("\n")
-            sys.stderr.flush()
+        self._show(f"scanning files: {done:,}/{total:,} ({rate:,.1f} files/s, {left:,.0f} s left)  ")
