@@ -226,8 +226,8 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--connections", type=positive_int, default=32, metavar="N",
                    help="most parallel connections per host, opened (--http-client stdlib) when the mount first "
                         "meets the host, so that parallel reads skip the handshake; read-ahead "
-                        "adapts below it (scans use a few; the chunks a sparse read predicts, one request each, "
-                        "use many), and one remote object gets all but one of them (default: 32)")
+                        "adapts below it (a scan's parts: at most 8; the chunks a sparse read predicts, one request "
+                        "each: up to N), and one remote object gets all but one of them (default: 32)")
     g.add_argument("--max-full-download", type=parse_size, default=None, metavar="SIZE",
                    help="a server that ignores Range sends every object from its first byte: reads of an object "
                         "share one pass over it (which keeps the blocks the reference set refers to as it goes), "

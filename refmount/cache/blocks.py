@@ -173,7 +173,7 @@ class BlockCache:
         ticket = None
         try:
             if self.pacer is not None:
-                ticket = await self.pacer.acquire(source)
+                ticket = await self.pacer.acquire(source, exact=True)
             await self.budget.start_fetch(end - start)
             flight.reserved = end - start
             self._evict()

@@ -5,7 +5,10 @@ of 1 Gbit/s at 80 ms) and needlessly many on loopback. Per host we measure the t
 requests are in flight (the best recent figure) and the latency (the quickest recent small
 request), and allow enough parts in flight to hold three times the bandwidth-delay product, plus
 two so that a faster link can show itself, and at least one per sequential reader plus one; never
-more than `max_parallel` (--connections), which is also where an unmeasured host starts. Readers'
+more than `stream_parallel` (8, or --connections if fewer), which is also where an unmeasured host
+starts. The chunk-grid read-ahead's exact ranges (small, one round trip each) have slots of their own,
+up to `max_parallel` (--connections): a sparse walk at 80 ms needs about 20 in flight, where scans
+lost a tenth of the link with that many big parts at once (bench/NOTES.md, issue 33). Readers'
 own requests are never held back here: only read-ahead waits, and its slots are granted in the
 order asked for. The measured product also sizes a new stream's window (view.ReadStreams).
 
@@ -22,11 +25,12 @@ _INTERVAL = 0.25  # seconds over which throughput is measured
 
 
 class _Host:
-    __slots__ = ("limiter", "active", "busy_since", "busy", "bytes", "rate", "latency", "part", "wanted")
+    __slots__ = ("limiter", "exact", "active", "busy_since", "busy", "bytes", "rate", "latency", "part", "wanted")
 
-    def __init__(self, tokens: int) -> None:
+    def __init__(self, tokens: int, exact_tokens: int) -> None:
         self.wanted = tokens  # parts in flight that fill the link, by the last measurement
-        self.limiter = trio.CapacityLimiter(tokens)
+        self.limiter = trio.CapacityLimiter(tokens)  # byte-stream read-ahead parts
+        self.exact = trio.CapacityLimiter(exact_tokens)  # the chunk-grid read-ahead's exact ranges
         self.active = 0
         self.busy_since = 0.0
         self.busy = 0.0  # seconds with a request in flight in the current interval
@@ -37,20 +41,23 @@ class _Host:
 
 
 class _Ticket:
-    __slots__ = ("began", "nbytes", "host")
+    __slots__ = ("began", "nbytes", "host", "limiter")
 
-    def __init__(self, began: float, host: _Host | None = None) -> None:
+    def __init__(self, began: float, host: _Host | None = None, limiter=None) -> None:
         self.began = began
         self.nbytes = 0
         self.host = host
+        self.limiter = limiter
 
 
 class HostPacer:
-    def __init__(self, host_of, max_parallel: int, block_size: int, start: int = 8) -> None:
+    def __init__(self, host_of, max_parallel: int, block_size: int, start: int = 8,
+                 stream_parallel: int = 8) -> None:
         self._host_of = host_of  # source -> host name
         self.max_parallel = max(1, max_parallel)
+        self.stream_parallel = min(self.max_parallel, max(1, stream_parallel))
         self.block_size = block_size
-        self.start = min(start, self.max_parallel)
+        self.start = min(start, self.stream_parallel)
         self.readers = 1
         self._hosts: dict[str, _Host] = {}
 
@@ -58,7 +65,7 @@ class HostPacer:
         name = self._host_of(source)
         host = self._hosts.get(name)
         if host is None:
-            host = self._hosts[name] = _Host(self.start)
+            host = self._hosts[name] = _Host(self.start, self.max_parallel)
             self._apply(host)
         return host
 
@@ -74,20 +81,20 @@ class HostPacer:
             finally:
                 self._ended(host, ticket.began, ticket.nbytes)
 
-    async def acquire(self, source) -> _Ticket:
+    async def acquire(self, source, exact: bool = False) -> _Ticket:
         """One of the host's read-ahead slots, for a request another task will make: slots are
         granted in the order asked for (FIFO), so a part nearer the reader is never overtaken by
-        one further ahead. The caller sets `.nbytes` and hands the ticket to `release`."""
+        one further ahead. `exact`: a slot for the chunk-grid read-ahead's exact ranges. The caller
+        sets `.nbytes` and hands the ticket to `release`."""
         host = self._host(source)
-        ticket = _Ticket(0.0, host)
-        await host.limiter.acquire_on_behalf_of(ticket)
+        ticket = _Ticket(0.0, host, host.exact if exact else host.limiter)
+        await ticket.limiter.acquire_on_behalf_of(ticket)
         ticket.began = self._began(host)
         return ticket
 
     def release(self, ticket: _Ticket) -> None:
-        host = ticket.host
-        host.limiter.release_on_behalf_of(ticket)
-        self._ended(host, ticket.began, ticket.nbytes)
+        ticket.limiter.release_on_behalf_of(ticket)
+        self._ended(ticket.host, ticket.began, ticket.nbytes)
 
     def parallel(self, source) -> int:
         """Read-ahead requests the host of `source` may have in flight now."""
@@ -150,7 +157,7 @@ class HostPacer:
         self._apply(host)
 
     def _apply(self, host: _Host) -> None:
-        host.limiter.total_tokens = max(1, min(self.max_parallel, max(host.wanted, self.readers + 1)))
+        host.limiter.total_tokens = max(1, min(self.stream_parallel, max(host.wanted, self.readers + 1)))
 
     def statistics(self) -> dict:
         return {name: {"parallel": h.limiter.total_tokens, "in_flight": h.active,
