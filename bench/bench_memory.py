@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_memory.py [--mode random|sequential|both] [--seconds 120]
         [--processes 4] [--threads 8] [--memory-target SIZE | --cache-size 64M --decoded-cache-size 32M]
-        [--refmount-options '...'] [--env NAME=VALUE ...] [--data-dir DIR] [--runs 1]
+        [--refmount-options '...'] [--env NAME=VALUE ...] [--data-dir DIR] [--runs 1] [--code TREE]
 
 Builds (once, in --data-dir; 0.6 GB) a Zarr v2 dataset of three compressed arrays behind one data
 file, as kerchunk references: `t` float32, 1 MiB chunks, shuffle + zlib; `u` int16, 2 MiB chunks,
@@ -217,7 +217,8 @@ def run_once(args, mode: str, layout: dict, data_dir: Path, tmp: Path, url: str)
     cmd = [sys.executable, *launcher, "mount", "--foreground", *memory_options(args), *args.refmount_options.split(),
            str(tmp / "refs.json"), str(mnt)]
     env = {**os.environ, **dict(e.split("=", 1) for e in args.env)}
-    daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    code = Path(args.code) if args.code else ROOT  # `-m refmount` imports the package from the cwd first
+    daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=code, env=env)
     processes, threads = args.processes, args.threads
     if mode == "sequential" and not args.processes_given:
         processes, threads = 8, 8
@@ -287,6 +288,10 @@ def report(args, result: dict) -> None:
     print(f"  daemon CPU      {result['cpu_s'] / gb:.1f} CPU-s per GB read, {result['minor_faults'] / gb:,.0f} "
           f"minor page faults per GB read")
     print(f"  fetched         {s['fetch']['bytes'] / 1e6:,.0f} MB in {s['fetch']['requests']:,} requests")
+    if "served" in s:  # (issue 33: amplification = bytes fetched / bytes of remote objects served)
+        served = s["served"]
+        print(f"  served          {served['bytes'] / 1e6:,.0f} MB of remote objects, amplification "
+              f"{served['amplification']:.3f}x")
     m = s["memory"]
     if "target" in m:
         print(f"  memory target   {m['target'] / MiB:,.0f} MiB (the daemon itself {m['runtime'] / MiB:,.0f} MiB at "
@@ -313,6 +318,7 @@ def main() -> int:
     p.add_argument("--refmount-options", default="")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="set in the daemon's environment, e.g. MALLOC_ARENA_MAX=2 (repeatable)")
+    p.add_argument("--code", help="run the daemon from this checkout (default: this one), e.g. main's")
     p.add_argument("--launcher", help="a script to run instead of `-m refmount` (diagnostic wrappers)")
     p.add_argument("--data-dir", help="keep the dataset here between runs (default: a temporary directory)")
     p.add_argument("--runs", type=int, default=1, help="runs per mode")

@@ -1,7 +1,7 @@
 """Soak: many readers for minutes through a faulty loopback server, every byte verified (issue 16).
 
     .venv/bin/python bench/bench_soak.py [--quick] [--minutes 10] [--readers 32] [--faults 0.005]
-        [--cache-size 64M] [--refmount-options '...']
+        [--cache-size 64M] [--refmount-options '...'] [--code TREE]
 
 Serves a seeded random file (256 MiB) from tests.support.rangeserver on
 127.0.0.1 with a fault rate (503, 429, resets, stalls, truncated bodies, wrong Content-Range),
@@ -66,6 +66,7 @@ def main() -> int:
     p.add_argument("--faults", type=float, default=0.005, help="fault rate per GET (default 0.5%%)")
     p.add_argument("--cache-size", default="64M")
     p.add_argument("--refmount-options", default="")
+    p.add_argument("--code", help="run the daemon from this checkout (default: this one), e.g. main's")
     p.add_argument("--pattern", choices=("chunks", "slices"), default="chunks",
                    help="chunks (default): each read is a whole key, as zarr and netCDF-C read chunks; "
                         "slices: a random slice of a key (an adversarial pattern for any block cache)")
@@ -91,7 +92,8 @@ def main() -> int:
             log = open(tmp / "mount.log", "wb")
             cmd = [sys.executable, "-m", "refmount", "mount", "--foreground", "--view", "raw",
                    "--cache-size", args.cache_size, *args.refmount_options.split(), str(tmp / "refs.json"), str(mnt)]
-            daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                      cwd=args.code or ROOT)  # `-m refmount` imports from the cwd first
             try:
                 deadline = time.monotonic() + 60
                 while not os.path.ismount(mnt):

@@ -353,7 +353,8 @@ def note_requests(m) -> None:
     stats = m.stats()
     fetch = stats["fetch"]
     log(f"  refmount: {fetch['requests']} requests, {fetch['bytes'] / max(fetch['requests'], 1) / 2**20:.1f} MiB "
-        f"mean, latency {fetch.get('latency')}, hosts {stats.get('hosts')}, memory {stats.get('memory')}")
+        f"mean, latency {fetch.get('latency')}, hosts {stats.get('hosts')}, memory {stats.get('memory')}, "
+        f"read-ahead {stats.get('readahead')}, grid {stats.get('grid_readahead')}")
 
 
 # -- contenders: each returns {"mbps", "cpu_s_per_gb"} ------------------------------------------------
