@@ -53,5 +53,15 @@ fi
 step "$refmount" list
 step "$refmount" stats "$mnt"
 step "$refmount" umount "$mnt"
+
+# The netCDF-4 file itself, from the same server, with no reference set: scanned at mount.
+step "$refmount" mount "http://127.0.0.1:$port/air-zlib.nc" "$mnt"
+if diff <(data_of "file://$mnt#mode=nczarr,file") <(data_of "$here/air-zlib.nc") >/dev/null; then
+  echo "the file mounted directly: all $(( 124 * 11 * 21 )) values of air equal ncdump of the file"
+else
+  echo "MISMATCH between the directly mounted file and the file" >&2
+  exit 1
+fi
+step "$refmount" umount "$mnt"
 echo
-echo "example finished: mounted, listed, read with ncdump and unmounted"
+echo "example finished: mounted (references, then the file itself), listed, read with ncdump and unmounted"
