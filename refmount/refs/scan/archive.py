@@ -458,10 +458,10 @@ class LazyArchive:
         return cls(location, entries, options, **limits)
 
     def scanner_workers(self) -> int:
-        """Scanners the mount keeps room for in its memory plan (they run while it serves)."""
-        from refmount.refs.scan.pool import default_workers
-
-        return max(1, min(self.options.workers or default_workers(), len(self.entries), 4))
+        """Scanners the mount keeps room for in its memory plan (they may run while it serves): fewer than
+        at a mount that scans everything (files are looked up one or a few at a time), fewer still under a
+        small --memory-target."""
+        return min(scanner_count(self.options, len(self.entries)), 4)
 
     def global_url_id(self, url: str) -> int:
         k = self.url_ids.get(url)
