@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import time
+import types
 
 import trio
 
@@ -46,7 +47,7 @@ class DatasetRoot:
         self._pending: dict[int, trio.Event] = {}
         self._refused: dict[int, RefmountError] = {}  # files that cannot be scanned (for the mount's life)
         self._errors: dict[int, Exception] = {}  # the last attempt's error, for its waiters
-        self.view = type("LazyView", (), {"name": view_name})()
+        self.view = types.SimpleNamespace(name=view_name)  # (the daemon and root xattrs ask its name)
         self.attr_timeout = attr_timeout
         self.uid = os.getuid()
         self.gid = os.getgid()
