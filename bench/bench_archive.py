@@ -10,6 +10,8 @@ Measured, in one run:
 
 - refmount cold: `refmount mount --concat time URL/*.nc MNT` (empty scan store) + `ncdump -h`, wall time;
 - refmount warm: the same again (the scan store only revalidated: one HEAD per file);
+- with --lazy, also without --concat, cold and warm: the mount (the files listed, none read) and
+  `ncdump -h` of one file (that file scanned, or revalidated, at its first lookup);
 - kerchunk x1 / x8: SingleHdf5ToZarr over fsspec's HTTP filesystem for every file, 1 or 8 threads
   (scanning only: kerchunk's combine over HTTP fails with fsspec 2026.9, see NOTES.md §6);
 - the daemon's peak RSS (VmHWM) and its scanners' (each), against the memory target.
@@ -58,14 +60,16 @@ def daemon_pid(mountpoint: Path) -> int | None:
     return stats.get("pid")
 
 
-def mount_and_dump(url: str, mnt: Path, env: dict) -> tuple[float, float, str]:
-    """(seconds to mount, seconds to mount + ncdump -h, the daemon's VmHWM line)."""
+def mount_and_dump(url: str, mnt: Path, env: dict, lazy: bool = False) -> tuple[float, float, str]:
+    """(seconds to mount, seconds to mount + ncdump -h, the daemon's VmHWM line). `lazy`: mounted
+    without --concat (each file scanned at its first lookup), and ncdump -h of the first file only."""
     t0 = time.monotonic()
-    done = refmount("mount", "--concat", "time", url, str(mnt), env=env)
+    done = refmount("mount", *(() if lazy else ("--concat", "time")), url, str(mnt), env=env)
     mounted = time.monotonic() - t0
     if done.returncode != 0:
         raise RuntimeError(f"mount failed: {done.stderr.strip()}")
-    header = subprocess.run(["ncdump", "-h", f"file://{mnt}#mode=zarr,file"], capture_output=True, text=True)
+    dataset = mnt / sorted(os.listdir(mnt))[0] if lazy else mnt
+    header = subprocess.run(["ncdump", "-h", f"file://{dataset}#mode=zarr,file"], capture_output=True, text=True)
     total = time.monotonic() - t0
     if header.returncode != 0 or "tas(time, lat, lon)" not in header.stdout:
         raise RuntimeError(f"ncdump -h failed: {header.stderr.strip()} {header.stdout[:300]}")
@@ -107,6 +111,9 @@ def main() -> int:
     parser.add_argument("--link", choices=("nfqueue", "none"), default="nfqueue")
     parser.add_argument("--grid", default="181x360")
     parser.add_argument("--no-kerchunk", action="store_true", help="skip the kerchunk contenders")
+    parser.add_argument("--lazy", action="store_true",
+                        help="also mount without --concat (lazy: each file scanned at its first lookup), cold "
+                             "and warm, and ncdump -h one file")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that everything made is removed
     nlat, nlon = map(int, args.grid.split("x"))
@@ -154,6 +161,12 @@ def main() -> int:
         log(f"cold daemon {hwm}")
         rows["refmount warm (mount)"], rows["refmount warm (mount + ncdump -h)"], hwm = mount_and_dump(url, mnt, env)
         log(f"warm daemon {hwm}")
+        if args.lazy:
+            env["XDG_CACHE_HOME"] = str(run / "xdg-lazy")  # (cold again: an empty scan store)
+            for state in ("cold", "warm"):
+                rows[f"lazy {state} (mount)"], rows[f"lazy {state} (mount + ncdump -h one)"], hwm = \
+                    mount_and_dump(url, mnt, env, lazy=True)
+                log(f"lazy {state} daemon {hwm}")
         if not args.no_kerchunk:
             for threads in (1, 8):
                 rows[f"kerchunk + fsspec scan, {threads} thread(s)"] = kerchunk_scan(urls, threads)

@@ -6,6 +6,7 @@ fsspec's ReferenceFileSystem on kerchunk's own references."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_refmount
-from tests.support.clients import ncdump, nczarr_url
+from tests.support.clients import NCDUMP, ncdump, nczarr_url
 from tests.support.daily import make_daily
 from tests.support.moto import moto_server
 
@@ -45,6 +46,12 @@ def daily(tmp_path_factory) -> Path:
 def listed(path) -> list[str]:
     """The datasets at a mount's root (not the root group's own .zgroup and .zmetadata)."""
     return sorted(name for name in os.listdir(path) if not name.startswith("."))
+
+
+def scan_all(path) -> None:
+    """Look every dataset of a lazily mounted glob up (each is scanned then)."""
+    for name in listed(path):
+        os.listdir(path / name)
 
 
 def header_lines(cdl: str) -> set[str]:
@@ -166,7 +173,7 @@ def test_cog_levels_read_like_gdal(mount, scans, tmp_path):
 
 # -- globs, directories, lists --------------------------------------------------------------------------
 
-def test_local_glob_gives_one_directory_per_file_and_leaves_out_what_is_no_data(mount, scans, daily, tmp_path):
+def test_local_glob_gives_one_directory_per_file_and_what_is_no_data_is_eio(mount, scans, daily, tmp_path):
     import xarray as xr
 
     root = tmp_path / "archive"
@@ -174,8 +181,12 @@ def test_local_glob_gives_one_directory_per_file_and_leaves_out_what_is_no_data(
     (root / "notes.nc").write_text("not a netCDF file\n")
     files = sorted(p.name for p in root.glob("tas_*.nc"))
     m = mount(f"{root}/*.nc")
-    assert listed(m.path) == files
-    assert "notes.nc: is not a netCDF, HDF5, GRIB or TIFF file" in m.log()
+    assert listed(m.path) == sorted(files + ["notes.nc"])  # (listed, not scanned: the mount is lazy)
+    for _ in range(2):
+        with pytest.raises(OSError) as failed:
+            os.listdir(m.path / "notes.nc")
+        assert failed.value.errno == errno.EIO
+    assert m.log().count("notes.nc: is not a netCDF, HDF5, GRIB or TIFF file") == 1, m.log()
     for name in files:
         with xr.open_dataset(nczarr_url(m.path / name), engine="netcdf4") as got, xr.open_dataset(root / name) as want:
             xr.testing.assert_identical(got.load(), want.load())
@@ -216,12 +227,14 @@ def test_scan_store_second_mount_reads_no_header_and_rescans_a_changed_file(moun
         first = mount(url)
         names = listed(first.path)
         assert names == sorted(p.name for p in daily.glob("*.nc"))
+        scan_all(first.path)
         first.stop()
         gets = [line for line in nginx.access_log() if '"GET /data/tas_' in line]
         assert gets, "the first mount read headers"
         before = len(nginx.access_log())
         second = mount(url)
         assert listed(second.path) == names
+        scan_all(second.path)
         again = nginx.access_log()[before:]
         assert not [line for line in again if '"GET /data/tas_' in line], again  # HEADs only
         assert [line for line in again if '"HEAD /data/tas_' in line]
@@ -234,10 +247,53 @@ def test_scan_store_second_mount_reads_no_header_and_rescans_a_changed_file(moun
         before = len(nginx.access_log())
         third = mount(url)
         assert listed(third.path) == names[:-1]
+        scan_all(third.path)
         again = nginx.access_log()[before:]
         assert [line for line in again if f'"GET /data/{names[0]}' in line]
         assert not [line for line in again if f'"GET /data/{names[1]}' in line]
         assert f"file '{names[-1]}' is gone since the last mount" in third.log()
+
+
+def test_glob_mount_is_lazy_each_file_scanned_at_its_first_lookup(mount, scans, daily, tmp_path):
+    """The mount lists the files and reads none; a file is read (scanned) when its directory is first
+    looked up, once for requests at the same time; a broken file's directory is EIO with one log line
+    while the others read."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support.nginx import Nginx
+
+    www = tmp_path / "www"
+    shutil.copytree(daily, www / "data")
+    (www / "data" / "tas_broken.nc").write_bytes((daily / "tas_20200101.nc").read_bytes()[:3000])
+    names = sorted(p.name for p in (www / "data").glob("*.nc"))
+    block = f"root {www}; location /data/ {{ autoindex on; }}"
+    with Nginx(tmp_path / "nginx", block) as nginx:
+        def data_requests(name: str = "tas_") -> list[str]:
+            return [line for line in nginx.access_log() if f" /data/{name}" in line]
+
+        m = mount(f"{nginx.url}/data/tas_*.nc")
+        assert sorted(os.listdir(m.path)) == names
+        assert data_requests() == [], "no data file is read before its directory is looked up"
+        first, second = names[0], names[1]
+        with ThreadPoolExecutor(4) as pool:  # concurrent lookups of one directory: one scan
+            listings = list(pool.map(lambda _: sorted(os.listdir(m.path / first)), range(4)))
+        assert all(listing == listings[0] for listing in listings) and "tas" in listings[0]
+        assert m.log().count(f"scanned {nginx.url}/data/{first}") == 1, m.log()
+        assert data_requests(first) and not [line for line in data_requests() if first not in line]
+        def header(target) -> set[str]:  # (Zarr has no unlimited dimension: one of 24 is shown as fixed)
+            cdl = subprocess.run([*NCDUMP, "-h", str(target)], capture_output=True, text=True, timeout=60,
+                                 check=True).stdout
+            return header_lines(re.sub(r"UNLIMITED ; // \((\d+) currently\)", r"\1 ;", cdl))
+
+
+        assert header(nczarr_url(m.path / second)) == header(www / "data" / second)
+        assert not data_requests(names[2])  # (nor the third)
+        for _ in range(2):
+            with pytest.raises(OSError) as failed:
+                os.listdir(m.path / "tas_broken.nc")
+            assert failed.value.errno == errno.EIO
+        assert m.log().count("tas_broken.nc: netCDF-4/HDF5 file that cannot be scanned") == 1, m.log()
+        assert "tas" in os.listdir(m.path / names[2])  # the others still read
 
 
 def test_http_listing_follows_only_links_under_the_path():
@@ -272,7 +328,9 @@ def test_s3_glob_through_moto(mount, scans, daily, moto):
     with xr.open_zarr(m.path / names[1], consolidated=False) as got, xr.open_dataset(daily / names[1]) as want:
         xr.testing.assert_equal(got.load(), want.load())
     prefix = mount("s3://archive/daily/", "--remote-options", json.dumps(options))
-    assert listed(prefix.path) == names
+    assert listed(prefix.path) == sorted(names + ["readme.txt"])
+    with pytest.raises(OSError):
+        os.listdir(prefix.path / "readme.txt")
     assert "readme.txt: is not a netCDF" in prefix.log()
 
 

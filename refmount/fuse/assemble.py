@@ -48,7 +48,7 @@ def check_targets(refset, opts) -> None:
 
     for url in refset.urls:
         check(url)
-    if getattr(refset, "lazy", False):
+    if getattr(refset, "lazy", False) or getattr(refset, "scanned", None) == "lazy":  # (a lazily mounted glob)
         refset.url_check = check
 
 
@@ -110,8 +110,9 @@ def disk_backed(fetch, fetcher, urls, opts):
     return DiskBackedFetch(disk, fetch, identify), disk
 
 
-def archive_options(opts, progress=None):
-    """How data files and archives of them are scanned (refmount.refs.scan), from the mount's options."""
+def archive_options(opts, progress=None, lazy=False):
+    """How data files and archives of them are scanned (refmount.refs.scan), from the mount's options.
+    `lazy`: a glob without --concat is only listed (a mount scans each file when it is looked up)."""
     from refmount.refs.scan.archive import ArchiveOptions
     from refmount.view.bounded import decode_bounded
 
@@ -121,12 +122,13 @@ def archive_options(opts, progress=None):
                           stall_timeout=opts.stall_timeout, http_client=opts.http_client,
                           allow_cross_host_redirects=opts.allow_cross_host_redirects, progress=progress,
                           remote_options=opts.remote_options, memory_target=opts.memory_target,
-                          max_full_download=opts.max_full_download)
+                          max_full_download=opts.max_full_download, lazy=lazy)
 
 
-def load_reference_set(opts):
+def load_reference_set(opts, lazy=False):
     """The reference set of `opts.refs`, loaded within the options' limits and checked against the
-    protocol policy (a mount and --dry-run alike)."""
+    protocol policy (a mount and --dry-run alike). `lazy` (a mount): a glob of data files without
+    --concat comes back only listed, a `refs.scan.archive.LazyArchive`."""
     set_ca_bundle(opts.ca_bundle)  # the reference file may be on https
     install_logins(opts)  # ... behind a login
     progress = load_progress()
@@ -140,7 +142,7 @@ def load_reference_set(opts):
                            max_refs_size=opts.max_refs_size, max_value_size=opts.max_value_size,
                            load_timeout=opts.load_timeout, progress=progress,
                            version=version_from_options(opts), containers=opts.containers,
-                           data_url=opts.data_url, archive=archive_options(opts, scan_progress))
+                           data_url=opts.data_url, archive=archive_options(opts, scan_progress, lazy))
     finally:
         if progress:
             progress.close()
@@ -172,7 +174,7 @@ def install_logins(opts) -> None:
 def build_filesystem(opts):
     from refmount.fetch.auth import active
 
-    refset = load_reference_set(opts)
+    refset = load_reference_set(opts, lazy=True)
     policy = RetryPolicy(read_timeout=opts.read_timeout, stall_timeout=opts.stall_timeout)
     fetcher = Fetcher(policy=policy, remote_options=opts.remote_options, connections_per_host=opts.connections,
                       allow_cross_host_redirects=opts.allow_cross_host_redirects, verify_remote=opts.verify_remote,
@@ -207,6 +209,8 @@ def build_filesystem(opts):
     # refers to (fetch/http.py, cache/passing.py), never further into it than --max-full-download
     passing = fetcher.passing = PassingBlocks(cache, refset, WHOLE_FILE, disk_fetch)
     fetcher.max_full_download = opts.max_full_download or (max(1 << 30, opts.disk_cache_size) if disk else 1 << 30)
+    if getattr(refset, "scanned", None) == "lazy":
+        return lazy_filesystem(opts, refset, fetcher, cache, budget, pacer, pool, passing, disk), fetcher
     view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
     readers = None  # who reads which metadata form (the decoded view's)
     scratch = None
@@ -265,13 +269,14 @@ def host_statistics(pacer, fetcher) -> dict:
     return {host: {**paced.get(host, {}), **fetched.get(host, {})} for host in sorted(paced.keys() | fetched.keys())}
 
 
-def plan_caches(opts, urls, budget, cache, view, scratch, pool) -> MemoryGovernor:
+def plan_caches(opts, urls, budget, cache, view, scratch, pool, beside: int = 0) -> MemoryGovernor:
     """Size the caches from the memory target now that the daemon holds everything it needs to
-    serve (the reference set's tables, the views' plans), measured (cache/target.py)."""
+    serve (the reference set's tables, the views' plans), measured (cache/target.py). `beside`: what
+    else runs against the target (a lazy mount's scanners)."""
     give_back_freed_memory()  # what loading left behind is no part of the daemon's own size
     decoded = scratch is not None
     plan = plan_memory(opts.memory_target, opts.cache_size, opts.decoded_cache_size if decoded else None, decoded,
-                       resident_bytes() + later_imports(urls))
+                       resident_bytes() + later_imports(urls) + beside)
     cache.resize(plan.blocks)
     caches = [(plan.blocks, cache.resize)]
     if decoded:
@@ -281,3 +286,90 @@ def plan_caches(opts, urls, budget, cache, view, scratch, pool) -> MemoryGoverno
     pool.keep_free = plan.reserve // 4  # free slots kept for reuse count against the reserve
     log.info("%s", plan.describe())
     return MemoryGovernor(plan, budget, caches, pool)
+
+
+def lazy_filesystem(opts, archive, fetcher, cache, budget, pacer, pool, passing, disk):
+    """A glob's mount that scans each file when its directory is first looked up (fuse/datasets.py):
+    every file's dataset is a Filesystem of its own, with views over the mount's one fetcher, block
+    cache and read-ahead; the files' url ids are the mount's (`archive.urls`: file k's is k)."""
+    from refmount.fuse.datasets import DatasetRoot
+    from refmount.refs.scan.archive import SCANNER_RSS, ArchiveScanner
+    from refmount.view.raw import ReadStreams
+
+    decoded = opts.view == "decoded"
+    streams = ReadStreams(cache)
+    scratch = ScratchLimiter(0, os.cpu_count() or 2) if decoded else None
+    readers = None
+    shared = None
+    if decoded:
+        from refmount.view.decoded import shared_decoded_cache
+
+        shared = shared_decoded_cache(0, pool)
+        if opts.form is None:
+            from refmount.fuse.readers import ReaderIdentifier
+
+            readers = ReaderIdentifier(fallback=opts.fallback_form)
+    views: list = []  # (raw, view) of each file scanned
+
+    def view_of(refset):
+        view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None,
+                             streams=streams)
+        if decoded:
+            from refmount.view.decoded import DecodedView
+
+            view = raw = v2_view(raw)
+            view = DecodedView(raw, cache_size=0, chars=opts.chars, form=opts.form, scratch=scratch, pool=pool,
+                               decoded=shared)
+        else:
+            view = with_consolidated_metadata(view)
+        return raw, view
+
+    index = {url: k for k, url in enumerate(archive.urls)}
+
+    async def read(url: str, start: int, end: int):
+        return await cache.read(index[url], start, end)
+
+    workers = archive.scanner_workers()
+    scanner = ArchiveScanner(archive, fetcher, read, workers)
+
+    async def open_dataset(k: int) -> Filesystem:
+        refset = await scanner.refset(k)
+        raw, view = view_of(refset)
+        views.append((raw, view))
+        return Filesystem(view.refset, view, readers=readers)
+
+    class SharedDecoded:  # what plan_caches resizes: the one cache of decoded chunks
+        @staticmethod
+        def resize_decoded(capacity: int) -> None:
+            shared.resize(capacity)
+
+    governor = plan_caches(opts, archive.urls, budget, cache, SharedDecoded, scratch, pool,
+                           beside=workers * SCANNER_RSS)
+
+    def stats() -> dict:
+        served_bytes = sum(raw.bytes_served for raw, _ in views)
+        out = {"mountpoint": opts.mountpoint, "fetch": fetcher.stats.as_dict(), "cache": cache.statistics(),
+               "view": opts.view, "keys": sum(len(view.refset) for _, view in views),
+               "memory": {**governor.statistics(), **budget.statistics(), **pool.statistics(),
+                          "malloc": malloc_statistics()},
+               "hosts": host_statistics(pacer, fetcher), "passes": passing.statistics(),
+               "logins": fetcher.logins.statistics(), "readahead": streams.statistics(),
+               "served": {"bytes": served_bytes, "reads": sum(raw.reads_served for raw, _ in views),
+                          "amplification": round(fetcher.stats.bytes / max(served_bytes, 1), 3),
+                          "reader_bytes": fs.bytes_read, "reader_reads": fs.reads},
+               "scan": scanner.statistics()}
+        if decoded:
+            out["decoded"] = {"decodes": shared.computed, "decoded_cached": len(shared),
+                              "decoded_bytes": shared.weight, "decoded_capacity": shared.capacity,
+                              **scratch.statistics()}
+        if readers is not None:
+            out["forms_served"] = readers.statistics()
+        if disk is not None:
+            out["disk"] = disk.statistics()
+        return out
+
+    fs = DatasetRoot(archive.names, open_dataset, view_name=opts.view, stats=stats)
+    fs.refset = archive  # (the daemon warms up and checks its urls)
+    fs.governor = governor
+    fs.scanner = scanner
+    return fs

@@ -472,6 +472,8 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
                 nursery.start_soon(_unmount_when_gone, opts.owner_pid)
             await pyfuse3.main(min_tasks=4, max_tasks=256)
             nursery.cancel_scope.cancel()
+        if hasattr(fs, "scanner"):  # a lazily mounted glob's scanners
+            fs.scanner.close()
         await fetcher.aclose()
 
     try:

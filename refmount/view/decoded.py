@@ -77,13 +77,20 @@ class DecodeError(RefmountError):
     """A chunk could not be decoded into exactly its expected bytes."""
 
 
+def shared_decoded_cache(capacity: int, pool=None) -> SingleFlightLRU:
+    """A cache of decoded chunks (in the buffer pool's slots, if there is one)."""
+    return SingleFlightLRU(capacity, weigh=pool.footprint if pool else _nbytes, on_evict=pool.release if pool else None)
+
+
 class DecodedView:
     name = "decoded"
 
     def __init__(self, raw, cache_size: int = 256 << 20, chars: str | None = None, form: str | None = None,
-                 scratch=None, pool=None) -> None:
+                 scratch=None, pool=None, decoded=None) -> None:
         """`form`: serve every reader this form (refmount.view.forms); None: each reader its own.
-        `chars`: the characters' form in every form (an override; None: each form's own)."""
+        `chars`: the characters' form in every form (an override; None: each form's own).
+        `decoded`: a cache of decoded chunks shared with other views (`shared_decoded_cache`), else one
+        of `cache_size` of this view's own."""
         self.raw = raw
         self.refset = raw.refset
         chosen = FORMS.values() if form is None else [FORMS[form]]
@@ -101,8 +108,8 @@ class DecodedView:
         self._chunks: dict[int, ArrayInfo] = {}  # array dir id -> info, for arrays whose chunks change
         # key index -> decoded chunk (in a slot of the buffer pool, if there is one)
         self._pool = pool
-        self._decoded = SingleFlightLRU(cache_size, weigh=pool.footprint if pool else _nbytes,
-                                        on_evict=pool.release if pool else None)
+        self._decoded = decoded if decoded is not None else shared_decoded_cache(cache_size, pool)
+        self._tag = None if decoded is None else object()  # a shared cache's keys: (this view, key index)
         # decodes run in worker threads, as many at once as their scratch space allows
         self._scratch = scratch or ScratchLimiter(DEFAULT_SCRATCH, os.cpu_count() or 2)
         self._codecs: dict[int, list] = {}
@@ -411,7 +418,7 @@ class DecodedView:
             # (a view of the cached bytes, not a copy: the buffer pool reuses no slot still viewed)
             return await self._decode_in_thread(i, info, await self.raw.read(i, 0, await self.raw.size(i)))
 
-        return await self._decoded.get(i, decode)
+        return await self._decoded.get(i if self._tag is None else (self._tag, i), decode)
 
     async def _decode_in_thread(self, i: int, info: ArrayInfo, raw, decoded: bool = False):
         chunk = await self._scratch(decode_scratch(len(raw), info), self._decode, i, info, raw, decoded)

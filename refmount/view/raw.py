@@ -334,7 +334,10 @@ class PastEnd:
 
     def __init__(self, refset) -> None:
         self.refset = refset
-        self.sizes = np.full(max(len(refset.urls), 1), self.UNSEEN, dtype=np.int64)
+        # the url ids the set refers to: all of its table, or (`url_span`) a part of a table shared by
+        # many sets (a lazily mounted glob's files: 8 bytes for the file's own url, not for every file's)
+        self._lo, self._hi = getattr(refset, "url_span", None) or (0, len(refset.urls))
+        self.sizes = np.full(max(self._hi - self._lo, 1), self.UNSEEN, dtype=np.int64)
         self.clipping = False  # some object ends before a key's range does
         self.resized = None  # callable(list of key indexes) whose cached sizes must go (the filesystem's)
         self._warned: set[int] = set()
@@ -343,14 +346,20 @@ class PastEnd:
         self._url_bounds: np.ndarray | None = None
 
     def get(self, uid: int) -> int:
-        return self.sizes.item(uid) if uid < len(self.sizes) else self.UNSEEN
+        j = uid - self._lo
+        return self.sizes.item(j) if 0 <= j < len(self.sizes) else self.UNSEEN
 
     def set(self, uid: int, size: int) -> None:
-        if uid >= len(self.sizes):  # a lazy (Parquet) set's url table grows as records load
-            grown = np.full(max(2 * len(self.sizes), uid + 1), self.UNSEEN, dtype=np.int64)
+        if uid < self._lo:  # (a url outside the set's span: the span grows down to it)
+            grown = np.full(len(self.sizes) + self._lo - uid, self.UNSEEN, dtype=np.int64)
+            grown[self._lo - uid:] = self.sizes
+            self.sizes, self._lo, self._furthest, self._by_url = grown, uid, None, None
+        j = uid - self._lo
+        if j >= len(self.sizes):  # a lazy (Parquet) set's url table grows as records load
+            grown = np.full(max(2 * len(self.sizes), j + 1), self.UNSEEN, dtype=np.int64)
             grown[: len(self.sizes)] = self.sizes
             self.sizes = grown
-        self.sizes[uid] = size
+        self.sizes[j] = size
 
     def clip(self, uid: int, offset: int, length: int) -> int:
         """The key's size: `length`, or what its object holds of the range once its size is known."""
@@ -392,14 +401,18 @@ class PastEnd:
         url_ids = getattr(refset, "url_id", None)
         if not isinstance(url_ids, np.ndarray):
             return []
-        if self._furthest is None or len(self._furthest) < len(refset.urls):
+        lo = self._lo  # (array positions are url id - lo)
+        span = (self._hi if getattr(refset, "url_span", None) else len(refset.urls)) - lo
+        if self._furthest is None or len(self._furthest) < span:
             # Where each object's furthest key ends, computed once: an object learnt then costs an
             # array lookup, not a pass over every key, unless some key of it does run past its end.
-            furthest = np.zeros(len(refset.urls) + 1, dtype=np.int64)
-            ranged = (url_ids >= 0) & (refset.length != WHOLE_FILE)
-            np.maximum.at(furthest, url_ids[ranged], refset.offset[ranged] + refset.length[ranged])
+            furthest = np.zeros(span + 1, dtype=np.int64)
+            ranged = (url_ids >= lo) & (url_ids < lo + span) & (refset.length != WHOLE_FILE)
+            np.maximum.at(furthest, url_ids[ranged] - lo, refset.offset[ranged] + refset.length[ranged])
             self._furthest = furthest
-        if uid >= len(self._furthest) or self._furthest[uid] <= size:
+            self._by_url = None
+        j = uid - lo
+        if not 0 <= j < len(self._furthest) or self._furthest[j] <= size:
             return []
         if self._by_url is None:
             # The keys grouped by url (once, on the first object that ends before a key): kerchunk's
@@ -407,8 +420,8 @@ class PastEnd:
             # too much.
             order = np.argsort(url_ids, kind="stable")
             self._by_url = order.astype(np.int32) if len(order) < 2**31 else order
-            self._url_bounds = np.searchsorted(url_ids[order], np.arange(len(self._furthest) + 1))
-        keys = self._by_url[self._url_bounds[uid] : self._url_bounds[uid + 1]]
+            self._url_bounds = np.searchsorted(url_ids[order], np.arange(lo, lo + len(self._furthest) + 1))
+        keys = self._by_url[self._url_bounds[j] : self._url_bounds[j + 1]]
         past = (refset.length[keys] != WHOLE_FILE) & (refset.offset[keys] + refset.length[keys] > size) \
             & (refset.dir_of[keys] >= 0)
         return keys[past].tolist()
@@ -432,12 +445,13 @@ class RawView:
     hides_nothing = True  # listings may skip asking hidden() per key
 
     def __init__(self, refset: RefSet, fetcher: Fetcher, cache: BlockCache, prefetch: bool = True,
-                 exact_small_reads: bool = True) -> None:
+                 exact_small_reads: bool = True, streams=None) -> None:
+        """`streams`: the read-ahead of views sharing `cache` (one per cache: it keys by url id)."""
         self.refset = refset
         self.fetcher = fetcher
         self.cache = cache
         self.prefetch = prefetch
-        self.streams = ReadStreams(cache)
+        self.streams = streams if streams is not None else ReadStreams(cache)
         # (the disk cache stores and fetches whole blocks only)
         self.streams.spread_openings = exact_small_reads
         # Chunks up to a quarter block read at random are fetched alone; scans fetch whole blocks,
@@ -511,7 +525,7 @@ class RawView:
         """Before a listing shows these keys' sizes: look up the sizes of the local objects they refer to
         that no stat has seen yet (a listing's sizes are what the kernel shows `ls -l`). Remote objects
         are not asked: their sizes come with their first response."""
-        if not self.past_end.sizes.size or not isinstance(getattr(self.refset, "url_id", None), np.ndarray):
+        if not self.refset.urls or not isinstance(getattr(self.refset, "url_id", None), np.ndarray):
             return
         keys = np.asarray(keys, dtype=np.int64)
         uids = np.unique(self.refset.url_id[keys[keys < len(self.refset.url_id)]])

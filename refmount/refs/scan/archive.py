@@ -67,6 +67,7 @@ class ArchiveOptions:
     memory_target: int | None = None  # the daemon's --memory-target: the scanners' share bounds their number
     max_full_download: int | None = None  # a server ignoring Range: how far a header read may stream (None: 1G)
     decode: object = None  # combining's bounded decoder (refmount.view.bounded.decode_bounded, given from above)
+    lazy: bool = False  # a glob without --concat is only listed; its files are scanned when looked up (a mount)
 
 
 @dataclass
@@ -219,7 +220,7 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
                     timeout: float | None):
     from refmount.refs.scan.pool import ScanPool, ScanFailed
 
-    fetcher, read = reader.fetcher, reader.read
+    read = reader.read
     pool = ScanPool(read, workers=scanner_count(options, len(entries)), memory=SCANNER_MEMORY,
                     max_result=max_refs_size, timeout=timeout)
     results: list[Scanned | None] = [None] * len(entries)
@@ -235,33 +236,7 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
 
     async def one(i: int, entry: Entry) -> None:
         try:
-            if entry.sidecar:
-                results[i] = await _from_sidecar(reader, entry, lookups)
-                return
-            async with lookups:
-                size, version = await _identify(fetcher, entry)
-            kept = store.get(entry.url, version, max_refs_size) if version else None
-            if kept is not None:
-                results[i] = Scanned(entry.name, entry.url, kept["format"], kept["refs"], kept.get("refused", []),
-                                     version)
-                return
-            if size == 0:
-                raise ScanFailed("is empty")
-            async with pool.slots:  # sniffed and scanned in one go: its first block is still cached
-                head = bytes(await read(entry.url, 0, min(size, SNIFF_BYTES)))
-                fmt = sniff(head)
-                if fmt is None:
-                    raise ScanFailed("is not a netCDF, HDF5, GRIB or TIFF file (told by its first bytes)")
-                try:
-                    scan = await pool.scan(fmt, entry.url, size)
-                except ScanFailed as e:
-                    raise ScanFailed(f"{FORMAT_NAMES[fmt]} file that cannot be scanned: {e}") from None
-            refs, refused = scan.get("refs"), scan.get("refused", [])
-            if not isinstance(refs, dict) or not isinstance(refused, list):
-                raise ScanFailed("the scanner gave no references")
-            if version:
-                store.put(entry.url, version, {"format": fmt, "refs": refs, "refused": refused})
-            results[i] = Scanned(entry.name, entry.url, fmt, refs, [str(r) for r in refused], version)
+            results[i] = await scan_entry(entry, reader.fetcher, reader.read, pool, store, lookups, max_refs_size)
         except (ScanFailed, FetchError) as e:
             failures.append((entry, str(e)))
         finally:
@@ -278,6 +253,37 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
     return results, failures
 
 
+async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs_size: int) -> Scanned:
+    """One file's references: from its DMR++, from the scan store (same version), or scanned in one of
+    `pool`'s workers with its header read through `read` (url, start, end). ScanFailed or FetchError."""
+    from refmount.refs.scan.pool import ScanFailed
+
+    if entry.sidecar:
+        return await _from_sidecar(fetcher, entry, lookups)
+    async with lookups:
+        size, version = await _identify(fetcher, entry)
+    kept = store.get(entry.url, version, max_refs_size) if version else None
+    if kept is not None:
+        return Scanned(entry.name, entry.url, kept["format"], kept["refs"], kept.get("refused", []), version)
+    if size == 0:
+        raise ScanFailed("is empty")
+    async with pool.slots:  # sniffed and scanned in one go: its first block is still cached
+        head = bytes(await read(entry.url, 0, min(size, SNIFF_BYTES)))
+        fmt = sniff(head)
+        if fmt is None:
+            raise ScanFailed("is not a netCDF, HDF5, GRIB or TIFF file (told by its first bytes)")
+        try:
+            scan = await pool.scan(fmt, entry.url, size)
+        except ScanFailed as e:
+            raise ScanFailed(f"{FORMAT_NAMES[fmt]} file that cannot be scanned: {e}") from None
+    refs, refused = scan.get("refs"), scan.get("refused", [])
+    if not isinstance(refs, dict) or not isinstance(refused, list):
+        raise ScanFailed("the scanner gave no references")
+    if version:
+        store.put(entry.url, version, {"format": fmt, "refs": refs, "refused": refused})
+    return Scanned(entry.name, entry.url, fmt, refs, [str(r) for r in refused], version)
+
+
 def dmrpp_module():
     """refmount.refs.dmrpp (DMR++ sidecars), where it is installed; None otherwise."""
     import importlib
@@ -289,15 +295,15 @@ def dmrpp_module():
     return dmrpp if hasattr(dmrpp, "dmrpp_to_refs") else None
 
 
-async def _from_sidecar(reader: _Reader, entry: Entry, lookups) -> Scanned:
+async def _from_sidecar(fetcher, entry: Entry, lookups) -> Scanned:
     """A data file's references from its DMR++ (no byte of the data file is read)."""
     from refmount.refs.scan.pool import ScanFailed
 
     async with lookups:
-        size = await reader.fetcher.size(entry.sidecar)
+        size = await fetcher.size(entry.sidecar)
     if size > 256 << 20:
         raise ScanFailed(f"its DMR++ {redact(entry.sidecar)} is larger than 256 MiB")
-    text = b"".join(map(bytes, await reader.fetcher.read(entry.sidecar, 0, size)))
+    text = b"".join(map(bytes, await fetcher.read(entry.sidecar, 0, size)))
     data_url = None if entry.url == entry.sidecar else entry.url
     try:
         refs, refused = await trio.to_thread.run_sync(
@@ -368,22 +374,162 @@ def kept_combination(options: ArchiveOptions, max_refs_size: int):
     return then
 
 
-def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_size, max_value_size, timeout):
-    """The reference set (a `RefSet`) of a data file or archive; `refused` per file name attached."""
+def refset_of(refs: dict, location: str, *, max_keys, max_refs_size, max_value_size, serving: bool = False):
+    """A `RefSet` of a reference dict, within the loading limits. `serving`: in a mount that serves
+    already (a lazily mounted glob's file), where the process-wide memory net of loading
+    (limits.memory_limit) must not be set: the scan's result is bounded by --max-refs-size already."""
+    import contextlib
+
     from refmount.refs.jsonrefs import load_json
     from refmount.refs.limits import memory_budget, memory_limit
     from refmount.refs.model import RefSetBuilder
 
-    kind, scanned, refs = scan_source(location, options, max_refs_size=max_refs_size, timeout=timeout,
-                                      then=kept_combination(options, max_refs_size))
     text = orjson.dumps(refs)
-    del refs
     if max_refs_size is not None and len(text) > max_refs_size:
         raise RefsError(f"the references of {quote(redact(location))} exceed --max-refs-size")
     builder = RefSetBuilder(max_keys, max_refs_size)
-    with memory_limit(memory_budget(max_keys, max_refs_size)):
+    with contextlib.nullcontext() if serving else memory_limit(memory_budget(max_keys, max_refs_size)):
         load_json(lambda: io.BytesIO(text), builder, max_value=max_value_size)
-        refset = builder.build()
+        return builder.build()
+
+
+def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_size, max_value_size, timeout):
+    """The reference set (a `RefSet`) of a data file or archive; `refused` per file name attached. With
+    `options.lazy`, a glob (not combined, not --strict) is only listed: a `LazyArchive`."""
+    if options.lazy and looks_like_many(location) and not options.concat and not options.strict:
+        return LazyArchive.listed(location, options, max_keys=max_keys, max_refs_size=max_refs_size,
+                                  max_value_size=max_value_size, timeout=timeout)
+    kind, scanned, refs = scan_source(location, options, max_refs_size=max_refs_size, timeout=timeout,
+                                      then=kept_combination(options, max_refs_size))
+    refset = refset_of(refs, location, max_keys=max_keys, max_refs_size=max_refs_size,
+                       max_value_size=max_value_size)
+    del refs
     refset.refused = {s.name: list(s.refused) for s in scanned if s.refused}
     refset.scanned = kind
     return refset
+
+
+class ScanRefused(RefmountError):
+    """A file of a lazily mounted glob that cannot be scanned: its directory is EIO, said once in the log."""
+
+    def __init__(self, url: str, message: str) -> None:
+        super().__init__(f"{redact(url)}: {message}")
+        self.once = "scan " + url
+
+
+@dataclass
+class LazyArchive:
+    """A glob mounted lazily: its files are listed at mount, and each is scanned when its directory is
+    first looked up (refmount.fuse.datasets). `urls` is the mount's url table: file k's url is urls[k]."""
+
+    location: str
+    entries: list
+    options: ArchiveOptions
+    max_keys: int | None
+    max_refs_size: int | None
+    max_value_size: int | None
+    timeout: float | None
+    scanned = "lazy"
+    refused: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.urls = [e.url for e in self.entries]
+        self.url_ids = {url: k for k, url in enumerate(self.urls)}
+        self.names = [e.name for e in self.entries]
+        self.url_check = None  # the protocol policy (fuse.assemble.check_targets) for urls a scan adds
+
+    @classmethod
+    def listed(cls, location: str, options: ArchiveOptions, **limits) -> "LazyArchive":
+        _check_parsers()
+        entries = list_sources(location, options.remote_options, options.remote_options.get("headers"))
+        if dmrpp_module() is not None:
+            entries = pair_sidecars(entries)
+        if not entries:
+            raise RefmountError(f"{quote(redact(location))} names no files")
+        from refmount.refs.scan.store import ScanStore, default_scan_dir
+
+        store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
+        names = [e.name for e in entries]
+        for gone in sorted(set(store.previous_names(location)) - set(names)):
+            log.warning("%s: file %s is gone since the last mount; it leaves the mount", redact(location), quote(gone))
+        store.put_names(location, names)
+        log.info("listed %d file(s) of %s; each is scanned when its directory is first looked up", len(entries),
+                 redact(location))
+        return cls(location, entries, options, **limits)
+
+    def scanner_workers(self) -> int:
+        """Scanners the mount keeps room for in its memory plan (they may run while it serves): fewer than
+        at a mount that scans everything (files are looked up one or a few at a time), fewer still under a
+        small --memory-target."""
+        return min(scanner_count(self.options, len(self.entries)), 4)
+
+    def global_url_id(self, url: str) -> int:
+        k = self.url_ids.get(url)
+        if k is None:  # a reference to another object than the file's own (checked as a loaded set's)
+            if self.url_check is not None:
+                self.url_check(url)
+            k = self.url_ids[url] = len(self.urls)
+            self.urls.append(url)
+        return k
+
+
+class ArchiveScanner:
+    """Scans a `LazyArchive`'s files one at a time as they are asked for, in the mount's trio run: the
+    headers through `read` (url, start, end: the mount's block cache), in up to `workers` processes."""
+
+    def __init__(self, archive: LazyArchive, fetcher, read, workers: int) -> None:
+        from refmount.refs.scan.pool import ScanPool
+        from refmount.refs.scan.store import ScanStore, default_scan_dir
+
+        options = archive.options
+        self.archive = archive
+        self.fetcher = fetcher
+        self.read = read
+        self.store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
+        self.pool = ScanPool(read, workers=workers, memory=SCANNER_MEMORY, max_result=archive.max_refs_size,
+                             timeout=archive.timeout)
+        self.lookups = trio.CapacityLimiter(max(16, 4 * options.connections))
+        self.files_scanned = 0  # (from the store or scanned)
+        self.seconds = 0.0
+
+    async def refset(self, k: int):
+        """File k's reference set, its url ids those of the mount's table. ScanRefused when the file
+        cannot be scanned; FetchError when its bytes cannot be had now (a later lookup tries again)."""
+        import numpy as np
+
+        from refmount.refs.scan.pool import ScanFailed
+
+        archive = self.archive
+        entry = archive.entries[k]
+        started = time.monotonic()
+        try:
+            scanned = await scan_entry(entry, self.fetcher, self.read, self.pool, self.store, self.lookups,
+                                       archive.max_refs_size)
+        except ScanFailed as e:
+            raise ScanRefused(entry.url, str(e)) from None
+        for reason in scanned.refused:
+            log.warning("%s: variable %s (cannot be referenced; left out)", redact(scanned.url), reason)
+        try:
+            refset = await trio.to_thread.run_sync(lambda: refset_of(
+                scanned.refs, entry.url, max_keys=archive.max_keys, max_refs_size=archive.max_refs_size,
+                max_value_size=archive.max_value_size, serving=True))
+        except (RefsError, MemoryError) as e:  # (a limit: the same at every lookup)
+            raise ScanRefused(entry.url, f"its references are refused: {e or 'out of memory'}") from None
+        ids = np.array([archive.global_url_id(u) for u in refset.urls] or [0], dtype=np.int32)
+        remote = refset.url_id >= 0
+        refset.url_id[remote] = ids[refset.url_id[remote]]
+        refset.urls = archive.urls  # (one table, shared: the block cache's keys are its ids)
+        used = refset.url_id[remote]
+        refset.url_span = (int(used.min()), int(used.max()) + 1) if used.size else (k, k + 1)  # (view.raw.PastEnd)
+        refset.refused = {scanned.name: list(scanned.refused)} if scanned.refused else {}
+        self.files_scanned += 1
+        self.seconds += time.monotonic() - started
+        log.info("scanned %s in %.2f s", redact(entry.url), time.monotonic() - started)
+        return refset
+
+    def statistics(self) -> dict:
+        return {"files": len(self.archive.entries), "scanned": self.files_scanned,
+                "seconds": round(self.seconds, 3)}
+
+    def close(self) -> None:
+        self.pool.close()
