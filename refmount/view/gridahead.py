@@ -64,6 +64,8 @@ class Walk:
         self.history: deque[tuple[int, ...]] = deque(maxlen=HISTORY)
         self.read: set[tuple[int, ...]] = set()  # every chunk this walk read (bounded: see note)
         self.count = 0  # chunks this walk has read
+        self._changes = 0  # history changes so far: model() is worked out once per change, not per question
+        self._model: tuple | None = None  # (_changes, model)
 
     # -- recognising ------------------------------------------------------------------------------
 
@@ -78,6 +80,7 @@ class Walk:
             self.read.clear()
             self.count = 0
         self.history.append(index)
+        self._changes += 1
         self.read.add(index)
         self.count += 1
         if len(self.read) > MAX_READ:  # (bounded memory: older reads may then be predicted again)
@@ -85,12 +88,14 @@ class Walk:
         return fits
 
     def _fits(self, index) -> bool:
-        lo, hi = self._box()
+        # (the model of these reads, if the last read's verdict worked it out, has their box and strides)
+        known = self._model[1] if self._model is not None and self._model[0] == self._changes else None
+        lo, hi = (known[1], known[2]) if known is not None else self._box()
         if len(self.history) == 1:
             # a second read: the walk's line if it moved along one axis only, or a near neighbour
             moved = [a for a in range(len(index)) if index[a] != lo[a]]
             return len(moved) <= 1 or all(abs(index[a] - lo[a]) <= 1 for a in moved)
-        strides = self.strides(lo)
+        strides = known[3] if known is not None else self.strides(lo)
         outer = next((a for a in range(len(lo)) if lo[a] != hi[a]), None)
         for a, v in enumerate(index):
             if a == outer:
@@ -102,22 +107,21 @@ class Walk:
         return True
 
     def _box(self):
-        dims = range(len(self.history[0]))
-        return ([min(p[a] for p in self.history) for a in dims], [max(p[a] for p in self.history) for a in dims])
+        columns = list(zip(*self.history))  # (per axis, in C: this runs at every chunk read)
+        return list(map(min, columns)), list(map(max, columns))
 
     def strides(self, lo) -> list[int]:
         """Per axis, the step between the chunks read along it (1 where only one was read)."""
-        out = []
-        for a in range(len(lo)):
-            step = 0
-            for p in self.history:
-                step = math.gcd(step, p[a] - lo[a])
-            out.append(step or 1)
-        return out
+        return [math.gcd(*(v - low for v in column)) or 1 for column, low in zip(zip(*self.history), lo)]
 
     def model(self):
         """(varying axes, lo, hi, strides, direction of the outermost varying axis), or None before
-        the walk shows a direction: at least three reads, or two neighbours."""
+        the walk shows a direction: at least three reads, or two neighbours. (Shared: not to be changed.)"""
+        if self._model is None or self._model[0] != self._changes:
+            self._model = (self._changes, self._work_out_model())
+        return self._model[1]
+
+    def _work_out_model(self):
         if len(self.history) < 2:
             return None
         lo, hi = self._box()
