@@ -125,8 +125,9 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
         entries = [Entry(location.rstrip("/").rsplit("/", 1)[-1], location)]
     else:
         headers = options.remote_options.get("headers")
-        entries = list_sources(location, options.remote_options, headers)
-        if dmrpp_module() is not None:
+        sidecars = dmrpp_module() is not None
+        entries = list_sources(location, options.remote_options, headers, sidecars)
+        if sidecars:
             entries = pair_sidecars(entries)
         if not entries:
             raise RefmountError(f"{quote(redact(location))} names no files")
@@ -153,7 +154,7 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
             token = trio.lowlevel.current_trio_token()
 
             def read(url: str, offset: int, length: int) -> bytes:
-                return bytes(trio.from_thread.run(reader.read, url, offset, offset + length, trio_token=token))
+                return bytes(trio.from_thread.run(reader.read_exact, url, offset, offset + length, trio_token=token))
 
             return scanned, await trio.to_thread.run_sync(then, kind, scanned, read)
 
@@ -207,6 +208,12 @@ class _Reader:
 
     async def read(self, url: str, start: int, end: int):
         return await self.cache.read(url, start, end)
+
+    async def read_exact(self, url: str, start: int, end: int):
+        """A coordinate's chunk: from the header's blocks when they are cached (a scanned file), else as a
+        request of that range alone (a file a DMR++ described: none of it was read, and a whole block of
+        it would be a MiB per file for a few bytes of time)."""
+        return await self.cache.read_exact(url, start, end)
 
     async def __aenter__(self) -> "_Reader":
         return self
