@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_refmount
-from tests.support.clients import ncdump, nczarr_url
+from tests.support.clients import NCDUMP, ncdump, nczarr_url
 from tests.support.daily import make_daily
 from tests.support.moto import moto_server
 
@@ -432,10 +432,9 @@ def test_dmrpp_sidecars_concat_reads_no_nc_until_data_is_read(mount, scans, tmp_
             return [line for line in nginx.access_log()[since:] if re.search(r"/data/tas_\d+\.nc ", line)]
 
         url = f"{nginx.url}/data/tas_*.nc"
-        m = mount(url, "--concat", "time", "--view", "raw")
-        from tests.support.clients import NCDUMP
-        header = subprocess.run([*NCDUMP, "-h", nczarr_url(mount(url, "--concat", "time").path)],
-                                capture_output=True, text=True, timeout=60).stdout
+        decoded = mount(url, "--concat", "time")
+        header = subprocess.run([*NCDUMP, "-h", nczarr_url(decoded.path)], capture_output=True, text=True,
+                                timeout=60).stdout
         assert "float tas(time, lat, lon)" in header and re.search(r"time = (UNLIMITED ; // \()?96", header), header
         log = nginx.access_log()
         assert [line for line in log if ".dmrpp " in line and line.startswith("GET")], log
@@ -445,6 +444,13 @@ def test_dmrpp_sidecars_concat_reads_no_nc_until_data_is_read(mount, scans, tmp_
         got = [line.split() for line in nc_requests(0)]
         assert got and all(method == "GET" for method, *_ in got), got
         assert {(uri, rng) for _, uri, rng, _ in got} == want, (got, want)
+        # a warm mount (the scan store keeps each DMR++'s references and the combination, keyed by the
+        # DMR++'s validator): the index and one HEAD per DMR++, no GET of any file
+        before = len(nginx.access_log())
+        m = mount(url, "--concat", "time", "--view", "raw")
+        warm = nginx.access_log()[before:]
+        assert [line for line in warm if line.startswith("HEAD") and ".dmrpp " in line], warm
+        assert not [line for line in warm if line.startswith("GET") and not line.startswith('GET /data/ ')], warm
         before = len(nginx.access_log())
         with xr.open_zarr(m.path, consolidated=False) as got, xr.open_mfdataset(files, combine="by_coords") as want:
             xr.testing.assert_equal(got.load(), want.load())

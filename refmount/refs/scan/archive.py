@@ -243,7 +243,7 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
     async def one(i: int, entry: Entry) -> None:
         try:
             if entry.sidecar:
-                results[i] = await _from_sidecar(reader, entry, lookups)
+                results[i] = await _from_sidecar(reader, entry, lookups, store, max_refs_size)
                 return
             async with lookups:
                 size, version = await _identify(fetcher, entry)
@@ -296,22 +296,31 @@ def dmrpp_module():
     return dmrpp if hasattr(dmrpp, "dmrpp_to_refs") else None
 
 
-async def _from_sidecar(reader: _Reader, entry: Entry, lookups) -> Scanned:
-    """A data file's references from its DMR++ (no byte of the data file is read)."""
+async def _from_sidecar(reader: _Reader, entry: Entry, lookups, store, max_refs_size) -> Scanned:
+    """A data file's references from its DMR++ (no byte of the data file is read). The DMR++'s version
+    stands for the file's: kept in the scan store, a warm mount reads neither, nor (with --concat) the
+    coordinates again."""
     from refmount.refs.scan.pool import ScanFailed
 
+    data_url = None if entry.url == entry.sidecar else entry.url
     async with lookups:
-        size = await reader.fetcher.size(entry.sidecar)
+        listed = (entry.size, entry.version) if entry.url == entry.sidecar else ()  # (a pair's are the data file's)
+        size, version = await _identify(reader.fetcher, Entry(entry.name, entry.sidecar, *listed))
+    version = f"dmrpp {version}" if version else None
+    kept = store.get(entry.sidecar, version, max_refs_size) if version else None
+    if kept is not None:
+        return Scanned(entry.name, data_url or entry.url, "dmrpp", kept["refs"], kept.get("refused", []), version)
     if size > 256 << 20:
         raise ScanFailed(f"its DMR++ {redact(entry.sidecar)} is larger than 256 MiB")
     text = b"".join(map(bytes, await reader.fetcher.read(entry.sidecar, 0, size)))
-    data_url = None if entry.url == entry.sidecar else entry.url
     try:
         refs, refused = await trio.to_thread.run_sync(
             lambda: dmrpp_module().dmrpp_to_refs(text, entry.sidecar, data_url))
     except RefmountError as e:
         raise ScanFailed(str(e)) from None
-    return Scanned(entry.name, data_url or entry.url, "dmrpp", refs, list(refused))
+    if version:
+        store.put(entry.sidecar, version, {"format": "dmrpp", "refs": refs, "refused": list(refused)})
+    return Scanned(entry.name, data_url or entry.url, "dmrpp", refs, list(refused), version)
 
 
 async def _identify(fetcher, entry: Entry) -> tuple[int, str | None]:
