@@ -473,3 +473,24 @@ def coordinate_chunks(path) -> list[tuple[int, int]]:
                     info = ds.get_chunk_info(i)
                     out.append((info.byte_offset, info.byte_offset + info.size))
     return out
+
+
+def test_a_file_of_many_groups_of_compound_datasets_scans_without_hanging(scans, tmp_path):
+    """Shaped like kerchunk's NEONDSTowerTemperatureData.hdf5 (groups of compound datasets, which
+    kerchunk refuses): the garbage collector, run by zarr's I/O thread, deadlocked on h5py's lock while
+    kerchunk walked the file, so every scan of it hung (now the collector is off during a scan)."""
+    import h5py
+
+    record = np.dtype([("date", "S30"), ("numPts", "<i4"), ("mean", "<f8"), ("min", "<f8"), ("max", "<f8")])
+    source = tmp_path / "tower.h5"
+    with h5py.File(source, "w") as f:
+        for d in range(2):
+            for s in range(2):
+                for b in range(5):
+                    g = f.create_group(f"D{d}/S{s}/min_1/boom_{b}")
+                    g.attrs["Sensor Height"] = f"{b} m"
+                    g.create_dataset("temperature", data=np.zeros(4000, record), chunks=(500,))
+    result = run_refmount("scan", source, "-o", tmp_path / "tower.json", timeout=50)
+    assert result.returncode == 0, result.stderr
+    refs = json.loads((tmp_path / "tower.json").read_text())
+    assert json.loads(refs["D1/S1/min_1/boom_4/.zattrs"]) == {"Sensor Height": "4 m"}

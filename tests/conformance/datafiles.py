@@ -41,7 +41,19 @@ def kind(path: Path):
 
 
 def kerchunk_refs(path: Path, fmt: str) -> dict:
-    """kerchunk's references of the file, by the translator (and settings) refmount's scanner uses."""
+    """kerchunk's references of the file, by the translator (and settings) refmount's scanner uses; with
+    the garbage collector off, as run.py's kerchunk_translate says why (h5py's lock and zarr's I/O thread)."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        return _kerchunk_refs(path, fmt)
+    finally:
+        gc.enable()
+
+
+def _kerchunk_refs(path: Path, fmt: str) -> dict:
     url = str(path)
     if fmt == "hdf5":
         import warnings
