@@ -147,6 +147,27 @@ def xarray_refs(refs: dict) -> dict:
     return xarray_groups(opener)
 
 
+def inline_bytes(value) -> str:
+    """kerchunk's inline bytes (GRIB trees hold some) as fsspec's references write them in JSON."""
+    import base64
+
+    if isinstance(value, bytes):
+        try:
+            return value.decode("ascii")
+        except UnicodeDecodeError:
+            return "base64:" + base64.b64encode(value).decode()
+    raise TypeError(f"{type(value).__name__} in kerchunk's references")
+
+
+def text_diff(a: str, b: str, lines: int = 6) -> str:
+    """The first lines where two ncdump texts differ ('-' the first, '+' the second)."""
+    import difflib
+
+    changed = [line.strip() for line in difflib.unified_diff(a.splitlines(), b.splitlines(), lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    return " | ".join(changed[:lines])[:500]
+
+
 def diff(a: dict, b: dict) -> list:
     """Where two xarray readings differ (group/variable and what)."""
     out = []
@@ -199,7 +220,7 @@ def run_file(path: Path, work: Path) -> list:
     except Exception as e:  # noqa: BLE001
         return [dict(file=str(path), client="*", cls="untranslatable", reason=f"kerchunk: {e}"[:300])]
     refs_path = work / "refs.json"
-    refs_path.write_text(json.dumps(refs))
+    refs_path.write_text(json.dumps(refs, default=inline_bytes))
     netcdf = fmt in ("hdf5", "netcdf3")
     rows = []
     mounts = {name: Mount(src, work / f"mnt_{name}", ["--view", view], log_path=work / f"{name}.log")
@@ -215,6 +236,10 @@ def run_file(path: Path, work: Path) -> list:
         d, r = ncdump(mounts["direct"].path), ncdump(mounts["refs"].path)
         f = ncdump(path) if netcdf else None
         cls, why = classify(d, f, r)
+        if cls == "wrong":
+            why += ": " + text_diff(r, d)
+        elif cls == "lost by kerchunk":
+            why += ": " + text_diff(f, d)
         rows.append(dict(file=str(path), client="ncdump", cls=cls, reason=why))
         d, r = xarray_zarr(mounts["raw"].path), xarray_refs(refs)
         f = xarray_file(path) if netcdf else None
@@ -235,6 +260,25 @@ def run_file(path: Path, work: Path) -> list:
     return rows
 
 
+def run_child(path: Path, work: Path) -> list:
+    """One file in a process of its own: h5py, netCDF-C or eccodes crashing on it is that file's error."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tests.conformance.datafiles", "--one", str(path), str(work)],
+                              capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[2])
+        failure = None if proc.returncode == 0 else f"harness child exit {proc.returncode}: " + \
+            (proc.stderr.strip().splitlines() or [""])[-1][:200]
+    except subprocess.TimeoutExpired:
+        failure = "harness child timed out after 600 s"
+    finally:  # (what a crashed child left mounted: its daemons end once unmounted)
+        from tests.conftest import force_unmount
+        for mnt in work.glob("mnt_*"):
+            force_unmount(mnt)
+    rows = work / "rows.json"
+    if failure or not rows.exists():
+        return [dict(file=str(path), client="*", cls="error", reason=failure or "no rows")]
+    return json.loads(rows.read_text())
+
+
 DATA_SUFFIXES = (".nc", ".nc4", ".h5", ".hdf5", ".he5", ".grib", ".grib2", ".grb2", ".grb", ".tif", ".tiff")
 
 
@@ -243,7 +287,12 @@ def main(argv=None) -> int:
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--corpus", type=Path, action="append", default=[], help="every data file under this directory")
     ap.add_argument("--out", type=Path, help="write every result as JSON here")
+    ap.add_argument("--one", nargs=2, type=Path, help=argparse.SUPPRESS)  # FILE WORK: in this process
     args = ap.parse_args(argv)
+    if args.one:
+        path, work = args.one
+        (work / "rows.json").write_text(json.dumps(run_file(path, work)))
+        return 0
     files = list(args.files)
     for d in args.corpus:
         files += sorted(p for p in d.rglob("*") if p.suffix.lower() in DATA_SUFFIXES and p.is_file())
@@ -252,7 +301,7 @@ def main(argv=None) -> int:
         for i, path in enumerate(files):
             work = Path(tmp) / str(i)
             work.mkdir()
-            result = run_file(path.resolve(), work)
+            result = run_child(path.resolve(), work)
             for r in result:
                 print(f"  {r['cls']:16} {r['client']:7} {path}  {r['reason']}", file=sys.stderr, flush=True)
             rows += result
