@@ -433,6 +433,20 @@ def test_apache_index_links():
     assert not matches(["tas_*.nc"], ["2021", "tas_1.nc"]) and not matches(["*.nc"], ["a.nc.dmrpp"])
 
 
+def test_a_glob_of_data_files_lists_their_dmrpp_sidecars(tmp_path):
+    """`*.nc` names the data files; with sidecars wanted, each matched file's X.nc.dmrpp comes along
+    (and nothing else), so that pair_sidecars reads it instead of the file."""
+    from refmount.refs.scan.sources import list_sources, pair_sidecars
+
+    for name in ("a.nc", "a.nc.dmrpp", "b.nc", "c.txt", "c.txt.dmrpp", "d.nc.dmrpp"):
+        (tmp_path / name).write_bytes(b"x")
+    assert [e.name for e in list_sources(f"{tmp_path}/*.nc")] == ["a.nc", "b.nc"]
+    listed = list_sources(f"{tmp_path}/*.nc", sidecars=True)
+    assert [e.name for e in listed] == ["a.nc", "a.nc.dmrpp", "b.nc", "d.nc.dmrpp"]
+    paired = {e.name: e.sidecar for e in pair_sidecars(listed)}
+    assert paired == {"a.nc": str(tmp_path / "a.nc.dmrpp"), "b.nc": None, "d.nc": str(tmp_path / "d.nc.dmrpp")}
+
+
 def test_one_remote_data_file_over_http(mount, scans, server):
     import xarray as xr
 
@@ -455,3 +469,86 @@ def test_scan_concat_read_by_fsspec_equals_the_concat_mount(mount, scans, daily,
             xr.open_zarr(m.path, consolidated=False) as mounted:
         xr.testing.assert_identical(exported.load(), mounted.load())
         assert exported.sizes["time"] == 24 * len(list(daily.glob("*.nc")))
+
+
+def test_dmrpp_sidecars_concat_reads_no_nc_until_data_is_read(mount, scans, tmp_path):
+    """Issue 35: a glob of .nc files with their .dmrpp beside them, --concat time: the mount and ncdump -h
+    read the DMR++ files only (nginx's access log says which ranges of which files were asked for); data
+    reads ask the .nc files for ranges, and the values equal xarray's open_mfdataset of the files."""
+    import xarray as xr
+
+    from tests.support.dmrpp_files import write_dmrpp
+    from tests.support.nginx import Nginx
+
+    www = tmp_path / "www" / "data"
+    files = make_daily(www, 4, nlat=7, nlon=12)
+    for f in files:
+        write_dmrpp(f, f.with_name(f.name + ".dmrpp"))
+    block = f"root {www.parent}; location /data/ {{ autoindex on; }}"
+    with Nginx(tmp_path / "nginx", block, log_format='$request_method $uri "$http_range" $status') as nginx:
+        def nc_requests(since: int) -> list[str]:
+            return [line for line in nginx.access_log()[since:] if re.search(r"/data/tas_\d+\.nc ", line)]
+
+        url = f"{nginx.url}/data/tas_*.nc"
+        decoded = mount(url, "--concat", "time")
+        header = subprocess.run([*NCDUMP, "-h", nczarr_url(decoded.path)], capture_output=True, text=True,
+                                timeout=60).stdout
+        assert "float tas(time, lat, lon)" in header and re.search(r"time = (UNLIMITED ; // \()?96", header), header
+        log = nginx.access_log()
+        assert [line for line in log if ".dmrpp " in line and line.startswith("GET")], log
+        # the .nc files are asked only for their coordinates' chunks (time's values are combined, lat and lon
+        # checked equal across files), each range alone: no header, no block around them
+        want = {(f"/data/{f.name}", f'"bytes={start}-{end - 1}"') for f in files for start, end in coordinate_chunks(f)}
+        got = [line.split() for line in nc_requests(0)]
+        assert got and all(method == "GET" for method, *_ in got), got
+        assert {(uri, rng) for _, uri, rng, _ in got} == want, (got, want)
+        # a warm mount (the scan store keeps each DMR++'s references and the combination, keyed by the
+        # DMR++'s validator): the index and one HEAD per DMR++, no GET of any file
+        before = len(nginx.access_log())
+        m = mount(url, "--concat", "time", "--view", "raw")
+        warm = nginx.access_log()[before:]
+        assert [line for line in warm if line.startswith("HEAD") and ".dmrpp " in line], warm
+        assert not [line for line in warm if line.startswith("GET") and not line.startswith('GET /data/ ')], warm
+        before = len(nginx.access_log())
+        with xr.open_zarr(m.path, consolidated=False) as got, xr.open_mfdataset(files, combine="by_coords") as want:
+            xr.testing.assert_equal(got.load(), want.load())
+        ranges = nc_requests(before)
+        assert ranges and all(line.startswith("GET") and '"bytes=' in line for line in ranges), ranges
+
+
+def coordinate_chunks(path) -> list[tuple[int, int]]:
+    """(start, end) of every stored chunk of the file's coordinate variables (time, lat, lon), from HDF5."""
+    import h5py
+
+    out = []
+    with h5py.File(path, "r") as f:
+        for name in ("time", "lat", "lon"):
+            ds = f[name].id
+            if ds.get_offset() is not None:  # contiguous
+                out.append((ds.get_offset(), ds.get_offset() + ds.get_storage_size()))
+            else:
+                for i in range(ds.get_num_chunks()):
+                    info = ds.get_chunk_info(i)
+                    out.append((info.byte_offset, info.byte_offset + info.size))
+    return out
+
+
+def test_a_file_of_many_groups_of_compound_datasets_scans_without_hanging(scans, tmp_path):
+    """Shaped like kerchunk's NEONDSTowerTemperatureData.hdf5 (groups of compound datasets, which
+    kerchunk refuses): the garbage collector, run by zarr's I/O thread, deadlocked on h5py's lock while
+    kerchunk walked the file, so every scan of it hung (now the collector is off during a scan)."""
+    import h5py
+
+    record = np.dtype([("date", "S30"), ("numPts", "<i4"), ("mean", "<f8"), ("min", "<f8"), ("max", "<f8")])
+    source = tmp_path / "tower.h5"
+    with h5py.File(source, "w") as f:
+        for d in range(2):
+            for s in range(2):
+                for b in range(5):
+                    g = f.create_group(f"D{d}/S{s}/min_1/boom_{b}")
+                    g.attrs["Sensor Height"] = f"{b} m"
+                    g.create_dataset("temperature", data=np.zeros(4000, record), chunks=(500,))
+    result = run_refmount("scan", source, "-o", tmp_path / "tower.json", timeout=50)
+    assert result.returncode == 0, result.stderr
+    refs = json.loads((tmp_path / "tower.json").read_text())
+    assert json.loads(refs["D1/S1/min_1/boom_4/.zattrs"]) == {"Sensor Height": "4 m"}

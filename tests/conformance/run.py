@@ -171,7 +171,7 @@ def isolated_snapshot(client: str, path: Path, zarr: bool, groups: List[str], wo
 
 
 def run_variant(cdl: str, variant: str, nc: Path, work: Path, mount_args: List[str],
-                isolate: bool = False) -> List[dict]:
+                isolate: bool = False, direct: bool = False) -> List[dict]:
     from tests.conformance.compare import (ERROR, HIDDEN, UNTRANSLATABLE, WRONG, Refs,
                                            compare_snapshots)
     from tests.conformance.snapshot import CLIENTS, OWN_PROCESS
@@ -209,7 +209,9 @@ def run_variant(cdl: str, variant: str, nc: Path, work: Path, mount_args: List[s
     refs_path.write_text(json.dumps(refs))
     ref_index = Refs(refs)
     mnt = work / f"mnt_{variant}"
-    m = Mount(refs_path, mnt, ["--view", "decoded", *mount_args], log_path=work / f"mnt_{variant}.log")
+    # --direct: the file itself is mounted (scanned by refmount, docs/archives.md); kerchunk's refs stay the
+    # oracle of what kerchunk loses, so a difference they do not explain is refmount's scanning path
+    m = Mount(nc if direct else refs_path, mnt, ["--view", "decoded", *mount_args], log_path=work / f"mnt_{variant}.log")
     copies: dict = {}  # form -> a cp -r copy of the mount made in that form
     own_results: dict = {}  # client -> its results on a Zarr store its own library wrote
 
@@ -361,7 +363,7 @@ def served_form(mnt: Path, client: str):
     return None
 
 
-def run_one(cdl: str, work: Path, mount_args: List[str], isolate: bool = False) -> List[dict]:
+def run_one(cdl: str, work: Path, mount_args: List[str], isolate: bool = False, direct: bool = False) -> List[dict]:
     work.mkdir(parents=True, exist_ok=True)
     source = work / "source.nc"
     if _is_data_file(cdl):  # a netCDF-4/HDF5 file of the user's: measured as it is
@@ -369,12 +371,12 @@ def run_one(cdl: str, work: Path, mount_args: List[str], isolate: bool = False) 
     else:
         subprocess.run([*NCGEN, "-k", "nc4", "-o", str(source), str(CDL_DIR / cdl)], check=True,
                        capture_output=True, timeout=TOOL_TIMEOUT)
-    rows = run_variant(cdl, "source", source, work, mount_args, isolate)
+    rows = run_variant(cdl, "source", source, work, mount_args, isolate, direct)
     deflated = work / "deflated.nc"
     proc = subprocess.run([*NCCOPY, "-d4", "-s", str(source), str(deflated)], capture_output=True,
                           text=True, timeout=TOOL_TIMEOUT)
     if proc.returncode == 0:
-        rows += run_variant(cdl, "deflated", deflated, work, mount_args, isolate)
+        rows += run_variant(cdl, "deflated", deflated, work, mount_args, isolate, direct)
     else:
         rows.append(dict(cdl=cdl, variant="deflated", client="nccopy", var="*", cls="skipped",
                          reason=f"nccopy -d4 -s failed: {proc.stderr.strip()[:200]}", notes=[]))
@@ -407,11 +409,12 @@ def _cleanup(work: Path) -> None:
             force_unmount(mnt)
 
 
-def run_cdl_child(cdl: str, work: Path, mount_args: str = "", isolate: bool = False) -> List[dict]:
+def run_cdl_child(cdl: str, work: Path, mount_args: str = "", isolate: bool = False,
+                  direct: bool = False) -> List[dict]:
     """One CDL in a child process; if a client crashes it, again with every client in its own process."""
     out = work / "rows.json"
     cmd = [sys.executable, "-m", "tests.conformance.run", "--one", cdl, "--work", str(work),
-           f"--mount-args={mount_args}"] + (["--isolate"] if isolate else [])
+           f"--mount-args={mount_args}"] + (["--isolate"] if isolate else []) + (["--direct"] if direct else [])
     t0 = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CDL_TIMEOUT,
@@ -424,7 +427,7 @@ def run_cdl_child(cdl: str, work: Path, mount_args: str = "", isolate: bool = Fa
         _cleanup(work)
     if failure and not isolate and proc_crashed(failure):
         shutil.rmtree(work, ignore_errors=True)
-        return run_cdl_child(cdl, work, mount_args, isolate=True)
+        return run_cdl_child(cdl, work, mount_args, isolate=True, direct=direct)
     if failure or not out.exists():
         return [dict(cdl=cdl, variant="*", client="*", var="*", cls="error", reason=failure or "no rows",
                      notes=[], seconds=round(time.monotonic() - t0, 1))]
@@ -520,6 +523,9 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown", type=Path, help="write every non-identical result as a Markdown table here")
     ap.add_argument("--mount-args", default="",
                     help='extra options for refmount mount, e.g. --mount-args="--chars string"')
+    ap.add_argument("--direct", action="store_true",
+                    help="mount each .nc itself (refmount mount FILE MNT, scanned by refmount) instead of kerchunk's "
+                    "references of it; kerchunk's references still tell what kerchunk loses")
     ap.add_argument("--from-report", type=Path, help="print (and --markdown) an earlier --out report instead of running")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--isolate", action="store_true", help=argparse.SUPPRESS)
@@ -546,7 +552,7 @@ def main(argv=None) -> int:
             pickle.dump(shot, f)
         return 0
     if args.one:
-        rows = run_one(args.one, args.work, shlex.split(args.mount_args), args.isolate)
+        rows = run_one(args.one, args.work, shlex.split(args.mount_args), args.isolate, args.direct)
         (args.work / "rows.json").write_text(json.dumps(rows, indent=1, default=str))
         return 0
 
@@ -560,7 +566,7 @@ def main(argv=None) -> int:
     rows: List[dict] = []
     with tempfile.TemporaryDirectory(prefix="refmount-conformance-") as tmp:
         def one(n):
-            return run_cdl_child(n, Path(tmp) / n.strip("/").replace("/", "__"), args.mount_args)
+            return run_cdl_child(n, Path(tmp) / n.strip("/").replace("/", "__"), args.mount_args, direct=args.direct)
 
         with ThreadPoolExecutor(max(1, args.jobs)) as pool:
             for n, result in zip(names, pool.map(one, names)):

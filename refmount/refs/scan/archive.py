@@ -126,8 +126,9 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
         entries = [Entry(location.rstrip("/").rsplit("/", 1)[-1], location)]
     else:
         headers = options.remote_options.get("headers")
-        entries = list_sources(location, options.remote_options, headers)
-        if dmrpp_module() is not None:
+        sidecars = dmrpp_module() is not None
+        entries = list_sources(location, options.remote_options, headers, sidecars)
+        if sidecars:
             entries = pair_sidecars(entries)
         if not entries:
             raise RefmountError(f"{quote(redact(location))} names no files")
@@ -154,7 +155,7 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
             token = trio.lowlevel.current_trio_token()
 
             def read(url: str, offset: int, length: int) -> bytes:
-                return bytes(trio.from_thread.run(reader.read, url, offset, offset + length, trio_token=token))
+                return bytes(trio.from_thread.run(reader.read_exact, url, offset, offset + length, trio_token=token))
 
             return scanned, await trio.to_thread.run_sync(then, kind, scanned, read)
 
@@ -209,6 +210,12 @@ class _Reader:
     async def read(self, url: str, start: int, end: int):
         return await self.cache.read(url, start, end)
 
+    async def read_exact(self, url: str, start: int, end: int):
+        """A coordinate's chunk: from the header's blocks when they are cached (a scanned file), else as a
+        request of that range alone (a file a DMR++ described: none of it was read, and a whole block of
+        it would be a MiB per file for a few bytes of time)."""
+        return await self.cache.read_exact(url, start, end)
+
     async def __aenter__(self) -> "_Reader":
         return self
 
@@ -259,7 +266,7 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
     from refmount.refs.scan.pool import ScanFailed
 
     if entry.sidecar:
-        return await _from_sidecar(fetcher, entry, lookups)
+        return await _from_sidecar(fetcher, entry, lookups, store, max_refs_size)
     async with lookups:
         size, version = await _identify(fetcher, entry)
     kept = store.get(entry.url, version, max_refs_size) if version else None
@@ -295,22 +302,31 @@ def dmrpp_module():
     return dmrpp if hasattr(dmrpp, "dmrpp_to_refs") else None
 
 
-async def _from_sidecar(fetcher, entry: Entry, lookups) -> Scanned:
-    """A data file's references from its DMR++ (no byte of the data file is read)."""
+async def _from_sidecar(fetcher, entry: Entry, lookups, store, max_refs_size) -> Scanned:
+    """A data file's references from its DMR++ (no byte of the data file is read). The DMR++'s version
+    stands for the file's: kept in the scan store, a warm mount reads neither, nor (with --concat) the
+    coordinates again."""
     from refmount.refs.scan.pool import ScanFailed
 
+    data_url = None if entry.url == entry.sidecar else entry.url
     async with lookups:
-        size = await fetcher.size(entry.sidecar)
+        listed = (entry.size, entry.version) if entry.url == entry.sidecar else ()  # (a pair's are the data file's)
+        size, version = await _identify(fetcher, Entry(entry.name, entry.sidecar, *listed))
+    version = f"dmrpp {version}" if version else None
+    kept = store.get(entry.sidecar, version, max_refs_size) if version else None
+    if kept is not None:
+        return Scanned(entry.name, data_url or entry.url, "dmrpp", kept["refs"], kept.get("refused", []), version)
     if size > 256 << 20:
         raise ScanFailed(f"its DMR++ {redact(entry.sidecar)} is larger than 256 MiB")
     text = b"".join(map(bytes, await fetcher.read(entry.sidecar, 0, size)))
-    data_url = None if entry.url == entry.sidecar else entry.url
     try:
         refs, refused = await trio.to_thread.run_sync(
             lambda: dmrpp_module().dmrpp_to_refs(text, entry.sidecar, data_url))
     except RefmountError as e:
         raise ScanFailed(str(e)) from None
-    return Scanned(entry.name, data_url or entry.url, "dmrpp", refs, list(refused))
+    if version:
+        store.put(entry.sidecar, version, {"format": "dmrpp", "refs": refs, "refused": list(refused)})
+    return Scanned(entry.name, data_url or entry.url, "dmrpp", refs, list(refused), version)
 
 
 async def _identify(fetcher, entry: Entry) -> tuple[int, str | None]:

@@ -116,19 +116,21 @@ def _too_many(location: str) -> RefmountError:
     return RefmountError(f"{quote(location)} names more than {MAX_ENTRIES:,} files")
 
 
-def list_sources(location: str, remote_options: dict | None = None, headers: dict | None = None) -> list[Entry]:
-    """The data files `location` names, in a stable (sorted) order."""
+def list_sources(location: str, remote_options: dict | None = None, headers: dict | None = None,
+                 sidecars: bool = False) -> list[Entry]:
+    """The data files `location` names, in a stable (sorted) order. `sidecars`: a glob also lists the
+    DMR++ `X.dmrpp` of each `X` it matches (`*.nc` names the data files; their sidecars sit beside them)."""
     if location.startswith("@"):
         return _list_file_of_paths(location[1:])
     proto = protocol_of(location)
     if proto in ("http", "https"):
-        return _list_http(location, headers or {})
+        return _list_http(location, headers or {}, sidecars)
     if proto in ("s3", "s3a"):
-        return _list_s3(location, remote_options or {})
+        return _list_s3(location, remote_options or {}, sidecars)
     if is_remote(location):
         raise RefmountError(f"cannot list {quote(redact(location))}: globs and directories work for local paths, "
                             "s3:// and http(s):// only")
-    return _list_local(local_path(location))
+    return _list_local(local_path(location), sidecars)
 
 
 def _list_file_of_paths(path: str) -> list[Entry]:
@@ -148,10 +150,11 @@ def _list_file_of_paths(path: str) -> list[Entry]:
     return _names([Entry(_basename(u), u) for u in urls], [urlsplit(u).path if is_remote(u) else u for u in urls])
 
 
-def _list_local(path: str) -> list[Entry]:
+def _list_local(path: str, sidecars: bool = False) -> list[Entry]:
     if has_glob(path):
         base = _glob_base(path)
-        found = sorted(p for p in glob.iglob(path, recursive=True) if os.path.isfile(p))
+        patterns = [path, path + DMRPP_SUFFIX] if sidecars else [path]
+        found = sorted({p for pattern in patterns for p in glob.iglob(pattern, recursive=True) if os.path.isfile(p)})
     elif os.path.isdir(path):
         base = path
         found = []
@@ -258,7 +261,7 @@ def index_links(page_url: str, html: str) -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(files)), list(dict.fromkeys(dirs))
 
 
-def _list_http(location: str, headers: dict) -> list[Entry]:
+def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[Entry]:
     parts = urlsplit(location)
     if has_glob(location):
         first = min(i for i, c in enumerate(parts.path) if c in "*[")
@@ -284,7 +287,8 @@ def _list_http(location: str, headers: dict) -> list[Entry]:
     chosen = []
     for url in found:
         rel = unquote(urlsplit(url).path[len(base_path):])
-        if matches(pattern, rel.split("/")):
+        if matches(pattern, rel.split("/")) or sidecars and rel.endswith(DMRPP_SUFFIX) and \
+                matches(pattern, rel[: -len(DMRPP_SUFFIX)].split("/")):
             chosen.append((url, rel))
     chosen.sort(key=lambda item: item[1])
     return _names([Entry(_basename(u), u) for u, _ in chosen], [rel for _, rel in chosen])
@@ -292,7 +296,7 @@ def _list_http(location: str, headers: dict) -> list[Entry]:
 
 # -- s3: the bucket's listing (its ETags and sizes: no HEAD per object) -------------------------------
 
-def _list_s3(location: str, remote_options: dict) -> list[Entry]:
+def _list_s3(location: str, remote_options: dict, sidecars: bool = False) -> list[Entry]:
     import s3fs
 
     proto, _, rest = location.partition("://")
@@ -301,6 +305,8 @@ def _list_s3(location: str, remote_options: dict) -> list[Entry]:
         fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
         if has_glob(rest):
             listed = fs.glob(rest, detail=True)
+            if sidecars:  # (from the listings the first glob cached)
+                listed.update(fs.glob(rest + DMRPP_SUFFIX, detail=True))
             base = _glob_base(rest)
         else:
             listed = fs.find(rest.rstrip("/"), detail=True)

@@ -13,6 +13,7 @@ ends a scan. Parent -> worker: a pickled ("scan", format, url, size) tuple, or N
 from __future__ import annotations
 
 import base64
+import gc
 import io
 import logging
 import os
@@ -169,9 +170,16 @@ def _scan_hdf5(conn, url: str, size: int, refused: list) -> dict:
 
     fileobj = PipeReader(conn, size)
     translator = Translator(fileobj, url=url, error="raise")
+    # The garbage collector off while kerchunk walks the file: a collection that zarr's I/O thread runs
+    # frees h5py objects, which takes h5py's lock, which kerchunk holds while it waits for that thread:
+    # a deadlock (kerchunk's NEONDSTowerTemperatureData.hdf5 hung every scan). Refcounting still frees
+    # what is not cyclic; RLIMIT_AS bounds the rest.
+    gc.collect()
+    gc.disable()
     try:
         return translator.translate()
     finally:
+        gc.enable()
         translator.close()
 
 
