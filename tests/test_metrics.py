@@ -81,7 +81,7 @@ def test_prometheus_scrape_matches_the_servers_logs(tmp_path, mount):
             Nginx(roots["b"], f"root {roots['b'] / 'data'};", LOG_FORMAT) as b, \
             Prometheus(tmp_path / "prometheus", [f"127.0.0.1:{port}"]) as prom:
         refs = tmp_path / "refs.json"
-        sizes = write_refs(refs, a, b)
+        write_refs(refs, a, b)
         m = mount(refs, "--view", "raw", "--metrics", str(port), "--read-timeout", "2")
         m.wait_announced()
         read = 0
@@ -99,7 +99,6 @@ def test_prometheus_scrape_matches_the_servers_logs(tmp_path, mount):
         stats = wait_quiet(m)
 
         hosts = {f"127.0.0.1:{a.port}": a, f"127.0.0.1:{b.port}": b}
-        mine = {"mountpoint": str(m.path)}
         deadline = time.monotonic() + 15  # until a scrape after the reads has landed
         while True:
             requests = prom.values('refmount_fetch_requests_total{mountpoint="%s"}' % m.path, "host")
