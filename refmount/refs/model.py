@@ -61,12 +61,25 @@ def key_problem(key: str) -> str | None:
     if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
         return f"is longer than {MAX_KEY_BYTES} bytes"
     for segment in key.split("/"):
-        if segment == "":
-            return "has an empty path segment"
-        if segment in (".", ".."):
-            return f"has a {segment!r} path segment"
-        if len(segment.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
-            return f"has a path segment longer than {MAX_NAME_BYTES} bytes"
+        problem = name_problem(segment)
+        if problem is not None:
+            return f"has a path segment that {problem}"
+    return None
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot be one entry of a directory, or None: the one check of every name that comes
+    from outside (a key's segment, a listed file, an index link, a DMR++ variable, a catalog item)."""
+    if name == "":
+        return "is empty"
+    if "\x00" in name:
+        return "contains a NUL byte"
+    if "/" in name:
+        return "contains '/'"
+    if name in (".", ".."):
+        return f"is {name!r}"
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        return f"is longer than {MAX_NAME_BYTES} bytes"
     return None
 
 
