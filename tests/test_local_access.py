@@ -293,3 +293,39 @@ def test_a_private_dmrpp_sidecar_keeps_its_values(shared_dir):
     mnt = mounted_source(shared, mounts, f"{files}/*", "--view", "raw")
     keys = [mnt / "x.h5" / ".zattrs", mnt / "x.h5" / ".zgroup"]
     assert_refused_then_readable(keys, make_readable=lambda: sidecar.chmod(0o644), listed=mnt / "x.h5")
+
+
+def test_a_private_dmrpp_mounted_directly_keeps_its_values(shared_dir):
+    from tests.support.dmrpp_files import make_netcdf, write_dmrpp
+
+    shared, mounts = shared_dir
+    data = make_netcdf(shared / "x.h5")
+    data.chmod(0o644)
+    sidecar = private(write_dmrpp(data, shared / "x.h5.dmrpp"))
+    mnt = mounted_source(shared, mounts, sidecar, "--view", "raw")
+    assert_refused_then_readable([mnt / ".zattrs", mnt / ".zgroup"], make_readable=lambda: sidecar.chmod(0o644),
+                                 listed=mnt)
+
+
+@pytest.mark.parametrize("view", ["decoded", "raw"])
+def test_a_zarr_store_s_metadata_is_for_those_who_may_read_its_zarr_json(shared_dir, view):
+    import numpy as np
+    import zarr
+
+    shared, mounts = shared_dir
+    store = shared / "store"
+    group = zarr.create_group(str(store), zarr_format=3, attributes={"title": "a secret title"})
+    group.create_array("v", shape=(4,), chunks=(4,), dtype="i2", attributes={"units": "K"})[:] = np.arange(4)
+    for path in store.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    store.chmod(0o755)
+    hidden = [private(store / "zarr.json"), private(store / "v" / "zarr.json")]
+    mnt = mounted_source(shared, mounts, store, "--view", view)
+    keys = [mnt / "zarr.json", mnt / "v" / "zarr.json"] if view == "raw" else \
+        [mnt / ".zattrs", mnt / ".zgroup", mnt / "v" / ".zarray", mnt / "v" / ".zattrs", mnt / ".zmetadata"]
+
+    def make_readable():
+        for path in hidden:
+            path.chmod(0o644)
+
+    assert_refused_then_readable(keys, make_readable=make_readable, listed=mnt / "v")

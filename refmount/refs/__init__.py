@@ -52,7 +52,8 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
         with load_deadline(load_timeout), memory_limit(memory_budget(max_keys, max_refs_size)):
             refset = _load(location, remote_options, max_keys, progress, max_refs_size, version, containers,
                            max_value_size, data_url)
-        refset.origins = of_reference_source(location)  # (its inline values are that file's bytes)
+        if getattr(refset, "origins", None) is None:  # (a directory's loader says which of its files)
+            refset.origins = of_reference_source(location)  # its inline values are that file's bytes
         return refset
     except ValueTooBig as e:
         key = f" (key {quote(e.key)})" if e.key is not None else ""

@@ -12,7 +12,11 @@ the directory it is in, as the reference set was built:
 - one subdirectory per data file (a glob without --concat): a key is its subdirectory's file's, and a
   key outside them (the root's .zgroup, a consolidated .zmetadata) is every file's;
 - several files combined (--concat): every key is every file's, since the order, the checks and the
-  coordinate's values come from all of them.
+  coordinate's values come from all of them;
+- a reference set that is a directory: a Zarr store's keys are their directory's zarr.json's, a
+  Parquet set's its .zmetadata's (and an array's inline chunks its records directory's), an Icechunk
+  repository's the repository directory's (a directory stands for what is in it: read and search
+  permission on it, fuse/access.py).
 
 Only locations that reach local files are kept (plain paths made absolute): a remote file has no
 permissions to answer for.
@@ -30,15 +34,22 @@ class Origins:
     by_dir: dict[str, tuple[str, ...]] = field(default_factory=dict)  # directory path -> its files
 
     def of(self, key: str) -> tuple[str, ...]:
-        """The files behind `key`'s bytes (of an inline or derived key: a reference's own url is not here)."""
+        """The files behind `key`'s bytes (of an inline or derived key: a reference's own url is not
+        here): its innermost directory's in `by_dir`, else the default. The root's consolidated
+        metadata is every directory's metadata: every file's."""
         if self.by_dir:
-            end = key.find("/")
+            if key == ".zmetadata":
+                return self.every()
+            end = key.rfind("/")
             while end > 0:
                 found = self.by_dir.get(key[:end])
                 if found is not None:
                     return found
-                end = key.find("/", end + 1)
+                end = key.rfind("/", 0, end)
         return self.default
+
+    def every(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys([*self.default, *(f for found in self.by_dir.values() for f in found)]))
 
 
 NONE = Origins()
