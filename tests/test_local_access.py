@@ -329,3 +329,18 @@ def test_a_zarr_store_s_metadata_is_for_those_who_may_read_its_zarr_json(shared_
             path.chmod(0o644)
 
     assert_refused_then_readable(keys, make_readable=make_readable, listed=mnt / "v")
+
+
+def test_a_key_s_origins_are_its_innermost_dataset_s():
+    """(no mount) The rule refs/origins.py keeps: a key is its innermost listed directory's files', else
+    the default's; the root's consolidated metadata is every file's."""
+    from refmount.refs.origins import Origins, of_reference_source
+
+    origins = Origins(("/d/a.nc", "/d/sub/b.nc"), {"a.nc": ("/d/a.nc",), "sub/b.nc": ("/d/sub/b.nc",),
+                                                   "sub": ("/d/sub.nc",)})
+    assert origins.of("a.nc/lat/.zarray") == ("/d/a.nc",)
+    assert origins.of("sub/b.nc/.zattrs") == ("/d/sub/b.nc",)  # (not "sub"'s)
+    assert origins.of("sub/x/.zattrs") == ("/d/sub.nc",)
+    assert origins.of(".zgroup") == origins.of("a.ncx/.zattrs") == ("/d/a.nc", "/d/sub/b.nc")
+    assert set(origins.of(".zmetadata")) == {"/d/a.nc", "/d/sub/b.nc", "/d/sub.nc"}
+    assert of_reference_source("https://example.org/refs.json").of(".zattrs") == ()  # (nothing local)

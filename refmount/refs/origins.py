@@ -76,13 +76,14 @@ def files(*locations: str | None) -> tuple[str, ...]:
 
 def of_reference_source(location: str) -> Origins:
     """The origins of a reference set read from `location` (a reference file, a DMR++, a Parquet, Zarr
-    or Icechunk directory): every inline key is its bytes. None for a pipe (stdin, /dev/fd/N): nothing
-    there to answer for, but what the mounting user fed it."""
+    or Icechunk directory): every inline key is its bytes. Standard input redirected from a file is
+    that file; a pipe has nothing to answer for but what the mounting user fed it (NONE)."""
     from refmount.fetch.protocols import is_remote, local_path
 
-    if is_remote(location):
-        return of_files(location)
-    path = os.path.abspath(local_path(location))
-    if path.startswith(("/dev/", "/proc/")) or not (os.path.isfile(path) or os.path.isdir(path)):
+    if is_remote(location):  # (a chain through a local cache too: what it holds is the remote object's)
         return NONE
-    return of_files(path)
+    path = os.path.abspath(local_path(location))
+    real = os.path.realpath(path)  # (/dev/stdin: the file it was redirected from, or pipe:[N])
+    if real.startswith("/proc/") or not (os.path.isfile(real) or os.path.isdir(real)):
+        return NONE
+    return of_files(real if path.startswith(("/dev/fd/", "/dev/std", "/proc/")) else path)
