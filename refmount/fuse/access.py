@@ -11,9 +11,18 @@ files' owner and mode: a key may be made of several files, a file may not exist 
 is mounted (or change mode later), and a mount by an ordinary user must not be a way into that
 user's files either.
 
-Keys whose bytes are inline or remote open as before, and so does everything for root and for the
-mount's own user (who could read the files without it). A target that reaches local files through
-an fsspec chain (`simplecache::file://...`, `memory://`) cannot be checked: only those two may open it.
+"Whose bytes come from local files" covers more than references (view `sources`, refs/origins.py):
+a data file's attributes and small variables, inlined by its scan, and the metadata made of them
+(.zattrs, .zarray, zarr.json, .zmetadata, every reader's form) are that file's; a reference file's
+inline values are its own; a DMR++ sidecar's values are the sidecar's and its data file's; a key
+combined from several files (--concat, a glob's root) is all of theirs. The same answer covers the
+key's extended attributes (its url and offset). A directory (a reference set that is one) stands
+for the files in it: read and search permission on it.
+
+Keys whose bytes are remote, or inline from a remote source, open as before, and so does everything
+for root and for the mount's own user (who could read the files without it). A location that
+reaches local files through an fsspec chain (`simplecache::file://...`, `memory://`) cannot be
+checked: only those two may open it.
 """
 
 from __future__ import annotations
@@ -104,7 +113,8 @@ def may_read(path: str, uid: int, groups: set[int]) -> bool:
         st = os.stat(real)
         if _has_acl(real):
             return st.st_uid == uid
-        return _allowed(st, uid, groups, 4)
+        # (a directory stands for the files in it, a reference set that is one: listing and entering it)
+        return _allowed(st, uid, groups, 5 if stat.S_ISDIR(st.st_mode) else 4)
     except OSError:
         return False
 

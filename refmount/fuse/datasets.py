@@ -212,14 +212,14 @@ class DatasetRoot:
         inner = child.key_of(local) if child is not None and local != ROOT_INODE else ""
         return f"{self.names[k]}/{inner}"
 
-    async def xattrs(self, ino: int) -> dict[str, str]:
+    async def xattrs(self, ino: int, caller=None) -> dict[str, str]:
         if ino == ROOT_INODE:
             return {XATTR_PREFIX + "stats": json.dumps(self.stats(), sort_keys=True),
                     XATTR_PREFIX + "pid": str(os.getpid()), XATTR_PREFIX + "view": self.view.name,
                     **{XATTR_PREFIX + name: value for name, value in self.mount_info.items()}}
         k, local = self._split(ino)
         child = await self._child(k)
-        return {} if local == ROOT_INODE else await child.xattrs(local)
+        return {} if local == ROOT_INODE else await child.xattrs(local, caller)
 
     getxattr = Filesystem.getxattr
     listxattr = Filesystem.listxattr

@@ -209,24 +209,33 @@ class Filesystem:
 
     async def open(self, ino: int, flags: int, caller=None) -> tuple[int, bool]:
         """(file handle, whether reads must bypass the page cache). `caller` (fuse.access.Caller): who
-        opens. With --allow-other, a key whose bytes come from local files opens only for those who
-        may read the files. A metadata file whose bytes depend on who reads it is opened in the form
-        of the caller's process (the same size in every form), and read around the page cache, so
-        that no reader sees another one's form."""
+        opens. With --allow-other, a key whose bytes come from local files (its target, or the files
+        its inline bytes were read from) opens only for those who may read the files. A metadata
+        file whose bytes depend on who reads it is opened in the form of the caller's process (the
+        same size in every form), and read around the page cache, so that no reader sees another
+        one's form."""
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT):
             raise FsError(errno.EROFS)
         i = await self._key_of_ino(ino)
         if i is None:
             raise FsError(errno.EISDIR if self._dir_of_ino(ino) is not None else errno.ENOENT)
-        if self.local_access is not None and caller is not None and \
-                not await self.local_access.allows(caller, self.view.targets(i), self.refset.key(i)):
-            raise FsError(errno.EACCES)
+        await self._check_access(i, caller)
         if self.readers is not None and self.view.varies(i):
             index = self.view.form_index
             name = await self.readers.form_of_caller(caller.pid if caller is not None else 0)
             form = index.get(name, index.get(self.readers.fallback, 0))
             return ino | (form + 1) << FORM_SHIFT, True
         return ino, False
+
+    async def _check_access(self, i: int, caller) -> None:
+        """EACCES unless `caller` may have key i's bytes: with --allow-other, those that come from
+        local files (a reference's target, or the files inline and derived bytes were read from:
+        view.sources) are for those who may read the files (fuse/access.py decides)."""
+        access = self.local_access
+        if access is None or caller is None or access.exempt(caller):  # (before asking the view anything)
+            return
+        if not await access.allows(caller, self.view.sources(i), self.refset.key(i)):
+            raise FsError(errno.EACCES)
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
         i = await self._key_of_ino(fh & _INODE_BITS)
@@ -261,7 +270,8 @@ class Filesystem:
 
     # -- extended attributes ----------------------------------------------------------------------
 
-    async def xattrs(self, ino: int) -> dict[str, str]:
+    async def xattrs(self, ino: int, caller=None) -> dict[str, str]:
+        """A key's attributes (its url, offset, ...) are for those who may open it."""
         if ino == ROOT_INODE:
             return {XATTR_PREFIX + "stats": json.dumps(self.stats(), sort_keys=True),
                     XATTR_PREFIX + "pid": str(os.getpid()), XATTR_PREFIX + "view": self.view.name,
@@ -271,21 +281,22 @@ class Filesystem:
         i = await self._key_of_ino(ino)
         if i is None:
             raise FsError(errno.ENOENT)
+        await self._check_access(i, caller)
         return self.view.xattrs(i)
 
-    async def getxattr(self, ino: int, name: bytes) -> bytes:
+    async def getxattr(self, ino: int, name: bytes, caller=None) -> bytes:
         if not name.startswith(b"user."):
             # security.selinux, system.posix_acl_access, ...: `ls -l` asks for both on every file, and
             # "not supported" (unlike "no such attribute") makes it stop asking for this mount. Never
             # ENOSYS: the kernel would stop forwarding getxattr, user.refmount.* included.
             raise FsError(errno.EOPNOTSUPP)
-        value = (await self.xattrs(ino)).get(name.decode("utf-8", "replace"))
+        value = (await self.xattrs(ino, caller)).get(name.decode("utf-8", "replace"))
         if value is None:
             raise FsError(errno.ENODATA)
         return value.encode("utf-8")
 
-    async def listxattr(self, ino: int) -> list[bytes]:
-        return [name.encode("utf-8") for name in await self.xattrs(ino)]
+    async def listxattr(self, ino: int, caller=None) -> list[bytes]:
+        return [name.encode("utf-8") for name in await self.xattrs(ino, caller)]
 
     def statfs(self) -> dict:
         return {"f_bsize": 1 << 20, "f_frsize": 1 << 20, "f_blocks": 0, "f_bfree": 0, "f_bavail": 0,

@@ -56,6 +56,10 @@ def _reply(handler):
     return wrapper
 
 
+def _caller(ctx) -> Caller | None:
+    return Caller(ctx.uid, ctx.gid, ctx.pid) if ctx is not None else None
+
+
 def _read_only(*_):
     raise pyfuse3.FUSEError(errno.EROFS)
 
@@ -163,8 +167,7 @@ class FuseOperations(pyfuse3.Operations):
 
     @_reply
     async def open(self, inode, flags, ctx):
-        caller = Caller(ctx.uid, ctx.gid, ctx.pid) if ctx is not None else None
-        fh, direct = await self.fs.open(inode, flags, caller)
+        fh, direct = await self.fs.open(inode, flags, _caller(ctx))
         return pyfuse3.FileInfo(fh=fh, keep_cache=not direct, direct_io=direct)
 
     @_reply
@@ -180,11 +183,11 @@ class FuseOperations(pyfuse3.Operations):
 
     @_reply
     async def getxattr(self, inode, name, ctx):
-        return await self.fs.getxattr(inode, name)
+        return await self.fs.getxattr(inode, name, _caller(ctx))
 
     @_reply
     async def listxattr(self, inode, ctx):
-        return await self.fs.listxattr(inode)
+        return await self.fs.listxattr(inode, _caller(ctx))
 
     @_reply
     async def statfs(self, ctx):

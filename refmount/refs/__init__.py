@@ -18,6 +18,7 @@ from refmount.refs.limits import (DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_VALUE_SIZE, 
                                   default_max_keys, default_max_refs_size, format_size, load_deadline, memory_budget,
                                   memory_limit)
 from refmount.refs.model import INLINE, WHOLE_FILE, Ref, RefSet, RefSetBuilder
+from refmount.refs.origins import of_reference_source
 from refmount.refs.source import is_parquet_location, open_reference_file
 
 DEFAULT_MAX_KEYS = default_max_keys()  # from the memory available at start (refs/limits.py)
@@ -49,8 +50,11 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
             return load_archive(location, options, max_keys=max_keys, max_refs_size=max_refs_size,
                                 max_value_size=max_value_size, timeout=load_timeout)
         with load_deadline(load_timeout), memory_limit(memory_budget(max_keys, max_refs_size)):
-            return _load(location, remote_options, max_keys, progress, max_refs_size, version, containers,
-                         max_value_size, data_url)
+            refset = _load(location, remote_options, max_keys, progress, max_refs_size, version, containers,
+                           max_value_size, data_url)
+        if getattr(refset, "origins", None) is None:  # (a directory's loader says which of its files)
+            refset.origins = of_reference_source(location)  # its inline values are that file's bytes
+        return refset
     except ValueTooBig as e:
         key = f" (key {quote(e.key)})" if e.key is not None else ""
         raise RefsError(f"reference file {quote(location)} holds a single JSON value{key} larger than "

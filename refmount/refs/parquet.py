@@ -27,6 +27,7 @@ from refmount.cache.lru import SingleFlightLRU
 from refmount.refs.jsonrefs import add_mapping
 from refmount.refs.limits import RefsTooBig
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
+from refmount.refs.origins import Origins, files
 from refmount.refs.relative import RelativeTargets, base_of
 from refmount.fetch.protocols import is_remote, local_path
 from refmount.refs.source import fsspec_options
@@ -104,6 +105,10 @@ def load_parquet(location: str, *, remote_options: dict, max_keys: int | None = 
     meta = builder.build()
     refset = ParquetRefSet(location, meta, record_size, remote_options, max_keys, loaded_records)
     refset.check_schema()
+    if not is_remote(location):  # (--allow-other: what its keys were read from, refs/origins.py)
+        metadata = _join(location, ".zmetadata")
+        refset.origins = Origins(files(metadata), {a.path: files(metadata, _join(location, a.path))
+                                                   for a in refset.arrays if a.path})
     return refset
 
 

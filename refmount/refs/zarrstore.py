@@ -15,6 +15,7 @@ import os
 from refmount.errors import RefsError, quote
 from refmount.fetch.protocols import is_remote, local_path
 from refmount.refs.model import INLINE, RefSet, RefSetBuilder
+from refmount.refs.origins import Origins
 
 BATCH = 4096
 MAX_METADATA_BYTES = 64 << 20  # one zarr.json (consolidated metadata of a big hierarchy included)
@@ -31,6 +32,7 @@ def load_zarr_store(location: str, *, max_keys: int | None = None, max_bytes: in
     root = os.path.abspath(local_path(location))
     builder = RefSetBuilder(max_keys, max_bytes)
     keys, url_ids, offsets, lengths, inline = [], [], [], [], {}
+    metadata_files: dict[str, tuple[str]] = {}  # directory -> its zarr.json (what its metadata keys are)
 
     def flush() -> None:
         builder.add_batch(keys, url_ids, offsets, lengths, dict(inline))
@@ -42,6 +44,7 @@ def load_zarr_store(location: str, *, max_keys: int | None = None, max_bytes: in
                 raise RefsError(f"{quote(path)} is larger than {MAX_METADATA_BYTES >> 20} MiB")
             with open(path, "rb") as f:
                 inline[len(keys)] = f.read()
+            metadata_files[key.rpartition("/")[0]] = (path,)
             url_ids.append(INLINE)
             lengths.append(len(inline[len(keys)]))
         else:
@@ -52,7 +55,9 @@ def load_zarr_store(location: str, *, max_keys: int | None = None, max_bytes: in
         if len(keys) >= BATCH:
             flush()
     flush()
-    return builder.build()
+    refset = builder.build()
+    refset.origins = Origins(metadata_files.pop("", ()), metadata_files)  # (--allow-other: refs/origins.py)
+    return refset
 
 
 def _files(root: str):

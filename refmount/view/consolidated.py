@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from refmount.refs.origins import origins_of
 from refmount.view.arrays import dump_json
 
 log = logging.getLogger("refmount")
@@ -94,8 +95,10 @@ class _RawWithConsolidated:
     async def read_all(self, i: int) -> bytes:
         return self._data if i == self._index else await self.raw.read_all(i)
 
-    def targets(self, i: int) -> list[str]:
-        return [] if i == self._index else self.raw.targets(i)
+    def sources(self, i: int) -> list[str]:
+        """(.zmetadata is made of every key's metadata: the files behind a key outside every dataset's
+        directory, which in a glob's mount are all of them)"""
+        return list(origins_of(self.refset).of(".zmetadata")) if i == self._index else self.raw.sources(i)
 
     def xattrs(self, i: int) -> dict[str, str]:
         if i == self._index:

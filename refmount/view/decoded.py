@@ -29,6 +29,7 @@ from refmount.view.forms import FORMS, joins_last_dimension, nczarr_tree, served
 from refmount.view.bounded import decode_bounded, decode_into
 from refmount.view.consolidated import consolidated_value
 from refmount.errors import RefmountError
+from refmount.refs.origins import origins_of
 from refmount.cache.budget import ScratchLimiter
 from refmount.cache.lru import SingleFlightLRU
 from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes
@@ -482,12 +483,16 @@ class DecodedView:
         np.copyto(np.frombuffer(out, dtype=served).reshape(array.shape), array, casting="unsafe")
         return out.toreadonly()
 
-    def targets(self, i: int) -> list[str]:
-        """The urls whose bytes key `i` is made of (none for metadata, rewritten from inline text)."""
+    def sources(self, i: int) -> list[str]:
+        """Where key `i`'s bytes come from: a chunk's, its reference's url (or for an inline one, the
+        files the set read it from); metadata rewritten from inline text, a key this view adds and a
+        missing chunk served as fill, the files behind their directory (refs/origins.py)."""
         i = self._renamed.get(i, i)
         if i in self._metadata or i >= self.raw.refset.capacity:
-            return []
-        return self.raw.targets(i)
+            derived = origins_of(self.refset).of(self.refset.key(i))
+            read = self.raw.sources(i) if i < self.raw.refset.capacity else []  # (a .zattrs may be a reference)
+            return list(dict.fromkeys([*derived, *read]))
+        return self.raw.sources(i)
 
     # -- extended attributes ----------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from refmount.cache.lru import SingleFlightLRU
 from refmount.fetch.protocols import is_remote
 from refmount.view.gridahead import GridAhead
 from refmount.refs import INLINE, WHOLE_FILE, RefSet
+from refmount.refs.origins import origins_of
 
 log = logging.getLogger("refmount")
 
@@ -652,10 +653,11 @@ class RawView:
         data = await self.read(i, 0, await self.size(i))
         return data if isinstance(data, bytes) else bytes(data)
 
-    def targets(self, i: int) -> list[str]:
-        """The urls whose bytes key `i` serves (none for inline data)."""
+    def sources(self, i: int) -> list[str]:
+        """Where key `i`'s bytes come from: its reference's url, or for inline data the files the
+        reference set read or scanned it from (refs/origins.py; what --allow-other checks)."""
         uid = self.refset.target(i)[0]
-        return [] if uid == INLINE else [self.refset.urls[uid]]
+        return list(origins_of(self.refset).of(self.refset.key(i))) if uid == INLINE else [self.refset.urls[uid]]
 
     # -- extended attributes ----------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ import trio
 
 from refmount.errors import FetchError, RefmountError, RefsError, quote
 from refmount.fetch.stats import redact
+from refmount.refs.origins import Origins, files
 from refmount.refs.scan.formats import FORMAT_NAMES, SNIFF_BYTES, sniff
 from refmount.refs.scan.sources import Entry, list_sources, looks_like_many, may_be_data_file, pair_sidecars
 
@@ -78,6 +79,7 @@ class Scanned:
     refs: dict
     refused: list
     version: str | None = None  # what the scan store keyed it by (None: not kept)
+    files: tuple = ()  # the local files its inline values were read from (refs/origins.py: set by who scanned it)
 
 
 def is_archive_source(location: str, remote_options: dict | None = None) -> bool:
@@ -244,6 +246,7 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
     async def one(i: int, entry: Entry) -> None:
         try:
             results[i] = await scan_entry(entry, reader.fetcher, reader.read, pool, store, lookups, max_refs_size)
+            results[i].files = files(entry.url, entry.sidecar)
         except (ScanFailed, FetchError) as e:
             failures.append((entry, str(e)))
         finally:
@@ -369,6 +372,17 @@ def combined_refs(kind: str, scanned: list[Scanned], options: ArchiveOptions, re
     return out
 
 
+def combined_origins(kind: str, scanned: list[Scanned], options: ArchiveOptions) -> Origins:
+    """Which files stand behind the keys `combined_refs` makes (refs/origins.py): one file's; each
+    subdirectory its file's and the root every file's; or, combined, every key every file's."""
+    every = files(*(f for s in scanned for f in s.files))
+    if kind == "file":
+        return Origins(scanned[0].files)
+    if options.concat:
+        return Origins(every)
+    return Origins(every, {s.name: s.files for s in scanned})
+
+
 def kept_combination(options: ArchiveOptions, max_refs_size: int):
     """`combined_refs`, but a combination of the same files at the same versions with the same options
     comes from the scan store (combining reads every file's coordinates: a warm mount must not)."""
@@ -422,6 +436,7 @@ def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_s
     del refs
     refset.refused = {s.name: list(s.refused) for s in scanned if s.refused}
     refset.scanned = kind
+    refset.origins = combined_origins(kind, scanned, options)
     return refset
 
 
@@ -538,6 +553,7 @@ class ArchiveScanner:
         used = refset.url_id[remote]
         refset.url_span = (int(used.min()), int(used.max()) + 1) if used.size else (k, k + 1)  # (view.raw.PastEnd)
         refset.refused = {scanned.name: list(scanned.refused)} if scanned.refused else {}
+        refset.origins = Origins(files(entry.url, entry.sidecar))
         self.files_scanned += 1
         self.seconds += time.monotonic() - started
         log.info("scanned %s in %.2f s", redact(entry.url), time.monotonic() - started)
