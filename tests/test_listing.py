@@ -310,3 +310,11 @@ def test_scan_failures_name_what_failed(scans, tmp_path):
     assert f"{d}/empty.nc: is empty" in lines[0]
     assert f"{d}/text.nc: is not a netCDF, HDF5, GRIB or TIFF file" in lines[1]
     assert f"{d}/third.nc: netCDF-4/HDF5 file that cannot be scanned: it is truncated" in lines[2]
+
+
+def test_grib_ranges_past_the_end_are_not_taken_for_truncation(scans, tmp_path):
+    """kerchunk's GRIB scanner writes ranges past the end of a whole file (docs/reference-sets.md): only
+    netCDF-3's header is held to its file's size."""
+    grib = Path(__file__).parent / "data" / "cfgrib" / "regular_ll_sfc.grib"
+    result = run_refmount("scan", grib, "-o", tmp_path / "g.json")
+    assert result.returncode == 0, result.stderr

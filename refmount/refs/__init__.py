@@ -102,7 +102,7 @@ def _load(location, remote_options, max_keys, progress, max_refs_size, version=N
                       progress=progress, max_value=max_value_size)
         except RefsError as e:  # the parser's "reference file is empty" and the like, named
             text = str(e)
-            if type(e) is RefsError and text.startswith("reference file ") and location not in text:
+            if type(e) is RefsError and text.startswith("reference file ") and location != "/dev/stdin":
                 raise RefsError(f"reference file {quote(location)} {text.removeprefix('reference file ')}") \
                     from None
             raise

@@ -288,15 +288,16 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
     refs, refused = scan.get("refs"), scan.get("refused", [])
     if not isinstance(refs, dict) or not isinstance(refused, list):
         raise ScanFailed("the scanner gave no references")
-    _check_complete(entry.url, size, refs)
+    if fmt == "netcdf3":
+        _check_complete(entry.url, size, refs)
     if version:
         store.put(entry.url, version, {"format": fmt, "refs": refs, "refused": refused})
     return Scanned(entry.name, entry.url, fmt, refs, [str(r) for r in refused], version)
 
 
 def _check_complete(url: str, size: int, refs: dict) -> None:
-    """A file cut short whose header the parser could still read (netCDF-3, GRIB, TIFF: HDF5 says so
-    itself) places data past its end: said now as what it is, not as EIO at each read."""
+    """A netCDF-3 file cut short (its header still parses) places data past its end: said now as what
+    it is. (HDF5 says so itself; kerchunk's GRIB scanner writes ranges past the end of whole files.)"""
     from refmount.refs.scan.pool import ScanFailed
 
     end = max((v[1] + v[2] for v in refs.values() if isinstance(v, list) and len(v) == 3 and v[0] == url
