@@ -228,13 +228,13 @@ def test_lazy_glob_with_dmrpp_sidecars_reads_no_data_file_header(mount, scans, t
 
 # -- row 9 and 10: what failed, said in one line naming the file -------------------------------------------
 
-def mount_fails(source, tmp_path) -> str:
+def mount_fails(source, tmp_path, *args) -> str:
     """The one line of `refmount mount` that refuses `source` (a mount that comes up is stopped, by PID)."""
     from tests.conftest import REFMOUNT, force_unmount
 
     mnt = tmp_path / "mnt-failing"
     mnt.mkdir(exist_ok=True)
-    proc = subprocess.Popen([*REFMOUNT, "mount", "--foreground", str(source), str(mnt)], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*REFMOUNT, "mount", "--foreground", *args, str(source), str(mnt)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         _, stderr = proc.communicate(timeout=90)
@@ -256,6 +256,8 @@ def test_truncated_netcdf4_mounted_directly_is_said_truncated(scans, tmp_path):
     line = mount_fails(cut, tmp_path)
     assert str(cut) in line and f"it is truncated ({len(data) // 3:,} bytes of the {len(data):,}" in line, line
     assert "died" not in line and "crash" not in line, line
+    line = mount_fails(AIR, tmp_path, "--max-refs-size", "2K")  # (too large: said so)
+    assert str(AIR) in line and "its references would exceed 2,048 bytes (--max-refs-size)" in line, line
 
 
 def test_truncated_netcdf3_is_said_truncated(scans, tmp_path):
