@@ -435,15 +435,13 @@ def test_apache_index_links():
 
 def test_a_glob_of_data_files_lists_their_dmrpp_sidecars(tmp_path):
     """`*.nc` names the data files; with sidecars wanted, each matched file's X.nc.dmrpp comes along
-    (and nothing else), so that pair_sidecars reads it instead of the file."""
-    from refmount.refs.scan.sources import list_sources, pair_sidecars
+    (and nothing else), paired with its file (read instead of it); a DMR++ alone stands for its file."""
+    from refmount.refs.scan.sources import list_sources
 
     for name in ("a.nc", "a.nc.dmrpp", "b.nc", "c.txt", "c.txt.dmrpp", "d.nc.dmrpp"):
         (tmp_path / name).write_bytes(b"x")
     assert [e.name for e in list_sources(f"{tmp_path}/*.nc")] == ["a.nc", "b.nc"]
-    listed = list_sources(f"{tmp_path}/*.nc", sidecars=True)
-    assert [e.name for e in listed] == ["a.nc", "a.nc.dmrpp", "b.nc", "d.nc.dmrpp"]
-    paired = {e.name: e.sidecar for e in pair_sidecars(listed)}
+    paired = {e.name: e.sidecar for e in list_sources(f"{tmp_path}/*.nc", sidecars=True)}
     assert paired == {"a.nc": str(tmp_path / "a.nc.dmrpp"), "b.nc": None, "d.nc": str(tmp_path / "d.nc.dmrpp")}
 
 

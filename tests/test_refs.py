@@ -274,7 +274,7 @@ def test_batch_key_screen_never_misses_a_bad_key():
     from refmount.refs.model import _has_bad_key, key_problem
 
     rng = random.Random(3)
-    alphabet = ["a", "b", ".", "/", "é", "\x00", "x" * 130]
+    alphabet = ["a", "b", ".", "/", "é", "\x00", "x" * 130, "\udcff"]
     for _ in range(20000):
         keys = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6))) for _ in range(rng.randint(1, 4))]
         if any(key_problem(k) for k in keys):

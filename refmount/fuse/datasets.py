@@ -22,8 +22,9 @@ import types
 
 import trio
 
-from refmount.errors import RefmountError
+from refmount.errors import RefmountError, quote
 from refmount.fuse.fs import DIR_MODE, FORM_SHIFT, ROOT_INODE, XATTR_PREFIX, FileEntries, Filesystem, FsError
+from refmount.refs.model import name_problem
 
 log = logging.getLogger("refmount")
 
@@ -41,7 +42,14 @@ class DatasetRoot:
         if len(names) > MAX_FILES:
             raise RefmountError(f"a lazy mount holds at most {MAX_FILES:,} files")
         self.names = names
-        self._index = {name: k for k, name in enumerate(names)}
+        self._index: dict[str, int] = {}
+        for k, name in enumerate(names):  # (the listing checked them: a name that slipped by is not served)
+            problem = name_problem(name) or ("is another file's name too" if name in self._index else None)
+            if problem is None:
+                self._index[name] = k
+            else:
+                log.warning("dataset directory %s %s; not shown", quote(name), problem)
+        self._hidden = set(range(len(names))) - set(self._index.values())
         self._open = open_dataset
         self.children: dict[int, Filesystem] = {}
         self._pending: dict[int, trio.Event] = {}
@@ -173,6 +181,8 @@ class DatasetRoot:
         """The root's: every file's directory, none scanned (its attributes come with its lookup)."""
         if ino == ROOT_INODE:
             for pos in range(start, len(self.names)):
+                if pos in self._hidden:
+                    continue
                 attributes = dataclasses.replace(self._root_attributes(), ino=self._join(pos, ROOT_INODE), nlink=2)
                 yield self.names[pos].encode("utf-8", "surrogateescape"), attributes, pos + 1
             return

@@ -101,8 +101,15 @@ def _load(location, remote_options, max_keys, progress, max_refs_size, version=N
             return _load_dmrpp(location, first[0], builder, max_refs_size, data_url, remote_options)
         if data_url:
             raise RefsError(f"--data-url applies to DMR++ files only; {quote(location)} is not one")
-        load_json(lambda: first.pop() if first else open_reference_file(location, remote_options), builder,
-                  progress=progress, max_value=max_value_size)
+        try:
+            load_json(lambda: first.pop() if first else open_reference_file(location, remote_options), builder,
+                      progress=progress, max_value=max_value_size)
+        except RefsError as e:  # the parser's "reference file is empty" and the like, named
+            text = str(e)
+            if type(e) is RefsError and text.startswith("reference file ") and location != "/dev/stdin":
+                raise RefsError(f"reference file {quote(location)} {text.removeprefix('reference file ')}") \
+                    from None
+            raise
         resolve_builder_urls(builder, location)
         return builder.build()
     except RefmountError:

@@ -78,7 +78,11 @@ def name_problem(name: str) -> str | None:
         return "contains '/'"
     if name in (".", ".."):
         return f"is {name!r}"
-    if len(name.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a local file name's bytes that are no UTF-8 (os.fsdecode's surrogates)
+        return "is not UTF-8"
+    if size > MAX_NAME_BYTES:
         return f"is longer than {MAX_NAME_BYTES} bytes"
     return None
 
@@ -97,6 +101,8 @@ def _has_bad_key(encoded: bytes, count: int) -> bool:
     dot = raw == 0x2E
     if (dot & sep[:-2] & sep[2:]).any() or (dot[:-1] & dot[1:] & sep[:-3] & sep[3:]).any():
         return True  # a '.' or '..' segment
+    if ((raw[:-1] == 0xED) & (raw[1:] >= 0xA0)).any():
+        return True  # a lone surrogate (surrogatepass's ED A0-BF ..): not UTF-8
     return int(np.diff(np.flatnonzero(sep)).max()) - 1 > MAX_NAME_BYTES
 
 

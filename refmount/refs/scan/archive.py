@@ -25,7 +25,7 @@ from refmount.errors import FetchError, RefmountError, RefsError, quote
 from refmount.fetch.stats import redact
 from refmount.refs.origins import Origins, files
 from refmount.refs.scan.formats import FORMAT_NAMES, SNIFF_BYTES, sniff
-from refmount.refs.scan.sources import Entry, list_sources, looks_like_many, may_be_data_file, pair_sidecars
+from refmount.refs.scan.sources import Entry, list_sources, looks_like_many, may_be_data_file
 
 log = logging.getLogger("refmount")
 
@@ -124,23 +124,11 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
     (url, offset, length) -> bytes through the same fetcher and block cache (combining reads coordinates)."""
     _check_parsers()
     single = not looks_like_many(location)
-    if single:
-        entries = [Entry(location.rstrip("/").rsplit("/", 1)[-1], location)]
-    else:
-        headers = options.remote_options.get("headers")
-        sidecars = dmrpp_module() is not None
-        entries = list_sources(location, options.remote_options, headers, sidecars)
-        if sidecars:
-            entries = pair_sidecars(entries)
-        if not entries:
-            raise RefmountError(f"{quote(redact(location))} names no files")
     from refmount.refs.scan.store import ScanStore, default_scan_dir
 
     store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
-    if not single:
-        names = [e.name for e in entries]
-        for gone in sorted(set(store.previous_names(location)) - set(names)):
-            log.warning("%s: file %s is gone since the last mount; it leaves the mount", redact(location), quote(gone))
+    entries = [Entry(location.rstrip("/").rsplit("/", 1)[-1], location)] if single else \
+        source_entries(location, options, store)
     started = time.monotonic()
     kind = "file" if single else "many"
 
@@ -163,6 +151,20 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
 
     scanned, result = trio.run(main)
     return kind, scanned, result
+
+
+def source_entries(location: str, options: ArchiveOptions, store) -> list[Entry]:
+    """The files a glob, directory, prefix or @FILE names, each with the DMR++ beside it (read instead of its
+    header) where there is one: the one listing of a mount that scans them all and of one that scans lazily.
+    Files `store` (the scan store) saw at the last mount of `location` and that are gone are said."""
+    sidecars = dmrpp_module() is not None
+    entries = list_sources(location, options.remote_options, options.remote_options.get("headers"), sidecars)
+    if not entries:
+        raise RefmountError(f"{quote(redact(location))} names no files")
+    names = {e.name for e in entries}
+    for gone in sorted(set(store.previous_names(location)) - names):
+        log.warning("%s: file %s is gone since the last mount; it leaves the mount", redact(location), quote(gone))
+    return entries
 
 
 def _check_parsers() -> None:
@@ -289,9 +291,22 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
     refs, refused = scan.get("refs"), scan.get("refused", [])
     if not isinstance(refs, dict) or not isinstance(refused, list):
         raise ScanFailed("the scanner gave no references")
+    if fmt == "netcdf3":
+        _check_complete(entry.url, size, refs)
     if version:
         store.put(entry.url, version, {"format": fmt, "refs": refs, "refused": refused})
     return Scanned(entry.name, entry.url, fmt, refs, [str(r) for r in refused], version)
+
+
+def _check_complete(url: str, size: int, refs: dict) -> None:
+    """A netCDF-3 file cut short (its header still parses) places data past its end: said now as what
+    it is. (HDF5 says so itself; kerchunk's GRIB scanner writes ranges past the end of whole files.)"""
+    from refmount.refs.scan.pool import ScanFailed
+
+    end = max((v[1] + v[2] for v in refs.values() if isinstance(v, list) and len(v) == 3 and v[0] == url
+               and isinstance(v[1], int) and isinstance(v[2], int)), default=0)
+    if end > size:
+        raise ScanFailed(f"it is truncated (its header places data up to byte {end:,} of its {size:,})")
 
 
 def dmrpp_module():
@@ -472,18 +487,11 @@ class LazyArchive:
     @classmethod
     def listed(cls, location: str, options: ArchiveOptions, **limits) -> "LazyArchive":
         _check_parsers()
-        entries = list_sources(location, options.remote_options, options.remote_options.get("headers"))
-        if dmrpp_module() is not None:
-            entries = pair_sidecars(entries)
-        if not entries:
-            raise RefmountError(f"{quote(redact(location))} names no files")
         from refmount.refs.scan.store import ScanStore, default_scan_dir
 
         store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
-        names = [e.name for e in entries]
-        for gone in sorted(set(store.previous_names(location)) - set(names)):
-            log.warning("%s: file %s is gone since the last mount; it leaves the mount", redact(location), quote(gone))
-        store.put_names(location, names)
+        entries = source_entries(location, options, store)
+        store.put_names(location, [e.name for e in entries])
         log.info("listed %d file(s) of %s; each is scanned when its directory is first looked up", len(entries),
                  redact(location))
         return cls(location, entries, options, **limits)

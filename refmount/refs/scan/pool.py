@@ -12,6 +12,7 @@ import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import signal
 
 import orjson
 import trio
@@ -56,6 +57,7 @@ class ScanFailed(Exception):
 class _Worker:
     def __init__(self, memory: int, max_result: int) -> None:
         context = _forkserver()
+        self.memory = memory
         self.conn, child = context.Pipe()
         with deadline_held():
             self.process = context.Process(target=_run_worker, args=(child, memory, max_result), daemon=True,
@@ -68,11 +70,25 @@ class _Worker:
         try:
             return orjson.loads(self.conn.recv_bytes(max_bytes))
         except (EOFError, ConnectionError):
-            raise ScanFailed("the scanner process died on it (a crash in the parser)") from None
+            raise ScanFailed(await trio.to_thread.run_sync(self.death)) from None
         except OSError:
             raise ScanFailed("the scanner sent more than --max-refs-size") from None
         except orjson.JSONDecodeError:
             raise ScanFailed("the scanner sent a malformed message") from None
+
+    def death(self) -> str:
+        """How the worker ended, which closed its pipe with no answer (a parser's error is an answer)."""
+        self.process.join(5)
+        code = self.process.exitcode
+        if code is None:
+            return "the scanner process closed its pipe with no answer"
+        if code >= 0:
+            return f"the scanner process exited (status {code}) with no answer"
+        name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
+        if -code == signal.SIGKILL:
+            return f"the scanner process was killed ({name}: the system's out-of-memory killer, or another process)"
+        return (f"the scanner process died on it ({name}: a crash in the parser, or an allocation past its "
+                f"{self.memory >> 20} MiB memory cap)")
 
     def stop(self, kill: bool = False) -> None:
         with deadline_held():

@@ -9,6 +9,7 @@ reads at most MAX_INDEX_BYTES of each index page and MAX_ENTRIES entries in all.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -18,6 +19,9 @@ from urllib.parse import unquote, urljoin, urlsplit
 from refmount.errors import RefmountError, quote
 from refmount.fetch.protocols import is_remote, local_path, protocol_of
 from refmount.fetch.stats import redact
+from refmount.refs.model import name_problem
+
+log = logging.getLogger("refmount")
 
 MAX_INDEX_BYTES = 16 << 20
 MAX_ENTRIES = 1_000_000
@@ -40,14 +44,15 @@ class Entry:
 DMRPP_SUFFIX = ".dmrpp"
 
 
-def pair_sidecars(entries: list[Entry]) -> list[Entry]:
+def pair_sidecars(found: list[tuple[Entry, str]]) -> list[tuple[Entry, str]]:
     """OPeNDAP's DMR++ sidecars: `X.dmrpp` listed beside `X` describes X, and is read instead of
-    scanning X (one small XML file rather than X's header); a DMR++ alone stands for its data file."""
-    by_url = {e.url: e for e in entries}
+    scanning X (one small XML file rather than X's header); a DMR++ alone stands for its data file.
+    On (entry, path below the listed root) pairs, before naming: a lone DMR++ is named as its data file."""
+    by_url = {e.url: e for e, _ in found}
     out = []
-    for entry in entries:
+    for entry, rel in found:
         if not entry.url.endswith(DMRPP_SUFFIX):
-            out.append(entry)
+            out.append((entry, rel))
             continue
         data = by_url.get(entry.url[: -len(DMRPP_SUFFIX)])
         if data is not None:
@@ -55,7 +60,7 @@ def pair_sidecars(entries: list[Entry]) -> list[Entry]:
         else:
             entry.sidecar = entry.url
             entry.name = entry.name[: -len(DMRPP_SUFFIX)] if entry.name.endswith(DMRPP_SUFFIX) else entry.name
-            out.append(entry)
+            out.append((entry, rel[: -len(DMRPP_SUFFIX)] if rel.endswith(DMRPP_SUFFIX) else rel))
     return out
 
 
@@ -95,16 +100,32 @@ def may_be_data_file(location: str) -> bool:
     return protocol_of(location) in ("http", "https", "s3", "s3a")
 
 
-def _names(entries: list[Entry], relative: list[str]) -> list[Entry]:
-    """Each file named after itself; files of the same name (in different directories) by their path
-    below the listed root, '/' shown as '~'."""
+def _named(found: list[tuple[Entry, str]], source: str, sidecars: bool) -> list[Entry]:
+    """The one end of every listing: (entry, path below the listed root) pairs paired with their DMR++
+    sidecars (`sidecars`), then named. Each file is named after itself; files of the same name (in
+    different directories) by their path below the listed root, '/' shown as '~'. Every name comes from
+    outside (a server, a bucket, a list, a file system): one that name_problem refuses, or that another
+    file has already, is left out with one log line naming `source`; the listing goes on."""
+    if sidecars:
+        found = pair_sidecars(found)
     seen: dict[str, int] = {}
-    for entry in entries:
+    for entry, _ in found:
         seen[entry.name] = seen.get(entry.name, 0) + 1
-    for entry, rel in zip(entries, relative):
-        if seen[entry.name] > 1:
+    out, taken = [], set()
+    for entry, rel in found:
+        if seen[entry.name] > 1 and name_problem(entry.name) is None:
             entry.name = rel.strip("/").replace("/", "~")
-    return entries
+        problem = name_problem(entry.name) or ("is another file's name too" if entry.name in taken else None)
+        if problem is not None:
+            left_out(source, entry.name, problem)
+            continue
+        taken.add(entry.name)
+        out.append(entry)
+    return out
+
+
+def left_out(source: str, name: str, problem: str) -> None:
+    log.warning("%s: a file name %s %s; left out of the mount", redact(source), quote(name), problem)
 
 
 def _basename(url: str) -> str:
@@ -118,22 +139,24 @@ def _too_many(location: str) -> RefmountError:
 
 def list_sources(location: str, remote_options: dict | None = None, headers: dict | None = None,
                  sidecars: bool = False) -> list[Entry]:
-    """The data files `location` names, in a stable (sorted) order. `sidecars`: a glob also lists the
-    DMR++ `X.dmrpp` of each `X` it matches (`*.nc` names the data files; their sidecars sit beside them)."""
+    """The data files `location` names, in a stable (sorted) order, each under a name checked by
+    name_problem. `sidecars`: a glob also lists the DMR++ `X.dmrpp` of each `X` it matches (`*.nc` names
+    the data files; their sidecars sit beside them), and each is paired with its file (pair_sidecars)."""
     if location.startswith("@"):
-        return _list_file_of_paths(location[1:])
-    proto = protocol_of(location)
-    if proto in ("http", "https"):
-        return _list_http(location, headers or {}, sidecars)
-    if proto in ("s3", "s3a"):
-        return _list_s3(location, remote_options or {}, sidecars)
-    if is_remote(location):
+        found = _list_file_of_paths(location[1:])
+    elif protocol_of(location) in ("http", "https"):
+        found = _list_http(location, headers or {}, sidecars)
+    elif protocol_of(location) in ("s3", "s3a"):
+        found = _list_s3(location, remote_options or {}, sidecars)
+    elif is_remote(location):
         raise RefmountError(f"cannot list {quote(redact(location))}: globs and directories work for local paths, "
                             "s3:// and http(s):// only")
-    return _list_local(local_path(location), sidecars)
+    else:
+        found = _list_local(local_path(location), sidecars)
+    return _named(found, location, sidecars)
 
 
-def _list_file_of_paths(path: str) -> list[Entry]:
+def _list_file_of_paths(path: str) -> list[tuple[Entry, str]]:
     try:
         with open(path, encoding="utf-8") as f:
             lines = [line.strip() for line in f]
@@ -147,10 +170,10 @@ def _list_file_of_paths(path: str) -> list[Entry]:
     base = os.path.dirname(os.path.abspath(path))
     urls = [u if is_remote(u) or os.path.isabs(local_path(u)) else os.path.join(base, u) for u in urls]
     urls = list(dict.fromkeys(urls))
-    return _names([Entry(_basename(u), u) for u in urls], [urlsplit(u).path if is_remote(u) else u for u in urls])
+    return [(Entry(_basename(u), u), urlsplit(u).path if is_remote(u) else u) for u in urls]
 
 
-def _list_local(path: str, sidecars: bool = False) -> list[Entry]:
+def _list_local(path: str, sidecars: bool = False) -> list[tuple[Entry, str]]:
     if has_glob(path):
         base = _glob_base(path)
         patterns = [path, path + DMRPP_SUFFIX] if sidecars else [path]
@@ -168,7 +191,7 @@ def _list_local(path: str, sidecars: bool = False) -> list[Entry]:
     if len(found) > MAX_ENTRIES:
         raise _too_many(path)
     paths = [os.path.abspath(p) for p in found]
-    return _names([Entry(os.path.basename(p), p) for p in paths], [os.path.relpath(p, base) for p in found])
+    return [(Entry(os.path.basename(p), p), os.path.relpath(q, base)) for p, q in zip(paths, found)]
 
 
 def _glob_base(pattern: str) -> str:
@@ -241,7 +264,9 @@ def _origin(url: str) -> tuple[str, str]:
 
 def index_links(page_url: str, html: str) -> tuple[list[str], list[str]]:
     """(files, directories) linked from an index page, as absolute urls on the same origin and under
-    the page's path; sorting links (Apache's ?C=N;O=D), the parent and anything else are left out."""
+    the page's path; sorting links (Apache's ?C=N;O=D), the parent and anything else are left out. A
+    link whose name, once decoded, name_problem refuses ('..%2fx', '%2e%2e/', 'a%00') is left out with a
+    log line: the server would resolve it elsewhere, and no directory of the mount can be named so."""
     parser = _Links()
     parser.feed(html)
     base = page_url if page_url.endswith("/") else page_url + "/"
@@ -257,11 +282,15 @@ def index_links(page_url: str, html: str) -> tuple[list[str], list[str]]:
         rest = parts.path[len(base_path):]
         if "/" in rest.rstrip("/"):
             continue  # not a direct child
+        problem = name_problem(unquote(rest.rstrip("/")))
+        if problem is not None:
+            left_out(page_url, unquote(rest.rstrip("/")), problem)
+            continue
         (dirs if rest.endswith("/") else files).append(url)
     return list(dict.fromkeys(files)), list(dict.fromkeys(dirs))
 
 
-def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[Entry]:
+def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[tuple[Entry, str]]:
     parts = urlsplit(location)
     if has_glob(location):
         first = min(i for i, c in enumerate(parts.path) if c in "*[")
@@ -291,12 +320,12 @@ def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[Ent
                 matches(pattern, rel[: -len(DMRPP_SUFFIX)].split("/")):
             chosen.append((url, rel))
     chosen.sort(key=lambda item: item[1])
-    return _names([Entry(_basename(u), u) for u, _ in chosen], [rel for _, rel in chosen])
+    return [(Entry(_basename(u), u), rel) for u, rel in chosen]
 
 
 # -- s3: the bucket's listing (its ETags and sizes: no HEAD per object) -------------------------------
 
-def _list_s3(location: str, remote_options: dict, sidecars: bool = False) -> list[Entry]:
+def _list_s3(location: str, remote_options: dict, sidecars: bool = False) -> list[tuple[Entry, str]]:
     import s3fs
 
     proto, _, rest = location.partition("://")
@@ -315,7 +344,7 @@ def _list_s3(location: str, remote_options: dict, sidecars: bool = False) -> lis
         raise RefmountError(f"{quote(redact(location))} lists nothing (no such bucket or prefix)") from None
     except Exception as e:  # noqa: BLE001 - botocore's errors of every kind
         raise RefmountError(f"cannot list {quote(redact(location))}: {type(e).__name__}: {e}") from None
-    entries, relative = [], []
+    found = []
     for path in sorted(listed):
         info = listed[path]
         if info.get("type") != "file" or path.endswith("/"):
@@ -323,8 +352,8 @@ def _list_s3(location: str, remote_options: dict, sidecars: bool = False) -> lis
         etag = info.get("ETag") or info.get("etag")
         size = info.get("size")
         version = f"etag {etag}" if etag else None
-        entries.append(Entry(_basename(path), f"{proto}://{path}", size, version))
-        relative.append(path[len(base):] if path.startswith(base) else path)
-    if len(entries) > MAX_ENTRIES:
+        found.append((Entry(_basename(path), f"{proto}://{path}", size, version),
+                      path[len(base):] if path.startswith(base) else path))
+    if len(found) > MAX_ENTRIES:
         raise _too_many(location)
-    return _names(entries, relative)
+    return found

@@ -17,6 +17,7 @@ import gc
 import io
 import logging
 import os
+import re
 import resource
 import threading
 import warnings
@@ -61,8 +62,13 @@ class PipeReader(io.RawIOBase):
         if block is None:
             start = index * BLOCK
             with _pipe_lock:  # one question, one answer: a parser may read from threads of its own
-                self._conn.send_bytes(orjson.dumps(["read", start, min(start + BLOCK, self._size)]))
-                block = self._conn.recv_bytes()
+                try:
+                    self._conn.send_bytes(orjson.dumps(["read", start, min(start + BLOCK, self._size)]))
+                    block = self._conn.recv_bytes()
+                except (EOFError, OSError):
+                    # (a parser may turn this into an error of its own: h5py's is an OSError like any other)
+                    _current["parent_gone"] = True
+                    raise
             self._blocks[index] = block
             if len(self._blocks) > KEEP_BLOCKS:
                 self._blocks.popitem(last=False)
@@ -233,8 +239,25 @@ def scan_file(conn, fmt: str, url: str, size: int) -> dict:
     return {"refs": _repoint(to_v0(refs), pipe_url, url), "refused": refused}
 
 
+_HDF5_OPEN = re.compile(r"Unable to (?:synchronously )?open file \((.*)\)$")
+_HDF5_TRUNCATED = re.compile(r"truncated file: eof = (\d+), .*stored_eof = (\d+)")
+
+
 def _describe(error: BaseException) -> str:
+    """A parser's error as one line that says what is wrong with the file where it can tell."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    opening = _HDF5_OPEN.search(text) if isinstance(error, OSError) else None
+    if opening:  # h5py's OSError of H5Fopen: the file, not the pipe (that is "parent_gone")
+        reason = opening.group(1)
+        truncated = _HDF5_TRUNCATED.search(reason)
+        if truncated:
+            return (f"it is truncated ({int(truncated.group(1)):,} bytes of the {int(truncated.group(2)):,} "
+                    "its HDF5 superblock declares)")
+        if "file signature not found" in reason:
+            return "it is not an HDF5 file (HDF5 finds no signature in it)"
+        return f"HDF5 cannot open it: {reason}"
+    if "memory allocation failed" in text:  # HDF5's own, under the scanner's address-space cap
+        return f"scanning it needs more than the scanner's {_current.get('memory', 0) >> 20} MiB"
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
@@ -275,15 +298,16 @@ def worker_main(conn, memory: int, max_result: int) -> None:
         if job is None:
             return
         _, fmt, url, size = job
+        _current["parent_gone"] = False
         try:
             result = orjson.dumps(["done", scan_file(conn, fmt, url, size)])
             if len(result) > max_result:
                 result = orjson.dumps(["error", f"its references would exceed {max_result:,} bytes (--max-refs-size)"])
         except MemoryError:
             result = orjson.dumps(["error", f"scanning it needs more than the scanner's {memory >> 20} MiB"])
-        except (EOFError, OSError, BrokenPipeError):
-            return  # the parent is gone
         except BaseException as e:  # noqa: BLE001 - any parser failure is this file's, said in one line
+            if _current["parent_gone"]:
+                return  # (the pipe failed under the parser: no one to tell)
             result = orjson.dumps(["error", _describe(e)])
         try:
             conn.send_bytes(result)
