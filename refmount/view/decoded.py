@@ -33,6 +33,7 @@ from refmount.cache.budget import ScratchLimiter
 from refmount.cache.lru import SingleFlightLRU
 from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes
 from refmount.view.overlay import OverlayRefSet
+from refmount.refs.hdf5 import cut_padding
 from refmount.view.shards import ShardReader
 
 log = logging.getLogger("refmount")
@@ -445,7 +446,8 @@ class DecodedView:
         expected = int(np.prod(info.chunk_shape or (1,))) * info.dtype.itemsize
         pool = self._pool
         out = pool.take(info.out_chunk_bytes) if pool is not None and info.out_chunk_bytes >= pool.min_pooled else None
-        plain = not (info.swap or info.fortran or info.crop is not None or info.recode_from is not None)
+        plain = not (info.swap or info.fortran or info.crop is not None or info.recode_from is not None
+                     or info.string_pad is not None)
         codecs = [] if decoded else self._codecs[info.dir_id][::-1]
         try:
             for n, codec in enumerate(codecs):
@@ -457,6 +459,8 @@ class DecodedView:
                 data = decode_bounded(codec, data, 8 * expected)
             if info.recode_from is not None:
                 data = fixed_strings(data, info.recode_from, info.dtype.itemsize)
+            if info.string_pad is not None:
+                data = cut_padding(data, info.dtype.itemsize, info.string_pad)
             buffer = ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1)
         except Exception as e:
             raise DecodeError(f"chunk {key!r} could not be decoded: {type(e).__name__}: {e}") from None
@@ -471,11 +475,11 @@ class DecodedView:
         # (byte strings keep their bytes: only numeric types are swapped, in the copy below)
         if info.crop is not None:
             array = array[info.crop]
-        if array.size * info.out_dtype.itemsize != info.out_chunk_bytes:
-            raise DecodeError(f"chunk {key!r} transforms to {array.size * info.out_dtype.itemsize} bytes, "
-                              f"expected {info.out_chunk_bytes}")
-        # only a swap changes the type: characters served as bytes (u1 of S1) keep theirs
+        # only a swap changes the type: characters served as bytes (u1 of S1, and of Sn with a last dimension) keep theirs
         served = info.out_dtype if info.swap else info.dtype
+        if array.size * served.itemsize != info.out_chunk_bytes:
+            raise DecodeError(f"chunk {key!r} transforms to {array.size * served.itemsize} bytes, "
+                              f"expected {info.out_chunk_bytes}")
         if out is None:
             return memoryview(np.ascontiguousarray(array.astype(served, copy=False)).reshape(-1).view(np.uint8))
         # swapped, reordered to C order and cropped in one copy, straight into the slot
