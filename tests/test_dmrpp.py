@@ -40,12 +40,41 @@ READ = {
     "test32v3.nc4": "netCDF-4 scalars of every kind, a char, fletcher32",
     "t_float.h5": "contiguous floats",
     "t_enum_grp_array.h5": "enumerations in nested groups (as their base type)",
+    # issue 38: values as the file holds them
+    "FValue_int8.h5": "an 8-bit fill (-127) where no chunk was written, no _FillValue",
+    "FValue_uint8.h5": "an 8-bit fill (255) where no chunk was written, no _FillValue",
+    "FValue.h5": "an Int32 fill (-99) in chunked, contiguous and compact layouts, no _FillValue",
+    "FValue_int64.h5": "an Int64 fill (-9999), no _FillValue",
+    "FValue_uint64.h5": "a UInt64 fill (9999), no _FillValue",
+    "FValue_fd.h5": "Float32 and Float64 fills (-9999.9), no _FillValue",
+    "FValue_c_b.h5": "deflated chunks never written: chunks of the fill, deflated",
+    "FValue_scalar_compact.h5": "a compact scalar of the fill",
+    "FValue_scalar_cont.h5": "a contiguous scalar never written",
+    "FValue_chunk.h5": "fill time never: chunks never written read as the fill, as through Hyrax",
+    "One_chunk_c_c.h5": "deflate twice",
+    "cmprss_big_2.h5": "shuffle deflate deflate",
+    "fill_some_chunks_c_c.h5": "deflate deflate",
+    "fill_some_chunks_s_c_c.h5": "shuffle deflate deflate",
+    "SDS_fle_shuf_2def.h5": "fletcher32 shuffle deflate deflate",
+    "SDS_shuf_2def_fle.h5": "shuffle deflate deflate fletcher32",
+    "t_enum_array.h5": "an enumeration",
+    "t_enum2_mt_array.h5": "UInt64 and Int32 enumerations",
+    "t_enum2_mt_scalar.h5": "enumeration scalars",
+    "t_enum_grp.h5": "enumeration scalars in groups",
+    "t_enum_name_chunk_array.h5": "a named enumeration, chunked",
+    "t_enum_name_scalar.h5": "a named enumeration, scalar",
 }
+# values HDF5 leaves undefined (fill time "never": h5py and ncdump read whatever the buffer held); a DMR++
+# does not record the fill time, and they read as the fill value, as through Hyrax
+UNDEFINED = {"chunks_fill_not_write", "FValue_chunk.h5/chunks_all_fill"}
 REFUSED = {
     "compound_simple.h5": ("/DSC", "compound"),
     "chunked_string_array.h5": ("/string_array", "variable-length strings"),
-    "fill_some_chunks_s_c_c.h5": ("/chunks_some_fill", "deflates twice"),
 }
+# fixed-length strings: NUL-terminated (bytes after the NUL are no part of the value), space-padded, with a fill
+STRINGS = ["t_string_cstr.h5", "t_str_dset.h5", "t_string_chunk.h5", "t_string_compact.h5", "t_string_cont.h5",
+           "special_fixed_str.h5", "FValue_string.h5", "FValue_string2.h5", "FValue_string_sca.h5",
+           "FValue_string_sca2.h5", "chunked_fstr.h5"]
 
 
 def _arrays(refs: dict) -> dict:
@@ -74,6 +103,13 @@ def _h5(path: Path, name: str) -> np.ndarray:
     return values
 
 
+def _h5_fill(path: Path, name: str):
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return f[name].fillvalue
+
+
 @pytest.mark.parametrize("name", sorted(READ))
 def test_opendap_files_read_as_h5py_reads_them(name):
     data = DATA / name
@@ -83,6 +119,10 @@ def test_opendap_files_read_as_h5py_reads_them(name):
     assert arrays, name
     for path, got in arrays.items():
         want = _h5(data, path)
+        if path in UNDEFINED or f"{name}/{path}" in UNDEFINED:  # chunks written as h5py reads them, the rest fill
+            fill = _h5_fill(data, path)
+            assert ((got == want) | (got == fill)).all() and (got == fill).any(), (path, got)
+            continue
         if want.dtype.kind == "b":  # h5py reads a FALSE/TRUE enumeration as bool: its stored bytes are the base type
             want = want.astype(got.dtype)
         assert got.shape == want.shape and got.dtype.kind == want.dtype.kind, (path, got.dtype, want.dtype)
@@ -351,3 +391,149 @@ def test_a_refused_variable_is_one_log_line_and_the_rest_mounts(made, mount, tmp
     m = mount(edited)
     assert m.log().count("variable /cmp left out: compound type (Structure)") == 1
     assert not (m.path / "cmp").exists() and (m.path / "temp" / ".zarray").exists()
+
+
+# -- issue 38: values as the file holds them -----------------------------------------------------------
+
+FILLS = ["FValue_int8.h5", "FValue_uint8.h5", "FValue.h5", "FValue_int64.h5", "FValue_uint64.h5", "FValue_fd.h5",
+         "FValue_scalar_cont.h5", "FValue_scalar_compact.h5", "FValue_c_b.h5"]
+
+
+def _cdl_data(cdl: str) -> dict[str, str]:
+    """variable -> its values as ncdump prints them, on one line."""
+    out = {}
+    for part in _data_section(cdl).split(";"):
+        if "=" in part:
+            name, values = part.split("=", 1)
+            out[name.strip()] = " ".join(values.split())
+    return out
+
+
+def _defined(name: str, variable: str) -> bool:
+    return variable not in UNDEFINED and f"{name}/{variable}" not in UNDEFINED
+
+
+@pytest.mark.parametrize("name", FILLS)
+def test_a_fill_without_FillValue_reads_as_on_the_file(name, mount):
+    """HDF5's fill where no chunk was written (8-bit ones too), with no _FillValue declared: ncdump on
+    the decoded view prints what it prints on the file (-99, not _), and xarray on the raw view reads
+    the values unmasked in their own dtype, as h5py does."""
+    import xarray as xr
+
+    dmrpp, data = DATA / f"{name}.dmrpp", DATA / name
+    m = mount(dmrpp, "--data-url", data)
+    dumped = ncdump(nczarr_url(m.path))
+    assert "_FillValue" not in dumped
+    got, want = _cdl_data(dumped), _cdl_data(ncdump(str(data)))
+    assert set(got) == set(want)
+    for variable in want:
+        if _defined(name, variable):
+            assert got[variable] == want[variable], (variable, got[variable], want[variable])
+    raw = mount(dmrpp, "--data-url", data, "--view", "raw")
+    ds = xr.open_zarr(raw.path, consolidated=False, zarr_format=2)
+    assert set(ds.data_vars) == set(want)
+    for variable in ds.data_vars:
+        values, expected = ds[variable].values, _h5(data, variable)
+        assert values.dtype == expected.dtype and "_FillValue" not in ds[variable].encoding, variable  # not masked
+        if _defined(name, variable):
+            np.testing.assert_array_equal(values, expected, err_msg=variable)
+        else:
+            assert (values == _h5_fill(data, variable)).any()
+
+
+def _h5_strings(path: Path) -> dict:
+    import h5py
+
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.__setitem__(n, o[...]) if isinstance(o, h5py.Dataset) and o.dtype.kind == "S"
+                     else None)
+    return out
+
+
+@pytest.mark.parametrize("name", STRINGS)
+def test_fixed_length_strings_end_at_their_terminator(name, mount):
+    """NUL-terminated strings end at their NUL (the bytes after it are no part of the value), space-padded
+    ones lose their padding, strings never written read as their fill: as h5py (and Hyrax) read them,
+    through the decoded view read by zarr-python and by ncdump."""
+    import zarr
+
+    data = DATA / name
+    m = mount(DATA / f"{name}.dmrpp", "--data-url", data, "--form", "zarr")
+    for variable, want in _h5_strings(data).items():
+        if not (m.path / variable / ".zarray").exists():
+            continue  # (t_string_chunk.h5's hand-made "array_1d_hacked_to_bytes" is refused)
+        got = zarr.open_array(str(m.path / variable), mode="r", zarr_format=2)[...]
+        assert got.tolist() == want.tolist(), (variable, got, want)
+    dumped = ncdump(nczarr_url(mount(DATA / f"{name}.dmrpp", "--data-url", data).path))
+    assert "\\000" not in dumped and "swe    " not in dumped
+    if name in ("t_string_cstr.h5", "t_str_dset.h5", "t_string_cont.h5"):
+        assert 'array_1d =\n  "Parting",\n  "is so",\n  "swe",\n  "" ;' in dumped
+
+
+def _fletcher32_before_shuffle(path: Path) -> Path:
+    """8-byte elements checksummed before they are shuffled (the checksum's 4 bytes are then no whole
+    element), deflated twice; a chunk never written; HDF5 fills with no _FillValue."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        for name, dtype, fill in (("f8_fle_shuf_2def", "<f8", -1.5), ("i8_shuf_fle_def", "<i8", -7)):
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_chunk((4, 3))
+            if dtype == "<f8":
+                dcpl.set_fletcher32()
+                dcpl.set_shuffle()
+                dcpl.set_deflate(4)
+                dcpl.set_deflate(4)
+            else:
+                dcpl.set_shuffle()
+                dcpl.set_fletcher32()
+                dcpl.set_deflate(4)
+            dcpl.set_fill_value(np.array(fill, dtype))
+            space = h5py.h5s.create_simple((8, 6))
+            d = h5py.Dataset(h5py.h5d.create(f.id, name.encode(), h5py.h5t.py_create(np.dtype(dtype)), space,
+                                             dcpl=dcpl))
+            d[0:4, :] = (np.arange(24).reshape(4, 6) * 1.25 - 3).astype(dtype)
+            d[4:8, 0:3] = 5  # the chunk [4, 3] is never written
+    return path
+
+
+def test_deflate_twice_and_fletcher32_in_any_order_as_hyrax_decodes_them(tmp_path, mount):
+    from tests.support.dmrpp_files import write_dmrpp
+
+    data = _fletcher32_before_shuffle(tmp_path / "fle.h5")
+    write_dmrpp(data, tmp_path / "fle.h5.dmrpp")
+    assert 'compressionType="fletcher32 shuffle deflate deflate"' in (tmp_path / "fle.h5.dmrpp").read_text()
+    refs, refused = dmrpp_to_refs((tmp_path / "fle.h5.dmrpp").read_bytes(), str(tmp_path / "fle.h5.dmrpp"))
+    assert refused == []
+    m = mount(tmp_path / "fle.h5.dmrpp")
+    got, want = _cdl_data(ncdump(nczarr_url(m.path))), _cdl_data(ncdump(str(data)))
+    assert got == want and "-1.5" in got["f8_fle_shuf_2def"] and "-7" in got["i8_shuf_fle_def"]
+
+
+ENUMS = {  # file -> variable -> (flag_values as ncdump prints them, flag_meanings)
+    "t_enum_array.h5": {"enum_array": ("0UB, 1UB, 2UB", "RED GREEN BLUE")},
+    "t_enum_name_chunk_array.h5": {"enum_chunk_array": ("0UB, 1UB, 2UB", "RED GREEN BLUE")},
+    "t_enum2_mt_array.h5": {"enum_array": ("0ULL, 1ULL, 2ULL", "RED GREEN BLUE"),
+                            "enum_array2": ("1000, 2000", "TRUE FALSE")},
+    "t_enum_grp_array.h5": {"g1_enum": ("0b, 1b", "FALSE TRUE")},
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENUMS))
+def test_enumerations_keep_their_names_as_cf_flags(name, mount):
+    """NCZarr carries no enumeration type (netCDF-C 4.9 and 4.10 refuse one there): the names become CF's
+    flag_values (of the variable's type) and flag_meanings, read by ncdump and by xarray."""
+    import xarray as xr
+
+    m = mount(DATA / f"{name}.dmrpp", "--data-url", DATA / name)
+    dumped = ncdump(nczarr_url(m.path))
+    for variable, (values, meanings) in ENUMS[name].items():
+        assert f"{variable}:flag_values = {values} ;" in dumped, dumped
+        assert f'{variable}:flag_meanings = "{meanings}" ;' in dumped
+    raw = mount(DATA / f"{name}.dmrpp", "--data-url", DATA / name, "--view", "raw")
+    for variable, (values, meanings) in ENUMS[name].items():
+        group = "g1" if variable == "g1_enum" else None
+        ds = xr.open_zarr(raw.path, group=group, consolidated=False, zarr_format=2)
+        assert ds[variable].attrs["flag_meanings"] == meanings
+        assert list(ds[variable].attrs["flag_values"]) == [int(v.rstrip("UBLb")) for v in values.split(", ")]
