@@ -537,3 +537,32 @@ def test_enumerations_keep_their_names_as_cf_flags(name, mount):
         ds = xr.open_zarr(raw.path, group=group, consolidated=False, zarr_format=2)
         assert ds[variable].attrs["flag_meanings"] == meanings
         assert list(ds[variable].attrs["flag_values"]) == [int(v.rstrip("UBLb")) for v in values.split(", ")]
+
+
+def test_missing_chunks_written_out_stay_within_a_budget(caplog):
+    """A hostile DMR++ declaring 10**18 chunks that were never written, or one chunk of 32 GB, makes no
+    chunk of it: the fill is then served as fill_value (values right, a _FillValue declared), one log
+    line naming the variable. A string fill longer than its strings is refused."""
+    import json
+    import time
+
+    body = """
+      <Int8 name="grid"><Dim size="1000000000"/><Dim size="1000000000"/>
+        <dmrpp:chunks fillValue="-5"><dmrpp:chunkDimensionSizes>1 1</dmrpp:chunkDimensionSizes></dmrpp:chunks></Int8>
+      <Float64 name="wide"><Dim size="4000000000"/>
+        <dmrpp:chunks compressionType="deflate" fillValue="1.5">
+          <dmrpp:chunkDimensionSizes>4000000000</dmrpp:chunkDimensionSizes></dmrpp:chunks></Float64>
+      <Int16 name="fine"><Dim size="6"/>
+        <dmrpp:chunks fillValue="-3"><dmrpp:chunkDimensionSizes>2</dmrpp:chunkDimensionSizes>
+          <dmrpp:chunk offset="0" nBytes="4" chunkPositionInArray="[2]"/></dmrpp:chunks></Int16>
+      <String name="s"><Dim size="2"/><dmrpp:chunks fillValue="toolong"/>
+        <dmrpp:FixedLengthStringArray string_length="2" pad="null_term"/></String>
+    """
+    started = time.monotonic()
+    refs, refused = dmrpp_to_refs(_dmrpp(body), "/x/f.h5.dmrpp")
+    assert time.monotonic() - started < 5 and len(refs) < 20
+    assert json.loads(refs["grid/.zarray"])["fill_value"] == -5 and json.loads(refs["wide/.zarray"])["fill_value"] == 1.5
+    assert sum("too many or too large" in r.getMessage() for r in caplog.records) == 2
+    assert json.loads(refs["fine/.zarray"])["fill_value"] is None  # two missing chunks written out instead
+    assert refs["fine/1"] == ["/x/f.h5", 0, 4] and refs["fine/0"] == refs["fine/2"] == "base64:/f/9/w=="
+    assert len(refused) == 1 and "variable /s left out" in refused[0] and "longer than its 2-byte strings" in refused[0]

@@ -13,7 +13,14 @@ DMR++ parser:
 - `compressionType` lists the filters in HDF5's pipeline (encoding) order; Hyrax decodes in the
   reverse order, as Zarr decodes `filters`. deflate -> zlib, shuffle -> shuffle with the element
   size, fletcher32 -> fletcher32 (numcodecs checks and strips HDF5's checksum). All go into
-  `filters` with a null compressor, as kerchunk writes HDF5 filters.
+  `filters` with a null compressor, as kerchunk writes HDF5 filters. deflate listed twice is zlib
+  twice; fletcher32 before shuffle on 8-byte elements leaves the checksum past the last whole element,
+  which the decoded view's shuffle leaves in place as HDF5's does (refmount.refs.hdf5).
+- `fillValue` is HDF5's fill. It is Zarr's fill_value only where the variable declares `_FillValue`
+  (NCZarr and xarray take fill_value for one); elsewhere the chunks never written are inline chunks
+  of it (`write_missing_chunks`), so no reader masks what the file's readers do not.
+- Fixed-length strings keep HDF5's padding in .zarray's `hdf5_string_pad` key (refmount.refs.hdf5);
+  enumerations are their base type with CF's flag_values and flag_meanings.
 - A variable without `chunkDimensionSizes` is contiguous: one chunk, the whole array.
 - Anonymous dimensions (`<Dim size=N/>`) are named `phony_dim_N` as netCDF-C names them: within a
   group, an axis reuses the first phony dimension of its size that the variable does not use yet.
@@ -70,6 +77,7 @@ HDF5_VLEN_ELEMENT = 16  # bytes of one HDF5 variable-length element (length, hea
 # totals per DMR++ (a shape of 10**12 chunks listing none must not make the daemon allocate them)
 MAX_FILL_CHUNKS = 100_000
 MAX_FILL_BYTES = 32 << 20
+MAX_FILL_CHUNK = 16 << 20  # bytes of one chunk made to be encoded (chunk sizes come from the DMR++)
 
 
 class Refused(Exception):
@@ -486,15 +494,18 @@ class _Converter:
         missing = total - len(chunk_refs)
         if missing <= 0 or (dtype.kind == "S" and not fill.strip(b"\0")):
             return True  # (a NUL string: what every reader fills characters with anyway)
-        try:
-            data = _fill_chunk(fill, dtype, chunks, zarray["filters"] or [])
-        except Exception as e:  # (a fill no filter chain here encodes: served as fill_value instead)
-            log.warning("DMR++ %s: variable %s: its fill cannot be encoded (%s)", self.dmrpp_url, full, e)
-            return False
-        if missing > self.fill_chunks or missing * len(data) > self.fill_bytes:
-            log.warning("DMR++ %s: variable %s: its %d missing chunks are too many to write out: they read as "
-                        "fill_value %r, which netCDF readers and xarray take for its _FillValue", self.dmrpp_url,
-                        full, missing, fill)
+        data = b""
+        if missing <= self.fill_chunks and math.prod(chunks) * dtype.itemsize <= MAX_FILL_CHUNK:
+            try:
+                data = _fill_chunk(fill, dtype, chunks, zarray["filters"] or [])
+            except Exception as e:  # (a fill no filter chain here encodes: served as fill_value instead)
+                log.warning("DMR++ %s: variable %s: its fill cannot be encoded (%s)", self.dmrpp_url, full, e)
+                return False
+        if not data or missing > self.fill_chunks or missing * len(data) > self.fill_bytes:
+            log.warning("DMR++ %s: variable %s: its %d missing chunks are too many or too large to write out: "
+                        "they read as %s", self.dmrpp_url, full, missing,
+                        f"fill_value {fill!r}, which netCDF readers and xarray take for its _FillValue"
+                        if dtype.kind in "iuf" else "empty strings")
             return False
         self.fill_chunks -= missing
         self.fill_bytes -= missing * len(data)
