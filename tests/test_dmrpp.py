@@ -566,3 +566,29 @@ def test_missing_chunks_written_out_stay_within_a_budget(caplog):
     assert json.loads(refs["fine/.zarray"])["fill_value"] is None  # two missing chunks written out instead
     assert refs["fine/1"] == ["/x/f.h5", 0, 4] and refs["fine/0"] == refs["fine/2"] == "base64:/f/9/w=="
     assert len(refused) == 1 and "variable /s left out" in refused[0] and "longer than its 2-byte strings" in refused[0]
+
+
+def test_a_netcdf4_variable_without_FillValue_reads_netcdfs_default_where_never_written(tmp_path, mount):
+    """netCDF-C gives a variable without _FillValue its default fill as HDF5's (9.97e36, and -127 for a
+    byte, which ncdump does not print as _): chunks never written hold it, through both views, and
+    nothing is masked that xarray does not mask on the file."""
+    import netCDF4
+    import xarray as xr
+
+    from tests.support.dmrpp_files import write_dmrpp
+
+    path = tmp_path / "d.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("t", 4)
+        ds.createDimension("x", 6)
+        for name, dtype, value in (("v", "f4", 1.5), ("b", "i1", 3), ("u", "u1", 4)):
+            ds.createVariable(name, dtype, ("t", "x"), chunksizes=(1, 6))[0:2] = value  # t 2, 3: never written
+    write_dmrpp(path, tmp_path / "d.nc.dmrpp")
+    m = mount(tmp_path / "d.nc.dmrpp")
+    assert _cdl_data(ncdump(nczarr_url(m.path))) == _cdl_data(ncdump(str(path)))
+    raw = mount(tmp_path / "d.nc.dmrpp", "--view", "raw")
+    got, want = xr.open_zarr(raw.path, consolidated=False, zarr_format=2), xr.open_dataset(path)
+    for name in ("v", "b", "u"):
+        assert got[name].dtype == want[name].dtype, name
+        np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+    assert float(got["v"][3, 0]) == np.float32(9.969209968386869e36) and int(got["b"][3, 0]) == -127
