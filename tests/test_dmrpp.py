@@ -592,3 +592,20 @@ def test_a_netcdf4_variable_without_FillValue_reads_netcdfs_default_where_never_
         assert got[name].dtype == want[name].dtype, name
         np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
     assert float(got["v"][3, 0]) == np.float32(9.969209968386869e36) and int(got["b"][3, 0]) == -127
+
+
+def test_a_declared_FillValue_is_the_fill_value_and_no_chunk_is_written_out():
+    import json
+
+    body = """
+      <Int16 name="a"><Dim size="6"/><Attribute name="_FillValue" type="Int16"><Value>-7</Value></Attribute>
+        <dmrpp:chunks><dmrpp:chunkDimensionSizes>2</dmrpp:chunkDimensionSizes>
+          <dmrpp:chunk offset="0" nBytes="4" chunkPositionInArray="[2]"/></dmrpp:chunks></Int16>
+      <Float32 name="f"><Dim size="2"/><Attribute name="_FillValue" type="Float32"><Value>NaN</Value></Attribute>
+        <dmrpp:chunks fillValue="NaN"><dmrpp:chunkDimensionSizes>1</dmrpp:chunkDimensionSizes></dmrpp:chunks></Float32>
+    """
+    refs, refused = dmrpp_to_refs(_dmrpp(body), "/x/f.h5.dmrpp")
+    assert refused == []
+    assert json.loads(refs["a/.zarray"])["fill_value"] == -7 and set(k for k in refs if k.startswith("a/")) == {
+        "a/.zarray", "a/.zattrs", "a/1"}
+    assert json.loads(refs["f/.zarray"])["fill_value"] == "NaN" and "f/0" not in refs

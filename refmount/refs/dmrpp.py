@@ -335,6 +335,12 @@ class _Converter:
         # variable declares one. Zarr's fill_value is both (NCZarr and xarray take it for _FillValue): so it
         # is served only when declared, and otherwise the missing chunks are written out as chunks of it
         declared = "_FillValue" in attrs and dtype.kind in "iuf"
+        value = attrs.get("_FillValue")
+        if declared and (chunks_el is None or _attr(chunks_el, "fillValue") is None) \
+                and isinstance(value, (int, float)) and not isinstance(value, bool):
+            # (no fillValue: HDF5's fill of a netCDF-4 variable is its _FillValue)
+            fill = value if math.isfinite(value) else "NaN" if math.isnan(value) else \
+                "Infinity" if value > 0 else "-Infinity"
         zarray = {"zarr_format": 2, "shape": shape, "chunks": [max(n, 1) for n in chunk_shape] if shape else [],
                   "dtype": dtype.str if dtype.kind != "O" else "|O", "fill_value": fill if declared else None,
                   "order": "C", "filters": filters or None, "compressor": None}
