@@ -3,8 +3,8 @@
 - **String padding.** An HDF5 fixed-length string is NUL-terminated (H5T_STR_NULLTERM), NUL-padded
   (NULLPAD) or space-padded (SPACEPAD); the bytes after the terminator are not part of the value (a
   NUL-terminated "swe" may be stored as ``swe\\0et\\0``). Hyrax (bes DmrppArray.cc) cuts a null_term or
-  null_pad string at its first NUL and strips a space_pad one's trailing spaces and NULs; h5py does
-  the same. A reference set says it with the extra ``.zarray`` key `STRING_PAD_KEY` (the Zarr v2
+  null_pad string at its first NUL and strips a space_pad one's trailing spaces and NULs; h5py reads
+  null_term and space_pad strings so (netCDF-C 4.10 keeps a space_pad value's spaces). A reference set says it with the extra ``.zarray`` key `STRING_PAD_KEY` (the Zarr v2
   spec has readers ignore keys they do not know: zarr-python and netCDF-C do), which the decoded view
   applies to each chunk (`cut_padding`). The raw view serves the bytes as stored.
 - **Shuffle with leftover bytes.** HDF5's shuffle filter shuffles the whole elements of a buffer and
