@@ -609,3 +609,23 @@ def test_a_declared_FillValue_is_the_fill_value_and_no_chunk_is_written_out():
     assert json.loads(refs["a/.zarray"])["fill_value"] == -7 and set(k for k in refs if k.startswith("a/")) == {
         "a/.zarray", "a/.zattrs", "a/1"}
     assert json.loads(refs["f/.zarray"])["fill_value"] == "NaN" and "f/0" not in refs
+
+
+def test_deflate_twice_on_a_chunk_deflated_once_reads_as_hyrax_reads_it(tmp_path, mount):
+    """HDF5 skips an optional filter that does not shrink a chunk: with deflate listed twice, a chunk may
+    be deflated once (Hyrax's note: a GHRSST file). Its first inflate gives the whole chunk, and Hyrax
+    inflates no more: so does the decoded view."""
+    import zlib
+
+    values = np.arange(8, dtype="<i4").reshape(2, 4) * 1000 + 7
+    twice, once = zlib.compress(zlib.compress(values[0].tobytes())), zlib.compress(values[1].tobytes())
+    (tmp_path / "f.h5").write_bytes(twice + once)
+    body = f"""<Int32 name="v"><Dim size="2"/><Dim size="4"/>
+      <dmrpp:chunks compressionType="deflate deflate" fillValue="0" byteOrder="LE">
+        <dmrpp:chunkDimensionSizes>1 4</dmrpp:chunkDimensionSizes>
+        <dmrpp:chunk offset="0" nBytes="{len(twice)}" chunkPositionInArray="[0,0]"/>
+        <dmrpp:chunk offset="{len(twice)}" nBytes="{len(once)}" chunkPositionInArray="[1,0]"/>
+      </dmrpp:chunks></Int32>"""
+    (tmp_path / "f.h5.dmrpp").write_bytes(_dmrpp(body))
+    m = mount(tmp_path / "f.h5.dmrpp")
+    assert _cdl_data(ncdump(nczarr_url(m.path)))["v"] == "7, 1007, 2007, 3007, 4007, 5007, 6007, 7007"

@@ -74,6 +74,20 @@ def _fill_range(info: ArrayInfo, offset: int, size: int) -> bytes:
     return (one * (-(-end // len(one)) - first))[offset - first * len(one): end - first * len(one)]
 
 
+def _deflated_once(codecs: list, n: int, data, expected: int) -> bool:
+    """HDF5 deflate listed twice, on a chunk the first inflate already gave whole: HDF5 skipped the
+    second deflate of that chunk (an optional filter that did not shrink it). Hyrax (bes Chunk.cc) then
+    inflates no more, by the same test of the size; a second inflate would fail on the raw bytes."""
+    return (n > 0 and getattr(codecs[n], "codec_id", None) == "zlib" and getattr(codecs[n - 1], "codec_id", None) == "zlib"
+            and _nbytes(data) == expected and not _is_zlib(data))
+
+
+def _is_zlib(data) -> bool:
+    """Does `data` start as a zlib stream would (RFC 1950: deflate, and a header check multiple of 31)?"""
+    head = bytes(memoryview(data)[:2]) if not isinstance(data, bytes) else data[:2]
+    return len(head) == 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
+
+
 class DecodeError(RefmountError):
     """A chunk could not be decoded into exactly its expected bytes."""
 
@@ -454,6 +468,8 @@ class DecodedView:
                 # the last stage of a plain chunk may write straight into the pool's slot
                 if n == len(codecs) - 1 and plain and out is not None and decode_into(codec, data, out):
                     return out.toreadonly()
+                if _deflated_once(codecs, n, data, expected):
+                    continue
                 # no stage may grow past the chunk's size (filters such as fixedscaleoffset shrink
                 # it at most by 8x before the compressor, so 8x leaves them room)
                 data = decode_bounded(codec, data, 8 * expected)
