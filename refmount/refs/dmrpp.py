@@ -464,8 +464,8 @@ class _Converter:
     def filters(self, chunks_el, dtype: np.dtype) -> list[dict]:
         if chunks_el is None:
             return []
-        # deflate listed twice is inflated twice (zlib twice: a chunk deflated once fails its second inflate,
-        # an EIO); fletcher32 before shuffle on 8-byte elements leaves the checksum's 4 bytes past the last
+        # deflate listed twice is zlib twice (a chunk HDF5 deflated once: refmount.view.decoded._deflated_once);
+        # fletcher32 before shuffle on 8-byte elements leaves the checksum's 4 bytes past the last
         # whole element, which HDF5's shuffle (and the decoded view's, refmount.refs.hdf5) leaves in place
         kinds = (_attr(chunks_el, "compressionType") or "").split()
         level = _attr(chunks_el, "deflateLevel") or _attr(chunks_el, "deflate_level")
