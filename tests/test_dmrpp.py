@@ -40,12 +40,41 @@ READ = {
     "test32v3.nc4": "netCDF-4 scalars of every kind, a char, fletcher32",
     "t_float.h5": "contiguous floats",
     "t_enum_grp_array.h5": "enumerations in nested groups (as their base type)",
+    # issue 38: values as the file holds them
+    "FValue_int8.h5": "an 8-bit fill (-127) where no chunk was written, no _FillValue",
+    "FValue_uint8.h5": "an 8-bit fill (255) where no chunk was written, no _FillValue",
+    "FValue.h5": "an Int32 fill (-99) in chunked, contiguous and compact layouts, no _FillValue",
+    "FValue_int64.h5": "an Int64 fill (-9999), no _FillValue",
+    "FValue_uint64.h5": "a UInt64 fill (9999), no _FillValue",
+    "FValue_fd.h5": "Float32 and Float64 fills (-9999.9), no _FillValue",
+    "FValue_c_b.h5": "deflated chunks never written: chunks of the fill, deflated",
+    "FValue_scalar_compact.h5": "a compact scalar of the fill",
+    "FValue_scalar_cont.h5": "a contiguous scalar never written",
+    "FValue_chunk.h5": "fill time never: chunks never written read as the fill, as through Hyrax",
+    "One_chunk_c_c.h5": "deflate twice",
+    "cmprss_big_2.h5": "shuffle deflate deflate",
+    "fill_some_chunks_c_c.h5": "deflate deflate",
+    "fill_some_chunks_s_c_c.h5": "shuffle deflate deflate",
+    "SDS_fle_shuf_2def.h5": "fletcher32 shuffle deflate deflate",
+    "SDS_shuf_2def_fle.h5": "shuffle deflate deflate fletcher32",
+    "t_enum_array.h5": "an enumeration",
+    "t_enum2_mt_array.h5": "UInt64 and Int32 enumerations",
+    "t_enum2_mt_scalar.h5": "enumeration scalars",
+    "t_enum_grp.h5": "enumeration scalars in groups",
+    "t_enum_name_chunk_array.h5": "a named enumeration, chunked",
+    "t_enum_name_scalar.h5": "a named enumeration, scalar",
 }
+# values HDF5 leaves undefined (fill time "never": h5py and ncdump read whatever the buffer held); a DMR++
+# does not record the fill time, and they read as the fill value, as through Hyrax
+UNDEFINED = {"chunks_fill_not_write", "FValue_chunk.h5/chunks_all_fill"}
 REFUSED = {
     "compound_simple.h5": ("/DSC", "compound"),
     "chunked_string_array.h5": ("/string_array", "variable-length strings"),
-    "fill_some_chunks_s_c_c.h5": ("/chunks_some_fill", "deflates twice"),
 }
+# fixed-length strings: NUL-terminated (bytes after the NUL are no part of the value), space-padded, with a fill
+STRINGS = ["t_string_cstr.h5", "t_str_dset.h5", "t_string_chunk.h5", "t_string_compact.h5", "t_string_cont.h5",
+           "special_fixed_str.h5", "FValue_string.h5", "FValue_string2.h5", "FValue_string_sca.h5",
+           "FValue_string_sca2.h5", "chunked_fstr.h5"]
 
 
 def _arrays(refs: dict) -> dict:
@@ -74,6 +103,13 @@ def _h5(path: Path, name: str) -> np.ndarray:
     return values
 
 
+def _h5_fill(path: Path, name: str):
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return f[name].fillvalue
+
+
 @pytest.mark.parametrize("name", sorted(READ))
 def test_opendap_files_read_as_h5py_reads_them(name):
     data = DATA / name
@@ -83,6 +119,10 @@ def test_opendap_files_read_as_h5py_reads_them(name):
     assert arrays, name
     for path, got in arrays.items():
         want = _h5(data, path)
+        if path in UNDEFINED or f"{name}/{path}" in UNDEFINED:  # chunks written as h5py reads them, the rest fill
+            fill = _h5_fill(data, path)
+            assert ((got == want) | (got == fill)).all() and (got == fill).any(), (path, got)
+            continue
         if want.dtype.kind == "b":  # h5py reads a FALSE/TRUE enumeration as bool: its stored bytes are the base type
             want = want.astype(got.dtype)
         assert got.shape == want.shape and got.dtype.kind == want.dtype.kind, (path, got.dtype, want.dtype)
@@ -351,3 +391,241 @@ def test_a_refused_variable_is_one_log_line_and_the_rest_mounts(made, mount, tmp
     m = mount(edited)
     assert m.log().count("variable /cmp left out: compound type (Structure)") == 1
     assert not (m.path / "cmp").exists() and (m.path / "temp" / ".zarray").exists()
+
+
+# -- issue 38: values as the file holds them -----------------------------------------------------------
+
+FILLS = ["FValue_int8.h5", "FValue_uint8.h5", "FValue.h5", "FValue_int64.h5", "FValue_uint64.h5", "FValue_fd.h5",
+         "FValue_scalar_cont.h5", "FValue_scalar_compact.h5", "FValue_c_b.h5"]
+
+
+def _cdl_data(cdl: str) -> dict[str, str]:
+    """variable -> its values as ncdump prints them, on one line."""
+    out = {}
+    for part in _data_section(cdl).split(";"):
+        if "=" in part:
+            name, values = part.split("=", 1)
+            out[name.strip()] = " ".join(values.split())
+    return out
+
+
+def _defined(name: str, variable: str) -> bool:
+    return variable not in UNDEFINED and f"{name}/{variable}" not in UNDEFINED
+
+
+@pytest.mark.parametrize("name", FILLS)
+def test_a_fill_without_FillValue_reads_as_on_the_file(name, mount):
+    """HDF5's fill where no chunk was written (8-bit ones too), with no _FillValue declared: ncdump on
+    the decoded view prints what it prints on the file (-99, not _), and xarray on the raw view reads
+    the values unmasked in their own dtype, as h5py does."""
+    import xarray as xr
+
+    dmrpp, data = DATA / f"{name}.dmrpp", DATA / name
+    m = mount(dmrpp, "--data-url", data)
+    dumped = ncdump(nczarr_url(m.path))
+    assert "_FillValue" not in dumped
+    got, want = _cdl_data(dumped), _cdl_data(ncdump(str(data)))
+    assert set(got) == set(want)
+    for variable in want:
+        if _defined(name, variable):
+            assert got[variable] == want[variable], (variable, got[variable], want[variable])
+    raw = mount(dmrpp, "--data-url", data, "--view", "raw")
+    ds = xr.open_zarr(raw.path, consolidated=False, zarr_format=2)
+    assert set(ds.data_vars) == set(want)
+    for variable in ds.data_vars:
+        values, expected = ds[variable].values, _h5(data, variable)
+        assert values.dtype == expected.dtype and "_FillValue" not in ds[variable].encoding, variable  # not masked
+        if _defined(name, variable):
+            np.testing.assert_array_equal(values, expected, err_msg=variable)
+        else:
+            assert (values == _h5_fill(data, variable)).any()
+
+
+def _h5_strings(path: Path) -> dict:
+    import h5py
+
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda n, o: out.__setitem__(n, o[...]) if isinstance(o, h5py.Dataset) and o.dtype.kind == "S"
+                     else None)
+    return out
+
+
+@pytest.mark.parametrize("name", STRINGS)
+def test_fixed_length_strings_end_at_their_terminator(name, mount):
+    """NUL-terminated strings end at their NUL (the bytes after it are no part of the value), space-padded
+    ones lose their padding, strings never written read as their fill: as h5py (and Hyrax) read them,
+    through the decoded view read by zarr-python and by ncdump."""
+    import zarr
+
+    data = DATA / name
+    m = mount(DATA / f"{name}.dmrpp", "--data-url", data, "--form", "zarr")
+    for variable, want in _h5_strings(data).items():
+        if not (m.path / variable / ".zarray").exists():
+            continue  # (t_string_chunk.h5's hand-made "array_1d_hacked_to_bytes" is refused)
+        got = zarr.open_array(str(m.path / variable), mode="r", zarr_format=2)[...]
+        assert got.tolist() == want.tolist(), (variable, got, want)
+    dumped = ncdump(nczarr_url(mount(DATA / f"{name}.dmrpp", "--data-url", data).path))
+    assert "\\000" not in dumped and "swe    " not in dumped
+    if name in ("t_string_cstr.h5", "t_str_dset.h5", "t_string_cont.h5"):
+        assert 'array_1d =\n  "Parting",\n  "is so",\n  "swe",\n  "" ;' in dumped
+
+
+def _fletcher32_before_shuffle(path: Path) -> Path:
+    """8-byte elements checksummed before they are shuffled (the checksum's 4 bytes are then no whole
+    element), deflated twice; a chunk never written; HDF5 fills with no _FillValue."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        for name, dtype, fill in (("f8_fle_shuf_2def", "<f8", -1.5), ("i8_shuf_fle_def", "<i8", -7)):
+            dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            dcpl.set_chunk((4, 3))
+            if dtype == "<f8":
+                dcpl.set_fletcher32()
+                dcpl.set_shuffle()
+                dcpl.set_deflate(4)
+                dcpl.set_deflate(4)
+            else:
+                dcpl.set_shuffle()
+                dcpl.set_fletcher32()
+                dcpl.set_deflate(4)
+            dcpl.set_fill_value(np.array(fill, dtype))
+            space = h5py.h5s.create_simple((8, 6))
+            d = h5py.Dataset(h5py.h5d.create(f.id, name.encode(), h5py.h5t.py_create(np.dtype(dtype)), space,
+                                             dcpl=dcpl))
+            d[0:4, :] = (np.arange(24).reshape(4, 6) * 1.25 - 3).astype(dtype)
+            d[4:8, 0:3] = 5  # the chunk [4, 3] is never written
+    return path
+
+
+def test_deflate_twice_and_fletcher32_in_any_order_as_hyrax_decodes_them(tmp_path, mount):
+    from tests.support.dmrpp_files import write_dmrpp
+
+    data = _fletcher32_before_shuffle(tmp_path / "fle.h5")
+    write_dmrpp(data, tmp_path / "fle.h5.dmrpp")
+    assert 'compressionType="fletcher32 shuffle deflate deflate"' in (tmp_path / "fle.h5.dmrpp").read_text()
+    refs, refused = dmrpp_to_refs((tmp_path / "fle.h5.dmrpp").read_bytes(), str(tmp_path / "fle.h5.dmrpp"))
+    assert refused == []
+    m = mount(tmp_path / "fle.h5.dmrpp")
+    got, want = _cdl_data(ncdump(nczarr_url(m.path))), _cdl_data(ncdump(str(data)))
+    assert got == want and "-1.5" in got["f8_fle_shuf_2def"] and "-7" in got["i8_shuf_fle_def"]
+
+
+ENUMS = {  # file -> variable -> (flag_values as ncdump prints them, flag_meanings)
+    "t_enum_array.h5": {"enum_array": ("0UB, 1UB, 2UB", "RED GREEN BLUE")},
+    "t_enum_name_chunk_array.h5": {"enum_chunk_array": ("0UB, 1UB, 2UB", "RED GREEN BLUE")},
+    "t_enum2_mt_array.h5": {"enum_array": ("0ULL, 1ULL, 2ULL", "RED GREEN BLUE"),
+                            "enum_array2": ("1000, 2000", "TRUE FALSE")},
+    "t_enum_grp_array.h5": {"g1_enum": ("0b, 1b", "FALSE TRUE")},
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENUMS))
+def test_enumerations_keep_their_names_as_cf_flags(name, mount):
+    """NCZarr carries no enumeration type (netCDF-C 4.9 and 4.10 refuse one there): the names become CF's
+    flag_values (of the variable's type) and flag_meanings, read by ncdump and by xarray."""
+    import xarray as xr
+
+    m = mount(DATA / f"{name}.dmrpp", "--data-url", DATA / name)
+    dumped = ncdump(nczarr_url(m.path))
+    for variable, (values, meanings) in ENUMS[name].items():
+        assert f"{variable}:flag_values = {values} ;" in dumped, dumped
+        assert f'{variable}:flag_meanings = "{meanings}" ;' in dumped
+    raw = mount(DATA / f"{name}.dmrpp", "--data-url", DATA / name, "--view", "raw")
+    for variable, (values, meanings) in ENUMS[name].items():
+        group = "g1" if variable == "g1_enum" else None
+        ds = xr.open_zarr(raw.path, group=group, consolidated=False, zarr_format=2)
+        assert ds[variable].attrs["flag_meanings"] == meanings
+        assert list(ds[variable].attrs["flag_values"]) == [int(v.rstrip("UBLb")) for v in values.split(", ")]
+
+
+def test_missing_chunks_written_out_stay_within_a_budget(caplog):
+    """A hostile DMR++ declaring 10**18 chunks that were never written, or one chunk of 32 GB, makes no
+    chunk of it: the fill is then served as fill_value (values right, a _FillValue declared), one log
+    line naming the variable. A string fill longer than its strings is refused."""
+    import json
+    import time
+
+    body = """
+      <Int8 name="grid"><Dim size="1000000000"/><Dim size="1000000000"/>
+        <dmrpp:chunks fillValue="-5"><dmrpp:chunkDimensionSizes>1 1</dmrpp:chunkDimensionSizes></dmrpp:chunks></Int8>
+      <Float64 name="wide"><Dim size="4000000000"/>
+        <dmrpp:chunks compressionType="deflate" fillValue="1.5">
+          <dmrpp:chunkDimensionSizes>4000000000</dmrpp:chunkDimensionSizes></dmrpp:chunks></Float64>
+      <Int16 name="fine"><Dim size="6"/>
+        <dmrpp:chunks fillValue="-3"><dmrpp:chunkDimensionSizes>2</dmrpp:chunkDimensionSizes>
+          <dmrpp:chunk offset="0" nBytes="4" chunkPositionInArray="[2]"/></dmrpp:chunks></Int16>
+      <String name="s"><Dim size="2"/><dmrpp:chunks fillValue="toolong"/>
+        <dmrpp:FixedLengthStringArray string_length="2" pad="null_term"/></String>
+    """
+    started = time.monotonic()
+    refs, refused = dmrpp_to_refs(_dmrpp(body), "/x/f.h5.dmrpp")
+    assert time.monotonic() - started < 5 and len(refs) < 20
+    assert json.loads(refs["grid/.zarray"])["fill_value"] == -5 and json.loads(refs["wide/.zarray"])["fill_value"] == 1.5
+    assert sum("too many or too large" in r.getMessage() for r in caplog.records) == 2
+    assert json.loads(refs["fine/.zarray"])["fill_value"] is None  # two missing chunks written out instead
+    assert refs["fine/1"] == ["/x/f.h5", 0, 4] and refs["fine/0"] == refs["fine/2"] == "base64:/f/9/w=="
+    assert len(refused) == 1 and "variable /s left out" in refused[0] and "longer than its 2-byte strings" in refused[0]
+
+
+def test_a_netcdf4_variable_without_FillValue_reads_netcdfs_default_where_never_written(tmp_path, mount):
+    """netCDF-C gives a variable without _FillValue its default fill as HDF5's (9.97e36, and -127 for a
+    byte, which ncdump does not print as _): chunks never written hold it, through both views, and
+    nothing is masked that xarray does not mask on the file."""
+    import netCDF4
+    import xarray as xr
+
+    from tests.support.dmrpp_files import write_dmrpp
+
+    path = tmp_path / "d.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("t", 4)
+        ds.createDimension("x", 6)
+        for name, dtype, value in (("v", "f4", 1.5), ("b", "i1", 3), ("u", "u1", 4)):
+            ds.createVariable(name, dtype, ("t", "x"), chunksizes=(1, 6))[0:2] = value  # t 2, 3: never written
+    write_dmrpp(path, tmp_path / "d.nc.dmrpp")
+    m = mount(tmp_path / "d.nc.dmrpp")
+    assert _cdl_data(ncdump(nczarr_url(m.path))) == _cdl_data(ncdump(str(path)))
+    raw = mount(tmp_path / "d.nc.dmrpp", "--view", "raw")
+    got, want = xr.open_zarr(raw.path, consolidated=False, zarr_format=2), xr.open_dataset(path)
+    for name in ("v", "b", "u"):
+        assert got[name].dtype == want[name].dtype, name
+        np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+    assert float(got["v"][3, 0]) == np.float32(9.969209968386869e36) and int(got["b"][3, 0]) == -127
+
+
+def test_a_declared_FillValue_is_the_fill_value_and_no_chunk_is_written_out():
+    import json
+
+    body = """
+      <Int16 name="a"><Dim size="6"/><Attribute name="_FillValue" type="Int16"><Value>-7</Value></Attribute>
+        <dmrpp:chunks><dmrpp:chunkDimensionSizes>2</dmrpp:chunkDimensionSizes>
+          <dmrpp:chunk offset="0" nBytes="4" chunkPositionInArray="[2]"/></dmrpp:chunks></Int16>
+      <Float32 name="f"><Dim size="2"/><Attribute name="_FillValue" type="Float32"><Value>NaN</Value></Attribute>
+        <dmrpp:chunks fillValue="NaN"><dmrpp:chunkDimensionSizes>1</dmrpp:chunkDimensionSizes></dmrpp:chunks></Float32>
+    """
+    refs, refused = dmrpp_to_refs(_dmrpp(body), "/x/f.h5.dmrpp")
+    assert refused == []
+    assert json.loads(refs["a/.zarray"])["fill_value"] == -7 and set(k for k in refs if k.startswith("a/")) == {
+        "a/.zarray", "a/.zattrs", "a/1"}
+    assert json.loads(refs["f/.zarray"])["fill_value"] == "NaN" and "f/0" not in refs
+
+
+def test_deflate_twice_on_a_chunk_deflated_once_reads_as_hyrax_reads_it(tmp_path, mount):
+    """HDF5 skips an optional filter that does not shrink a chunk: with deflate listed twice, a chunk may
+    be deflated once (Hyrax's note: a GHRSST file). Its first inflate gives the whole chunk, and Hyrax
+    inflates no more: so does the decoded view."""
+    import zlib
+
+    values = np.arange(8, dtype="<i4").reshape(2, 4) * 1000 + 7
+    twice, once = zlib.compress(zlib.compress(values[0].tobytes())), zlib.compress(values[1].tobytes())
+    (tmp_path / "f.h5").write_bytes(twice + once)
+    body = f"""<Int32 name="v"><Dim size="2"/><Dim size="4"/>
+      <dmrpp:chunks compressionType="deflate deflate" fillValue="0" byteOrder="LE">
+        <dmrpp:chunkDimensionSizes>1 4</dmrpp:chunkDimensionSizes>
+        <dmrpp:chunk offset="0" nBytes="{len(twice)}" chunkPositionInArray="[0,0]"/>
+        <dmrpp:chunk offset="{len(twice)}" nBytes="{len(once)}" chunkPositionInArray="[1,0]"/>
+      </dmrpp:chunks></Int32>"""
+    (tmp_path / "f.h5.dmrpp").write_bytes(_dmrpp(body))
+    m = mount(tmp_path / "f.h5.dmrpp")
+    assert _cdl_data(ncdump(nczarr_url(m.path)))["v"] == "7, 1007, 2007, 3007, 4007, 5007, 6007, 7007"

@@ -13,7 +13,14 @@ DMR++ parser:
 - `compressionType` lists the filters in HDF5's pipeline (encoding) order; Hyrax decodes in the
   reverse order, as Zarr decodes `filters`. deflate -> zlib, shuffle -> shuffle with the element
   size, fletcher32 -> fletcher32 (numcodecs checks and strips HDF5's checksum). All go into
-  `filters` with a null compressor, as kerchunk writes HDF5 filters.
+  `filters` with a null compressor, as kerchunk writes HDF5 filters. deflate listed twice is zlib
+  twice; fletcher32 before shuffle on 8-byte elements leaves the checksum past the last whole element,
+  which the decoded view's shuffle leaves in place as HDF5's does (refmount.refs.hdf5).
+- `fillValue` is HDF5's fill. It is Zarr's fill_value only where the variable declares `_FillValue`
+  (NCZarr and xarray take fill_value for one); elsewhere the chunks never written are inline chunks
+  of it (`write_missing_chunks`), so no reader masks what the file's readers do not.
+- Fixed-length strings keep HDF5's padding in .zarray's `hdf5_string_pad` key (refmount.refs.hdf5);
+  enumerations are their base type with CF's flag_values and flag_meanings.
 - A variable without `chunkDimensionSizes` is contiguous: one chunk, the whole array.
 - Anonymous dimensions (`<Dim size=N/>`) are named `phony_dim_N` as netCDF-C names them: within a
   group, an axis reuses the first phony dimension of its size that the variable does not use yet.
@@ -41,6 +48,7 @@ from xml.etree import ElementTree
 import numpy as np
 
 from refmount.errors import RefsError, quote
+from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
 from refmount.fetch.protocols import is_remote, local_path
 from refmount.refs.relative import base_of, is_relative, resolve
 
@@ -64,11 +72,12 @@ HIDDEN_ATTRIBUTES = {"CLASS", "NAME", "REFERENCE_LIST", "DIMENSION_LIST", "_Netc
                      "_nc3_strict", "_NCProperties", "_SuperblockVersion", "_IsNetcdf4"}
 NOT_A_VARIABLE = "This is a netCDF dimension but not a netCDF variable"
 BUILD_METADATA = "build_dmrpp_metadata"  # how the DMR++ was made, not part of the data (VirtualiZarr drops it too)
-# netCDF's default fill values (netcdf.h NC_FILL_*): HDF5's fill of a netCDF-4 variable without _FillValue
-NC_DEFAULT_FILL = {"i1": -127, "u1": 255, "i2": -32767, "u2": 65535, "i4": -2147483647, "u4": 4294967295,
-                   "i8": -9223372036854775806, "u8": 18446744073709551614, "f4": 9.969209968386869e36,
-                   "f8": 9.969209968386869e36}
 HDF5_VLEN_ELEMENT = 16  # bytes of one HDF5 variable-length element (length, heap address, index)
+# Chunks never written are written out as inline chunks of the fill (`write_missing_chunks`), up to these
+# totals per DMR++ (a shape of 10**12 chunks listing none must not make the daemon allocate them)
+MAX_FILL_CHUNKS = 100_000
+MAX_FILL_BYTES = 32 << 20
+MAX_FILL_CHUNK = 16 << 20  # bytes of one chunk made to be encoded (chunk sizes come from the DMR++)
 
 
 class Refused(Exception):
@@ -189,6 +198,9 @@ class _Converter:
         self.refs: dict = {}
         self.refused: list[str] = []
         self.phony_count = 0
+        self.enum_names: dict[str, list] = {}  # enumeration -> its (name, value) pairs
+        self.fill_chunks = MAX_FILL_CHUNKS  # what is left of the budget for missing chunks written out
+        self.fill_bytes = MAX_FILL_BYTES
 
     # -- groups -------------------------------------------------------------------------------------
 
@@ -199,6 +211,8 @@ class _Converter:
         enums = dict(outer_enums or {})
         for enum in _children(element, "Enumeration"):
             enums[f"{path}/{_attr(enum, 'name')}"] = _attr(enum, "basetype")
+            self.enum_names[f"{path}/{_attr(enum, 'name')}"] = [
+                (_attr(const, "name") or "", _attr(const, "value")) for const in _children(enum, "EnumConst")]
         for dim in _children(element, "Dimension"):
             name = _attr(dim, "name")
             try:
@@ -278,9 +292,12 @@ class _Converter:
             return  # a netCDF-4 dimension without a coordinate variable: ncdump shows none
         if kind in REFUSED_TYPES:
             raise Refused(REFUSED_TYPES[kind])
+        enum = None
         if kind == "Enum":
-            kind = self.enum_base(element, full, enums)
+            kind, enum = self.enum_base(element, full, enums)
         attrs = self.attributes(element)
+        if enum is not None:
+            self.enum_attributes(enum, DAP_TYPES[kind], attrs)
         names, shape = self.dimensions(element, full, dims, phony)
         chunks_el = _child(element, "chunks")
         if chunks_el is None and _child(element, "chunk") is not None:
@@ -294,16 +311,15 @@ class _Converter:
         if chunks_el is not None:  # ("byteOrde": a misspelling some of OPeNDAP's own files have)
             byte_order = _attr(chunks_el, "byteOrder") or _attr(chunks_el, "byteOrde") or "LE"
             order = ">" if byte_order.upper() in ("BE", "BIG_ENDIAN") else "<"
+        pad = None
         if kind in STRING_TYPES:
-            dtype, filters, fill = self.string_type(element, chunks_el, compact, vlsa, shape)
+            dtype, filters, fill, pad = self.string_type(element, chunks_el, compact, vlsa, shape)
         else:
             dtype = np.dtype(DAP_TYPES[kind])
             if dtype.itemsize > 1:
                 dtype = dtype.newbyteorder(order)
             filters = self.filters(chunks_el, dtype)
             fill = _fill_value(chunks_el, dtype)
-        if "_FillValue" not in attrs and _is_netcdf_default(fill, dtype):
-            fill = None  # as kerchunk: no _FillValue declared, so none served (netCDF-C applies its default itself)
         chunk_shape = shape
         if chunks_el is not None:
             sizes = _child(chunks_el, "chunkDimensionSizes")
@@ -315,26 +331,60 @@ class _Converter:
                 if len(chunk_shape) != len(shape) or any(n <= 0 for n in chunk_shape):
                     raise Refused(f"chunkDimensionSizes {sizes.text.strip()!r} do not match its shape {shape}")
         prefix = full.lstrip("/")
+        # HDF5's fill value is what never-written chunks hold; it is netCDF's _FillValue only when the
+        # variable declares one. Zarr's fill_value is both (NCZarr and xarray take it for _FillValue): so it
+        # is served only when declared, and otherwise the missing chunks are written out as chunks of it
+        declared = "_FillValue" in attrs and dtype.kind in "iuf"
+        value = attrs.get("_FillValue")
+        if declared and (chunks_el is None or _attr(chunks_el, "fillValue") is None) \
+                and isinstance(value, (int, float)) and not isinstance(value, bool):
+            # (no fillValue: HDF5's fill of a netCDF-4 variable is its _FillValue)
+            fill = value if math.isfinite(value) else "NaN" if math.isnan(value) else \
+                "Infinity" if value > 0 else "-Infinity"
         zarray = {"zarr_format": 2, "shape": shape, "chunks": [max(n, 1) for n in chunk_shape] if shape else [],
-                  "dtype": dtype.str if dtype.kind != "O" else "|O", "fill_value": fill, "order": "C",
-                  "filters": filters or None, "compressor": None}
+                  "dtype": dtype.str if dtype.kind != "O" else "|O", "fill_value": fill if declared else None,
+                  "order": "C", "filters": filters or None, "compressor": None}
+        if pad is not None:
+            zarray[STRING_PAD_KEY] = pad
         chunk_refs = self.chunk_refs(element, chunks_el, compact, vlsa, shape, zarray["chunks"], dtype)
+        if not declared and fill is not None and not self.write_missing_chunks(full, zarray, dtype, fill, chunk_refs):
+            zarray["fill_value"] = fill if dtype.kind in "iuf" else None
         attrs["_ARRAY_DIMENSIONS"] = names
         self.refs[f"{prefix}/.zarray"] = _dumps(zarray)
         self.refs[f"{prefix}/.zattrs"] = _dumps(attrs)
         for key, ref in chunk_refs.items():
             self.refs[f"{prefix}/{key}"] = ref
 
-    def enum_base(self, element, full: str, enums: dict) -> str:
-        """An enumeration's base integer type: its values are stored as that type (its names are no Zarr type)."""
+    def enum_base(self, element, full: str, enums: dict) -> tuple[str, str]:
+        """(base integer type, the enumeration's name): an enumeration's values are stored as that type;
+        its names are no Zarr type, nor one NCZarr can carry (netCDF-C 4.9 and 4.10 refuse user-defined
+        types there: measured), so they become CF's flag_values and flag_meanings (`enum_attributes`)."""
         name = _attr(element, "enum") or ""
         fqn = self._find_declared(name, full.rpartition("/")[0], enums)
         base = enums.get(fqn) if fqn else None
         if base not in DAP_TYPES or base in ("Float32", "Float64", "Char"):
             raise Refused(f"enumeration {name!r} is not declared with an integer base type")
-        log.info("DMR++ %s: variable %s: enumeration %s served as its base type %s (its names are lost)",
-                 self.dmrpp_url, full, fqn, base)
-        return base
+        log.info("DMR++ %s: variable %s: enumeration %s served as its base type %s, its names as flag_values and "
+                 "flag_meanings", self.dmrpp_url, full, fqn, base)
+        return base, fqn
+
+    def enum_attributes(self, fqn: str, base: str, attrs: dict) -> None:
+        """An enumeration's names as CF's flag_values (numbers of the variable's type) and flag_meanings
+        (the names, blank-separated; a blank inside a name becomes '_'), unless the variable has its own."""
+        if "flag_values" in attrs or "flag_meanings" in attrs:
+            return
+        dtype = np.dtype(base)
+        pairs = []
+        for name, value in self.enum_names.get(fqn, []):
+            try:
+                pairs.append((_number(value or "", dtype), "_".join(name.split()) or "_"))
+            except (ValueError, OverflowError):
+                log.info("DMR++ %s: enumeration %s: value %r of %r is not %s: its names are left out", self.dmrpp_url,
+                         fqn, value, name, base)
+                return
+        if pairs:
+            attrs["flag_values"] = [v for v, _ in pairs]
+            attrs["flag_meanings"] = " ".join(n for _, n in pairs)
 
     def dimensions(self, element, full: str, dims: dict, phony: list) -> tuple[list[str], list[int]]:
         names, shape, used = [], [], set()
@@ -377,21 +427,28 @@ class _Converter:
             group = group.rpartition("/")[0]
 
     def string_type(self, element, chunks_el, compact, vlsa, shape):
-        """(dtype, filters, fill_value) of a String variable, or Refused."""
+        """(dtype, filters, fill, padding) of a String variable, or Refused. Fixed-length strings get
+        their fill (bytes) and HDF5's padding (refmount.refs.hdf5: the decoded view cuts each value at
+        its terminator); where the DMR++ does not say (scalars), a value ends at its first NUL."""
         fixed = _child(element, "FixedLengthStringArray")
         if vlsa is not None:
-            return np.dtype("O"), [{"id": "vlen-utf8"}], None
+            return np.dtype("O"), [{"id": "vlen-utf8"}], None, None
         if fixed is not None:
             try:
                 length = int(_attr(fixed, "string_length"))
             except (TypeError, ValueError):
                 raise Refused("FixedLengthStringArray has no valid string_length") from None
-            return np.dtype(f"S{max(length, 1)}"), self.filters(chunks_el, np.dtype("u1")), None
+            pad = _attr(fixed, "pad")
+            if pad not in STRING_PADS:
+                pad = "null_pad"
+            dtype = np.dtype(f"S{max(length, 1)}")
+            return dtype, self.filters(chunks_el, np.dtype("u1")), _string_fill(chunks_el, dtype), pad
         count = math.prod(shape)
         if compact is not None:
             data = _compact_bytes(compact)
             if count and len(data) % count == 0 and len(data):
-                return np.dtype(f"S{len(data) // count}"), None, None
+                dtype = np.dtype(f"S{len(data) // count}")
+                return dtype, None, _string_fill(chunks_el, dtype), "null_pad"
             raise Refused(f"compact strings of {len(data)} bytes for {count} elements")
         chunk_list = _children(chunks_el, "chunk") if chunks_el is not None else []
         if (chunks_el is not None and _child(chunks_el, "chunkDimensionSizes") is None and len(chunk_list) == 1
@@ -399,23 +456,19 @@ class _Converter:
             nbytes = int(_attr(chunk_list[0], "nBytes") or 0)
             if nbytes % count == 0 and nbytes // count not in (0, HDF5_VLEN_ELEMENT):
                 # contiguous, uncompressed, not 16 bytes an element: fixed-length strings (netCDF char)
-                return np.dtype(f"S{nbytes // count}"), None, None
+                dtype = np.dtype(f"S{nbytes // count}")
+                return dtype, None, _string_fill(chunks_el, dtype), "null_pad"
         raise Refused("variable-length strings whose values the DMR++ does not hold (its chunks hold HDF5 heap "
                       "references, not text; Hyrax's build_dmrpp -M writes them as dmrpp:vlsa)")
 
     def filters(self, chunks_el, dtype: np.dtype) -> list[dict]:
         if chunks_el is None:
             return []
+        # deflate listed twice is zlib twice (a chunk HDF5 deflated once: refmount.view.decoded._deflated_once);
+        # fletcher32 before shuffle on 8-byte elements leaves the checksum's 4 bytes past the last
+        # whole element, which HDF5's shuffle (and the decoded view's, refmount.refs.hdf5) leaves in place
         kinds = (_attr(chunks_el, "compressionType") or "").split()
         level = _attr(chunks_el, "deflateLevel") or _attr(chunks_el, "deflate_level")
-        if kinds.count("deflate") > 1:
-            raise Refused(f"compressionType {' '.join(kinds)!r} deflates twice (Hyrax inflates such chunks once or "
-                          "twice, by their size: no Zarr codec does that)")
-        if ("fletcher32" in kinds and "shuffle" in kinds and kinds.index("fletcher32") < kinds.index("shuffle")
-                and 4 % dtype.itemsize):
-            # the checksum's 4 bytes are then no whole element: HDF5's shuffle leaves them in place, numcodecs' refuses
-            raise Refused(f"compressionType {' '.join(kinds)!r} shuffles {dtype.itemsize}-byte elements after a "
-                          "fletcher32 checksum, which no Zarr shuffle undoes")
         out = []
         for kind in kinds:
             if kind == "deflate":
@@ -436,6 +489,40 @@ class _Converter:
         if href.startswith("/") and is_remote(self.dmrpp_url):
             return resolve(href.lstrip("/"), _server_root(self.dmrpp_url))
         return resolve(href, self.base) if is_relative(href) else href
+
+    def write_missing_chunks(self, full: str, zarray: dict, dtype: np.dtype, fill, chunk_refs: dict) -> bool:
+        """The chunks of the grid the DMR++ does not list (never written) as inline chunks of HDF5's
+        `fill`, encoded once with the variable's filters, so that every reader reads the fill without a
+        fill_value (a _FillValue) being declared. False when they would pass the DMR++'s budget
+        (MAX_FILL_CHUNKS, MAX_FILL_BYTES): the caller then serves the fill as fill_value."""
+        shape, chunks = zarray["shape"], zarray["chunks"]
+        total = math.prod(-(-n // c) for n, c in zip(shape, chunks)) if shape else 1
+        missing = total - len(chunk_refs)
+        if missing <= 0 or (dtype.kind == "S" and not fill.strip(b"\0")):
+            return True  # (a NUL string: what every reader fills characters with anyway)
+        data = b""
+        if missing <= self.fill_chunks and math.prod(chunks) * dtype.itemsize <= MAX_FILL_CHUNK:
+            try:
+                data = _fill_chunk(fill, dtype, chunks, zarray["filters"] or [])
+            except Exception as e:  # (a fill no filter chain here encodes: served as fill_value instead)
+                log.warning("DMR++ %s: variable %s: its fill cannot be encoded (%s)", self.dmrpp_url, full, e)
+                return False
+        if not data or missing > self.fill_chunks or missing * len(data) > self.fill_bytes:
+            log.warning("DMR++ %s: variable %s: its %d missing chunks are too many or too large to write out: "
+                        "they read as %s", self.dmrpp_url, full, missing,
+                        f"fill_value {fill!r}, which netCDF readers and xarray take for its _FillValue"
+                        if dtype.kind in "iuf" else "empty strings")
+            return False
+        self.fill_chunks -= missing
+        self.fill_bytes -= missing * len(data)
+        value = _inline(data)
+        grid = [-(-n // c) for n, c in zip(shape, chunks)]
+        prefix = full.lstrip("/")
+        for index in np.ndindex(*grid) if shape else [()]:
+            key = ".".join(map(str, index)) or "0"
+            if key not in chunk_refs:
+                self.refs[f"{prefix}/{key}"] = value
+        return True
 
     def chunk_refs(self, element, chunks_el, compact, vlsa, shape, chunks, dtype) -> dict:
         scalar_key = "0"
@@ -537,11 +624,31 @@ def _fill_value(chunks_el, dtype: np.dtype):
     return value
 
 
-def _is_netcdf_default(fill, dtype: np.dtype) -> bool:
-    default = NC_DEFAULT_FILL.get(dtype.str[1:])
-    if default is None or fill is None or isinstance(fill, str):
-        return False
-    return np.array(fill).astype(dtype) == np.array(default).astype(dtype)
+def _string_fill(chunks_el, dtype: np.dtype) -> bytes:
+    """The fill of fixed-length strings: fillValue's text (Hyrax's older "unsupported-string" is none)."""
+    text = _attr(chunks_el, "fillValue") if chunks_el is not None else None
+    if not text or text == "unsupported-string":
+        return b""
+    data = text.encode("utf-8")
+    if len(data) > dtype.itemsize:
+        raise Refused(f"fillValue {text!r} is longer than its {dtype.itemsize}-byte strings")
+    return data
+
+
+def _fill_chunk(fill, dtype: np.dtype, chunks: list, filters: list) -> bytes:
+    """One chunk of `fill` encoded with `filters` (HDF5's pipeline order), as HDF5 would store it."""
+    import numcodecs
+    from numcodecs.compat import ensure_bytes
+
+    from refmount.refs.hdf5 import HDF5Shuffle
+
+    if isinstance(fill, str):  # "NaN", "Infinity", "-Infinity"
+        fill = float(fill)
+    data = np.full(chunks or [], fill, dtype).tobytes()
+    for config in filters:
+        codec = HDF5Shuffle(config["elementsize"]) if config["id"] == "shuffle" else numcodecs.get_codec(dict(config))
+        data = ensure_bytes(codec.encode(data))
+    return data
 
 
 def _compact_bytes(compact) -> bytes:

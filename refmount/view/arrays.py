@@ -18,6 +18,7 @@ from numcodecs.compat import ensure_contiguous_ndarray
 
 from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes
 from refmount.refs import RefSet
+from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS, HDF5Shuffle
 
 log = logging.getLogger("refmount")
 
@@ -59,6 +60,7 @@ class ArrayInfo:
     # attributes netCDF-C 4.9.0 cannot read (it fails the whole open): left out of its forms only
     left_out: dict = field(default_factory=dict)
     lazy: bool = False  # of a Parquet set, whose chunk keys are not known at mount (none can be renamed)
+    string_pad: str | None = None  # HDF5 fixed-length strings: each value cut at its terminator (refs.hdf5)
 
     @property
     def scalar(self) -> bool:
@@ -75,7 +77,8 @@ class ArrayInfo:
 
     @property
     def transforms_chunks(self) -> bool:
-        return bool(self.codecs) or self.swap or self.fortran or self.crop is not None or self.recode_from is not None
+        return (bool(self.codecs) or self.swap or self.fortran or self.crop is not None or self.recode_from is not None
+                or self.string_pad is not None)
 
     @property
     def out_chunk_bytes(self) -> int:
@@ -186,6 +189,8 @@ def _is_time_like(zattrs: dict) -> bool:
 def _codec(config: dict):
     import numcodecs
 
+    if config.get("id") == "shuffle" and isinstance(config.get("elementsize", 4), int):
+        return HDF5Shuffle(config.get("elementsize", 4))  # (numcodecs' own, and HDF5's rule for leftover bytes)
     try:
         return numcodecs.get_codec(dict(config))
     except (ValueError, KeyError):
@@ -237,6 +242,10 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     out = dict(z)
     out["compressor"] = None
     out["filters"] = None
+    pad = out.pop(STRING_PAD_KEY, None)
+    if dtype.kind == "S" and pad in STRING_PADS:
+        info.string_pad = pad
+        info.notes.append(f"strings cut at their terminator ({pad}), as HDF5 reads them")
     out_dtype = dtype
     if dtype.kind == "b":
         out_dtype = np.dtype("u1")

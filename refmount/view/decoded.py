@@ -34,6 +34,7 @@ from refmount.cache.budget import ScratchLimiter
 from refmount.cache.lru import SingleFlightLRU
 from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes
 from refmount.view.overlay import OverlayRefSet
+from refmount.refs.hdf5 import cut_padding
 from refmount.view.shards import ShardReader
 
 log = logging.getLogger("refmount")
@@ -72,6 +73,20 @@ def _fill_range(info: ArrayInfo, offset: int, size: int) -> bytes:
         return b""
     first = offset // len(one)
     return (one * (-(-end // len(one)) - first))[offset - first * len(one): end - first * len(one)]
+
+
+def _deflated_once(codecs: list, n: int, data, expected: int) -> bool:
+    """HDF5 deflate listed twice, on a chunk the first inflate already gave whole: HDF5 skipped the
+    second deflate of that chunk (an optional filter that did not shrink it). Hyrax (bes Chunk.cc) then
+    inflates no more, by the same test of the size; a second inflate would fail on the raw bytes."""
+    return (n > 0 and getattr(codecs[n], "codec_id", None) == "zlib" and getattr(codecs[n - 1], "codec_id", None) == "zlib"
+            and _nbytes(data) == expected and not _is_zlib(data))
+
+
+def _is_zlib(data) -> bool:
+    """Does `data` start as a zlib stream would (RFC 1950: deflate, and a header check multiple of 31)?"""
+    head = bytes(memoryview(data)[:2]) if not isinstance(data, bytes) else data[:2]
+    return len(head) == 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
 
 
 class DecodeError(RefmountError):
@@ -446,18 +461,23 @@ class DecodedView:
         expected = int(np.prod(info.chunk_shape or (1,))) * info.dtype.itemsize
         pool = self._pool
         out = pool.take(info.out_chunk_bytes) if pool is not None and info.out_chunk_bytes >= pool.min_pooled else None
-        plain = not (info.swap or info.fortran or info.crop is not None or info.recode_from is not None)
+        plain = not (info.swap or info.fortran or info.crop is not None or info.recode_from is not None
+                     or info.string_pad is not None)
         codecs = [] if decoded else self._codecs[info.dir_id][::-1]
         try:
             for n, codec in enumerate(codecs):
                 # the last stage of a plain chunk may write straight into the pool's slot
                 if n == len(codecs) - 1 and plain and out is not None and decode_into(codec, data, out):
                     return out.toreadonly()
+                if _deflated_once(codecs, n, data, expected):
+                    continue
                 # no stage may grow past the chunk's size (filters such as fixedscaleoffset shrink
                 # it at most by 8x before the compressor, so 8x leaves them room)
                 data = decode_bounded(codec, data, 8 * expected)
             if info.recode_from is not None:
                 data = fixed_strings(data, info.recode_from, info.dtype.itemsize)
+            if info.string_pad is not None:
+                data = cut_padding(data, info.dtype.itemsize, info.string_pad)
             buffer = ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1)
         except Exception as e:
             raise DecodeError(f"chunk {key!r} could not be decoded: {type(e).__name__}: {e}") from None
@@ -472,11 +492,11 @@ class DecodedView:
         # (byte strings keep their bytes: only numeric types are swapped, in the copy below)
         if info.crop is not None:
             array = array[info.crop]
-        if array.size * info.out_dtype.itemsize != info.out_chunk_bytes:
-            raise DecodeError(f"chunk {key!r} transforms to {array.size * info.out_dtype.itemsize} bytes, "
-                              f"expected {info.out_chunk_bytes}")
-        # only a swap changes the type: characters served as bytes (u1 of S1) keep theirs
+        # only a swap changes the type: characters served as bytes (u1 of S1, and of Sn with a last dimension) keep theirs
         served = info.out_dtype if info.swap else info.dtype
+        if array.size * served.itemsize != info.out_chunk_bytes:
+            raise DecodeError(f"chunk {key!r} transforms to {array.size * served.itemsize} bytes, "
+                              f"expected {info.out_chunk_bytes}")
         if out is None:
             return memoryview(np.ascontiguousarray(array.astype(served, copy=False)).reshape(-1).view(np.uint8))
         # swapped, reordered to C order and cropped in one copy, straight into the slot

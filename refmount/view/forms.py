@@ -305,7 +305,7 @@ def _unsigned(z: dict, a: dict) -> None:
         return v
 
     z["fill_value"] = convert(z.get("fill_value"))
-    for name in (*VARIABLE_TYPED, "flag_values", "flag_masks"):
+    for name in VARIABLE_TYPED:
         if name in a:
             a[name] = convert(a[name])
 

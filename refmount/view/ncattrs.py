@@ -15,8 +15,8 @@ one as an ordinary attribute: 4.9.0 reads ``_NCZARR_ATTR``, 4.9.1 and later ``_n
 otherwise get a type wrong, and only for types we know (the NCZarr forms of 4.9.3 and later type
 every number, as netCDF-C's own writer does: `nczarr_types`):
 
-- ``_FillValue`` (added from ``fill_value`` when absent), ``missing_value`` and ``valid_*`` have the
-  variable's type (CF) whenever their values fit it exactly;
+- ``_FillValue`` (added from ``fill_value`` when absent), ``missing_value``, ``valid_*``, ``flag_values``
+  and ``flag_masks`` have the variable's type (CF) whenever their values fit it exactly;
 - a float that is exactly a float32 with a shorter float32 spelling (0.10000000149011612) was a
   float32 (kerchunk writes float32 attributes that way);
 - other integers are int, or int64/uint64 when they do not fit.
@@ -35,7 +35,7 @@ HINT_49 = "_NCZARR_ATTR"  # read (and hidden) by netCDF-C 4.9.0 (4.9.1 and 4.9.2
 HINT_410 = "_nczarr_attr"  # read (and hidden) by netCDF-C >= 4.9.3
 HINT_KEYS = (HINT_49, HINT_410)
 # CF: these have the data type of the variable (the packed type for packed data).
-VARIABLE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_range")
+VARIABLE_TYPED = ("_FillValue", "missing_value", "valid_min", "valid_max", "valid_range", "flag_values", "flag_masks")
 PACKING = ("scale_factor", "add_offset")  # CF: both have the type of the unpacked data
 _SPECIAL_FLOATS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _INT_LADDER_49 = [np.dtype(t) for t in ("i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8")]

@@ -1,0 +1,69 @@
+"""HDF5 semantics that Zarr v2 metadata cannot say, shared by the DMR++ reader and the decoded view.
+
+- **String padding.** An HDF5 fixed-length string is NUL-terminated (H5T_STR_NULLTERM), NUL-padded
+  (NULLPAD) or space-padded (SPACEPAD); the bytes after the terminator are not part of the value (a
+  NUL-terminated "swe" may be stored as ``swe\\0et\\0``). Hyrax (bes DmrppArray.cc) cuts a null_term or
+  null_pad string at its first NUL and strips a space_pad one's trailing spaces and NULs; h5py reads
+  null_term and space_pad strings so (netCDF-C 4.10 keeps a space_pad value's spaces). A reference set says it with the extra ``.zarray`` key `STRING_PAD_KEY` (the Zarr v2
+  spec has readers ignore keys they do not know: zarr-python and netCDF-C do), which the decoded view
+  applies to each chunk (`cut_padding`). The raw view serves the bytes as stored.
+- **Shuffle with leftover bytes.** HDF5's shuffle filter shuffles the whole elements of a buffer and
+  leaves the bytes past the last whole one in place; numcodecs' refuses such a buffer. It occurs when
+  fletcher32 runs before shuffle on 8-byte elements (the checksum's 4 bytes are no whole element):
+  `HDF5Shuffle` decodes it as HDF5 does, and equals numcodecs' shuffle on every other buffer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numcodecs import Shuffle
+from numcodecs.compat import ensure_contiguous_ndarray
+
+STRING_PAD_KEY = "hdf5_string_pad"
+STRING_PADS = ("null_term", "null_pad", "space_pad")  # Hyrax's names, as dmrpp:FixedLengthStringArray writes them
+
+
+def cut_padding(data, length: int, pad: str) -> bytes:
+    """The bytes of fixed-length strings of `length` bytes each with their padding and whatever follows
+    the terminator set to NUL (numpy and every Zarr reader then see the value), by HDF5's `pad`."""
+    raw = np.frombuffer(ensure_contiguous_ndarray(data), np.uint8)
+    if length <= 0 or raw.size % length:
+        raise ValueError(f"{raw.size} bytes are no whole number of {length}-byte strings")
+    strings = raw.reshape(-1, length)
+    if pad == "space_pad":  # trailing spaces and NULs go (the value may hold NULs or spaces before them)
+        kept = (strings != 0x20) & (strings != 0)
+        ends = length - np.argmax(kept[:, ::-1], axis=1)
+        ends[~kept.any(axis=1)] = 0
+    else:  # null_term, null_pad: the value ends at its first NUL
+        nul = strings == 0
+        ends = np.where(nul.any(axis=1), np.argmax(nul, axis=1), length)
+    out = strings.copy()
+    out[np.arange(length)[None, :] >= ends[:, None]] = 0
+    return out.tobytes()
+
+
+class HDF5Shuffle(Shuffle):
+    """numcodecs' shuffle, with the bytes past the last whole element left in place as HDF5's does."""
+
+    codec_id = "shuffle"
+
+    def _split(self, buf):
+        data = ensure_contiguous_ndarray(buf).view(np.uint8).reshape(-1)
+        whole = data.size - data.size % max(self.elementsize, 1)
+        return data, whole
+
+    def decode(self, buf, out=None):
+        data, whole = self._split(buf)
+        if whole == data.size:
+            return super().decode(buf, out)
+        result = np.concatenate([np.asarray(super().decode(data[:whole])).view(np.uint8), data[whole:]])
+        if out is None:
+            return result
+        ensure_contiguous_ndarray(out).view(np.uint8)[:] = result
+        return out
+
+    def encode(self, buf):
+        data, whole = self._split(buf)
+        if whole == data.size:
+            return super().encode(buf)
+        return np.concatenate([np.asarray(super().encode(data[:whole])).view(np.uint8), data[whole:]])
