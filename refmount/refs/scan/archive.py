@@ -280,8 +280,9 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
 
     async def one(i: int, entry: Entry) -> None:
         try:
-            results[i] = await scan_entry(entry, reader.fetcher, reader.read, pool, store, lookups, max_refs_size)
-            check_scanned(options.trust, entry, results[i])
+            scanned = await scan_entry(entry, reader.fetcher, reader.read, pool, store, lookups, max_refs_size)
+            check_scanned(options.trust, entry, scanned)
+            results[i] = scanned
         except (ScanFailed, FetchError) as e:
             failures.append((entry, str(e)))
         finally:
