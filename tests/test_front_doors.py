@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import force_unmount, is_mounted, run_refmount
+from tests.conftest import is_mounted, run_refmount
 from tests.support.dmrpp_files import make_netcdf, write_dmrpp
+from tests.test_security import refused_mount
 
 SECRET = b"refmount-front-door-secret-0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -76,6 +77,13 @@ def good(server) -> str:
     return server.url_for("good.nc.dmrpp")
 
 
+def refused(tmp_path: Path, *args):
+    """`refmount mount ARGS... MNT` that must fail (tests.test_security.refused_mount), and MNT."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir(exist_ok=True)
+    return refused_mount(*args, mnt), mnt
+
+
 def listing(tmp_path: Path, *lines: str) -> Path:
     path = tmp_path / "list.txt"
     path.write_text("".join(line + "\n" for line in lines))
@@ -110,12 +118,7 @@ def test_with_strict_the_whole_mount_is_refused_in_one_line(server, good, secret
     href = href.format(secret=secret)
     (server.root / "evil.h5.dmrpp").write_bytes(evil_dmrpp(href))
     evil_url = server.url_for("evil.h5.dmrpp")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    try:
-        result = run_refmount("mount", "--foreground", *args, f"@{listing(tmp_path, evil_url, good)}", mnt, timeout=120)
-    finally:
-        force_unmount(mnt)
+    result, mnt = refused(tmp_path, *args, f"@{listing(tmp_path, evil_url, good)}")
     assert result.returncode != 0 and not is_mounted(mnt)
     assert href in result.stderr and evil_url in result.stderr and "Traceback" not in result.stderr
     assert SECRET[:16].decode() not in result.stderr
@@ -139,12 +142,7 @@ def test_with_concat_the_remote_dmrpp_is_left_out(mount, server, good, secret, t
 def test_the_same_dmrpp_mounted_by_url_is_refused(server, secret, tmp_path, href):
     href = href.format(secret=secret)
     (server.root / "evil.h5.dmrpp").write_bytes(evil_dmrpp(href))
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    try:
-        result = run_refmount("mount", "--foreground", server.url_for("evil.h5.dmrpp"), mnt, timeout=120)
-    finally:
-        force_unmount(mnt)
+    result, _ = refused(tmp_path, server.url_for("evil.h5.dmrpp"))
     assert result.returncode != 0 and href in result.stderr and "--allow-protocols" in result.stderr
     assert len([line for line in result.stderr.splitlines() if ": INFO: " not in line]) == 1
 
@@ -191,12 +189,7 @@ def test_a_remote_set_reaches_its_own_server_by_relative_targets_and_no_local_fi
     m = mount(server.url_for("d/refs.json"), "--view", "raw")
     assert (m / "k").read_bytes() == b"relative target bytes, forty bytes long!"
     (server.root / "d" / "evil.json").write_text(json.dumps({"k": ["0.bin", 0, 40], "s": [f"file://{secret}", 0, 40]}))
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    try:
-        result = run_refmount("mount", "--foreground", server.url_for("d/evil.json"), mnt, timeout=120)
-    finally:
-        force_unmount(mnt)
+    result, _ = refused(tmp_path, server.url_for("d/evil.json"))
     assert result.returncode != 0 and f"file://{secret}" in result.stderr and "--allow-protocols" in result.stderr
 
 
