@@ -23,7 +23,7 @@ bottom layer (fetch/) because redirects, decided in fetch/, are locations too.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from refmount.errors import RefmountError
@@ -31,6 +31,8 @@ from refmount.fetch.protocols import is_local_protocol, protocol_chain, reaches_
 from refmount.fetch.stats import redact
 
 LIST_PREFIX = "@"  # `@FILE`: a local text file of paths or urls, one a line
+# fsspec wrappers that cache another url: as a document's location, the url they wrap decides
+CACHE_WRAPPERS = frozenset({"simplecache", "filecache", "blockcache", "cached"})
 
 
 class TargetRefused(RefmountError):
@@ -93,9 +95,6 @@ class Location:
         self.check(target)
         return Location(target, origin_of(target), self.url, self.policy)
 
-    def with_policy(self, **changes) -> "Location":
-        return replace(self, policy=replace(self.policy, **changes))
-
     def describe(self) -> str:
         where = "remote" if self.remote else "local"
         return f"{where} {redact(self.url)!r}"
@@ -119,10 +118,6 @@ def origin_of(location: str) -> str | None:
     except ValueError:  # (an invalid IPv6 literal): the whole text after the scheme's '//' up to '/'
         netloc = last.partition("://")[2].split("/", 1)[0].lower()
     return f"{scheme}://{netloc.rpartition('@')[2]}"
-
-
-# fsspec wrappers that cache or read another url: their chain's other elements decide
-CACHE_WRAPPERS = frozenset({"simplecache", "filecache", "blockcache", "cached"})
 
 
 def shown_location(arg: str) -> str:
