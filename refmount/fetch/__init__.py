@@ -20,29 +20,15 @@ import time
 
 import trio
 
-from refmount.errors import FetchError, LoginFailed, ReadRefused, RefmountError
+from refmount.errors import FetchError, LoginFailed, ReadRefused
 from refmount.fetch.bridge import asyncio_loop, run_on_asyncio
 from refmount.fetch.local import LocalBackend
-from refmount.fetch.protocols import is_local_protocol, protocol_chain, reaches_local
+from refmount.fetch.protocols import reaches_local
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import FetchStats, redact
 from refmount.fetch.protocols import protocol_of
 
-__all__ = ["Fetcher", "RetryPolicy", "FetchStats", "redact", "check_protocols", "reaches_local"]
-
-
-def check_protocols(urls, allowed: set[str] | None) -> None:
-    """Refuse a reference set whose targets use a protocol outside the allow-list: each protocol of
-    an url chain must be listed, or reach local files (any alias of them, see protocols.py) while
-    'file' is listed."""
-    if allowed is None:
-        return
-    for url in urls:
-        for proto in protocol_chain(url):
-            if proto not in allowed and not (is_local_protocol(proto) and "file" in allowed):
-                raise RefmountError(
-                    f"target {redact(url)!r} uses protocol {proto!r}, which --allow-protocols does not include "
-                    f"(allowed: {', '.join(sorted(allowed))})")
+__all__ = ["Fetcher", "RetryPolicy", "FetchStats", "redact", "reaches_local"]
 
 
 class Fetcher:

@@ -17,39 +17,38 @@ from refmount.cache.passing import PassingBlocks
 from refmount.cache.target import later_imports, plan_memory, resident_bytes
 from refmount.view.consolidated import with_consolidated_metadata
 from refmount.errors import FetchError, RefmountError
-from refmount.fetch import Fetcher, RetryPolicy, check_protocols, reaches_local, redact
+from refmount.fetch import Fetcher, RetryPolicy, redact
 from refmount.fetch.stats import host_of
 from refmount.fetch.tls import set_ca_bundle
 from refmount.fuse.fs import Filesystem
 from refmount.cache.pacer import HostPacer
 from refmount.refs import WHOLE_FILE, load_refs
 from refmount.refs.icechunk import version_from_options
-from refmount.fetch.protocols import is_remote
+from refmount.fetch.trust import Location
 from refmount.view.raw import RawView
 
 log = logging.getLogger("refmount")
 
 
-def check_targets(refset, opts) -> None:
-    """Apply the protocol policy to every target url: now for eager sets, and for lazy (Parquet)
-    sets also to each url as its record file loads. The policy is --allow-protocols if given, else
-    everything except local files when the reference set itself is remote (a downloaded set must
-    not read /etc/shadow through us). "Local" is what a protocol reaches, not its name: `local://`,
-    `memory://`, `simplecache::` chains and unknown protocols count as local (fetch/protocols.py)."""
-    allowed = opts.allow_protocols
+def mount_location(opts):
+    """The mount's argument as the trust boundary's first Location (fetch/trust.py): every location
+    that enters the mount derives from it, and carries the mount's policy, logins and limits."""
+    from refmount.fetch.auth import active
 
-    def check(url: str) -> None:
-        if allowed is not None:
-            check_protocols([url], allowed)
-        elif is_remote(opts.refs) and reaches_local(url):
-            raise RefmountError(
-                f"the remote reference set points at {redact(url)!r}, which can reach local files; this is refused "
-                "by default (add 'file' to --allow-protocols to allow it)")
+    limits = {name: getattr(opts, name, None) for name in ("max_keys", "max_refs_size", "memory_target")}
+    return Location.argument(opts.refs, opts.allow_protocols, logins=active(), limits=limits)
 
+
+def check_targets(refset, opts, root=None) -> None:
+    """Every target url of a loaded set may be used by the document that named it: now for eager
+    sets, and for lazy (Parquet) sets also to each url as its record file loads. A glob's scanned
+    files were checked each against its own document (its DMR++, its data file) as it was scanned
+    (refs/scan/archive.py), so a lazily listed one gets no check here."""
+    root = root or mount_location(opts)
     for url in refset.urls:
-        check(url)
-    if getattr(refset, "lazy", False) or getattr(refset, "scanned", None) == "lazy":  # (a lazily mounted glob)
-        refset.url_check = check
+        root.check(url)
+    if getattr(refset, "lazy", False):
+        refset.url_check = root.check
 
 
 def warn_raw_view(refset) -> None:
@@ -110,7 +109,7 @@ def disk_backed(fetch, fetcher, urls, opts):
     return DiskBackedFetch(disk, fetch, identify), disk
 
 
-def archive_options(opts, progress=None, lazy=False):
+def archive_options(opts, progress=None, lazy=False, trust=None):
     """How data files and archives of them are scanned (refmount.refs.scan), from the mount's options.
     `lazy`: a glob without --concat is only listed (a mount scans each file when it is looked up)."""
     from refmount.refs.scan.archive import ArchiveOptions
@@ -122,7 +121,7 @@ def archive_options(opts, progress=None, lazy=False):
                           stall_timeout=opts.stall_timeout, http_client=opts.http_client,
                           allow_cross_host_redirects=opts.allow_cross_host_redirects, progress=progress,
                           remote_options=opts.remote_options, memory_target=opts.memory_target,
-                          max_full_download=opts.max_full_download, lazy=lazy)
+                          max_full_download=opts.max_full_download, lazy=lazy, trust=trust)
 
 
 def load_reference_set(opts, lazy=False):
@@ -132,6 +131,7 @@ def load_reference_set(opts, lazy=False):
     set_ca_bundle(opts.ca_bundle)  # the reference file may be on https
     install_logins(opts)  # ... behind a login
     progress = load_progress()
+    root = mount_location(opts)
     scan_progress = None
     if sys.stderr.isatty():
         from refmount.fuse.progress import ScanProgress
@@ -142,13 +142,13 @@ def load_reference_set(opts, lazy=False):
                            max_refs_size=opts.max_refs_size, max_value_size=opts.max_value_size,
                            load_timeout=opts.load_timeout, progress=progress,
                            version=version_from_options(opts), containers=opts.containers,
-                           data_url=opts.data_url, archive=archive_options(opts, scan_progress, lazy))
+                           data_url=opts.data_url, archive=archive_options(opts, scan_progress, lazy, root))
     finally:
         if progress:
             progress.close()
         if scan_progress:
             scan_progress.close()
-    check_targets(refset, opts)
+    check_targets(refset, opts, root)
     used = getattr(refset, "icechunk_containers", None)
     if used:
         from refmount.refs.icechunk_containers import check_authorized

@@ -398,12 +398,11 @@ def _read_report(fd: int) -> str:
 
 
 def shown_refs(refs: str) -> str:
-    """The reference set as `refmount list`, findmnt and df show it: urls as given, paths absolute."""
-    from refmount.fetch.protocols import is_remote, local_path
+    """The reference set as `refmount list`, findmnt and df show it: urls as given, paths absolute,
+    an @FILE list as '@' and its absolute path."""
+    from refmount.fetch.trust import shown_location
 
-    if refs == "/dev/stdin":
-        return "stdin"
-    return refs if is_remote(refs) else os.path.abspath(local_path(refs))
+    return shown_location(refs)
 
 
 def fsname_option(refs: str) -> str:

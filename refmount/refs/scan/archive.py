@@ -69,6 +69,41 @@ class ArchiveOptions:
     max_full_download: int | None = None  # a server ignoring Range: how far a header read may stream (None: 1G)
     decode: object = None  # combining's bounded decoder (refmount.view.bounded.decode_bounded, given from above)
     lazy: bool = False  # a glob without --concat is only listed; its files are scanned when looked up (a mount)
+    trust: object = None  # the source as a fetch.trust.Location (the mount's policy); None: the source's own
+
+
+def with_trust(options: ArchiveOptions, location: str) -> ArchiveOptions:
+    """`options` with the source's Location (fetch/trust.py), the mount's if given, else the source's
+    own under the default policy (`refmount scan`)."""
+    from dataclasses import replace
+
+    from refmount.fetch.trust import Location
+
+    return options if options.trust is not None else replace(options, trust=Location.argument(location))
+
+
+def check_listed(root, entries: list[Entry]) -> None:
+    """Each file a listing names (and its DMR++) may be used by the source that listed it."""
+    for entry in entries:
+        root.check(entry.url)
+        if entry.sidecar and entry.sidecar != entry.url:
+            root.check(entry.sidecar)
+
+
+def check_scanned(root, entry: Entry, scanned: "Scanned") -> None:
+    """Every target a file's references name may be used by the document that named it: the file's
+    DMR++ (its dmrpp:href and chunk hrefs), else the data file itself (fetch/trust.py). ScanFailed
+    naming the target and the document: an @FILE list or a glob does not lend a remote DMR++ the
+    trust of a local list."""
+    from refmount.fetch.trust import TargetRefused
+    from refmount.refs.scan.pool import ScanFailed
+
+    try:
+        document = root.names(entry.sidecar or entry.url)
+        for url in {v[0] for v in scanned.refs.values() if type(v) is list and v and isinstance(v[0], str)}:
+            document.check(url)
+    except TargetRefused as e:
+        raise ScanFailed(str(e)) from None
 
 
 @dataclass
@@ -123,6 +158,7 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
     (kind, scanned, read) runs in a thread once the files are scanned, with `read` a synchronous
     (url, offset, length) -> bytes through the same fetcher and block cache (combining reads coordinates)."""
     _check_parsers()
+    options = with_trust(options, location)
     single = not looks_like_many(location)
     from refmount.refs.scan.store import ScanStore, default_scan_dir
 
@@ -161,6 +197,7 @@ def source_entries(location: str, options: ArchiveOptions, store) -> list[Entry]
     entries = list_sources(location, options.remote_options, options.remote_options.get("headers"), sidecars)
     if not entries:
         raise RefmountError(f"{quote(redact(location))} names no files")
+    check_listed(options.trust, entries)
     names = {e.name for e in entries}
     for gone in sorted(set(store.previous_names(location)) - names):
         log.warning("%s: file %s is gone since the last mount; it leaves the mount", redact(location), quote(gone))
@@ -247,8 +284,10 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
 
     async def one(i: int, entry: Entry) -> None:
         try:
-            results[i] = await scan_entry(entry, reader.fetcher, reader.read, pool, store, lookups, max_refs_size)
-            results[i].files = files(entry.url, entry.sidecar)
+            scanned = await scan_entry(entry, reader.fetcher, reader.read, pool, store, lookups, max_refs_size)
+            check_scanned(options.trust, entry, scanned)
+            scanned.files = files(entry.url, entry.sidecar)
+            results[i] = scanned
         except (ScanFailed, FetchError) as e:
             failures.append((entry, str(e)))
         finally:
@@ -482,11 +521,11 @@ class LazyArchive:
         self.urls = [e.url for e in self.entries]
         self.url_ids = {url: k for k, url in enumerate(self.urls)}
         self.names = [e.name for e in self.entries]
-        self.url_check = None  # the protocol policy (fuse.assemble.check_targets) for urls a scan adds
 
     @classmethod
     def listed(cls, location: str, options: ArchiveOptions, **limits) -> "LazyArchive":
         _check_parsers()
+        options = with_trust(options, location)
         from refmount.refs.scan.store import ScanStore, default_scan_dir
 
         store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
@@ -504,9 +543,7 @@ class LazyArchive:
 
     def global_url_id(self, url: str) -> int:
         k = self.url_ids.get(url)
-        if k is None:  # a reference to another object than the file's own (checked as a loaded set's)
-            if self.url_check is not None:
-                self.url_check(url)
+        if k is None:  # a reference to another object than the file's own (checked by check_scanned)
             k = self.url_ids[url] = len(self.urls)
             self.urls.append(url)
         return k
@@ -544,6 +581,7 @@ class ArchiveScanner:
         try:
             scanned = await scan_entry(entry, self.fetcher, self.read, self.pool, self.store, self.lookups,
                                        archive.max_refs_size)
+            check_scanned(archive.options.trust, entry, scanned)
         except ScanFailed as e:
             raise ScanRefused(entry.url, str(e)) from None
         for reason in scanned.refused:
