@@ -388,8 +388,9 @@ class World:
         return {"version": 1, "refs": {key: [url, 0, len(body)] for key, (url, body) in self.targets().items()}}
 
     def mount_args(self) -> list[str]:
+        # (no --allow-cross-host-redirects: the login dance and the signed-url hop are followed by default)
         args = ["--view", "raw", "--bearer-token", f"127.0.0.6={self.token_file}",
-                "--cookie-jar", f"{self.dir}/urs_cookies", "--allow-cross-host-redirects"]
+                "--cookie-jar", f"{self.dir}/urs_cookies"]
         if self.gate is not None:
             args += ["--s3-credentials-url", f"{self.data.url}/s3credentials",
                      "--remote-options", json.dumps({"endpoint_url": self.gate.url})]
