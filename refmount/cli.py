@@ -411,6 +411,11 @@ def _listed(values) -> tuple:
     return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
 
 
+def _bearer_tokens(args) -> dict[str, str]:
+    """--bearer-token's HOST=FILE pairs, all of them (mount and scan)."""
+    return {host: path for pairs in args.bearer_token or () for host, path in pairs.items()}
+
+
 def options_from_args(args):
     from refmount.fuse.daemon import MountOptions
     from refmount.refs.icechunk_containers import parse_authorized, parse_repoint
@@ -429,7 +434,7 @@ def options_from_args(args):
         proxy=args.proxy, owner_pid=args.owner_pid, metrics=args.metrics,
         verify_remote=args.verify_remote, ca_bundle=args.ca_bundle, http_client=args.http_client,
         cookie_jar=args.cookie_jar, s3_credentials_url=args.s3_credentials_url,
-        bearer_tokens={host: path for pairs in args.bearer_token or () for host, path in pairs.items()},
+        bearer_tokens=_bearer_tokens(args),
         max_refs_size=args.max_refs_size, max_value_size=args.max_value_size, load_timeout=args.load_timeout,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
         containers=parse_repoint(args.container), authorized_containers=parse_authorized(args.authorize_container),
@@ -548,7 +553,7 @@ def _scan(args) -> int:
                              progress=progress, decode=decode_bounded, s3_credentials_url=args.s3_credentials_url,
                              allow_cross_host_redirects=args.allow_cross_host_redirects)
     install_logins(SimpleNamespace(  # (the mount's: bearer tokens, cookies, netrc, S3 credentials)
-        bearer_tokens={host: path for pairs in args.bearer_token or () for host, path in pairs.items()},
+        bearer_tokens=_bearer_tokens(args),
         cookie_jar=args.cookie_jar, s3_credentials_url=args.s3_credentials_url, remote_options=args.remote_options,
         allow_cross_host_redirects=args.allow_cross_host_redirects))
     try:

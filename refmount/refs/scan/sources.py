@@ -68,7 +68,8 @@ def has_glob(location: str) -> bool:
 def looks_like_many(location: str, remote_options: dict | None = None) -> bool:
     """A source that names several files by its form alone: @FILE, a glob, an s3:// prefix, a local
     directory that is no reference set, Zarr store or Icechunk repository, an http(s) directory
-    (`http://host/dir/`) without a Parquet set's `.zmetadata` (asked once: refs/source.py)."""
+    (`http://host/dir/`) that is neither a Parquet set (its `.zmetadata`, asked once: refs/source.py)
+    nor an Icechunk repository (refs/icechunk.py asks)."""
     if location.startswith("@"):
         return True
     if has_glob(location):
@@ -76,9 +77,10 @@ def looks_like_many(location: str, remote_options: dict | None = None) -> bool:
     if protocol_of(location) in ("s3", "s3a") and location.endswith("/"):
         return True
     if protocol_of(location) in ("http", "https") and location.endswith("/"):
+        from refmount.refs.icechunk import is_icechunk_location
         from refmount.refs.source import is_parquet_location
 
-        return not is_parquet_location(location, remote_options)
+        return not is_parquet_location(location, remote_options) and not is_icechunk_location(location, remote_options)
     if not is_remote(location):
         root = local_path(location)
         if not os.path.isdir(root):
