@@ -21,7 +21,8 @@ tells it every answer. The rules:
   url, as GDAL, curl -L and earthaccess follow it) - except into this machine's own network
   (loopback, link-local, private addresses: addresses.py) from a chain that did not begin there,
   which needs --allow-cross-host-redirects. A listing's index page is not followed to another
-  origin at all (its links would name files there).
+  origin at all (its links would name files there), nor is a presigned s3 request (its signature
+  and session token are in its url, and a redirect may carry them along).
 - A refused login (401; 403 to a request that carried credentials; the login host reached a second
   time in one chain) raises `LoginFailed` (the reader gets EACCES), with one line naming the host
   and what was tried, never a secret.
@@ -177,10 +178,12 @@ class Logins:
         out["cookies"] = len(self._cookies) if self._cookies is not None else 0
         return out
 
-    def trail(self, origin: str, user_headers: dict | None = None, *, same_origin: bool = False) -> "Trail":
+    def trail(self, origin: str, user_headers: dict | None = None, *, same_origin: bool = False,
+              signed: bool = False) -> "Trail":
         """A chain of requests from `origin`; `user_headers` go to that origin only; `same_origin`: a
-        redirect to any other origin is refused (an index page)."""
-        return Trail(self, origin, user_headers, same_origin=same_origin)
+        redirect to any other origin is refused (an index page); `signed`: `origin` is a presigned
+        url (s3), whose signature and session token a redirect elsewhere might carry along."""
+        return Trail(self, origin, user_headers, same_origin=same_origin, signed=signed)
 
     def is_login_host(self, url: str) -> bool:
         """A host the user gave credentials for: a redirect to it is followed."""
@@ -191,12 +194,13 @@ class Trail:
     """One chain of requests (a request and the redirects it follows), from `origin`."""
 
     def __init__(self, logins: Logins, origin: str, user_headers: dict | None = None, *,
-                 same_origin: bool = False) -> None:
+                 same_origin: bool = False, signed: bool = False) -> None:
         self.logins = logins
         self.origin = origin
         self.origin_scheme = urlsplit(origin).scheme
         self.user_headers = dict(user_headers or {})
         self.same_origin = same_origin
+        self.signed = signed
         self.sent: dict[str, str] = {}  # netloc -> what the last request to it carried (for error lines)
         self.logged_in_at: set[str] = set()  # login hosts that sent us back with a code in this chain
         self.credited: set[str] = set()  # netlocs the last request to which carried credentials
@@ -300,6 +304,9 @@ class Trail:
             return f"redirect from https down to http {shown} refused"
         if self.same_origin and not self.at_origin(there) and not self.logins.is_login_host(there):
             return f"redirect to another host {shown} refused (an index page is listed on its own origin only)"
+        if self.signed and _netloc(there) != _netloc(here):
+            return (f"redirect to another host {shown} refused (a signed s3 request: its signature and session "
+                    "token would go along)")
         if not self.guards(there) or not addresses.is_literal(target.hostname or ""):
             return None
         if addresses.is_internal(target.hostname):

@@ -356,7 +356,7 @@ class HttpBackend:
         signed = self.signer is not None
         if signed:
             url = self.signer(url, method)
-        trail = self.logins.trail(url, self.headers, same_origin=same_origin)
+        trail = self.logins.trail(url, self.headers, same_origin=same_origin, signed=signed)
         login = None  # the lock of the login host this chain is logging in at, while it does
         try:
             for _ in range(_MAX_REDIRECTS + 1):
