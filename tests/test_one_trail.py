@@ -166,6 +166,33 @@ def test_a_guarded_name_that_resolves_inside_is_refused_as_it_connects():
     assert addresses.began_internal("localhost") and not addresses.began_internal("93.184.216.34")
 
 
+@pytest.mark.parametrize("client", ["engine", "reference file"])
+def test_both_clients_refuse_a_guarded_hop_into_loopback_at_once(server, monkeypatch, client):
+    """The HTTP engine and the reference file's fsspec client both connect through the guard: a hop
+    the Trail guards (here every hop, as from a public origin, which this machine cannot have) to a
+    name that resolves to loopback fails at once in one line, and the server sees nothing."""
+    import time
+
+    from refmount.errors import RefmountError
+    from refmount.fetch.auth import Trail
+
+    (server.root / "refs.json").write_text("{}")
+    monkeypatch.setattr(Trail, "guards", lambda self, url: "localhost")
+    url = f"http://localhost:{server.port}/refs.json"
+    started = time.monotonic()
+    with pytest.raises(RefmountError) as caught:
+        if client == "engine":
+            from refmount.fetch.pages import fetch_page
+
+            fetch_page(url, 1000)
+        else:
+            from refmount.refs.source import open_reference_file
+
+            open_reference_file(url)
+    assert "localhost resolves to 127.0.0.1" in str(caught.value) and "\n" not in str(caught.value)
+    assert time.monotonic() - started < 5 and server.stats["requests"] == 0
+
+
 # -- row 8: logins for index pages, sniffing and scans ----------------------------------------------
 
 @pytest.fixture
@@ -231,6 +258,33 @@ def test_a_refused_token_is_one_line_naming_the_url(scans, token_server, tmp_pat
         assert "not a" not in err and "tok-wrong" not in err, err
     result = run_refmount("scan", f"{token_server.url}/d/*.nc", "-o", tmp_path / "o.json", "--bearer-token", option)
     assert result.returncode != 0 and "401" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_s3_glob_is_listed_and_scanned_with_the_temporary_s3_credentials(mount, scans, daily, tmp_path):
+    """--s3-credentials-url reaches the listing of an s3:// glob and the scans of its files: the
+    credentials are fetched through the login (netrc, cookie), and S3 (moto behind a gate that takes
+    only the session tokens handed out) sees no request without them."""
+    import s3fs
+
+    from tests.support.edl import World
+    from tests.support.moto import moto_server
+
+    with moto_server() as moto:
+        (tmp_path / "world").mkdir()
+        world = World(str(tmp_path / "world"), moto_url=moto, object_size=4096)
+        try:
+            fs = s3fs.S3FileSystem(key="moto", secret="moto", endpoint_url=moto, skip_instance_cache=True)
+            names = sorted(p.name for p in daily.glob("*.nc"))
+            for name in names:
+                fs.put(str(daily / name), f"daac-bucket/d/{name}")
+            m = mount("s3://daac-bucket/d/*.nc", "--s3-credentials-url", f"{world.data.url}/s3credentials",
+                      "--remote-options", json.dumps({"endpoint_url": world.gate.url}), env=world.env())
+            assert sorted(os.listdir(m.path)) == names
+            assert_reads_like(m.path / names[0], daily / names[0])
+            assert world.gate.refused == [] and world.gate.passed >= 2 and world.login.logins == 1
+            world.assert_credentials_stayed_home()
+        finally:
+            world.close()
 
 
 # -- row 10: a directory url, and an index redirected within its origin -----------------------------

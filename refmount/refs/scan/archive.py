@@ -102,6 +102,18 @@ def scan_fetcher(options: ArchiveOptions, **settings):
                    s3_credentials_url=options.s3_credentials_url, **settings)
 
 
+def listing_options(location: str, options: ArchiveOptions) -> dict:
+    """The options a listing of `location` takes: an s3:// glob or prefix is listed with the mount's
+    temporary S3 credentials (--s3-credentials-url) when it has them, as its files are read."""
+    from refmount.fetch.protocols import protocol_of
+
+    if options.s3_credentials_url and protocol_of(location) in ("s3", "s3a"):
+        from refmount.fetch.s3creds import listing_options as with_credentials
+
+        return with_credentials(options.s3_credentials_url, options.remote_options)
+    return options.remote_options
+
+
 def _first_bytes_format(location: str, options: ArchiveOptions) -> str | None:
     """The format of a single location by its first bytes; None when it is no data file or cannot be
     read (the reference loaders then say why), but a refused login or a 401/403 is said here."""
@@ -146,7 +158,7 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
     else:
         headers = options.remote_options.get("headers")
         sidecars = dmrpp_module() is not None
-        entries = list_sources(location, options.remote_options, headers, sidecars)
+        entries = list_sources(location, listing_options(location, options), headers, sidecars)
         if sidecars:
             entries = pair_sidecars(entries)
         if not entries:
@@ -474,7 +486,7 @@ class LazyArchive:
     @classmethod
     def listed(cls, location: str, options: ArchiveOptions, **limits) -> "LazyArchive":
         _check_parsers()
-        entries = list_sources(location, options.remote_options, options.remote_options.get("headers"))
+        entries = list_sources(location, listing_options(location, options), options.remote_options.get("headers"))
         if dmrpp_module() is not None:
             entries = pair_sidecars(entries)
         if not entries:
