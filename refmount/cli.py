@@ -244,18 +244,7 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "http.client in a worker thread, straight into cache blocks (less CPU per GB); anything "
                         "else (proxies, redirects, servers ignoring Range, chunked bodies) goes through aiohttp. "
                         "'aiohttp' uses aiohttp for everything (default: stdlib)")
-    g.add_argument("--cookie-jar", metavar="FILE",
-                   help="keep the mount's cookies (a login's session cookie) in FILE, Netscape format as curl's -b/-c "
-                        "and NASA's ~/.urs_cookies: loaded at start, written (mode 0600) when a server sets one "
-                        "(default: in memory only). Cookies go only where browsers would send them")
-    g.add_argument("--bearer-token", action="append", type=parse_bearer_tokens, metavar="HOST=FILE",
-                   help="send 'Authorization: Bearer' with the token in FILE to HOST (or HOST:PORT) only, e.g. an "
-                        "Earthdata Login token; the file is reread when it changes, the token never appears in ps "
-                        "or logs (repeatable, or comma-separated). Other hosts get their own ~/.netrc ($NETRC) entry")
-    g.add_argument("--s3-credentials-url", metavar="URL",
-                   help="sign s3:// targets with the temporary credentials this url hands out (JSON accessKeyId, "
-                        "secretAccessKey, sessionToken, expiration: a NASA DAAC's s3credentials endpoint, fetched "
-                        "through its login), fetched again before they expire")
+    add_login_options(g)
     g.add_argument("--ca-bundle", metavar="PATH",
                    help="trust the certificate authorities in PATH for https (default: REQUESTS_CA_BUNDLE, "
                         "CURL_CA_BUNDLE, SSL_CERT_FILE, then the system store; AWS_CA_BUNDLE for s3)")
@@ -268,8 +257,7 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--allow-protocols", type=parse_protocols, metavar="LIST",
                    help="comma-separated target protocols allowed, e.g. 'https,s3' (default: all, except that "
                         "a remote reference set may not point at local files)")
-    g.add_argument("--allow-cross-host-redirects", action="store_true",
-                   help="follow HTTP redirects to other hosts (default: refused)")
+    add_redirect_option(g)
     g.add_argument("--max-keys", type=positive_int, default=DEFAULT_MAX_KEYS, metavar="N",
                    help="refuse reference sets (or gen sections) with more keys than this (default: half the "
                         f"memory available at start / 350 bytes per key, here {DEFAULT_MAX_KEYS:,})")
@@ -301,6 +289,31 @@ def add_dmrpp_options(g) -> None:
                    help="read a DMR++ file's data from URL (a path or url of the netCDF-4/HDF5 file it describes) "
                         "instead of the file its dmrpp:href names, or the one beside it (its own name without "
                         ".dmrpp); chunks with their own href keep it")
+
+
+def add_login_options(g) -> None:
+    """Logins (mount and scan: index pages, sniffing and scans use them as reads do)."""
+    g.add_argument("--cookie-jar", metavar="FILE",
+                   help="keep the cookies (a login's session cookie) in FILE, Netscape format as curl's -b/-c "
+                        "and NASA's ~/.urs_cookies: loaded at start, written (mode 0600) when a server sets one "
+                        "(default: in memory only). Cookies go only where browsers would send them")
+    g.add_argument("--bearer-token", action="append", type=parse_bearer_tokens, metavar="HOST=FILE",
+                   help="send 'Authorization: Bearer' with the token in FILE to HOST (or HOST:PORT) only, e.g. an "
+                        "Earthdata Login token; the file is reread when it changes, the token never appears in ps "
+                        "or logs (repeatable, or comma-separated). Other hosts get their own ~/.netrc ($NETRC) entry")
+    g.add_argument("--s3-credentials-url", metavar="URL",
+                   help="sign s3:// targets with the temporary credentials this url hands out (JSON accessKeyId, "
+                        "secretAccessKey, sessionToken, expiration: a NASA DAAC's s3credentials endpoint, fetched "
+                        "through its login), fetched again before they expire")
+
+
+def add_redirect_option(g) -> None:
+    g.add_argument("--allow-cross-host-redirects", action="store_true",
+                   help="also follow an HTTP redirect from a public host into this machine's own network (loopback, "
+                        "link-local, private addresses). A redirect to another host is followed by default, as "
+                        "GDAL and curl -L do (the signed-url hop of NASA's Earthdata Cloud), carrying none of the "
+                        "--remote-options headers and no credential but that host's own; never to a scheme other "
+                        "than http(s), never from https down to http")
 
 
 def add_archive_options(p: argparse.ArgumentParser, mount: bool = True) -> None:
@@ -366,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-timeout", type=positive_float, default=300.0, metavar="SECONDS",
                    help="give up scanning one file after this long (default: 300)")
     add_archive_options(p, mount=False)
+    g = p.add_argument_group("logins (as for mount)")
+    add_login_options(g)
+    add_redirect_option(g)
     p = sub.add_parser("umount", help="unmount a refmount mount", description="Unmount MOUNTPOINT (works even if "
                        "the daemon died) and wait for the daemon to exit.")
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
@@ -395,6 +411,11 @@ def _listed(values) -> tuple:
     return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
 
 
+def _bearer_tokens(args) -> dict[str, str]:
+    """--bearer-token's HOST=FILE pairs, all of them (mount and scan)."""
+    return {host: path for pairs in args.bearer_token or () for host, path in pairs.items()}
+
+
 def options_from_args(args):
     from refmount.fuse.daemon import MountOptions
     from refmount.refs.icechunk_containers import parse_authorized, parse_repoint
@@ -413,7 +434,7 @@ def options_from_args(args):
         proxy=args.proxy, owner_pid=args.owner_pid, metrics=args.metrics,
         verify_remote=args.verify_remote, ca_bundle=args.ca_bundle, http_client=args.http_client,
         cookie_jar=args.cookie_jar, s3_credentials_url=args.s3_credentials_url,
-        bearer_tokens={host: path for pairs in args.bearer_token or () for host, path in pairs.items()},
+        bearer_tokens=_bearer_tokens(args),
         max_refs_size=args.max_refs_size, max_value_size=args.max_value_size, load_timeout=args.load_timeout,
         branch=args.branch, tag=args.tag, snapshot=args.snapshot,
         containers=parse_repoint(args.container), authorized_containers=parse_authorized(args.authorize_container),
@@ -513,6 +534,9 @@ def _stdout_to_devnull() -> None:
 def _scan(args) -> int:
     import logging
 
+    from types import SimpleNamespace
+
+    from refmount.fuse.assemble import install_logins
     from refmount.refs import default_max_refs_size
     from refmount.refs.scan.archive import ArchiveOptions
     from refmount.refs.scan.export import scan_to_file
@@ -526,7 +550,12 @@ def _scan(args) -> int:
         progress = ScanProgress()
     options = ArchiveOptions(concat=args.concat, identical=_listed(args.identical), skip_mismatched=args.skip_mismatched,
                              strict=args.strict, cache_dir=args.cache_dir, remote_options=args.remote_options,
-                             progress=progress, decode=decode_bounded)
+                             progress=progress, decode=decode_bounded, s3_credentials_url=args.s3_credentials_url,
+                             allow_cross_host_redirects=args.allow_cross_host_redirects)
+    install_logins(SimpleNamespace(  # (the mount's: bearer tokens, cookies, netrc, S3 credentials)
+        bearer_tokens=_bearer_tokens(args),
+        cookie_jar=args.cookie_jar, s3_credentials_url=args.s3_credentials_url, remote_options=args.remote_options,
+        allow_cross_host_redirects=args.allow_cross_host_redirects))
     try:
         return scan_to_file(args.sources, args.output, options, max_refs_size=default_max_refs_size(),
                             timeout=args.load_timeout)

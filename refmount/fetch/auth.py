@@ -9,10 +9,20 @@ tells it every answer. The rules:
   the cookies of the jar scoped to it (cookies.py). A host reached by a redirect gets only an entry
   named for it (never netrc's `default`). Credentials go over plain http only when the chain began
   on http (https never turns into http: http.py refuses that redirect).
-- A redirect to a login host (one with a netrc entry or a bearer token of its own) is followed, and
-  so is the way back to the host the chain began on: Earthdata Login's dance, data url -> login
-  host /oauth/authorize (Basic) -> data host ?code= (sets a session cookie) -> the data. A redirect
-  to any other host needs --allow-cross-host-redirects.
+- The user's own headers (--remote-options "headers", e.g. Authorization, X-Api-Key) go only to the
+  origin (scheme, host and port) the chain began at, never to a host a redirect leads to.
+- Redirects (`Trail.redirect_refused`, the one decision every client asks: the HTTP engine, the
+  reference file's fsspec client, index pages): only to http(s), never from https down to http.
+  Within the host, to a login host (one with a netrc entry or a bearer token of its own) and back
+  to where the chain began, they are followed: Earthdata Login's dance, data url -> login host
+  /oauth/authorize (Basic) -> data host ?code= (sets a session cookie) -> the data. A redirect to
+  any other host is followed too, carrying none of the user's headers and no credential but that
+  host's own (the signed-url hop of NASA's Earthdata Cloud: data host -> a presigned object-store
+  url, as GDAL, curl -L and earthaccess follow it) - except into this machine's own network
+  (loopback, link-local, private addresses: addresses.py) from a chain that did not begin there,
+  which needs --allow-cross-host-redirects. A listing's index page is not followed to another
+  origin at all (its links would name files there), nor is a presigned s3 request (its signature
+  and session token are in its url, and a redirect may carry them along).
 - A refused login (401; 403 to a request that carried credentials; the login host reached a second
   time in one chain) raises `LoginFailed` (the reader gets EACCES), with one line naming the host
   and what was tried, never a secret.
@@ -42,6 +52,10 @@ def _host(url: str) -> str:
 
 def _netloc(url: str) -> str:
     return urlsplit(url).netloc.rpartition("@")[2].lower()
+
+
+def _origin(url: str) -> tuple[str, str]:
+    return urlsplit(url).scheme.lower(), _netloc(url)
 
 
 class NetrcFile:
@@ -164,8 +178,12 @@ class Logins:
         out["cookies"] = len(self._cookies) if self._cookies is not None else 0
         return out
 
-    def trail(self, origin: str) -> "Trail":
-        return Trail(self, origin)
+    def trail(self, origin: str, user_headers: dict | None = None, *, same_origin: bool = False,
+              signed: bool = False) -> "Trail":
+        """A chain of requests from `origin`; `user_headers` go to that origin only; `same_origin`: a
+        redirect to any other origin is refused (an index page); `signed`: `origin` is a presigned
+        url (s3), whose signature and session token a redirect elsewhere might carry along."""
+        return Trail(self, origin, user_headers, same_origin=same_origin, signed=signed)
 
     def is_login_host(self, url: str) -> bool:
         """A host the user gave credentials for: a redirect to it is followed."""
@@ -175,18 +193,32 @@ class Logins:
 class Trail:
     """One chain of requests (a request and the redirects it follows), from `origin`."""
 
-    def __init__(self, logins: Logins, origin: str) -> None:
+    def __init__(self, logins: Logins, origin: str, user_headers: dict | None = None, *,
+                 same_origin: bool = False, signed: bool = False) -> None:
         self.logins = logins
         self.origin = origin
         self.origin_scheme = urlsplit(origin).scheme
+        self.user_headers = dict(user_headers or {})
+        self.same_origin = same_origin
+        self.signed = signed
         self.sent: dict[str, str] = {}  # netloc -> what the last request to it carried (for error lines)
         self.logged_in_at: set[str] = set()  # login hosts that sent us back with a code in this chain
         self.credited: set[str] = set()  # netlocs the last request to which carried credentials
         self.basic: set[str] = set()  # netlocs the last request to which carried a netrc entry
 
-    def headers(self, url: str, *, signed: bool = False, user_authorization: bool = False) -> dict:
-        """The credential headers of a request of `url` in this chain. A presigned url (s3) carries
-        its own; the user's own Authorization header (--remote-options headers) wins over ours."""
+    def at_origin(self, url: str) -> bool:
+        """`url` is on the origin (scheme, host and port) the chain began at."""
+        return _origin(url) == _origin(self.origin)
+
+    def headers(self, url: str, *, signed: bool = False) -> dict:
+        """The headers a request of `url` in this chain carries besides its own: the user's headers
+        (--remote-options "headers") on the chain's origin only, and the credentials of `url`'s host.
+        A presigned url (s3) carries its own; the user's own Authorization header wins over ours."""
+        own = self.user_headers if self.at_origin(url) else {}
+        user_authorization = any(name.lower() == "authorization" for name in own)
+        return {**own, **self._credentials(url, signed=signed, user_authorization=user_authorization)}
+
+    def _credentials(self, url: str, *, signed: bool, user_authorization: bool) -> dict:
         netloc = _netloc(url)
         if netloc in self.logged_in_at:
             self._refuse(url, f"{netloc} asked for a login again right after one (the cookie "
@@ -259,14 +291,41 @@ class Trail:
         raise LoginFailed(f"login refused at {netloc} for {_netloc(self.origin)}: {why}")
 
     def redirect_refused(self, here: str, there: str) -> str | None:
-        """Why a redirect from `here` to `there` is not followed, or None. (Scheme rules are the
-        caller's: no https -> http, only http(s).)"""
-        if _netloc(here) == _netloc(there) or self.logins.allow_cross_host_redirects:
+        """Why a redirect from `here` to `there` is not followed, or None: the one decision of every
+        http client of the mount (see the module's docstring). A followed hop to a host name that
+        `guards` names must then reach a public address (addresses.py checks it as it connects)."""
+        from refmount.fetch import addresses
+
+        scheme, target = urlsplit(here).scheme, urlsplit(there)
+        shown = f"{target.scheme}://{_netloc(there)}"
+        if target.scheme not in ("http", "https"):
+            return f"redirect to {shown} refused (not http or https)"
+        if scheme == "https" and target.scheme == "http":
+            return f"redirect from https down to http {shown} refused"
+        if self.same_origin and not self.at_origin(there) and not self.logins.is_login_host(there):
+            return f"redirect to another host {shown} refused (an index page is listed on its own origin only)"
+        if self.signed and _netloc(there) != _netloc(here):
+            return (f"redirect to another host {shown} refused (a signed s3 request: its signature and session "
+                    "token would go along)")
+        if not self.guards(there) or not addresses.is_literal(target.hostname or ""):
             return None
-        if _netloc(there) == _netloc(self.origin) or self.logins.is_login_host(there):
-            return None  # a login host (credentials of its own), or back where the chain began
-        return (f"redirect to another host refused (a login host needs an entry in {self.logins.netrc.path} "
-                f"or a --bearer-token; --allow-cross-host-redirects allows any host)")
+        if addresses.is_internal(target.hostname):
+            return (f"redirect to another host {shown} refused: an address of this machine's own network "
+                    "(loopback, link-local or private), from a chain that began elsewhere "
+                    "(--allow-cross-host-redirects allows it)")
+        return None
+
+    def guards(self, url: str) -> str | None:
+        """The host a hop to `url` may reach on public addresses only, or None: a hop to another host
+        than the chain's own, not a login host, from a chain that did not begin inside this machine's
+        network (unless --allow-cross-host-redirects)."""
+        from refmount.fetch import addresses
+
+        if self.logins.allow_cross_host_redirects or _netloc(url) == _netloc(self.origin):
+            return None
+        if self.logins.is_login_host(url) or addresses.began_internal(_host(self.origin)):
+            return None
+        return _host(url)
 
 
 _active: Logins | None = None

@@ -22,10 +22,11 @@ Every answer is checked before its bytes are used:
 What no client can detect: a server that gives no validator at all and replaces an object with
 one of the same size, or a server that lies in its validators.
 
-Redirects: same host, a login host, or back to where the chain began (unless allowed: auth.py);
-never from https to http nor to another scheme; the user's headers (--remote-options "headers",
-e.g. Authorization) go only to the original origin, and each host gets only its own credentials
-(netrc entry, bearer token, cookies: auth.py, on both paths).
+Redirects and headers are auth.py's decision (`Trail`), on both paths: never from https to http
+nor to another scheme; another host only with none of the user's headers (--remote-options
+"headers", e.g. Authorization, go only to the origin the chain began at) and only its own
+credentials (netrc entry, bearer token, cookies), and not into this machine's own network from a
+chain that began outside it (addresses.py checks the addresses connected to).
 
 A backend with a `signer` (s3.py: s3:// objects) keys everything by the object's own url, and sends
 each request to the url `signer(url, method)` gives (a presigned one), which may change over time.
@@ -50,7 +51,7 @@ import trio
 from yarl import URL
 
 from refmount.errors import FetchError, LoginFailed, ReadRefused, RemoteChanged, format_size
-from refmount.fetch import direct
+from refmount.fetch import addresses, direct
 from refmount.fetch.bridge import run_in_worker
 from refmount.fetch.pieces import piece_sizes, split
 from refmount.fetch.retry import RetryPolicy
@@ -248,8 +249,11 @@ class HttpBackend:
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
+            # (names are resolved by addresses.py, which keeps answers itself: aiohttp's cache would
+            # skip its check of a redirect's addresses)
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.connections_per_host,
-                                             keepalive_timeout=direct.IDLE_TIMEOUT, ttl_dns_cache=300, ssl=self.ssl)
+                                             keepalive_timeout=direct.IDLE_TIMEOUT, use_dns_cache=False,
+                                             resolver=addresses.resolver(), ssl=self.ssl)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.policy.connect_timeout,
                                             sock_read=self.policy.stall_timeout)
             # trust_env is off: aiohttp would then look up the proxy and ~/.netrc in a worker thread
@@ -322,41 +326,52 @@ class HttpBackend:
 
     async def document(self, url: str, limit: int) -> bytes:
         """The whole body of a small document (at most `limit` bytes) at `url`, a 200 answer."""
-        async def once() -> bytes:
-            resp = await self._request(url, "GET", {})
+        return (await self.page(url, limit))[2]
+
+    async def page(self, url: str, limit: int, *, same_origin: bool = False) -> tuple[str, str, bytes]:
+        """(the url it was found at after redirects, its Content-Type, its body) of a small document
+        (at most `limit` bytes), a 200 answer. `same_origin`: no redirect to another origin (an
+        index page: its links would name files there)."""
+        async def once() -> tuple[str, str, bytes]:
+            resp = await self._request(url, "GET", {}, same_origin=same_origin)
             async with resp:
                 self.stats.request(url)
                 if resp.status != 200:
                     self._raise_for_status(url, resp)
                 body = await _read_exactly(resp, limit + 1, allow_eof=True)
+                found, kind = str(resp.url), resp.headers.get("Content-Type", "")
             if len(body) > limit:
                 raise FetchError(f"{redact(url)}: the answer is larger than {limit} bytes")
-            return body
+            return found, kind, body
 
         return await self._with_retries(url, once)
 
     # -- one attempt -----------------------------------------------------------------------------
 
-    async def _request(self, url: str, method: str, headers: dict):
-        """Issue a request, following redirects by our policy: same host, a login host or back where
-        the chain began only (unless allowed, auth.py), never to another scheme or from https down to
-        http; the user's headers only to the original scheme and host, and each host only its own
-        credentials and cookies (auth.py)."""
+    async def _request(self, url: str, method: str, headers: dict, *, same_origin: bool = False):
+        """Issue a request, following redirects as auth.py's `Trail` decides (the user's headers only
+        to the origin, each host only its own credentials and cookies; never to another scheme or
+        from https down to http; not into this machine's network from outside it)."""
         session = self._session_now()
         signed = self.signer is not None
         if signed:
             url = self.signer(url, method)
-        origin = _origin(url)
-        trail = self.logins.trail(url)
+        trail = self.logins.trail(url, self.headers, same_origin=same_origin, signed=signed)
         login = None  # the lock of the login host this chain is logging in at, while it does
         try:
             for _ in range(_MAX_REDIRECTS + 1):
-                own = self.headers if _origin(url) == origin else {}
-                user_authorization = any(name.lower() == "authorization" for name in own)
-                credentials = trail.headers(url, signed=signed, user_authorization=user_authorization)
-                sent = {**own, **headers, **credentials, "Accept-Encoding": "identity"}
+                credentials = trail.headers(url, signed=signed)
+                sent = {**credentials, **headers, "Accept-Encoding": "identity"}
                 where = url if not signed else URL(url, encoded=True)  # (as signed, not re-quoted)
-                resp = await session.request(method, where, headers=sent, allow_redirects=False, **self._route(url))
+                guarded = trail.guards(url) if not self._route(url) else None  # (a proxy resolves it)
+                try:
+                    with addresses.guarded(guarded):
+                        resp = await session.request(method, where, headers=sent, allow_redirects=False,
+                                                     **self._route(url))
+                except aiohttp.ClientConnectorError as e:
+                    if isinstance(e.os_error, addresses.InternalAddress):
+                        raise FetchError(f"{redact(url)}: redirect refused: {e.os_error}") from None
+                    raise
                 redirect = resp.status in _REDIRECTS
                 target = urljoin(url, resp.headers.get("Location", "")) if redirect else None
                 try:
@@ -368,13 +383,9 @@ class HttpBackend:
                     return resp
                 resp.release()
                 here, there = urlsplit(url), urlsplit(target)
-                if there.scheme not in ("http", "https"):
-                    raise FetchError(f"{redact(url)}: redirect to {redact(target)} refused (not http or https)")
-                if here.scheme == "https" and there.scheme == "http":
-                    raise FetchError(f"{redact(url)}: redirect from https down to http {redact(target)} refused")
                 refused = trail.redirect_refused(url, target)
                 if refused:
-                    raise FetchError(f"{redact(url)}: {refused.replace('another host', f'another host {redact(target)}', 1)}")
+                    raise FetchError(f"{redact(url)}: {refused}")
                 if login is None and _host(there) != _host(here) and self.logins.is_login_host(target):
                     # Off to log in: one chain at a time per login host. A read that waited finds the
                     # session cookie the one before it got, and asks again with it instead.
@@ -532,9 +543,8 @@ class HttpBackend:
         (time.monotonic()): the pieces, FetchError (final), or HandOver."""
         origin, path, wire = self._direct_target(url)
         signed = self.signer is not None
-        credentials = self.logins.trail(wire).headers(wire, signed=signed, user_authorization=any(
-            name.lower() == "authorization" for name in self.headers))
-        headers = {**self.headers, **credentials, "Range": f"bytes={start}-{end - 1}", **self._conditions(url),
+        credentials = self.logins.trail(wire, self.headers).headers(wire, signed=signed)  # (the user's headers too)
+        headers = {**credentials, "Range": f"bytes={start}-{end - 1}", **self._conditions(url),
                    "Accept-Encoding": "identity"}
         request = direct.Request(origin, path, headers, take=self.pool.take if self.pool is not None else None)
         left = started + self.policy.read_timeout - time.monotonic()  # (trio's clock is not time.monotonic())
@@ -693,7 +703,9 @@ class HttpBackend:
                               f"temporary credentials from {redact(temporary.url)} (expired or revoked?)")
         if self.policy.retryable_status(status):
             raise _Retry(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
-        raise FetchError(f"{redact(url)}: HTTP {status} {resp.reason or ''}".rstrip())
+        error = FetchError(f"{redact(url)}: HTTP {status} {resp.reason or ''}".rstrip())
+        error.status = status  # (a 401/403 is said as such, a 404 may mean "absent")
+        raise error
 
     def _check_response(self, url: str, headers, total: int | None) -> None:
         """Refuse an encoded body, and any validator that differs from the first one seen."""

@@ -140,3 +140,16 @@ class TemporaryCredentials:
         self.logins.count("s3_credential_refreshes", self.host)
         log.info("temporary S3 credentials from %s: valid %.0fs, next refresh in %.0fs", redact(self.url), life,
                  self._refresh_at - time.time())
+
+
+def listing_options(url: str, remote_options: dict) -> dict:
+    """s3fs's options for listing s3:// (a glob or prefix of data files) with the temporary credentials
+    of `url`, fetched now through the mount's logins as reads fetch them (synchronous: at mount time)."""
+    from refmount.fetch.pages import fetch_page
+
+    try:
+        body = fetch_page(url, MAX_DOCUMENT)[2]
+    except FetchError as e:
+        raise LoginFailed(f"temporary S3 credentials from {redact(url)} could not be had: {e}") from None
+    credentials = parse_credentials(url, body, 0)
+    return {**remote_options, "key": credentials.key, "secret": credentials.secret, "token": credentials.token}

@@ -45,7 +45,7 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
     if max_refs_size is None:
         max_refs_size = default_max_refs_size()
     try:
-        if is_archive_source(location, remote_options):
+        if is_archive_source(location, remote_options, archive):
             options = archive or ArchiveOptions(remote_options=remote_options or {})
             return load_archive(location, options, max_keys=max_keys, max_refs_size=max_refs_size,
                                 max_value_size=max_value_size, timeout=load_timeout)

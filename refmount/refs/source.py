@@ -34,6 +34,7 @@ def _open_raw(location: str, remote_options: dict):
             raise RefmountError(f"cannot read reference file {quote(location)}: {e.strerror}") from None
     import fsspec
 
+    from refmount.fetch.addresses import InternalAddress
     from refmount.fetch.stats import redact
     from refmount.fetch.tls import certificate_problem
 
@@ -50,6 +51,9 @@ def _open_raw(location: str, remote_options: dict):
         refused = _cause(e, RedirectRefused)
         if refused is not None:
             raise RefmountError(f"reference file {redact(location)!r}: {refused}") from None
+        internal = _cause(e, InternalAddress)
+        if internal is not None:
+            raise RefmountError(f"reference file {redact(location)!r}: redirect refused: {internal}") from None
         tls = certificate_problem(e)
         if tls is not None:
             raise RefmountError(f"{tls} for reference file {redact(location)!r}") from None
@@ -70,31 +74,35 @@ class RedirectRefused(RefmountError):
 
 def fsspec_options(location: str, remote_options: dict) -> dict:
     """fsspec's options for the reference file. For http(s): the same certificate authorities as for
-    targets, and the same credentials and redirect policy (fetch/auth.py): each host gets only its
-    own netrc entry, bearer token and cookies (the mount's jar), a redirect is followed within the
-    same host, to a login host and back (or anywhere with --allow-cross-host-redirects), and https
-    never turns into http; a refused login fails the mount in one line."""
+    targets, and the same headers, credentials and redirect policy, decided hop by hop by the one
+    `Trail` of fetch/auth.py that the HTTP engine asks too: the user's headers (--remote-options
+    "headers") go to the origin only (so they are taken out of what fsspec sends on every hop), each
+    host gets only its own netrc entry, bearer token and cookies (the mount's jar), a redirect goes
+    where `Trail.redirect_refused` lets it, and names are resolved through addresses.py's guard; a
+    refused login fails the mount in one line."""
     if protocol_of(location) not in ("http", "https"):
         return remote_options
     import contextvars
 
     import aiohttp
 
+    from refmount.fetch import addresses
     from refmount.fetch.auth import active
     from refmount.fetch.tls import ssl_setting
 
     logins = active()
+    user_headers = dict(remote_options.get("headers") or {})
     chain: contextvars.ContextVar = contextvars.ContextVar("refmount_login_trail")
 
     async def on_start(session, context, params) -> None:  # (in the task that sends every hop)
-        chain.set(logins.trail(str(params.url)))
+        chain.set(logins.trail(str(params.url), user_headers))
 
     async def with_credentials(request, handler):
         url = str(request.url)
-        trail = chain.get(None) or logins.trail(url)
-        user_authorization = "Authorization" in request.headers
-        request.headers.update(trail.headers(url, user_authorization=user_authorization))
-        response = await handler(request)
+        trail = chain.get(None) or logins.trail(url, user_headers)
+        request.headers.update(trail.headers(url))
+        with addresses.guarded(trail.guards(url)):
+            response = await handler(request)
         location = response.headers.get("Location")
         from urllib.parse import urljoin
 
@@ -107,15 +115,10 @@ def fsspec_options(location: str, remote_options: dict) -> dict:
 
         here = urlsplit(str(params.url))
         target = urljoin(str(params.url), params.response.headers.get("Location", ""))
-        there = urlsplit(target)
-        if here.scheme == "https" and there.scheme != "https":
-            raise RedirectRefused(f"redirect from {here.scheme}://{here.netloc} to {there.scheme}://{there.netloc} "
-                                  "refused (https never turns into http)")
-        trail = chain.get(None) or logins.trail(str(params.url))
+        trail = chain.get(None) or logins.trail(str(params.url), user_headers)
         refused = trail.redirect_refused(str(params.url), target)
         if refused:
-            raise RedirectRefused(f"redirect from {here.scheme}://{here.netloc} to {there.scheme}://{there.netloc} "
-                                  f"{refused.removeprefix('redirect to another host ')}")
+            raise RedirectRefused(f"from {here.scheme}://{here.netloc}: {refused}")
 
     trace = aiohttp.TraceConfig()
     trace.on_request_start.append(on_start)
@@ -126,9 +129,11 @@ def fsspec_options(location: str, remote_options: dict) -> dict:
 
     async def get_client(**kwargs):  # (in fsspec's loop: a cookie jar needs one)
         kwargs.setdefault("cookie_jar", aiohttp.DummyCookieJar())  # the mount's jar keeps them
+        kwargs.setdefault("connector", aiohttp.TCPConnector(resolver=addresses.resolver(), use_dns_cache=False))
         return aiohttp.ClientSession(**kwargs)
 
-    options = {**remote_options, "ssl": ssl_setting(remote_options), "client_kwargs": client_kwargs}
+    options = {**{k: v for k, v in remote_options.items() if k != "headers"}, "ssl": ssl_setting(remote_options),
+               "client_kwargs": client_kwargs}
     options.setdefault("get_client", get_client)
     return options
 
@@ -195,8 +200,29 @@ def open_reference_file(location: str, remote_options: dict | None = None):
 
 
 def is_parquet_location(location: str, remote_options: dict | None = None) -> bool:
-    """A Parquet reference set is a directory holding .zmetadata."""
+    """A Parquet reference set is a directory holding .zmetadata. An http(s) url of a directory
+    (`http://host/dir/`) is asked, once: a `.zmetadata` there makes it Parquet; without one it is a
+    directory of data files (its HTML index lists them: refs/scan/sources.py)."""
     if not is_remote(location):
         return os.path.isdir(local_path(location))
     stripped = location.rstrip("/")
-    return location.endswith("/") or stripped.endswith((".parq", ".parquet"))
+    if stripped.endswith((".parq", ".parquet")):
+        return True
+    if not location.endswith("/"):
+        return False
+    if protocol_of(location) not in ("http", "https"):
+        return True
+    found = _zmetadata_found.get(location)
+    if found is None:
+        from refmount.errors import FetchError
+        from refmount.fetch.pages import exists
+        from refmount.fetch.stats import redact
+
+        try:
+            found = _zmetadata_found[location] = exists(location + ".zmetadata", remote_options)
+        except FetchError as e:
+            raise RefmountError(f"cannot tell what {quote(redact(location))} is: {e}") from None
+    return found
+
+
+_zmetadata_found: dict[str, bool] = {}  # http(s) directory url -> whether it has a .zmetadata (asked once)

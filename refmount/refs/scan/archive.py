@@ -70,6 +70,7 @@ class ArchiveOptions:
     decode: object = None  # combining's bounded decoder (refmount.view.bounded.decode_bounded, given from above)
     lazy: bool = False  # a glob without --concat is only listed; its files are scanned when looked up (a mount)
     trust: object = None  # the source as a fetch.trust.Location (the mount's policy); None: the source's own
+    s3_credentials_url: str | None = None  # --s3-credentials-url: s3:// files signed with its credentials
 
 
 def with_trust(options: ArchiveOptions, location: str) -> ArchiveOptions:
@@ -117,16 +118,43 @@ class Scanned:
     files: tuple = ()  # the local files its inline values were read from (refs/origins.py: set by who scanned it)
 
 
-def is_archive_source(location: str, remote_options: dict | None = None) -> bool:
+def is_archive_source(location: str, remote_options: dict | None = None, archive: "ArchiveOptions | None" = None) -> bool:
     """A data file (told by its first bytes) or a form that names several files."""
-    if looks_like_many(location):
+    if looks_like_many(location, remote_options):
         return True
     if not may_be_data_file(location):
         return False
-    return _first_bytes_format(location, remote_options or {}) is not None
+    options = archive or ArchiveOptions(remote_options=remote_options or {})
+    return _first_bytes_format(location, options) is not None
 
 
-def _first_bytes_format(location: str, remote_options: dict) -> str | None:
+def scan_fetcher(options: ArchiveOptions, **settings):
+    """The fetcher scans read through (sniffing, headers, DMR++ files, --concat's coordinates): the
+    mount's logins (fetch/auth.py: bearer tokens, cookies, netrc, installed by the mount or by
+    `refmount scan`) and temporary S3 credentials, as the mount's own reads have them."""
+    from refmount.fetch import Fetcher
+    from refmount.fetch.auth import active
+
+    return Fetcher(remote_options=options.remote_options, http_client=options.http_client, logins=active(),
+                   s3_credentials_url=options.s3_credentials_url, **settings)
+
+
+def listing_options(location: str, options: ArchiveOptions) -> dict:
+    """The options a listing of `location` takes: an s3:// glob or prefix is listed with the mount's
+    temporary S3 credentials (--s3-credentials-url) when it has them, as its files are read."""
+    from refmount.fetch.protocols import protocol_of
+
+    if options.s3_credentials_url and protocol_of(location) in ("s3", "s3a"):
+        from refmount.fetch.s3creds import listing_options as with_credentials
+
+        return with_credentials(options.s3_credentials_url, options.remote_options)
+    return options.remote_options
+
+
+def _first_bytes_format(location: str, options: ArchiveOptions) -> str | None:
+    """The format of a single location by its first bytes; None when it is no data file or cannot be
+    read (the reference loaders then say why), but a refused login or a 401/403 is said here."""
+    from refmount.errors import LoginFailed
     from refmount.fetch.protocols import is_remote, local_path
 
     if not is_remote(location):
@@ -138,9 +166,7 @@ def _first_bytes_format(location: str, remote_options: dict) -> str | None:
         return sniff(head)
 
     async def head() -> bytes:
-        from refmount.fetch import Fetcher
-
-        fetcher = Fetcher(remote_options=remote_options)
+        fetcher = scan_fetcher(options)
         try:
             return b"".join(map(bytes, await fetcher.read(location, 0, SNIFF_BYTES)))
         finally:
@@ -148,7 +174,12 @@ def _first_bytes_format(location: str, remote_options: dict) -> str | None:
 
     try:
         return sniff(trio.run(head))
-    except Exception:  # noqa: BLE001 - not reachable as a data file: the reference loaders say why
+    except FetchError as e:
+        if isinstance(e, LoginFailed) or getattr(e, "status", None) in (401, 403):
+            why = str(e).removeprefix(f"{redact(location)}: ")
+            raise type(e)(f"{redact(location)}: access refused: {why}") from None
+        return None  # not reachable as a data file: the reference loaders say why
+    except Exception:  # noqa: BLE001 - (the same)
         return None
 
 
@@ -159,7 +190,7 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
     (url, offset, length) -> bytes through the same fetcher and block cache (combining reads coordinates)."""
     _check_parsers()
     options = with_trust(options, location)
-    single = not looks_like_many(location)
+    single = not looks_like_many(location, options.remote_options)
     from refmount.refs.scan.store import ScanStore, default_scan_dir
 
     store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
@@ -194,7 +225,7 @@ def source_entries(location: str, options: ArchiveOptions, store) -> list[Entry]
     header) where there is one: the one listing of a mount that scans them all and of one that scans lazily.
     Files `store` (the scan store) saw at the last mount of `location` and that are gone are said."""
     sidecars = dmrpp_module() is not None
-    entries = list_sources(location, options.remote_options, options.remote_options.get("headers"), sidecars)
+    entries = list_sources(location, listing_options(location, options), options.remote_options.get("headers"), sidecars)
     if not entries:
         raise RefmountError(f"{quote(redact(location))} names no files")
     check_listed(options.trust, entries)
@@ -232,14 +263,12 @@ class _Reader:
 
     def __init__(self, options: ArchiveOptions) -> None:
         from refmount.cache.blocks import BlockCache
-        from refmount.fetch import Fetcher, RetryPolicy
+        from refmount.fetch import RetryPolicy
 
         policy = RetryPolicy(read_timeout=options.read_timeout, stall_timeout=options.stall_timeout)
         # More connections than reads use: revalidating an archive is one HEAD per file, each a round trip
-        self.fetcher = Fetcher(policy=policy, remote_options=options.remote_options,
-                               connections_per_host=max(options.connections, REVALIDATION_CONNECTIONS),
-                               http_client=options.http_client,
-                               allow_cross_host_redirects=options.allow_cross_host_redirects)
+        self.fetcher = scan_fetcher(options, policy=policy,
+                                    connections_per_host=max(options.connections, REVALIDATION_CONNECTIONS))
         self.fetcher.max_full_download = options.max_full_download
         bs = options.block_size
 
@@ -480,7 +509,7 @@ def refset_of(refs: dict, location: str, *, max_keys, max_refs_size, max_value_s
 def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_size, max_value_size, timeout):
     """The reference set (a `RefSet`) of a data file or archive; `refused` per file name attached. With
     `options.lazy`, a glob (not combined, not --strict) is only listed: a `LazyArchive`."""
-    if options.lazy and looks_like_many(location) and not options.concat and not options.strict:
+    if options.lazy and looks_like_many(location, options.remote_options) and not options.concat and not options.strict:
         return LazyArchive.listed(location, options, max_keys=max_keys, max_refs_size=max_refs_size,
                                   max_value_size=max_value_size, timeout=timeout)
     kind, scanned, refs = scan_source(location, options, max_refs_size=max_refs_size, timeout=timeout,

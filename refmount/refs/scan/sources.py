@@ -70,15 +70,22 @@ def has_glob(location: str) -> bool:
     return any(c in path for c in chars)
 
 
-def looks_like_many(location: str) -> bool:
+def looks_like_many(location: str, remote_options: dict | None = None) -> bool:
     """A source that names several files by its form alone: @FILE, a glob, an s3:// prefix, a local
-    directory that is no reference set, Zarr store or Icechunk repository."""
+    directory that is no reference set, Zarr store or Icechunk repository, an http(s) directory
+    (`http://host/dir/`) that is neither a Parquet set (its `.zmetadata`, asked once: refs/source.py)
+    nor an Icechunk repository (refs/icechunk.py asks)."""
     if location.startswith("@"):
         return True
     if has_glob(location):
         return True
     if protocol_of(location) in ("s3", "s3a") and location.endswith("/"):
         return True
+    if protocol_of(location) in ("http", "https") and location.endswith("/"):
+        from refmount.refs.icechunk import is_icechunk_location
+        from refmount.refs.source import is_parquet_location
+
+        return not is_parquet_location(location, remote_options) and not is_icechunk_location(location, remote_options)
     if not is_remote(location):
         root = local_path(location)
         if not os.path.isdir(root):
@@ -231,27 +238,22 @@ class _Links(HTMLParser):
 
 
 def _fetch_index(url: str, headers: dict) -> tuple[str, str]:
-    """(final url, text) of an index page; redirects only within the same origin."""
-    import urllib.request
+    """(final url, text) of an index page, through the mount's HTTP engine and logins (its bearer
+    tokens, cookies, netrc; the user's headers to the listed origin only); redirects as auth.py's
+    `Trail` decides, and only within the same origin (or through a login host and back)."""
+    from refmount.errors import FetchError, LoginFailed
+    from refmount.fetch.pages import fetch_page
 
-    from refmount.fetch.tls import ssl_setting
-
-    request = urllib.request.Request(url, headers={**headers, "Accept-Encoding": "identity"})
-    context = ssl_setting({})
     try:
-        with urllib.request.urlopen(request, timeout=30, context=context if url.startswith("https") else None) as r:
-            final = r.geturl()
-            if _origin(final) != _origin(url):
-                raise RefmountError(f"listing {quote(redact(url))}: redirected to another host ({redact(final)}), "
-                                    "which is not followed")
-            body = r.read(MAX_INDEX_BYTES + 1)
-            kind = r.headers.get("Content-Type", "")
-    except RefmountError:
-        raise
-    except OSError as e:
-        raise RefmountError(f"cannot list {quote(redact(url))}: {getattr(e, 'reason', None) or e}") from None
-    if len(body) > MAX_INDEX_BYTES:
-        raise RefmountError(f"the index page {quote(redact(url))} is larger than {MAX_INDEX_BYTES >> 20} MiB")
+        final, kind, body = fetch_page(url, MAX_INDEX_BYTES, {"headers": headers}, same_origin=True)
+    except FetchError as e:
+        why = str(e).removeprefix(f"{redact(url)}: ")
+        if isinstance(e, LoginFailed) or getattr(e, "status", None) in (401, 403):
+            why = f"access refused: {why}"
+        raise RefmountError(f"cannot list {quote(redact(url))}: {why}") from None
+    if _origin(final) != _origin(url):  # (after a login host, the chain must come back home)
+        raise RefmountError(f"listing {quote(redact(url))}: redirected to another host ({redact(final)}), "
+                            "which is not followed")
     if "html" not in kind.lower() and not body.lstrip()[:1] == b"<":
         raise RefmountError(f"{quote(redact(url))} is not an HTML index of files (Content-Type {kind!r})")
     return final, body.decode("utf-8", "replace")
@@ -307,6 +309,8 @@ def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[tup
     while todo:
         url, level = todo.pop(0)
         final, html = _fetch_index(url, headers)
+        if level == 0 and final != url:  # the listed directory answers elsewhere on its origin (/d -> /d/,
+            base_path = urlsplit(final).path.rstrip("/") + "/"  # /old/ -> /new/): its files are named from there
         files, dirs = index_links(final, html)
         found += files
         if len(found) > MAX_ENTRIES:

@@ -1,0 +1,118 @@
+"""Which addresses a redirect may lead to: the guard against a remote server steering the daemon into
+the machine's own network (loopback, link-local such as the cloud metadata service 169.254.169.254,
+private ranges).
+
+auth.py decides which hops are guarded (a redirect to another host, from a chain that began on a
+public address). A guarded hop to an address literal is judged there; a host name is judged here,
+when the connection is made: every http client of the mount resolves names through `GuardedResolver`,
+which resolves the name, checks every address it gets against the guard of the request in hand (a
+context variable set around that hop) and hands aiohttp exactly the addresses it checked, so the
+address connected to is one that was checked (a DNS answer that changes between a check and the
+connection, "DNS rebinding", finds no gap). Answers are kept for DNS_TTL seconds here rather than in
+aiohttp's own cache, which would skip this check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ipaddress
+import socket
+import time
+
+DNS_TTL = 300.0
+_MAX_KEPT = 4096
+
+# The host a request in hand must reach on a public address only (None: no guard)
+_GUARDED: contextvars.ContextVar[str | None] = contextvars.ContextVar("refmount_public_only", default=None)
+_resolved: dict[str, tuple[float, tuple[str, ...]]] = {}  # host -> (when, the addresses last handed out)
+
+
+class InternalAddress(OSError):
+    """A guarded hop whose host resolves to an address of this machine's own network."""
+
+
+def is_internal(address: str) -> bool:
+    """Loopback, link-local, private, unspecified, multicast or reserved: anything not on the public
+    internet (an IPv4-mapped IPv6 address is judged by its IPv4 address)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0].strip("[]"))
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return not ip.is_global or ip.is_multicast
+
+
+def is_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0].strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def began_internal(host: str) -> bool:
+    """Whether a chain whose first request went to `host` began inside the machine's network: an
+    address literal that is internal, or a name every address of which (as last resolved for a
+    connection) is. Unknown: no (the guard applies)."""
+    if is_literal(host):
+        return is_internal(host)
+    kept = _resolved.get(host.lower())
+    return bool(kept and kept[1]) and all(is_internal(a) for a in kept[1])
+
+
+@contextlib.contextmanager
+def guarded(host: str | None):
+    """While this block sends its request, a connection to `host` may reach public addresses only."""
+    token = _GUARDED.set(host.lower() if host else None)
+    try:
+        yield
+    finally:
+        _GUARDED.reset(token)
+
+
+def check(host: str, addresses) -> None:
+    """Refuse, if the request in hand is guarded for `host`, when any of its addresses is internal."""
+    if _GUARDED.get() != host.lower():
+        return
+    inside = [a for a in addresses if is_internal(a)]
+    if inside:
+        raise InternalAddress(f"{host} resolves to {inside[0]}, an address of this machine's own network "
+                              "(loopback, link-local or private), which a redirect from a public host may not "
+                              "lead to (--allow-cross-host-redirects allows it)")
+
+
+def resolver():
+    """An aiohttp resolver that checks each answer against the guard (use with use_dns_cache=False)."""
+    from aiohttp.abc import AbstractResolver
+    from aiohttp.resolver import DefaultResolver
+
+    class GuardedResolver(AbstractResolver):
+        def __init__(self) -> None:
+            self._inner = DefaultResolver()
+
+        async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET):
+            key = host.lower()
+            kept = _answers.get((key, port, family))
+            if kept is not None and time.monotonic() - kept[0] < DNS_TTL:
+                answer = kept[1]
+            else:
+                answer = await self._inner.resolve(host, port, family)
+                if len(_answers) >= _MAX_KEPT:
+                    _answers.clear()
+                _answers[(key, port, family)] = (time.monotonic(), answer)
+            addresses = tuple(a["host"] for a in answer)
+            if len(_resolved) >= _MAX_KEPT:
+                _resolved.clear()
+            _resolved[key] = (time.monotonic(), addresses)
+            check(host, addresses)
+            return answer
+
+        async def close(self) -> None:
+            await self._inner.close()
+
+    return GuardedResolver()
+
+
+_answers: dict[tuple, tuple[float, list]] = {}  # (host, port, family) -> (when, aiohttp's resolve result)

@@ -1,0 +1,50 @@
+"""Small http(s) pages (a listing's index pages, a directory's `.zmetadata` probe) fetched from
+synchronous code, through the mount's HTTP engine (http.py) and logins (auth.py): the same headers,
+credentials and redirect decisions as every read of the mount, never a client of their own."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+def _on_engine(remote_options: dict | None, call):
+    """`call(backend)` (a coroutine) on a fresh HttpBackend with the mount's logins, on the asyncio loop."""
+    from refmount.fetch.auth import active
+    from refmount.fetch.bridge import asyncio_loop
+    from refmount.fetch.http import HttpBackend
+    from refmount.fetch.retry import RetryPolicy
+    from refmount.fetch.stats import FetchStats
+    from refmount.fetch.tls import ssl_setting
+
+    options = remote_options or {}
+    backend = HttpBackend(RetryPolicy(), FetchStats(), headers=options.get("headers"), ssl=ssl_setting(options),
+                          logins=active())
+
+    async def once():
+        try:
+            return await call(backend)
+        finally:
+            await backend.close()
+
+    return asyncio.run_coroutine_threadsafe(once(), asyncio_loop()).result()
+
+
+def fetch_page(url: str, limit: int, remote_options: dict | None = None, *,
+               same_origin: bool = False) -> tuple[str, str, bytes]:
+    """(the url found at after redirects, Content-Type, body) of a 200 answer of at most `limit`
+    bytes; FetchError (LoginFailed for a refused login) otherwise. Not from the asyncio loop's thread."""
+    return _on_engine(remote_options, lambda backend: backend.page(url, limit, same_origin=same_origin))
+
+
+def exists(url: str, remote_options: dict | None = None) -> bool:
+    """Whether `url` is there (one HEAD, or a one-byte GET): False for a 404 or 410, FetchError for
+    anything else (a refused login says so)."""
+    from refmount.errors import FetchError
+
+    try:
+        _on_engine(remote_options, lambda backend: backend.size(url))
+    except FetchError as e:
+        if getattr(e, "status", None) in (404, 410):
+            return False
+        raise
+    return True
