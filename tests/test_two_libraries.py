@@ -191,3 +191,39 @@ def test_one_form_for_everyone_serves_no_zarr_json(mount, refs):
     """--form serves one form to every program: no zarr.json beside it."""
     m = mount(refs, "--form", "zarr")
     assert not (m.path / "zarr.json").exists() and not (m.path / "tas" / "zarr.json").exists()
+
+
+def test_no_exact_v3_form_serves_no_zarr_json(mount, refs):
+    """Characters that zarr-python cannot read in any format (`--chars char`: netCDF-C 4.9's '<U1' for
+    every reader) have no Zarr v3 form: no zarr.json anywhere (never part of a tree), one log line."""
+    m = mount(refs, "--chars", "char")
+    assert not (m.path / "zarr.json").exists() and not (m.path / "tas" / "zarr.json").exists()
+    assert "no zarr.json" in m.log() and ": dtype <U1" in m.log()
+
+
+def test_v3_documents():
+    """The v2 -> v3 rules, on what the decoded view's zarr form can hold."""
+    from refmount.view.zarrjson import NotExpressible, array_document, zarr_json_documents
+
+    def zarray(dtype, fill, **kw):
+        return {"zarr_format": 2, "shape": [4], "chunks": [2], "dtype": dtype, "fill_value": fill, "order": "C",
+                "compressor": None, "filters": None, "dimension_separator": ".", **kw}
+
+    nan = array_document(zarray("<f8", "NaN"), {"_ARRAY_DIMENSIONS": ["t"], "units": "K"})
+    assert nan["fill_value"] == "NaN" and nan["dimension_names"] == ["t"]
+    assert nan["attributes"] == {"units": "K", "_FillValue": "AAAAAAAA+H8="}  # (xarray's base64 of NaN)
+    assert array_document(zarray("<i2", -9999.0), {})["fill_value"] == -9999
+    unsigned = array_document(zarray("<i2", None), {"_FillValue": -1, "_Unsigned": "true"})
+    assert unsigned["fill_value"] == 0 and unsigned["attributes"]["_FillValue"] == -1  # (as xarray masks on v2)
+    assert array_document(zarray("|S3", None), {})["fill_value"] == ""
+    assert array_document(zarray("|u1", 3), {})["codecs"] == [{"name": "bytes"}]
+    assert array_document(zarray("<u2", 3, dimension_separator="/"), {})["chunk_key_encoding"] == \
+        {"name": "v2", "configuration": {"separator": "/"}}
+    for bad in (zarray("<U1", None), zarray("|S1", "IA=="), zarray("<f4", None, compressor={"id": "zlib"}),
+                zarray("<M8[s]", None)):
+        with pytest.raises(NotExpressible):
+            array_document(bad, {})
+    with pytest.raises(NotExpressible, match="g/x: in a directory without .zgroup"):
+        zarr_json_documents({"metadata": {".zgroup": {"zarr_format": 2}, "g/x/.zarray": zarray("<f4", None)}})
+    root = zarr_json_documents({"metadata": {".zarray": zarray("<f4", None), ".zattrs": {"_ARRAY_DIMENSIONS": ["t"]}}})
+    assert list(root) == ["zarr.json"] and root["zarr.json"]["node_type"] == "array"

@@ -61,6 +61,10 @@ def zarr_json_documents(consolidated: dict) -> dict[str, dict]:
                            "attributes": _object(entries.get(_key(path, ".zattrs")), path)}
         elif name == ".zarray":
             nodes[path] = array_document(value, _object(entries.get(_key(path, ".zattrs")), path), path)
+    for path in nodes:
+        parent = path.rpartition("/")[0]
+        if path and nodes.get(parent, {}).get("node_type") != "group":  # (v3 has no implicit groups)
+            raise NotExpressible(f"{path}: in a directory without .zgroup")
     root = dict(nodes.pop(""))
     root["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": {
         path: {**node, "consolidated_metadata": _NO_CONSOLIDATED} if node["node_type"] == "group" else node
@@ -116,8 +120,11 @@ def _v3_fill(fill, dtype: np.dtype, name: str):
         return _DEFAULT_FILL[dtype.kind]
     if dtype.kind == "b":
         return bool(fill)
-    if dtype.kind in "iu" and not (isinstance(fill, int) and not isinstance(fill, bool)):
-        raise NotExpressible(f"array {name}: fill_value {fill!r} of {dtype.str}")
+    if dtype.kind in "iu":
+        if isinstance(fill, float) and fill.is_integer():
+            return int(fill)  # (-9999.0: zarr-python casts it)
+        if not isinstance(fill, int) or isinstance(fill, bool):
+            raise NotExpressible(f"array {name}: fill_value {fill!r} of {dtype.str}")
     return fill  # (numbers, "NaN", "Infinity", base64 bytes and [re, im] are spelled alike in v2 and v3)
 
 
