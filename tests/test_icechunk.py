@@ -150,8 +150,8 @@ def assert_raw_clients(mnt, expected: dict, sources) -> None:
 def test_icechunk_decoded_view(mount, sources, kind):
     m = mount(sources[kind], *authorized(sources, kind))
     assert os.path.exists(m / ".zgroup") and os.path.exists(m / "air" / ".zarray")
-    decoded = json.loads((m / "zarr.json").read_text())  # (zarr.json of the decoded view's zarr form, not the source's)
-    assert decoded["consolidated_metadata"]["metadata"]["air"]["codecs"] == [{"name": "bytes", "configuration": {"endian": "little"}}]
+    assert "zarr.json" not in os.listdir(m.path)  # (the source's is in the raw view; the decoded view's own, of its
+    # zarr form, is found by name only by some readers: tests/test_two_libraries.py)
     zarray = json.loads((m / "count" / ".zarray").read_text())
     assert zarray["dtype"] == "<i4"  # big-endian in the source: served little-endian
     assert json.loads((m / "air" / ".zattrs").read_text())["_ARRAY_DIMENSIONS"] == ["time", "lat", "lon"]

@@ -12,6 +12,7 @@ has netCDF4 loaded.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
@@ -130,6 +131,15 @@ def test_both_libraries_in_one_process(mount, source, refs, order, tmp_path):
     result = in_one_process(order, source, m.path, tmp_path)
     assert result["netcdf_loaded_for_xarray"] == (order == "netcdf-first")
     assert_same_xarray(result["xarray"], source)
+    # zarr-python warns only where it finds zarr.json beside .zgroup: after netCDF-C was loaded
+    both = "Both zarr.json (Zarr format 3) and .zgroup (Zarr format 2)"
+    for group in GROUPS:
+        for consolidated in (None, True, False):
+            caught = result["xarray"]["warnings", group, consolidated]
+            if order == "zarr-first":
+                assert caught == [], (group, consolidated)
+            else:
+                assert both in caught[0], (group, consolidated)
     want = read_netcdf(str(source))
     del want["/"]["attributes"]["keywords"]  # (netCDF-C's forms leave out a list of strings: docs, the forms)
     assert_same_netcdf(result["netcdf"], want)
@@ -166,9 +176,16 @@ def test_raw_view_in_one_process(mount, tmp_path):
 
 
 def test_zarr_json_is_the_zarr_form(mount, refs):
-    """zarr.json is the same for every reader (no reader's form changes it), served in each group and
-    array; chunk keys are v2's, so the same chunk files serve both."""
+    """zarr.json is the zarr form (no reader's form changes it), served in each group and array; chunk
+    keys are v2's, so the same chunk files serve both. It is listed nowhere, and found by name only by a
+    process served another form than `zarr` (this one has netCDF-C loaded): one without netCDF-C or
+    GDAL reads the v2 files, as before, with no warning from zarr-python."""
     m = mount(refs)
+    assert "zarr.json" not in os.listdir(m.path) and "zarr.json" not in os.listdir(m.path / "tas")
+    for program in ("import os, sys", "import netCDF4, os, sys"):
+        proc = subprocess.run([sys.executable, "-c", f"{program}; print(os.path.exists(sys.argv[1]))",
+                               str(m.path / "tas" / "zarr.json")], capture_output=True, text=True, check=True)
+        assert proc.stdout.strip() == str("netCDF4" in program), program
     root = json.loads((m.path / "zarr.json").read_text())
     assert root["node_type"] == "group" and root["zarr_format"] == 3
     assert sorted(root["consolidated_metadata"]["metadata"]) == sorted(

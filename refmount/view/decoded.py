@@ -25,8 +25,8 @@ import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from refmount.view.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, dump_json, fixed_strings, load_json_value, scan_arrays
-from refmount.view.forms import (FORMS, joins_last_dimension, nczarr_tree, served_array, served_group_attributes,
-                                 zarr_json_form)
+from refmount.view.forms import (FORMS, joins_last_dimension, nczarr_tree, sees_zarr_json, served_array,
+                                 served_group_attributes, zarr_json_form)
 from refmount.view.bounded import decode_bounded, decode_into
 from refmount.view.consolidated import consolidated_value
 from refmount.errors import RefmountError
@@ -121,6 +121,7 @@ class DecodedView:
         # forms all hold the same bytes is in _metadata but not in _varies
         self._metadata: dict[int, tuple[bytes, ...]] = {}
         self._varies: set[int] = set()
+        self._zarr_json: set[int] = set()  # zarr.json keys: found by name, by the readers `sees_zarr_json`
         self._chunks: dict[int, ArrayInfo] = {}  # array dir id -> info, for arrays whose chunks change
         # key index -> decoded chunk (in a slot of the buffer pool, if there is one)
         self._pool = pool
@@ -243,6 +244,7 @@ class DecodedView:
             documents = _zarr_json(by_index[self.refset.find(".zmetadata")][json_form])
             for key in zarr_jsons:  # (the same bytes for every reader; none: hidden)
                 by_index[self.refset.find(key)] = [documents.get(key)] * len(self.forms)
+            self._zarr_json = {self.refset.find(key) for key in zarr_jsons if key in documents}
         for i, values in by_index.items():
             self._set_versions(i, values)
 
@@ -373,6 +375,14 @@ class DecodedView:
         if i in self._hidden_keys or i in self._renamed_away:
             return True
         return bool(self._hidden_dirs) and self.hidden_dir(self.refset.dir_id(i))
+
+    def unlisted(self, i: int) -> bool:
+        """Is key i left out of listings, and found by name only by some readers (`shown_to`)?"""
+        return i in self._zarr_json
+
+    def shown_to(self, i: int, form: int) -> bool:
+        """Does a reader served form `form` (an index into self.forms) find key i by its name?"""
+        return i not in self._zarr_json or sees_zarr_json(self.forms[form])
 
     def varies(self, i: int) -> bool:
         """Does key i hold other bytes for other readers (then each open asks whose form it is)?"""

@@ -52,13 +52,14 @@ def read_xarray(path: str, groups: list[str]) -> dict:
     out = {}
     for group in groups:
         for consolidated in (None, True, False):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # (zarr's "both zarr.json and .zgroup exist")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
                 try:
                     with xr.open_zarr(path, group=group or None, consolidated=consolidated) as ds:
                         out[group, consolidated] = ds.load()
                 except Exception as e:  # noqa: BLE001 - the parent reports it
                     out[group, consolidated] = f"{type(e).__name__}: {e}"
+            out["warnings", group, consolidated] = sorted({str(w.message).split(" metadata objects")[0] for w in caught})
     return out
 
 
