@@ -148,7 +148,8 @@ class Filesystem:
         i = await self.refset.afind(path)
         if i < 0 or self.view.hidden(i):
             raise FsError(errno.ENOENT)
-        if self._unlisted is not None and self._unlisted(i) and not self.view.shown_to(i, await self._form_of(caller)):
+        if self._unlisted is not None and self._unlisted(i) and \
+                not self.view.shown_to(i, await self._form_of(caller, opens=False)):
             raise FsError(errno.ENOENT)
         return await self._file_attributes(i)
 
@@ -233,10 +234,10 @@ class Filesystem:
             return ino | (await self._form_of(caller) + 1) << FORM_SHIFT, True
         return ino, False
 
-    async def _form_of(self, caller) -> int:
+    async def _form_of(self, caller, opens: bool = True) -> int:
         """The index of the caller's form in the view's forms (refmount.fuse.readers decides)."""
         index = self.view.form_index
-        name = await self.readers.form_of_caller(caller.pid if caller is not None else 0)
+        name = await self.readers.form_of_caller(caller.pid if caller is not None else 0, opens)
         return index.get(name, index.get(self.readers.fallback, 0))
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
