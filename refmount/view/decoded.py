@@ -88,8 +88,8 @@ def _zarr_json(consolidated: dict | None) -> dict[str, dict]:
     try:
         return zarr_json_documents(consolidated)
     except NotExpressible as e:
-        log.info("decoded view: no zarr.json (zarr-python 3 reads the v2 files, in a process with netCDF-C "
-                 "loaded in netCDF-C's form): %s", e)
+        log.info("decoded view: no zarr.json (zarr-python in a process with netCDF-C or GDAL loaded reads the "
+                 "v2 files, in that process's form): %s", e)
         return {}
 
 
