@@ -168,9 +168,10 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "12's ncdump, NCO, CDO), nc493 (netCDF-C 4.9.3 to 4.9.x: Debian 13's), nc410 (netCDF-C >= "
                         "4.10: netCDF4-python wheels; nc493 and nc410 are NCZarr, read exactly as "
                         "'file:///MNT#mode=nczarr,file'), gdal (GDAL's "
-                        "Zarr driver), zarr (everything else: zarr, xarray's zarr engine, cp); a form name serves "
-                        "that form to every program. A program may choose its own with REFMOUNT_FORM=<form> in "
-                        "its environment")
+                        "Zarr driver), zarr (everything else: zarr, xarray's zarr engine, cp), and to zarr-python "
+                        "in a program of another form a zarr.json (Zarr v3) in the zarr form; a form name serves "
+                        "that form to every program (and no zarr.json). A program may choose its own with "
+                        "REFMOUNT_FORM=<form> in its environment")
     g.add_argument("--fallback-form", choices=FORM_NAMES, default="portable",
                    help="the form of a program that cannot be identified (another user's process, a pid "
                         "namespace without /proc): portable (default: characters as numbers, scalars [1], both "

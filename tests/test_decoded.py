@@ -282,10 +282,11 @@ def test_decoded_netcdf4(case, mounts, oracle, tmp_path):
 
 @pytest.mark.parametrize("case", CASES)
 def test_decoded_xarray(case, mounts, oracle, groups):
-    """xarray.open_zarr(MNT, group=...) over every group."""
+    """xarray.open_zarr(MNT, group=...) over every group: the zarr form, here through zarr.json (this
+    process has netCDF-C loaded: tests/test_two_libraries.py), where scalars are scalars."""
     mnt = mounts[case, "decoded"].path
     got = read_xarray(mnt, groups[kind_of(case)])
-    compare_all(got, decoded_expected(case, oracle), "decoded", f"xarray {case}")
+    compare_all(got, decoded_expected(case, oracle), "zarr", f"xarray {case}")
 
 
 @pytest.mark.parametrize("case", GDAL_CASES)

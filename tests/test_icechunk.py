@@ -150,7 +150,8 @@ def assert_raw_clients(mnt, expected: dict, sources) -> None:
 def test_icechunk_decoded_view(mount, sources, kind):
     m = mount(sources[kind], *authorized(sources, kind))
     assert os.path.exists(m / ".zgroup") and os.path.exists(m / "air" / ".zarray")
-    assert not os.path.exists(m / "zarr.json")
+    assert "zarr.json" not in os.listdir(m.path)  # (the source's is in the raw view; the decoded view's own, of its
+    # zarr form, is found by name only by some readers: tests/test_two_libraries.py)
     zarray = json.loads((m / "count" / ".zarray").read_text())
     assert zarray["dtype"] == "<i4"  # big-endian in the source: served little-endian
     assert json.loads((m / "air" / ".zattrs").read_text())["_ARRAY_DIMENSIONS"] == ["time", "lat", "lon"]

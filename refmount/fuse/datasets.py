@@ -158,7 +158,7 @@ class DatasetRoot:
         k, local = self._split(ino)
         return self._shifted(k, await (await self._child(k)).getattr(local))
 
-    async def lookup(self, parent_ino: int, name: bytes):
+    async def lookup(self, parent_ino: int, name: bytes, caller=None):
         if parent_ino == ROOT_INODE:
             if name in (b".", b".."):
                 return self._root_attributes()
@@ -169,7 +169,7 @@ class DatasetRoot:
         k, local = self._split(parent_ino)
         if local == ROOT_INODE and name == b"..":
             return self._root_attributes()
-        return self._shifted(k, await (await self._child(k)).lookup(local, name))
+        return self._shifted(k, await (await self._child(k)).lookup(local, name, caller))
 
     async def opendir(self, ino: int) -> int:
         if ino != ROOT_INODE:

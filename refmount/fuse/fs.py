@@ -70,6 +70,8 @@ class Filesystem:
         self._subdir_names = [sorted(children) for children in self.dirs.children]
         self._may_hide = not getattr(view, "hides_nothing", False)  # a view may promise to hide no key
         self.readers = readers if hasattr(view, "varies") else None
+        # keys found by name by some readers only, never listed (the decoded view's zarr.json)
+        self._unlisted = getattr(view, "unlisted", None) if self.readers is not None else None
         self.bytes_read = 0  # what readers got, of every file and view (refmount stats, --metrics)
         self.reads = 0
         # Sizes that shrink once an object's size is known (ranges past its end: view.raw.PastEnd) may
@@ -111,7 +113,9 @@ class Filesystem:
         return Attributes(self.dir_inode(d), DIR_MODE, 0, 2 + len(self.dirs.children[d]), self.attr_timeout)
 
     async def _file_attributes(self, i: int) -> Attributes:
-        return Attributes(self.file_inode(i), FILE_MODE, await self.view.size(i), 1, self.attr_timeout)
+        # (a key that exists for some readers only is looked up again at every use: no caching)
+        timeout = 0.0 if self._unlisted is not None and self._unlisted(i) else self.attr_timeout
+        return Attributes(self.file_inode(i), FILE_MODE, await self.view.size(i), 1, timeout)
 
     async def getattr(self, ino: int) -> Attributes:
         d = self._dir_of_ino(ino)
@@ -122,7 +126,8 @@ class Filesystem:
             raise FsError(errno.ENOENT)
         return await self._file_attributes(i)
 
-    async def lookup(self, parent_ino: int, name: bytes) -> Attributes:
+    async def lookup(self, parent_ino: int, name: bytes, caller=None) -> Attributes:
+        """`caller` (fuse.access.Caller): who looks, for a key that exists for some readers only."""
         d = self._dir_of_ino(parent_ino)
         if d is None:
             raise FsError(errno.ENOTDIR)
@@ -142,6 +147,9 @@ class Filesystem:
         path = f"{self.dirs.paths[d]}/{text}" if d else text
         i = await self.refset.afind(path)
         if i < 0 or self.view.hidden(i):
+            raise FsError(errno.ENOENT)
+        if self._unlisted is not None and self._unlisted(i) and \
+                not self.view.shown_to(i, await self._form_of(caller, opens=False)):
             raise FsError(errno.ENOENT)
         return await self._file_attributes(i)
 
@@ -195,7 +203,8 @@ class Filesystem:
             if self._learn_sizes is not None and keys:
                 await self._learn_sizes(keys)  # (local objects' sizes, for keys that run past their end)
             if self._may_hide:
-                hidden = list(map(view.hidden, keys))
+                unlisted = self._unlisted
+                hidden = [view.hidden(k) or (unlisted is not None and unlisted(k)) for k in keys]
                 if any(hidden):
                     shown = [n for n, h in enumerate(hidden) if not h]
                     if not shown:
@@ -221,10 +230,7 @@ class Filesystem:
             raise FsError(errno.EISDIR if self._dir_of_ino(ino) is not None else errno.ENOENT)
         await self._check_access(i, caller)
         if self.readers is not None and self.view.varies(i):
-            index = self.view.form_index
-            name = await self.readers.form_of_caller(caller.pid if caller is not None else 0)
-            form = index.get(name, index.get(self.readers.fallback, 0))
-            return ino | (form + 1) << FORM_SHIFT, True
+            return ino | (await self._form_of(caller) + 1) << FORM_SHIFT, True
         return ino, False
 
     async def _check_access(self, i: int, caller) -> None:
@@ -236,6 +242,12 @@ class Filesystem:
             return
         if not await access.allows(caller, self.view.sources(i), self.refset.key(i)):
             raise FsError(errno.EACCES)
+
+    async def _form_of(self, caller, opens: bool = True) -> int:
+        """The index of the caller's form in the view's forms (refmount.fuse.readers decides)."""
+        index = self.view.form_index
+        name = await self.readers.form_of_caller(caller.pid if caller is not None else 0, opens)
+        return index.get(name, index.get(self.readers.fallback, 0))
 
     async def read(self, fh: int, offset: int, size: int) -> bytes:
         i = await self._key_of_ino(fh & _INODE_BITS)

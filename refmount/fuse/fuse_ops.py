@@ -122,7 +122,8 @@ class FuseOperations(pyfuse3.Operations):
 
     @_reply
     async def lookup(self, parent_inode, name, ctx=None):
-        return self._entry(await self.fs.lookup(parent_inode, name))
+        caller = Caller(ctx.uid, ctx.gid, ctx.pid) if ctx is not None else None
+        return self._entry(await self.fs.lookup(parent_inode, name, caller))
 
     @_reply
     async def getattr(self, inode, ctx=None):

@@ -62,15 +62,17 @@ class ReaderIdentifier:
         self.served: Counter[tuple[str, str]] = Counter()  # (reader label, form) -> files opened
         self._one_at_a_time = trio.CapacityLimiter(1)  # (the tables above are not shared across threads)
 
-    async def form_of_caller(self, pid: int) -> str:
+    async def form_of_caller(self, pid: int, opens: bool = True) -> str:
         """`form_of` in a worker thread: it reads /proc and, once per library file, searches up to
         64 MiB of it for netCDF-C's version string, which must not hold up the FUSE thread."""
-        return await trio.to_thread.run_sync(self.form_of, pid, limiter=self._one_at_a_time)
+        return await trio.to_thread.run_sync(self.form_of, pid, opens, limiter=self._one_at_a_time)
 
-    def form_of(self, pid: int) -> str:
-        """The form to serve to the process that sent a request with this pid; counted in `served`."""
+    def form_of(self, pid: int, opens: bool = True) -> str:
+        """The form to serve to the process that sent a request with this pid; counted in `served`
+        when it `opens` a file (not when it looks one up)."""
         reader = self.identify(pid)
-        self.served[reader.label, reader.form] += 1
+        if opens:
+            self.served[reader.label, reader.form] += 1
         return reader.form
 
     def identify(self, pid: int) -> Reader:

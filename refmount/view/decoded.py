@@ -25,7 +25,8 @@ import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
 from refmount.view.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, dump_json, fixed_strings, load_json_value, scan_arrays
-from refmount.view.forms import FORMS, joins_last_dimension, nczarr_tree, served_array, served_group_attributes
+from refmount.view.forms import (FORMS, joins_last_dimension, nczarr_tree, sees_zarr_json, served_array,
+                                 served_group_attributes, zarr_json_form)
 from refmount.view.bounded import decode_bounded, decode_into
 from refmount.view.consolidated import consolidated_value
 from refmount.errors import RefmountError
@@ -36,6 +37,7 @@ from refmount.view.ncattrs import fill_number, left_out_for_49, served_attribute
 from refmount.view.overlay import OverlayRefSet
 from refmount.refs.hdf5 import cut_padding
 from refmount.view.shards import ShardReader
+from refmount.view.zarrjson import ZARR_JSON, NotExpressible, zarr_json_documents
 
 log = logging.getLogger("refmount")
 DEFAULT_SCRATCH = 16 << 20  # decoders' working memory when the mount's memory plan gives none
@@ -93,6 +95,20 @@ class DecodeError(RefmountError):
     """A chunk could not be decoded into exactly its expected bytes."""
 
 
+def _zarr_json(consolidated: dict | None) -> dict[str, dict]:
+    """Every zarr.json of the view (refmount.view.zarrjson), from the .zmetadata of its form; {} when
+    the metadata cannot all be read at mount or has no exact v3 form (zarr-python then reads the v2
+    files in its process's form)."""
+    if consolidated is None:
+        return {}
+    try:
+        return zarr_json_documents(consolidated)
+    except NotExpressible as e:
+        log.info("decoded view: no zarr.json (zarr-python in a process with netCDF-C or GDAL loaded reads the "
+                 "v2 files, in that process's form): %s", e)
+        return {}
+
+
 def shared_decoded_cache(capacity: int, pool=None) -> SingleFlightLRU:
     """A cache of decoded chunks (in the buffer pool's slots, if there is one)."""
     return SingleFlightLRU(capacity, weigh=pool.footprint if pool else _nbytes, on_evict=pool.release if pool else None)
@@ -121,6 +137,7 @@ class DecodedView:
         # forms all hold the same bytes is in _metadata but not in _varies
         self._metadata: dict[int, tuple[bytes, ...]] = {}
         self._varies: set[int] = set()
+        self._zarr_json: set[int] = set()  # zarr.json keys: found by name, by the readers `sees_zarr_json`
         self._chunks: dict[int, ArrayInfo] = {}  # array dir id -> info, for arrays whose chunks change
         # key index -> decoded chunk (in a slot of the buffer pool, if there is one)
         self._pool = pool
@@ -213,6 +230,12 @@ class DecodedView:
                      "netCDF-C >= 4.9.3: NCZarr's '>S1', char in #mode=nczarr,file; zarr: '|S1'; GDAL: as its netCDF "
                      "driver; unidentified readers: numbers)", listed(chars))
         served[".zmetadata"] = [None] * len(self.forms)  # filled in below, once every key has its index
+        json_form = zarr_json_form(self.forms)  # (zarr.json beside the v2 files: filled in below too)
+        zarr_jsons = [] if json_form is None else \
+            [k[: -len(".zarray")] + ZARR_JSON for k in served if k.endswith((".zarray", ".zgroup"))]
+        if any(self.refset.find(k) >= 0 for k in zarr_jsons):  # (the set has its own: v2 and v3 mixed)
+            zarr_jsons = []
+        served.update((k, [None] * len(self.forms)) for k in zarr_jsons)
         added = {k: b"" for k in served if self.refset.find(k) < 0}
         self.refset = OverlayRefSet(self.refset, {**added, **dict.fromkeys(renames, b""),
                                                   **dict.fromkeys(fill_keys, b""), **dict.fromkeys(joined_fills, b"")})
@@ -233,6 +256,11 @@ class DecodedView:
                 return self._inline_json(i)
 
             by_index[self.refset.find(".zmetadata")][n] = consolidated_value(self.refset, served_json, quiet=n > 0)
+        if zarr_jsons:
+            documents = _zarr_json(by_index[self.refset.find(".zmetadata")][json_form])
+            for key in zarr_jsons:  # (the same bytes for every reader; none: hidden)
+                by_index[self.refset.find(key)] = [documents.get(key)] * len(self.forms)
+            self._zarr_json = {self.refset.find(key) for key in zarr_jsons if key in documents}
         for i, values in by_index.items():
             self._set_versions(i, values)
 
@@ -363,6 +391,14 @@ class DecodedView:
         if i in self._hidden_keys or i in self._renamed_away:
             return True
         return bool(self._hidden_dirs) and self.hidden_dir(self.refset.dir_id(i))
+
+    def unlisted(self, i: int) -> bool:
+        """Is key i left out of listings, and found by name only by some readers (`shown_to`)?"""
+        return i in self._zarr_json
+
+    def shown_to(self, i: int, form: int) -> bool:
+        """Does a reader served form `form` (an index into self.forms) find key i by its name?"""
+        return i not in self._zarr_json or sees_zarr_json(self.forms[form])
 
     def varies(self, i: int) -> bool:
         """Does key i hold other bytes for other readers (then each open asks whose form it is)?"""

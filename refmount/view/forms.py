@@ -18,7 +18,11 @@ issues 24 and 32, see docs/views-and-clients.md):
   '|S1' and '|Sn' as text, and real scalars.
 
 So every metadata file (.zarray, .zattrs, .zmetadata) is served in the form of the program that
-opens it (refmount.fuse.readers tells which). A `Form` is a set of choices; `served_array` derives
+opens it (refmount.fuse.readers tells which). The form belongs to the process, not to the library in
+it: a Python process with netCDF-C loaded gets NCZarr's '>S1', which zarr-python 3 refuses. So Zarr
+v3's zarr.json is served beside the v2 files, in the `zarr` form (`zarr_json_form`,
+refmount.view.zarrjson), to the processes in other forms (`sees_zarr_json`): zarr-python 3 opens it
+first, netCDF-C and GDAL never do. A `Form` is a set of choices; `served_array` derives
 an array's metadata in a form from its base plan (refmount.view.arrays: the netCDF-C 4.9 form, with
 both hints); the NCZarr forms' `_nczarr_group` and `_nczarr_array` come from `nczarr_tree`, made of
 every array as the form serves it. Chunk files are the same bytes in every form: characters are one
@@ -103,6 +107,28 @@ PORTABLE = Form("portable", chars="ubyte", zarr_scalars=False, hints=(HINT_49, H
                             "(no reader crashes on it)")
 FORMS = {f.name: f for f in (NC49, NC493, NC410, ZARR, GDAL, PORTABLE)}
 FALLBACK = PORTABLE.name  # the form of a reader that cannot be identified
+
+
+def zarr_json_form(forms: list[Form]) -> int | None:
+    """The index in `forms` of the form in which Zarr v3's zarr.json is served, or None: no zarr.json.
+    zarr-python 3 (3.1, 3.4) opens zarr.json rather than .zgroup when both exist and no zarr_format is
+    named (xarray.open_zarr, consolidated or not), and reads it right in the `zarr` form; netCDF-C
+    (4.9.0, 4.10.1, in zarr and nczarr mode) and GDAL's Zarr driver (3.6, 3.10) read the v2 files and
+    never open zarr.json (measured: NOTES §6). So one process may use both. Only where forms are
+    served by reader: with one form for everyone (`--form`) every file is that form's."""
+    if len(forms) < 2:
+        return None
+    return next((n for n, f in enumerate(forms) if f.name == ZARR.name), None)
+
+
+def sees_zarr_json(form: Form) -> bool:
+    """Does a process served `form` find zarr.json (by its name: no listing shows it)? Not one in the
+    `zarr` form: its zarr-python reads the v2 files right, and with zarr.json beside .zgroup it would
+    warn at every open ("Both zarr.json (Zarr format 3) and .zgroup (Zarr format 2) metadata objects
+    exist"). Every other one (netCDF-C's, GDAL's, unidentified) does: its zarr-python cannot read, or
+    reads other values from, the v2 files in its form. Not listed, so that `cp -r`, `ls` and netCDF-C's
+    listings see the v2 store they saw before."""
+    return form.name != ZARR.name
 
 
 def served_array(info: ArrayInfo, form: Form, tree: "NCZarrTree | None" = None) -> tuple[dict, dict]:

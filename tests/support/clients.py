@@ -161,11 +161,12 @@ def bytes_form(a: np.ndarray) -> np.ndarray:
 
 def served(values: np.ndarray, view: str = "decoded") -> np.ndarray:
     """The oracle array as the ``view`` serves it (before any client decoding); "nczarr": the decoded
-    view in an NCZarr form read in nczarr mode (netCDF-C >= 4.9.3), where a scalar is a scalar."""
+    view in an NCZarr form read in nczarr mode (netCDF-C >= 4.9.3), where a scalar is a scalar; "zarr":
+    the decoded view as zarr-python reads it (its zarr form, or zarr.json: scalars are scalars)."""
     a = bytes_form(values)
     if view == "decoded" and a.ndim == 0:
         a = a.reshape(1)  # scalars are served as shape [1]
-    if view in ("decoded", "nczarr") and a.dtype.kind == "b":
+    if view in ("decoded", "nczarr", "zarr") and a.dtype.kind == "b":
         a = a.astype("u1")  # bool is served as |u1 0/1
     return a
 
