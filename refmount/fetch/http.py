@@ -49,7 +49,7 @@ import aiohttp
 import trio
 from yarl import URL
 
-from refmount.errors import FetchError, LoginFailed, ReadRefused, RemoteChanged, format_size
+from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused, RemoteChanged, format_size
 from refmount.fetch import direct
 from refmount.fetch.bridge import run_in_worker
 from refmount.fetch.pieces import piece_sizes, split
@@ -693,6 +693,8 @@ class HttpBackend:
                               f"temporary credentials from {redact(temporary.url)} (expired or revoked?)")
         if self.policy.retryable_status(status):
             raise _Retry(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
+        if status == 404:  # (a remote Zarr store's missing chunk: refmount.view.raw reads it as absent)
+            raise NotFound(f"{redact(url)}: HTTP {status} {resp.reason or ''}".rstrip())
         raise FetchError(f"{redact(url)}: HTTP {status} {resp.reason or ''}".rstrip())
 
     def _check_response(self, url: str, headers, total: int | None) -> None:
