@@ -346,7 +346,7 @@ def _array_nodes(documents: dict[str, bytes]):
 def load_remote_store(location: str, *, remote_options: dict | None = None, max_keys: int | None = None,
                       max_bytes: int | None = None) -> RefSet:
     store = RemoteStore(location, remote_options or {})
-    documents, _consolidated = _store_documents(store)
+    documents, consolidated = _store_documents(store)
     builder = RefSetBuilder(max_keys, max_bytes)
     keys = list(documents)
     builder.reserve(len(keys), f"the metadata of {quote(store.base)}")
@@ -363,7 +363,15 @@ def load_remote_store(location: str, *, remote_options: dict | None = None, max_
             builder.add_batch(batch, builder.url_ids(urls), np.zeros(n, np.int64), np.full(n, WHOLE_FILE, np.int64))
     refset = builder.build()
     refset.may_lack = True  # (chunk keys from the grid: a 404 is a chunk the store lacks)
+    how = "consolidated metadata" if consolidated else \
+        "metadata walked node by node, " + ("S3 listing" if store.listing == "s3" else "HTML index pages")
+    refset.format = (f"Zarr v{_version_of(documents)} store over {store.proto} ({how}; chunk keys from each "
+                     "array's grid, a chunk the server does not hold reads as the fill value)")
     return refset
+
+
+def _version_of(documents: dict[str, bytes]) -> int:
+    return 3 if any(posixpath.basename(k) == "zarr.json" for k in documents) else 2
 
 
 # -- zipped stores -----------------------------------------------------------------------------------------
@@ -412,7 +420,9 @@ def load_zipped_store(location: str, *, remote_options: dict | None = None, max_
             raise _fetch_failure(location, e) from None
         f.seek(0, os.SEEK_END)
         size = f.tell()
-        members = [m for m in archive.infolist() if not m.is_dir()]
+        # A name written twice (zarr's ZipStore appends a rewritten zarr.json or .zgroup): the last one
+        # in the central directory is the member, as zipfile and zarr read it.
+        members = list({m.filename: m for m in archive.infolist() if not m.is_dir()}.values())
         root = _zip_root([m.filename for m in members])
         builder = RefSetBuilder(max_keys, max_bytes)
         builder.reserve(len(members), f"the members of {quote(location)}")
@@ -423,8 +433,6 @@ def load_zipped_store(location: str, *, remote_options: dict | None = None, max_
             if not member.filename.startswith(root):
                 continue
             key = member.filename[len(root):]
-            if key in seen:
-                raise RefsError(f"{quote(location)} holds member {quote(member.filename)} twice")
             seen.add(key)
             if not _checked(key, location) or any(s.startswith(".") and s not in METADATA_NAMES for s in key.split("/")):
                 continue
@@ -461,4 +469,7 @@ def load_zipped_store(location: str, *, remote_options: dict | None = None, max_
         builder.add_batch(keys, url_ids, offsets, lengths, dict(inline))
     if not seen or not any(posixpath.basename(k) in METADATA_NAMES for k in seen):
         raise RefsError(f"{quote(location)} holds no Zarr store (no zarr.json, .zmetadata, .zgroup or .zarray)")
-    return builder.build()
+    refset = builder.build()
+    version = 3 if any(posixpath.basename(k) == "zarr.json" for k in seen) else 2
+    refset.format = f"zipped Zarr v{version} store ({len(seen):,} members; STORED chunks served as byte ranges of the zip)"
+    return refset

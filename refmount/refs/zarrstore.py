@@ -52,7 +52,9 @@ def load_zarr_store(location: str, *, max_keys: int | None = None, max_bytes: in
         if len(keys) >= BATCH:
             flush()
     flush()
-    return builder.build()
+    refset = builder.build()
+    refset.format = "Zarr v3 store (a local directory)"
+    return refset
 
 
 def _files(root: str):

@@ -337,7 +337,7 @@ def v2_refset(refset: RefSet) -> RefSet:
     builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
                       np.array([len(metadata[k]) for k in keys], np.int64), dict(enumerate(metadata.values())))
     out = builder.build()
-    for name in ("checksums", "snapshot_id", "may_lack"):
+    for name in ("checksums", "snapshot_id", "may_lack", "format"):
         if hasattr(refset, name):
             setattr(out, name, getattr(refset, name))
     out.shards = layouts
