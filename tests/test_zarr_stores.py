@@ -133,10 +133,13 @@ def access_log(nginx) -> list[str]:
     return (nginx.root / "logs" / "access.log").read_text().splitlines()
 
 
-def source_url(where: str, name: str, nginx, s3) -> tuple[str, list[str]]:
-    """(url, mount options) of a store served from `where`."""
+def source_url(where: str, name: str, nginx, s3, www: Path | None = None) -> tuple[str, list[str]]:
+    """(url, mount options) of a store served from `where` (or the local directory)."""
+    if where == "local":
+        return str(www / name), []
     if where == "s3":
         return f"s3://stores/{name}", ["--remote-options", json.dumps(s3)]
+
     return f"{nginx.url}/{'idx/' if where == 'index' else ''}{name}", []
 
 
@@ -152,12 +155,12 @@ def assert_same_datasets(mounted: Path, store, group: str | None = None) -> None
 
 
 CASES = [("http", "v2c"), ("http", "v3c"), ("index", "v2u"), ("index", "v3u"),
-         ("s3", "v2c"), ("s3", "v2u"), ("s3", "v3c"), ("s3", "v3u")]
+         ("s3", "v2c"), ("s3", "v2u"), ("s3", "v3c"), ("s3", "v3u"), ("local", "v2c"), ("local", "v2u")]
 
 
 @pytest.mark.parametrize("where,name", CASES, ids=[f"{w}-{n}" for w, n in CASES])
 def test_xarray_on_the_mount_equals_xarray_on_the_store(mount, www, nginx, s3, where, name):
-    url, args = source_url(where, f"{name}.zarr", nginx, s3)
+    url, args = source_url(where, f"{name}.zarr", nginx, s3, www)
     m = mount(url, "--view", "raw", *args)
     assert_same_datasets(m.path, str(www / f"{name}.zarr"))
     assert_same_datasets(m.path, str(www / f"{name}.zarr"), "sub")
@@ -197,11 +200,11 @@ def _declarations(dump: str) -> list[str]:
     return lines
 
 
-@pytest.mark.parametrize("where", ["http", "s3"])
+@pytest.mark.parametrize("where", ["http", "s3", "local"])
 def test_ncdump_of_the_decoded_view_equals_ncdump_of_the_store(mount, www, nginx, s3, where):
     """An uncompressed Zarr v2 store, which Debian's netCDF-C reads itself: the same dimensions, variables,
     groups and values, missing chunks included (which the decoded view marks as its declared fill)."""
-    url, args = source_url(where, "v2plain.zarr", nginx, s3)
+    url, args = source_url(where, "v2plain.zarr", nginx, s3, www)
     m = mount(url, *args)
     own = ncdump(f"file://{www / 'v2plain.zarr'}#mode=zarr,file")
     mine = ncdump(nczarr_url(m.path))
@@ -290,7 +293,7 @@ ZIP_CASES = [("local", 2), ("local", 3), ("http", 2), ("http", 3), ("s3", 2), ("
 @pytest.mark.parametrize("where,fmt", ZIP_CASES, ids=[f"{w}-v{f}" for w, f in ZIP_CASES])
 def test_a_zipped_store_equals_zarr_on_the_store(mount, www, nginx, s3, where, fmt):
     name = f"z{fmt}.zarr.zip"
-    url, args = (str(www / name), []) if where == "local" else source_url(where, name, nginx, s3)
+    url, args = source_url(where, name, nginx, s3, www)
     m = mount(url, "--view", "raw", *args)
     store = zarr.storage.ZipStore(str(www / name), mode="r")
     try:

@@ -104,6 +104,9 @@ class RemoteStore:
     """The documents of a store at `base` (http(s) or s3), each read whole in one request."""
 
     def __init__(self, base: str, remote_options: dict) -> None:
+        parts = urlsplit(base)
+        if parts.query or parts.fragment:  # (a key joined after a query would not be a key of the store)
+            raise RefsError(f"{quote(base)}: a Zarr store's url takes no query or fragment")
         self.base = base.rstrip("/")
         self.proto = protocol_of(base)
         self.remote_options = remote_options
@@ -219,7 +222,7 @@ def _walk(store: RemoteStore, version: int, root_doc: bytes) -> dict[str, bytes]
     while todo:
         path, depth, first = todo.pop()
         visited += 1
-        if visited > MAX_NODES:
+        if visited + len(todo) > MAX_NODES:  # (a listing of millions of children is refused as it comes)
             raise RefsError(f"{quote(store.base)} holds more than {MAX_NODES:,} groups and arrays")
         if version == 3:
             data = first or store.get(_join(path, "zarr.json"))
