@@ -336,3 +336,17 @@ def test_inspect_names_the_format(www, nginx):
     zipped = run_refmount("inspect", "--json", www / "z2.zarr.zip", timeout=120)
     rows = json.loads(zipped.stdout)
     assert rows and all(row["format"].startswith("zipped Zarr v2 store") for row in rows)
+
+
+def test_zip_member_names_outside_the_store_are_left_out(mount, tmp_path, www):
+    """Members named '../x', '/x' or 'a//b' never become keys (one log line each); the rest mounts."""
+    hostile = tmp_path / "hostile.zarr.zip"
+    with zipfile.ZipFile(www / "z2.zarr.zip") as src, zipfile.ZipFile(hostile, "w") as out:
+        for info in src.infolist():
+            out.writestr(info.filename, src.read(info))
+        for name in ("../../escape", "temp/../../escape", "a//b"):
+            out.writestr(zipfile.ZipInfo(name), b"x")
+    m = mount(hostile, "--view", "raw")
+    names = {str(p.relative_to(m.path)) for p in m.path.rglob("*")}
+    assert "temp/0.0" in names and not any("escape" in n or n.startswith("a") for n in names), names
+    assert m.log().count("left out") == 3

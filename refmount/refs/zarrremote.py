@@ -335,12 +335,7 @@ def _array_nodes(documents: dict[str, bytes]):
         if name not in ("zarr.json", ".zarray"):
             continue
         path = posixpath.dirname(key)
-        try:
-            meta = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            raise RefsError(f"metadata {quote(key)} is not JSON") from None
-        if not isinstance(meta, dict):
-            raise RefsError(f"metadata {quote(key)} is not a JSON object")
+        meta = _json(data, f"metadata {key}")
         if name == "zarr.json" and meta.get("node_type") != "array":
             continue
         yield path, meta, 3 if name == "zarr.json" else 2, key
