@@ -95,6 +95,9 @@ def _fetch_failure(url: str, e: Exception) -> RefmountError:
         reason = _connection_failure(e)
         if reason:
             return RefsError(f"cannot reach the server of {quote(redact(url))}: {reason}")
+    os_error = getattr(e, "os_error", None)  # (aiohttp's failed connections)
+    if isinstance(os_error, OSError):
+        return RefsError(f"cannot reach the server of {quote(redact(url))}: {os_error.strerror or os_error}")
     if isinstance(e, PermissionError):
         return RefsError(f"{quote(redact(url))}: access denied ({e})")
     return RefsError(f"cannot fetch {quote(redact(url))}: {type(e).__name__}: {e}")
