@@ -76,6 +76,10 @@ def www(tmp_path_factory) -> Path:
             store = zarr.storage.ZipStore(str(root / f"z{fmt}.zarr.zip"), mode="w")
             write_store(store, fmt)
             store.close()
+    for fmt in (2, 3):  # a store whose root is an array: no listing needed, even unconsolidated
+        array = zarr.create_array(str(root / f"array{fmt}.zarr"), shape=(5, 3), chunks=(2, 3), dtype="i8",
+                                  fill_value=-1, zarr_format=fmt, **_dims(fmt, ["p", "q"]))
+        array[:2] = np.arange(6).reshape(2, 3)
     # a zip whose chunks are DEFLATED (zip -r without -0)
     with zipfile.ZipFile(root / "z2.zarr.zip") as src, zipfile.ZipFile(root / "deflated.zarr.zip", "w",
                                                                         zipfile.ZIP_DEFLATED) as out:
@@ -220,9 +224,15 @@ def test_ncdump_of_the_decoded_view_equals_ncdump_of_the_store(mount, www, nginx
 
 @pytest.mark.parametrize("name", ["v2c", "v3c", "v3u"])
 def test_ncdump_header_makes_no_request_after_the_mount(mount, nginx, name):
+    start = len(access_log(nginx))
     m = mount(f"{nginx.url}/idx/{name}.zarr").wait_announced()
     time.sleep(0.3)
     before = access_log(nginx)
+    at_mount = [line.split()[1].rpartition("/")[2] for line in before[start:]]
+    if name.endswith("c"):  # consolidated: the metadata in one document, after a probe for v3's
+        assert at_mount == (["zarr.json", ".zmetadata"] if name == "v2c" else ["zarr.json"]), at_mount
+    else:  # node by node: metadata documents and index pages, never a chunk
+        assert all(n in ("zarr.json", "") for n in at_mount), at_mount
     header = subprocess.run([*NCDUMP, "-h", nczarr_url(m.path)], capture_output=True, text=True, timeout=60)
     assert header.returncode == 0, header.stderr
     assert "temp(y, x)" in header.stdout and "group: sub" in header.stdout
@@ -255,6 +265,15 @@ def test_a_refused_chunk_is_an_error_never_the_fill_value(mount, nginx):
     with pytest.raises(OSError) as e:
         (decoded.path / "temp" / "1.0").read_bytes()
     assert e.value.errno == errno.EIO
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_an_unconsolidated_root_array_needs_no_listing(mount, www, nginx, fmt):
+    m = mount(f"{nginx.url}/array{fmt}.zarr", "--view", "raw")
+    got = zarr.open_array(str(m.path), mode="r")
+    want = zarr.open_array(str(www / f"array{fmt}.zarr"), mode="r")
+    np.testing.assert_array_equal(got[...], want[...])
+    assert (got[...][2:] == -1).all()  # (chunks the store lacks)
 
 
 def test_an_unconsolidated_group_without_index_pages_is_refused_in_one_line(tmp_path, nginx):
