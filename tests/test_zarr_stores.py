@@ -369,3 +369,17 @@ def test_zip_member_names_outside_the_store_are_left_out(mount, tmp_path, www):
     names = {str(p.relative_to(m.path)) for p in m.path.rglob("*")}
     assert "temp/0.0" in names and not any("escape" in n or n.startswith("a") for n in names), names
     assert m.log().count("left out") == 3
+
+
+def test_an_oversized_metadata_document_is_refused_in_one_line(tmp_path, www, nginx):
+    """A .zmetadata past 64 MiB: read no further than that, and refused naming its url."""
+    big = www / "big.zarr"
+    big.mkdir(exist_ok=True)
+    with open(big / ".zmetadata", "wb") as f:
+        f.write(b'{"metadata": {}, "padding": "')
+        f.truncate((64 << 20) + 100)
+    (tmp_path / "mnt").mkdir()
+    result = run_refmount("mount", f"{nginx.url}/big.zarr", tmp_path / "mnt", timeout=120)
+    assert result.returncode != 0
+    line = result.stderr.strip()
+    assert "\n" not in line and "big.zarr/.zmetadata" in line and "larger than 64 MiB" in line, line

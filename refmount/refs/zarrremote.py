@@ -127,7 +127,7 @@ class RemoteStore:
         url = self.url(key)
         path = url if self.proto in ("http", "https") else url.split("://", 1)[1]
         try:
-            data = self.fs.cat_file(path)
+            data = self._read_bounded(path)
         except FileNotFoundError as e:
             failure = _fetch_failure(url, e)
             if "cannot reach" in str(failure):
@@ -138,6 +138,21 @@ class RemoteStore:
         if len(data) > MAX_METADATA_BYTES:
             raise RefsError(f"{quote(url)} is larger than {MAX_METADATA_BYTES >> 20} MiB")
         return data
+
+    def _read_bounded(self, path: str) -> bytes:
+        """At most MAX_METADATA_BYTES + 1 bytes of the object: a server that sends more (or ignores
+        Range) is read no further."""
+        if self.proto not in ("http", "https"):
+            return self.fs.cat_file(path, start=0, end=MAX_METADATA_BYTES + 1)
+        pieces, total = [], 0
+        with self.fs.open(path, "rb", block_size=0) as f:  # (one streamed GET)
+            while total <= MAX_METADATA_BYTES:
+                piece = f.read(min(1 << 20, MAX_METADATA_BYTES + 1 - total))
+                if not piece:
+                    break
+                pieces.append(piece)
+                total += len(piece)
+        return b"".join(pieces)
 
     def children(self, prefix: str) -> list[str] | None:
         """The names of the directories directly under `prefix` (a group's path), or None when the
