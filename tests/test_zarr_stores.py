@@ -101,6 +101,7 @@ def www(tmp_path_factory) -> Path:
     nodes = top["consolidated_metadata"]["metadata"]
     nodes["../secret"] = nodes["count"]
     nodes["sub/../../secret"] = nodes["count"]
+    nodes["/secret"] = nodes["count"]
     (evil3 / "zarr.json").write_text(json.dumps(top))
     return root
 
@@ -302,7 +303,7 @@ def test_keys_from_the_metadata_stay_inside_the_store(mount, nginx, s3, where, n
             except FileNotFoundError:
                 pass  # (a chunk the store lacks)
     assert "secret" not in {p.name for p in m.path.rglob("*")}
-    assert "left out" in m.log()
+    assert m.log().count("left out") >= 3
     if where == "http":
         paths = [line.split()[1] for line in access_log(nginx)[before:]]
         assert paths and all(p.startswith(f"/{name}/") or p == f"/{name}" for p in paths), paths

@@ -226,7 +226,7 @@ def _consolidated_v3(store: RemoteStore, root: bytes, doc: dict) -> dict[str, by
     for path, node in consolidated["metadata"].items():
         if not isinstance(path, str) or not isinstance(node, dict):
             continue
-        key = _join(path.strip("/"), "zarr.json")
+        key = _join(path, "zarr.json")
         if _checked(key, store.url("zarr.json")):
             documents[key] = json.dumps(node, allow_nan=True).encode()
     return documents
