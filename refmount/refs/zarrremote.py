@@ -145,7 +145,8 @@ class RemoteStore:
         if self.proto not in ("http", "https"):
             return self.fs.cat_file(path, start=0, end=MAX_METADATA_BYTES + 1)
         pieces, total = [], 0
-        with self.fs.open(path, "rb", block_size=0) as f:  # (one streamed GET)
+        # (one streamed GET: block_size 0 streams, and a size given spares fsspec's HEAD before it)
+        with self.fs.open(path, "rb", block_size=0, size=MAX_METADATA_BYTES) as f:
             while total <= MAX_METADATA_BYTES:
                 piece = f.read(min(1 << 20, MAX_METADATA_BYTES + 1 - total))
                 if not piece:
