@@ -52,6 +52,10 @@ _REMOTE = ("http", "https", "s3", "s3a")
 def zarr_store_kind(location: str) -> str | None:
     """'zip' for a zipped store (a name ending in .zip: a local file or a remote url), 'remote' for an
     http(s) or s3 url whose path ends in .zarr, else None. (Told by the name alone: no request.)"""
+    from refmount.refs.scan.sources import has_glob
+
+    if location.startswith("@") or has_glob(location):  # (many sources: refs/scan)
+        return None
     proto = protocol_of(location)
     path = urlsplit(location).path if proto in ("http", "https") else location.partition("?")[0]
     name = path.rstrip("/").lower()
