@@ -17,6 +17,15 @@ class FetchError(RefmountError):
     """Remote bytes could not be obtained (after the retry policy gave up)."""
 
 
+class NotFound(FetchError):
+    """The server says the object does not exist (HTTP 404, S3 NoSuchKey)."""
+
+
+class Absent(FetchError):
+    """A key that its store may lack (a chunk of a remote Zarr store's grid) is not there: the reader
+    gets ENOENT, and a chunk of the decoded view reads as its fill value."""
+
+
 class RemoteChanged(FetchError):
     """The remote object's validator (ETag/size) changed while mounted."""
 

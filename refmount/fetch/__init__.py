@@ -20,7 +20,7 @@ import time
 
 import trio
 
-from refmount.errors import FetchError, LoginFailed, ReadRefused
+from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused, RefmountError
 from refmount.fetch.bridge import asyncio_loop, run_on_asyncio
 from refmount.fetch.local import LocalBackend
 from refmount.fetch.protocols import reaches_local
@@ -210,7 +210,8 @@ class Fetcher:
             ago = time.monotonic() - failed[0]
             if ago < min(self.policy.failure_memory, max(1.0, self.policy.read_timeout)):
                 self.stats.error(url, "repeated")  # (the same kind: a refused login stays EACCES)
-                kind = LoginFailed if isinstance(failed[1], LoginFailed) else FetchError
+                # (the same kind: a refused login stays EACCES, a 404 stays a missing object)
+                kind = next((k for k in (LoginFailed, NotFound) if isinstance(failed[1], k)), FetchError)
                 error = kind(f"{failed[1]} ({ago:.1f}s ago; not retried yet)")
                 error.repeated = True  # (a refused login is logged once, not again at the kernel's retry)
                 raise error

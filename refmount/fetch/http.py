@@ -50,7 +50,7 @@ import aiohttp
 import trio
 from yarl import URL
 
-from refmount.errors import FetchError, LoginFailed, ReadRefused, RemoteChanged, format_size
+from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused, RemoteChanged, format_size
 from refmount.fetch import addresses, direct
 from refmount.fetch.bridge import run_in_worker
 from refmount.fetch.pieces import piece_sizes, split
@@ -703,8 +703,9 @@ class HttpBackend:
                               f"temporary credentials from {redact(temporary.url)} (expired or revoked?)")
         if self.policy.retryable_status(status):
             raise _Retry(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
-        error = FetchError(f"{redact(url)}: HTTP {status} {resp.reason or ''}".rstrip())
-        error.status = status  # (a 401/403 is said as such, a 404 may mean "absent")
+        # (a 401/403 is said as such; a 404 may mean "absent": a remote Zarr store's missing chunk)
+        error = (NotFound if status == 404 else FetchError)(f"{redact(url)}: HTTP {status} {resp.reason or ''}".rstrip())
+        error.status = status
         raise error
 
     def _check_response(self, url: str, headers, total: int | None) -> None:

@@ -16,7 +16,7 @@ import os
 import pyfuse3
 import trio
 
-from refmount.errors import LoginFailed, RefmountError
+from refmount.errors import Absent, LoginFailed, RefmountError
 from refmount.fuse.access import Caller
 from refmount.fuse.fs import FILE_MODE, Attributes, Filesystem, FsError
 
@@ -37,6 +37,8 @@ def _reply(handler):
             raise
         except FsError as e:
             raise pyfuse3.FUSEError(e.errno) from None
+        except Absent:  # a chunk its Zarr store does not hold: as a missing file of the store would be
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
         except RefmountError as e:  # fetch and decode failures: the reader gets EIO (EACCES), the log says why
             self.failed_reads += 1
             once = getattr(e, "once", None)  # a limit's refusal: said once, not at every read it refuses

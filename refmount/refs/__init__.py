@@ -44,7 +44,14 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
 
     if max_refs_size is None:
         max_refs_size = default_max_refs_size()
+    from refmount.refs.zarrremote import load_zarr_location, zarr_store_kind
+
     try:
+        zarr_kind = zarr_store_kind(location)  # (by its name: before a remote .zarr/ is taken for a prefix)
+        if zarr_kind is not None:
+            with load_deadline(load_timeout), memory_limit(memory_budget(max_keys, max_refs_size)):
+                return load_zarr_location(location, zarr_kind, remote_options=remote_options, max_keys=max_keys,
+                                          max_bytes=max_refs_size)
         if is_archive_source(location, remote_options, archive):
             options = archive or ArchiveOptions(remote_options=remote_options or {})
             return load_archive(location, options, max_keys=max_keys, max_refs_size=max_refs_size,

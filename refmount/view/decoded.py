@@ -29,7 +29,7 @@ from refmount.view.forms import (FORMS, joins_last_dimension, nczarr_tree, sees_
                                  served_group_attributes, zarr_json_form)
 from refmount.view.bounded import decode_bounded, decode_into
 from refmount.view.consolidated import consolidated_value
-from refmount.errors import RefmountError
+from refmount.errors import Absent, RefmountError
 from refmount.refs.origins import origins_of
 from refmount.cache.budget import ScratchLimiter
 from refmount.cache.lru import SingleFlightLRU
@@ -443,7 +443,15 @@ class DecodedView:
 
     async def size(self, i: int) -> int:
         known = self.known_size(i)
-        return known if known is not None else await self.raw.size(self._renamed.get(i, i))
+        if known is not None:
+            return known
+        try:
+            return await self.raw.size(self._renamed.get(i, i))
+        except Absent:
+            info = self._array_of_chunk(i)
+            if info is None:
+                raise
+            return info.out_chunk_bytes  # (read as the fill below)
 
     async def read(self, i: int, offset: int, size: int, form: int = 0):
         """The bytes, or a memoryview of a decoded chunk (a FUSE reply needs no copy). `form`: an
@@ -456,8 +464,34 @@ class DecodedView:
             return _fill_range(self._fill_keys[i], offset, size)
         info = self._chunk_info(i)
         if info is None:
-            return await self.raw.read(i, offset, size)
+            try:
+                return await self.raw.read(i, offset, size)
+            except Absent:
+                info = self._array_of_chunk(i)
+                if info is None:
+                    raise
+                return (await self._absent_chunk(i, info))[offset : offset + size]
         return (await self._decoded_chunk(i, info))[offset : offset + size]
+
+    # A chunk of a native Zarr store's grid that its server does not hold (refmount.errors.Absent) reads
+    # as the store's fill value, as zarr-python reads it: in the decoded view, a chunk of that fill,
+    # through the same transforms as a stored one.
+
+    def _array_of_chunk(self, i: int) -> ArrayInfo | None:
+        info = self._by_dir.get(self.refset.dir_id(i))
+        if info is None or info.hidden_reason or info.out_dtype is None:
+            return None
+        name = self.refset.key(i)[len(info.path) + 1 if info.path else 0:]
+        return info if info.chunk_index(name) is not None else None
+
+    async def _absent_chunk(self, i: int, info: ArrayInfo):
+        fills = getattr(self.refset, "absent_fills", None) or {}
+        fill = fills[info.path] if info.path in fills else info.zarray.get("fill_value")
+        if info.recode_from is not None:
+            raise DecodeError(f"chunk {self.refset.key(i)!r} is not in its store, and its strings have no fill")
+        number = fill_number(fill, info.dtype)
+        stored = np.full(info.chunk_shape or (1,), 0 if number is None else number, info.dtype).tobytes()
+        return await self._decode_in_thread(i, info, stored, True)
 
     async def read_all(self, i: int) -> bytes:
         return await self.read(i, 0, await self.size(i))
@@ -468,7 +502,11 @@ class DecodedView:
             if layout is not None:
                 return await self._inner_chunk(i, info, layout)
             # (a view of the cached bytes, not a copy: the buffer pool reuses no slot still viewed)
-            return await self._decode_in_thread(i, info, await self.raw.read(i, 0, await self.raw.size(i)))
+            try:
+                raw = await self.raw.read(i, 0, await self.raw.size(i))
+            except Absent:
+                return await self._absent_chunk(i, info)
+            return await self._decode_in_thread(i, info, raw)
 
         return await self._decoded.get(i if self._tag is None else (self._tag, i), decode)
 
@@ -483,7 +521,10 @@ class DecodedView:
         if not layout.has_shard(shard):  # a missing shard's chunk of the fill value (zarr3._fill_chunks)
             raw = await self.raw.read_all(i)
         else:
-            raw = await self._shard_reader.inner_chunk(i, layout, shard, local, key)
+            try:
+                raw = await self._shard_reader.inner_chunk(i, layout, shard, local, key)
+            except Absent:  # a shard its store does not hold
+                raw = None
             if raw is None:  # an empty inner chunk: the fill value, as the codecs would give it
                 return await self._decode_in_thread(i, info, layout.fill_chunk, True)
         return await self._decode_in_thread(i, info, raw)

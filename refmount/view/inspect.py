@@ -25,6 +25,8 @@ def _chunk_counts(refset, info) -> tuple[int, int]:
         present = trio.run(count)
         return present, max(expected - present, 0)
     present, expected = count_chunks(refset, info)
+    if getattr(refset, "may_lack", False):  # a native store's grid: which chunks exist is not listed
+        return None, None
     return present, max(expected - present, 0)
 
 
@@ -71,9 +73,12 @@ def run_inspect(location: str, *, remote_options: dict | None = None, as_json: b
                        data_url=data_url)
     rows = inspect_refs(v2_refset(refset), zarr3=True) if is_v3(refset) else inspect_refs(refset)
     refused = refused_rows(refset)
+    source = getattr(refset, "format", None)
     if as_json:
-        print(json.dumps(rows + refused, indent=2))
+        print(json.dumps([{**row, "format": source} for row in rows] + refused if source else rows + refused, indent=2))
         return 0
+    if source:
+        print(f"format: {source}")
     for row in refused:  # what a scanned data file holds that could not be referenced
         where = f"{row['file']}: " if row["file"] else ""
         print(f"{where}{row['variable']}: not referenced ({row['refused']})")
@@ -86,8 +91,9 @@ def run_inspect(location: str, *, remote_options: dict | None = None, as_json: b
     print("netCDF-C reads the decoded view exactly as 'file:///MNT#mode=nczarr,file' (4.9.0 reads it so in zarr mode too)")
     for row in rows:
         codecs = "+".join(map(str, row["codecs"])) or "none"
-        print(f"{row['array']}: {row['dtype']} shape {row['shape']} chunks {row['chunks']} codecs {codecs}; "
-              f"{row['chunks_present']} chunks present, {row['chunks_missing']} missing")
+        present = "chunks not listed (from the grid)" if row["chunks_present"] is None else \
+            f"{row['chunks_present']} chunks present, {row['chunks_missing']} missing"
+        print(f"{row['array']}: {row['dtype']} shape {row['shape']} chunks {row['chunks']} codecs {codecs}; {present}")
         for view in ("raw", "decoded"):
             for version, verdict in row[view].items():
                 print(f"    {view:<8}{version:<18}{verdict}")

@@ -15,7 +15,7 @@ import trio
 
 from refmount.cache.budget import MemoryBudget
 from refmount.cache.blocks import BlockCache
-from refmount.errors import FetchError
+from refmount.errors import Absent, FetchError, NotFound
 from refmount.fetch import Fetcher, redact
 from refmount.cache.lru import SingleFlightLRU
 from refmount.fetch.protocols import is_remote
@@ -464,6 +464,10 @@ class RawView:
         # read ahead only for scans. (Not over the disk cache, which fetches whole blocks only.)
         self.grid = GridAhead(refset, cache) if exact_small_reads else None
         self._whole_sizes = SingleFlightLRU(1 << 62)  # url id -> size of the whole remote object (all kept)
+        # A native Zarr store's chunk keys come from each array's grid (refs/zarrremote.py), whether or not
+        # the chunk was written: a 404 for one is a chunk that is not there, remembered (its url id).
+        self._may_lack = bool(getattr(refset, "may_lack", False))
+        self._absent: set[int] = set()
         self.past_end = PastEnd(refset)  # objects that end before a key's range does
         self.bytes_served = 0  # what readers got from remote objects (fetched / served = amplification)
         self.reads_served = 0
@@ -492,7 +496,15 @@ class RawView:
         if length == WHOLE_FILE:
             known = self._whole_sizes.peek(uid)
             if known is None:
-                known = await self._whole_sizes.get(uid, self._object_size(uid))
+                if uid in self._absent:
+                    raise Absent(f"{self.refset.key(i)!r} is not in its store")
+                try:
+                    known = await self._whole_sizes.get(uid, self._object_size(uid))
+                except NotFound:
+                    if not self._may_lack:
+                        raise
+                    self._absent.add(uid)  # (a 403 or 5xx stays an error: only a 404 is a missing chunk)
+                    raise Absent(f"{self.refset.key(i)!r} is not in its store") from None
                 self.past_end.learn(uid, known)  # (ranges of other keys may run past it)
             return known
         if uid == INLINE:

@@ -290,6 +290,7 @@ def v2_refset(refset: RefSet) -> RefSet:
     builder.url_ids(refset.urls)  # the same url ids as the v3 set
     metadata: dict[str, bytes] = {}
     layouts: dict[str, ShardLayout] = {}  # sharded arrays
+    absent_fills: dict[str, object] = {}  # array path -> its v3 fill_value in v2 form
     for d, path in enumerate(refset.dirs.paths):
         base = f"{path}/" if path else ""
         i = refset.find(base + "zarr.json")
@@ -317,6 +318,8 @@ def v2_refset(refset: RefSet) -> RefSet:
                         if isinstance(e, (Unsupported, UnsupportedSharding)) else
                         f"malformed zarr.json ({type(e).__name__}: {e})")
             continue
+        # (a chunk a native store lacks reads as the v3 fill: refmount.view.decoded._absent_chunk)
+        absent_fills[path] = v2_fill(meta.get("fill_value"), np.dtype(zarray["dtype"]))
         metadata[base + ".zarray"] = json.dumps(zarray, allow_nan=True).encode()
         metadata[base + ".zattrs"] = json.dumps(zattrs, allow_nan=True).encode()
         batches = list(_array_chunks(refset, path, meta, len(zarray["shape"]), zarray.get("dimension_separator", ".")))
@@ -334,10 +337,11 @@ def v2_refset(refset: RefSet) -> RefSet:
     builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
                       np.array([len(metadata[k]) for k in keys], np.int64), dict(enumerate(metadata.values())))
     out = builder.build()
-    for name in ("checksums", "snapshot_id", "origins"):  # (origins: what its inline keys were read from)
+    for name in ("checksums", "snapshot_id", "origins", "may_lack", "format"):  # (origins: what its inline keys were read from)
         if hasattr(refset, name):
             setattr(out, name, getattr(refset, name))
     out.shards = layouts
+    out.absent_fills = absent_fills
     return out
 
 

@@ -1,0 +1,496 @@
+"""Native Zarr stores that are not a local directory, as reference sets: a store over http(s) or S3
+(``https://host/x.zarr``, ``s3://bucket/x.zarr``), Zarr v2 or v3, and a zipped store (``x.zarr.zip``, as
+zarr's ZipStore writes it), local or remote.
+
+A remote store:
+- its metadata is read once, at mount, and served inline: v2's consolidated ``.zmetadata``, v3's
+  consolidated metadata in the root ``zarr.json``; without them, the hierarchy is walked node by node
+  (``.zgroup``/``.zarray``/``.zattrs`` or ``zarr.json``), each group's children found by the object store's
+  listing (S3 ListObjects, one level at a time) or over plain HTTP by the server's HTML index page. A
+  group without consolidated metadata on a server that gives no index cannot be listed: refused in one
+  line (only a store whose root is an array mounts so);
+- its chunk keys come from each array's grid (chunks are never listed), each a whole remote object; a
+  chunk the server answers 404 for is one the store lacks (`RefSet.may_lack`: refmount.view.raw reads
+  it as absent once and remembers; a 403 or 5xx stays an error);
+- every key passes `key_problem` (no ``..``, no empty or over-long segment) and its url is the store's
+  own url joined with it: no key reaches another host or a path outside the store.
+
+A zipped store: the zip's central directory (read from the end of the file, by ranged reads when it is
+remote) lists every member; each member's local header gives where its bytes begin. A STORED member
+is a byte range of the zip; metadata members are inlined (DEFLATED ones decompressed); a DEFLATED chunk
+refuses the mount in one line (zarr's ZipStore writes STORED members; ``zip -0`` makes them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import struct
+import zipfile
+from urllib.parse import quote as url_quote
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+
+from refmount.errors import RefmountError, RefsError, quote
+from refmount.fetch.protocols import is_remote, local_path, protocol_of
+from refmount.refs.model import INLINE, WHOLE_FILE, RefSet, RefSetBuilder, key_problem, name_problem
+
+log = logging.getLogger("refmount")
+
+BATCH = 4096
+MAX_METADATA_BYTES = 64 << 20  # one metadata document (consolidated metadata of a big hierarchy included)
+MAX_NODES = 100_000  # groups and arrays one walk of an unconsolidated store visits
+MAX_DEPTH = 64
+V2_METADATA = (".zgroup", ".zarray", ".zattrs", ".zmetadata")
+METADATA_NAMES = frozenset((*V2_METADATA, "zarr.json"))
+_REMOTE = ("http", "https", "s3", "s3a")
+
+
+def zarr_store_kind(location: str) -> str | None:
+    """'zip' for a zipped store (a name ending in .zip: a local file or a remote url), 'remote' for an
+    http(s) or s3 url whose path ends in .zarr, else None. (Told by the name alone: no request.)"""
+    from refmount.refs.scan.sources import has_glob
+
+    if location.startswith("@") or has_glob(location):  # (many sources: refs/scan)
+        return None
+    proto = protocol_of(location)
+    path = urlsplit(location).path if proto in ("http", "https") else location.partition("?")[0]
+    name = path.rstrip("/").lower()
+    if name.endswith(".zip"):
+        if proto in _REMOTE:
+            return "zip"
+        return "zip" if not is_remote(location) and os.path.isfile(local_path(location)) else None
+    if proto in _REMOTE and name.endswith(".zarr"):
+        return "remote"
+    return None
+
+
+def load_zarr_location(location: str, kind: str, *, remote_options: dict | None = None,
+                       max_keys: int | None = None, max_bytes: int | None = None) -> RefSet:
+    if kind == "zip":
+        return load_zipped_store(location, remote_options=remote_options, max_keys=max_keys, max_bytes=max_bytes)
+    return load_remote_store(location, remote_options=remote_options, max_keys=max_keys, max_bytes=max_bytes)
+
+
+# -- reading documents of a remote store -----------------------------------------------------------------
+
+def _filesystem(location: str, remote_options: dict):
+    import fsspec
+
+    from refmount.refs.source import fsspec_options
+
+    options = dict(remote_options)
+    if protocol_of(location) in ("s3", "s3a"):
+        options.pop("headers", None)
+    fs, _ = fsspec.core.url_to_fs(location, **fsspec_options(location, options))
+    return fs
+
+
+def _fetch_failure(url: str, e: Exception) -> RefmountError:
+    from refmount.fetch.stats import redact
+    from refmount.refs.source import _connection_failure
+
+    if isinstance(e, RefmountError):
+        return e
+    if isinstance(e, FileNotFoundError):
+        reason = _connection_failure(e)
+        if reason:
+            return RefsError(f"cannot reach the server of {quote(redact(url))}: {reason}")
+    os_error = getattr(e, "os_error", None)  # (aiohttp's failed connections)
+    if isinstance(os_error, OSError):
+        return RefsError(f"cannot reach the server of {quote(redact(url))}: {os_error.strerror or os_error}")
+    if isinstance(e, PermissionError):
+        return RefsError(f"{quote(redact(url))}: access denied ({e})")
+    return RefsError(f"cannot fetch {quote(redact(url))}: {type(e).__name__}: {e}")
+
+
+class RemoteStore:
+    """The documents of a store at `base` (http(s) or s3), each read whole in one request."""
+
+    def __init__(self, base: str, remote_options: dict) -> None:
+        parts = urlsplit(base)
+        if parts.query or parts.fragment:  # (a key joined after a query would not be a key of the store)
+            raise RefsError(f"{quote(base)}: a Zarr store's url takes no query or fragment")
+        self.base = base.rstrip("/")
+        self.proto = protocol_of(base)
+        self.remote_options = remote_options
+        self.fs = _filesystem(self.base, remote_options)
+        self.listing = "s3" if self.proto in ("s3", "s3a") else "index"
+
+    def url(self, key: str) -> str:
+        """The url of a key of the store: always under the store's own url (keys passed key_problem)."""
+        if self.proto in ("http", "https"):
+            return f"{self.base}/{url_quote(key, safe='/')}"
+        return f"{self.base}/{key}"
+
+    def get(self, key: str) -> bytes | None:
+        """The document at `key`, or None when the store does not hold it (404, NoSuchKey)."""
+        url = self.url(key)
+        path = url if self.proto in ("http", "https") else url.split("://", 1)[1]
+        try:
+            data = self._read_bounded(path)
+        except FileNotFoundError as e:
+            failure = _fetch_failure(url, e)
+            if "cannot reach" in str(failure):
+                raise failure from None
+            return None
+        except Exception as e:  # noqa: BLE001 - every backend's errors, said in one line
+            raise _fetch_failure(url, e) from None
+        if len(data) > MAX_METADATA_BYTES:
+            raise RefsError(f"{quote(url)} is larger than {MAX_METADATA_BYTES >> 20} MiB")
+        return data
+
+    def _read_bounded(self, path: str) -> bytes:
+        """At most MAX_METADATA_BYTES + 1 bytes of the object: a server that sends more (or ignores
+        Range) is read no further."""
+        if self.proto not in ("http", "https"):
+            return self.fs.cat_file(path, start=0, end=MAX_METADATA_BYTES + 1)
+        pieces, total = [], 0
+        # (one streamed GET: block_size 0 streams, and a size given spares fsspec's HEAD before it)
+        with self.fs.open(path, "rb", block_size=0, size=MAX_METADATA_BYTES) as f:
+            while total <= MAX_METADATA_BYTES:
+                piece = f.read(min(1 << 20, MAX_METADATA_BYTES + 1 - total))
+                if not piece:
+                    break
+                pieces.append(piece)
+                total += len(piece)
+        return b"".join(pieces)
+
+    def children(self, prefix: str) -> list[str] | None:
+        """The names of the directories directly under `prefix` (a group's path), or None when the
+        store cannot be listed (a plain HTTP server without index pages)."""
+        if self.listing == "s3":
+            root = self.base.split("://", 1)[1] + (f"/{prefix}" if prefix else "")
+            try:
+                listed = self.fs.ls(root, detail=True, refresh=True)
+            except FileNotFoundError:
+                return []
+            except Exception as e:  # noqa: BLE001
+                raise _fetch_failure(f"{self.proto}://{root}", e) from None
+            return sorted(posixpath.basename(item["name"].rstrip("/")) for item in listed
+                          if item.get("type") == "directory")
+        from refmount.refs.scan.sources import _fetch_index, index_links
+
+        page = self.url(prefix) + "/" if prefix else self.base + "/"
+        try:
+            final, html = _fetch_index(page, dict(self.remote_options.get("headers") or {}))
+        except RefmountError:
+            return None  # no index page: the hierarchy below cannot be known
+        _, dirs = index_links(final, html)
+        return sorted(unquote(urlsplit(d).path.rstrip("/").rpartition("/")[2]) for d in dirs)
+
+
+# -- the metadata of a store -------------------------------------------------------------------------------
+
+def _json(data: bytes, where: str):
+    try:
+        value = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise RefsError(f"{quote(where)} is not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise RefsError(f"{quote(where)} is not a JSON object")
+    return value
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}/{name}" if prefix else name
+
+
+def _checked(key: str, source: str) -> bool:
+    """Whether a key named by the store's metadata or listing may be a key of the tree (else it is
+    left out, with one log line naming it and where it came from)."""
+    problem = key_problem(key)
+    if problem is None:
+        return True
+    log.warning("%s: key %s left out: it %s", source, quote(key), problem)
+    return False
+
+
+def _consolidated_v2(store: RemoteStore, zmetadata: bytes) -> dict[str, bytes]:
+    doc = _json(zmetadata, store.url(".zmetadata"))
+    entries = doc.get("metadata")
+    if not isinstance(entries, dict):
+        raise RefsError(f"{quote(store.url('.zmetadata'))} has no 'metadata' object")
+    documents = {".zmetadata": zmetadata}
+    for key, value in entries.items():
+        if not isinstance(key, str) or posixpath.basename(key) not in V2_METADATA[:3]:
+            continue
+        if _checked(key, store.url(".zmetadata")) and isinstance(value, dict):
+            documents[key] = json.dumps(value, allow_nan=True).encode()
+    return documents
+
+
+def _consolidated_v3(store: RemoteStore, root: bytes, doc: dict) -> dict[str, bytes] | None:
+    consolidated = doc.get("consolidated_metadata")
+    if not isinstance(consolidated, dict) or not isinstance(consolidated.get("metadata"), dict):
+        return None
+    documents = {"zarr.json": root}
+    for path, node in consolidated["metadata"].items():
+        if not isinstance(path, str) or not isinstance(node, dict):
+            continue
+        key = _join(path, "zarr.json")
+        if _checked(key, store.url("zarr.json")):
+            documents[key] = json.dumps(node, allow_nan=True).encode()
+    return documents
+
+
+def _walk(store: RemoteStore, version: int, root_doc: bytes) -> dict[str, bytes]:
+    """The metadata documents of an unconsolidated store, node by node from the root."""
+    documents: dict[str, bytes] = {}
+    todo = [("", 0, root_doc)]
+    visited = 0
+    while todo:
+        path, depth, first = todo.pop()
+        visited += 1
+        if visited + len(todo) > MAX_NODES:  # (a listing of millions of children is refused as it comes)
+            raise RefsError(f"{quote(store.base)} holds more than {MAX_NODES:,} groups and arrays")
+        if version == 3:
+            data = first or store.get(_join(path, "zarr.json"))
+            if data is None:
+                continue  # a directory that is no node (a chunk directory, a leftover)
+            documents[_join(path, "zarr.json")] = data
+            group = _json(data, store.url(_join(path, "zarr.json"))).get("node_type") == "group"
+        else:
+            group = False
+            for name in (".zarray", ".zgroup"):
+                data = store.get(_join(path, name))
+                if data is not None:
+                    documents[_join(path, name)] = data
+                    group = name == ".zgroup"
+                    break
+            else:
+                continue
+            attrs = store.get(_join(path, ".zattrs"))
+            if attrs is not None:
+                documents[_join(path, ".zattrs")] = attrs
+        if not group:
+            continue
+        names = store.children(path)
+        if names is None:
+            if path == "":
+                raise RefsError(f"{quote(store.base)} has no consolidated metadata and its server gives no index "
+                                "page: the arrays of a group cannot be found over plain HTTP (consolidate it, "
+                                "e.g. zarr.consolidate_metadata, or serve it with an index)")
+            continue
+        if depth >= MAX_DEPTH:
+            raise RefsError(f"{quote(store.url(path))}: groups nest deeper than {MAX_DEPTH} levels")
+        for name in reversed(names):
+            if name.startswith(".") or name_problem(name) is not None:
+                if not name.startswith("."):
+                    log.warning("%s: entry %s left out: it %s", store.url(path), quote(name), name_problem(name))
+                continue
+            todo.append((_join(path, name), depth + 1, None))
+    return documents
+
+
+def _store_documents(store: RemoteStore) -> tuple[dict[str, bytes], bool]:
+    """(metadata documents by key, consolidated?)"""
+    root = store.get("zarr.json")
+    if root is not None:
+        documents = _consolidated_v3(store, root, _json(root, store.url("zarr.json")))
+        if documents is not None:
+            return documents, True
+        return _walk(store, 3, root), False
+    zmetadata = store.get(".zmetadata")
+    if zmetadata is not None:
+        return _consolidated_v2(store, zmetadata), True
+    for name in (".zgroup", ".zarray"):
+        if store.get(name) is not None:
+            return _walk(store, 2, None), False
+    raise RefsError(f"{quote(store.base)} is not a Zarr store (no zarr.json, .zmetadata, .zgroup or .zarray)")
+
+
+# -- chunk keys from each array's grid ---------------------------------------------------------------------
+
+def _grid_keys(meta: dict, version: int, where: str):
+    """(key prefix, separator, grid) of an array's chunk keys, from its metadata."""
+    if version == 3:
+        grid = meta.get("chunk_grid") or {}
+        if not isinstance(grid, dict) or grid.get("name") != "regular":
+            raise RefsError(f"{quote(where)}: chunk grid {grid.get('name') if isinstance(grid, dict) else grid!r} "
+                            "is not 'regular'")
+        chunks = (grid.get("configuration") or {}).get("chunk_shape")
+        encoding = meta.get("chunk_key_encoding") or {"name": "default"}
+        config = encoding.get("configuration") or {}
+        if encoding.get("name") == "v2":
+            head, sep = "", config.get("separator", ".")
+        elif encoding.get("name") == "default":
+            head, sep = "c", config.get("separator", "/")
+        else:
+            raise RefsError(f"{quote(where)}: chunk key encoding {encoding.get('name')!r} is not known")
+    else:
+        chunks = meta.get("chunks")
+        head, sep = "", meta.get("dimension_separator") or "."
+    shape = meta.get("shape")
+    if sep not in (".", "/"):
+        raise RefsError(f"{quote(where)}: separator {sep!r} is neither '.' nor '/'")
+    if not (isinstance(shape, list) and isinstance(chunks, list) and len(shape) == len(chunks)
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
+            and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in chunks)):
+        raise RefsError(f"{quote(where)}: shape {shape!r} and chunks {chunks!r} do not make a chunk grid")
+    return head, sep, [-(-n // c) for n, c in zip(shape, chunks)]
+
+
+def _chunk_keys(prefix: str, head: str, sep: str, grid: list[int]):
+    """Batches of the chunk keys of one array (under `prefix`), in C order over its grid: v3's default
+    encoding "c/1/0" (or "c.1.0"), v2's "1.0" (or "1/0"); a scalar's one chunk is "c" or "0"."""
+    if not grid:
+        yield [_join(prefix, head or "0")]
+        return
+    lead = (f"{prefix}/" if prefix else "") + (head + sep if head else "")
+    batch = []
+    for index in np.ndindex(*grid):  # (no chunk when a dimension is 0)
+        batch.append(lead + sep.join(map(str, index)))
+        if len(batch) >= BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _array_nodes(documents: dict[str, bytes]):
+    """(array path, metadata, Zarr version, where) of every array the documents describe."""
+    for key, data in documents.items():
+        name = posixpath.basename(key)
+        if name not in ("zarr.json", ".zarray"):
+            continue
+        path = posixpath.dirname(key)
+        meta = _json(data, f"metadata {key}")
+        if name == "zarr.json" and meta.get("node_type") != "array":
+            continue
+        yield path, meta, 3 if name == "zarr.json" else 2, key
+
+
+def load_remote_store(location: str, *, remote_options: dict | None = None, max_keys: int | None = None,
+                      max_bytes: int | None = None) -> RefSet:
+    store = RemoteStore(location, remote_options or {})
+    documents, consolidated = _store_documents(store)
+    builder = RefSetBuilder(max_keys, max_bytes)
+    keys = list(documents)
+    builder.reserve(len(keys), f"the metadata of {quote(store.base)}")
+    builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
+                      np.array([len(documents[k]) for k in keys], np.int64), dict(enumerate(documents.values())))
+    for path, meta, version, where in _array_nodes(documents):
+        head, sep, grid = _grid_keys(meta, version, store.url(where))
+        total = int(np.prod(grid, dtype=np.float64)) if grid else 1
+        builder.reserve(total, f"the chunk grid of array {quote(path or '/')}")
+        for batch in _chunk_keys(path, head, sep, grid):
+            urls = [store.url(k) for k in batch]
+            builder.reserve_bytes(sum(map(len, batch)) + sum(map(len, urls)), f"the chunk keys of {quote(path or '/')}")
+            n = len(batch)
+            builder.add_batch(batch, builder.url_ids(urls), np.zeros(n, np.int64), np.full(n, WHOLE_FILE, np.int64))
+    refset = builder.build()
+    refset.may_lack = True  # (chunk keys from the grid: a 404 is a chunk the store lacks)
+    how = "consolidated metadata" if consolidated else \
+        "metadata walked node by node, " + ("S3 listing" if store.listing == "s3" else "HTML index pages")
+    refset.format = (f"Zarr v{_version_of(documents)} store over {store.proto} ({how}; chunk keys from each "
+                     "array's grid, a chunk the server does not hold reads as the fill value)")
+    return refset
+
+
+def _version_of(documents: dict[str, bytes]) -> int:
+    return 3 if any(posixpath.basename(k) == "zarr.json" for k in documents) else 2
+
+
+# -- zipped stores -----------------------------------------------------------------------------------------
+
+def _open_zip(location: str, remote_options: dict):
+    if not is_remote(location):
+        try:
+            return open(local_path(location), "rb")
+        except OSError as e:
+            raise RefsError(f"cannot read {quote(location)}: {e.strerror}") from None
+    fs = _filesystem(location, remote_options)
+    path = location if protocol_of(location) in ("http", "https") else location.split("://", 1)[1]
+    try:  # (ranged reads from the end: the central directory, then each local header)
+        return fs.open(path, "rb", block_size=1 << 16, cache_type="readahead")
+    except Exception as e:  # noqa: BLE001
+        failure = _fetch_failure(location, e)
+        if isinstance(e, FileNotFoundError) and "cannot reach" not in str(failure):
+            raise RefsError(f"{quote(location)} was not found on its server") from None
+        raise failure from None
+
+
+def _zip_root(names: list[str]) -> str:
+    """The store's root inside the zip: '' (zarr's ZipStore), or the one top-level directory that holds
+    the root metadata (`zip -r x.zarr.zip x.zarr`)."""
+    if any(n in METADATA_NAMES for n in names):
+        return ""
+    tops = {n.partition("/")[0] for n in names}
+    if len(tops) == 1:
+        top = tops.pop()
+        if any(n == f"{top}/{m}" for n in names for m in METADATA_NAMES):
+            return top + "/"
+    return ""
+
+
+def load_zipped_store(location: str, *, remote_options: dict | None = None, max_keys: int | None = None,
+                      max_bytes: int | None = None) -> RefSet:
+    url = os.path.abspath(local_path(location)) if not is_remote(location) else location
+    with _open_zip(location, remote_options or {}) as f:
+        try:
+            archive = zipfile.ZipFile(f)
+        except zipfile.BadZipFile as e:
+            raise RefsError(f"{quote(location)} is not a zip file ({e})") from None
+        except RefmountError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a read of the remote file failed
+            raise _fetch_failure(location, e) from None
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        # A name written twice (zarr's ZipStore appends a rewritten zarr.json or .zgroup): the last one
+        # in the central directory is the member, as zipfile and zarr read it.
+        members = list({m.filename: m for m in archive.infolist() if not m.is_dir()}.values())
+        root = _zip_root([m.filename for m in members])
+        builder = RefSetBuilder(max_keys, max_bytes)
+        builder.reserve(len(members), f"the members of {quote(location)}")
+        uid = builder.url_id(url)
+        keys, url_ids, offsets, lengths, inline = [], [], [], [], {}
+        seen = set()
+        for member in sorted(members, key=lambda m: m.header_offset):
+            if not member.filename.startswith(root):
+                continue
+            key = member.filename[len(root):]
+            seen.add(key)
+            if not _checked(key, location) or any(s.startswith(".") and s not in METADATA_NAMES for s in key.split("/")):
+                continue
+            if member.flag_bits & 0x1:
+                raise RefsError(f"{quote(location)}: member {quote(member.filename)} is encrypted")
+            if posixpath.basename(key) in METADATA_NAMES:
+                if member.file_size > MAX_METADATA_BYTES:
+                    raise RefsError(f"{quote(location)}: member {quote(member.filename)} is larger than "
+                                    f"{MAX_METADATA_BYTES >> 20} MiB")
+                try:
+                    data = archive.read(member)  # (checks its CRC; DEFLATED metadata is decompressed)
+                except (zipfile.BadZipFile, NotImplementedError, OSError, EOFError) as e:
+                    raise RefsError(f"{quote(location)}: member {quote(member.filename)} cannot be read ({e})") from None
+                inline[len(keys)] = data
+                keys.append(key), url_ids.append(INLINE), offsets.append(0), lengths.append(len(data))
+                continue
+            if member.compress_type != zipfile.ZIP_STORED:
+                kind = {zipfile.ZIP_DEFLATED: "DEFLATED"}.get(member.compress_type, f"compressed (method {member.compress_type})")
+                raise RefsError(f"{quote(location)}: member {quote(member.filename)} is {kind}: only STORED chunks "
+                                "are served as byte ranges (zarr's ZipStore writes them so; rezip with zip -0)")
+            f.seek(member.header_offset)
+            header = f.read(30)
+            if len(header) != 30 or header[:4] != b"PK\x03\x04":
+                raise RefsError(f"{quote(location)}: member {quote(member.filename)} has no local header at "
+                                f"byte {member.header_offset}")
+            name_length, extra_length = struct.unpack("<HH", header[26:30])
+            start = member.header_offset + 30 + name_length + extra_length
+            if start + member.compress_size > size or member.compress_size != member.file_size:
+                raise RefsError(f"{quote(location)}: member {quote(member.filename)} runs past the end of the file")
+            keys.append(key), url_ids.append(uid), offsets.append(start), lengths.append(member.compress_size)
+            if len(keys) >= BATCH:
+                builder.add_batch(keys, url_ids, offsets, lengths, dict(inline))
+                keys, url_ids, offsets, lengths, inline = [], [], [], [], {}
+        builder.add_batch(keys, url_ids, offsets, lengths, dict(inline))
+    if not seen or not any(posixpath.basename(k) in METADATA_NAMES for k in seen):
+        raise RefsError(f"{quote(location)} holds no Zarr store (no zarr.json, .zmetadata, .zgroup or .zarray)")
+    refset = builder.build()
+    version = 3 if any(posixpath.basename(k) == "zarr.json" for k in seen) else 2
+    refset.format = f"zipped Zarr v{version} store ({len(seen):,} members; STORED chunks served as byte ranges of the zip)"
+    return refset

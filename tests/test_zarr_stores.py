@@ -1,0 +1,391 @@
+"""Native Zarr stores mounted where they are (issue 40): v2 and v3 stores written by zarr-python (with and
+without consolidated metadata, sharded, with missing chunks) served by nginx (with and without an index
+page) and by moto's S3, and zipped stores (zarr's ZipStore) local, over http and on S3.
+
+Oracles: xarray and zarr-python on the store itself; for the decoded view, Debian's ncdump on the same
+store where netCDF-C reads it (an uncompressed Zarr v2 store: 4.9.0 has no filters), else the values
+zarr-python reads; nginx's access log for the requests a mount makes."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_refmount
+from tests.support.clients import NCDUMP, compare_dumped, ncdump, nczarr_url, parse_ncdump
+from tests.support.moto import moto_server
+from tests.support.nginx import Nginx
+
+zarr = pytest.importorskip("zarr")
+xr = pytest.importorskip("xarray")
+
+S3 = {"key": "AKIATESTTESTTEST0000", "secret": "test/secret/0000"}
+STORES = ("v2c", "v2u", "v2plain", "v3c", "v3u")
+
+
+def _dims(fmt: int, names: list[str]) -> dict:
+    return {"dimension_names": names} if fmt == 3 else {"attributes": {"_ARRAY_DIMENSIONS": names}}
+
+
+def write_store(store, fmt: int, compressed: bool = True, consolidated: bool = True) -> None:
+    """A group with missing chunks (the bottom half of temp, the tail of count), a subgroup, and for v3
+    a sharded array (zstd) with missing shards and a blosc array."""
+    rng = np.random.default_rng(fmt)
+    g = zarr.open_group(store, mode="w", zarr_format=fmt, attributes={"title": f"zarr v{fmt}"})
+    plain = {} if compressed else {"compressors": None}
+    temp = g.create_array("temp", shape=(6, 8), chunks=(3, 4), dtype="f4", fill_value=-9.0, **plain,
+                          **_dims(fmt, ["y", "x"]))
+    temp[:3, :] = rng.random((3, 8)).astype("f4")
+    count = g.create_array("count", shape=(6,), chunks=(4,), dtype="i4", fill_value=7, **plain, **_dims(fmt, ["y"]))
+    count[:4] = np.arange(4)
+    sub = g.create_group("sub")
+    z = sub.create_array("z", shape=(4,), chunks=(2,), dtype="i2", fill_value=0, **plain, **_dims(fmt, ["w"]))
+    z[...] = [1, 2, 3, 4]
+    if fmt == 3:
+        sharded = g.create_array("sharded", shape=(8, 8), chunks=(2, 2), shards=(4, 4), dtype="i4", fill_value=3,
+                                 compressors=[zarr.codecs.ZstdCodec()], dimension_names=["a", "b"])
+        sharded[:4, :4] = np.arange(16).reshape(4, 4)
+        blosc = g.create_array("blosc", shape=(5, 4), chunks=(2, 4), dtype="<f8", fill_value=np.nan,
+                               compressors=[zarr.codecs.BloscCodec(cname="zstd", shuffle="bitshuffle")],
+                               dimension_names=["v", "u"])
+        blosc[:4] = rng.random((4, 4))
+    if consolidated:
+        zarr.consolidate_metadata(store)
+
+
+@pytest.fixture(scope="module")
+def www(tmp_path_factory) -> Path:
+    import warnings
+
+    root = tmp_path_factory.mktemp("www")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (consolidated v3 metadata, and ZipStore's rewritten members)
+        for name in STORES:
+            write_store(str(root / f"{name}.zarr"), int(name[1]), compressed=name != "v2plain",
+                        consolidated=name[2:] in ("c", "plain"))
+        for fmt in (2, 3):
+            store = zarr.storage.ZipStore(str(root / f"z{fmt}.zarr.zip"), mode="w")
+            write_store(store, fmt)
+            store.close()
+    for fmt in (2, 3):  # a store whose root is an array: no listing needed, even unconsolidated
+        array = zarr.create_array(str(root / f"array{fmt}.zarr"), shape=(5, 3), chunks=(2, 3), dtype="i8",
+                                  fill_value=-1, zarr_format=fmt, **_dims(fmt, ["p", "q"]))
+        array[:2] = np.arange(6).reshape(2, 3)
+    # a zip whose chunks are DEFLATED (zip -r without -0)
+    with zipfile.ZipFile(root / "z2.zarr.zip") as src, zipfile.ZipFile(root / "deflated.zarr.zip", "w",
+                                                                        zipfile.ZIP_DEFLATED) as out:
+        for info in src.infolist():
+            out.writestr(info.filename, src.read(info))
+    # a store whose consolidated metadata names keys outside itself, and a file it must never reach
+    evil = root / "evil.zarr"
+    shutil.copytree(root / "v2c.zarr", evil)
+    meta = json.loads((evil / ".zmetadata").read_text())
+    array = meta["metadata"]["count/.zarray"]
+    for bad in ("../secret/.zarray", "sub/../../secret/.zarray", "/abs/.zarray", "a//b/.zarray"):
+        meta["metadata"][bad] = array
+    (evil / ".zmetadata").write_text(json.dumps(meta))
+    (root / "secret").mkdir()
+    (root / "secret" / "0").write_bytes(b"secret")
+    evil3 = root / "evil3.zarr"
+    shutil.copytree(root / "v3c.zarr", evil3)
+    top = json.loads((evil3 / "zarr.json").read_text())
+    nodes = top["consolidated_metadata"]["metadata"]
+    nodes["../secret"] = nodes["count"]
+    nodes["sub/../../secret"] = nodes["count"]
+    nodes["/secret"] = nodes["count"]
+    (evil3 / "zarr.json").write_text(json.dumps(top))
+    return root
+
+
+LOG_FORMAT = "$request_method $uri $status"
+
+
+@pytest.fixture(scope="module")
+def nginx(www, tmp_path_factory):
+    """/idx/: the stores with nginx's autoindex; /: without index pages; /bad/: a missing chunk answered
+    403 and another 500."""
+    block = (f"root {www}; location /idx/ {{ alias {www}/; autoindex on; }} "
+             f"location /bad/ {{ alias {www}/; }} "
+             "location = /bad/v2c.zarr/temp/1.0 { return 403; } location = /bad/v2c.zarr/temp/1.1 { return 500; }")
+    with Nginx(tmp_path_factory.mktemp("nginx"), block, LOG_FORMAT) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def s3(www):
+    import s3fs
+
+    with moto_server() as endpoint:
+        options = {**S3, "endpoint_url": endpoint}
+        fs = s3fs.S3FileSystem(**options)
+        fs.mkdir("stores")
+        for path in sorted(www.rglob("*")):
+            if path.is_file():
+                fs.pipe_file(f"stores/{path.relative_to(www)}", path.read_bytes())
+        yield options
+
+
+def access_log(nginx) -> list[str]:
+    return (nginx.root / "logs" / "access.log").read_text().splitlines()
+
+
+def source_url(where: str, name: str, nginx, s3, www: Path | None = None) -> tuple[str, list[str]]:
+    """(url, mount options) of a store served from `where` (or the local directory)."""
+    if where == "local":
+        return str(www / name), []
+    if where == "s3":
+        return f"s3://stores/{name}", ["--remote-options", json.dumps(s3)]
+
+    return f"{nginx.url}/{'idx/' if where == 'index' else ''}{name}", []
+
+
+def assert_same_datasets(mounted: Path, store, group: str | None = None) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (xarray's note on unconsolidated stores)
+        with xr.open_zarr(str(mounted), group=group, consolidated=None) as got, \
+                xr.open_zarr(store, group=group, consolidated=None) as want:
+            assert sorted(got.variables) == sorted(want.variables)
+            xr.testing.assert_identical(got.load(), want.load())
+
+
+CASES = [("http", "v2c"), ("http", "v3c"), ("index", "v2u"), ("index", "v3u"),
+         ("s3", "v2c"), ("s3", "v2u"), ("s3", "v3c"), ("s3", "v3u"), ("local", "v2c"), ("local", "v2u")]
+
+
+@pytest.mark.parametrize("where,name", CASES, ids=[f"{w}-{n}" for w, n in CASES])
+def test_xarray_on_the_mount_equals_xarray_on_the_store(mount, www, nginx, s3, where, name):
+    url, args = source_url(where, f"{name}.zarr", nginx, s3, www)
+    m = mount(url, "--view", "raw", *args)
+    assert_same_datasets(m.path, str(www / f"{name}.zarr"))
+    assert_same_datasets(m.path, str(www / f"{name}.zarr"), "sub")
+    # the chunks the store lacks are not there (one request each, then remembered)
+    assert not os.path.exists(m.path / "temp" / ("c/1/0" if name.startswith("v3") else "1.0"))
+
+
+def store_values(store) -> dict[str, np.ndarray]:
+    group = zarr.open_group(store, mode="r")
+    return {path: np.asarray(array[...]) for path, array in group.arrays()} | \
+        {f"sub/{path}": np.asarray(array[...]) for path, array in group["sub"].arrays()}
+
+
+@pytest.mark.parametrize("where,name", [("http", "v3c"), ("index", "v3u"), ("s3", "v3c"), ("s3", "v2c")])
+def test_ncdump_of_the_decoded_view_reads_what_zarr_reads(mount, www, nginx, s3, where, name):
+    """Debian's ncdump has no filters and reads no Zarr v3: the decoded view's values (zstd, blosc,
+    shards, missing chunks and shards) against zarr-python's."""
+    url, args = source_url(where, f"{name}.zarr", nginx, s3)
+    m = mount(url, *args)
+    dumped = parse_ncdump(ncdump(nczarr_url(m.path)))
+    for path, values in store_values(str(www / f"{name}.zarr")).items():
+        fill = zarr.open_array(str(www / f"{name}.zarr"), path=path, mode="r").fill_value
+        compare_dumped(dumped[path], values.astype(values.dtype.newbyteorder("<")), [fill], f"ncdump {name} {path}")
+
+
+def _declarations(dump: str) -> list[str]:
+    """The dump's lines but its first (the dataset's name, from its path), its values, and _FillValue
+    attributes (the decoded view declares the Zarr fill_value as the netCDF _FillValue, which netCDF-C
+    reading a Zarr store itself does not: docs/views-and-clients.md)."""
+    lines, data = [], False
+    for line in dump.splitlines()[1:]:
+        data = data or line.strip() == "data:"
+        if data and not line.strip().startswith(("group:", "variables:", "}", "data:")) and "(" not in line:
+            continue
+        if ":_FillValue" not in line:
+            lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("where", ["http", "s3", "local"])
+def test_ncdump_of_the_decoded_view_equals_ncdump_of_the_store(mount, www, nginx, s3, where):
+    """An uncompressed Zarr v2 store, which Debian's netCDF-C reads itself: the same dimensions, variables,
+    groups and values, missing chunks included (which the decoded view marks as its declared fill)."""
+    url, args = source_url(where, "v2plain.zarr", nginx, s3, www)
+    m = mount(url, *args)
+    own = ncdump(f"file://{www / 'v2plain.zarr'}#mode=zarr,file")
+    mine = ncdump(nczarr_url(m.path))
+    assert _declarations(mine) == _declarations(own)
+    own_values, mine_values = parse_ncdump(own), parse_ncdump(mine)
+    assert sorted(own_values) == sorted(mine_values) == ["count", "sub/z", "temp"]
+    for path, values in store_values(str(www / "v2plain.zarr")).items():
+        fill = zarr.open_array(str(www / "v2plain.zarr"), path=path, mode="r").fill_value
+        expected = own_values[path].array(values.shape, values.dtype, None)
+        np.testing.assert_array_equal(expected, values)
+        compare_dumped(mine_values[path], expected, [fill], f"ncdump {path}")
+
+
+@pytest.mark.parametrize("name", ["v2c", "v3c", "v3u"])
+def test_ncdump_header_makes_no_request_after_the_mount(mount, nginx, name):
+    start = len(access_log(nginx))
+    m = mount(f"{nginx.url}/idx/{name}.zarr").wait_announced()
+    time.sleep(0.3)
+    before = access_log(nginx)
+    at_mount = [line.split()[1].rpartition("/")[2] for line in before[start:]]
+    if name.endswith("c"):  # consolidated: the metadata in one document, after a probe for v3's
+        assert at_mount == (["zarr.json", ".zmetadata"] if name == "v2c" else ["zarr.json"]), at_mount
+    else:  # node by node: metadata documents and index pages, never a chunk
+        assert all(n in ("zarr.json", "") for n in at_mount), at_mount
+    header = subprocess.run([*NCDUMP, "-h", nczarr_url(m.path)], capture_output=True, text=True, timeout=60)
+    assert header.returncode == 0, header.stderr
+    assert "temp(y, x)" in header.stdout and "group: sub" in header.stdout
+    time.sleep(0.3)
+    assert access_log(nginx)[len(before):] == []
+
+
+def test_a_missing_chunk_is_asked_for_once(mount, nginx):
+    m = mount(f"{nginx.url}/v2c.zarr", "--view", "raw")
+    before = len(access_log(nginx))
+    for _ in range(3):
+        with pytest.raises(FileNotFoundError):
+            open(m.path / "temp" / "1.1", "rb")
+    asked = [line for line in access_log(nginx)[before:] if "/v2c.zarr/temp/1.1" in line]
+    assert len(asked) == 1 and asked[0].endswith(" 404"), asked
+
+
+def test_a_refused_chunk_is_an_error_never_the_fill_value(mount, nginx):
+    """403 and 500 for chunks the store lacks: EIO in both views, never fill."""
+    raw = mount(f"{nginx.url}/bad/v2c.zarr", "--view", "raw", "--read-timeout", "2")
+    for key in ("temp/1.0", "temp/1.1"):
+        with pytest.raises(OSError) as e:
+            os.stat(raw.path / key)
+        assert e.value.errno == errno.EIO, key
+    assert "HTTP 403" in raw.log()
+    decoded = mount(f"{nginx.url}/bad/v2c.zarr", "--read-timeout", "2")
+    proc = subprocess.run([*NCDUMP, "-v", "temp", nczarr_url(decoded.path)], capture_output=True, text=True,
+                          timeout=120)
+    # (the rows that are there, then the error: no fill where the server refused)
+    assert proc.returncode != 0 and "Input/output error" in proc.stderr, proc.stderr
+    assert "_" not in proc.stdout.partition("temp =")[2], proc.stdout
+    with pytest.raises(OSError) as e:
+        (decoded.path / "temp" / "1.0").read_bytes()
+    assert e.value.errno == errno.EIO
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_an_unconsolidated_root_array_needs_no_listing(mount, www, nginx, fmt):
+    m = mount(f"{nginx.url}/array{fmt}.zarr", "--view", "raw")
+    got = zarr.open_array(str(m.path), mode="r")
+    want = zarr.open_array(str(www / f"array{fmt}.zarr"), mode="r")
+    np.testing.assert_array_equal(got[...], want[...])
+    assert (got[...][2:] == -1).all()  # (chunks the store lacks)
+
+
+def test_an_unconsolidated_group_without_index_pages_is_refused_in_one_line(tmp_path, nginx):
+    (tmp_path / "mnt").mkdir()
+    result = run_refmount("mount", f"{nginx.url}/v3u.zarr", tmp_path / "mnt", timeout=120)
+    assert result.returncode != 0
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    assert "no consolidated metadata" in line and "index" in line and "/v3u.zarr" in line
+
+
+@pytest.mark.parametrize("name", ["evil.zarr", "evil3.zarr"])
+@pytest.mark.parametrize("where", ["http", "s3"])
+def test_keys_from_the_metadata_stay_inside_the_store(mount, nginx, s3, where, name):
+    """Keys with '..', a leading '/' or an empty segment are left out (one log line each); every request
+    the mount makes is for a url under the store's own."""
+    url, args = source_url(where, name, nginx, s3)
+    before = len(access_log(nginx))
+    m = mount(url, "--view", "raw", *args)
+    for dirpath, _, files in os.walk(m.path):
+        for file in files:
+            try:
+                (Path(dirpath) / file).read_bytes()
+            except FileNotFoundError:
+                pass  # (a chunk the store lacks)
+    assert "secret" not in {p.name for p in m.path.rglob("*")}
+    assert m.log().count("left out") >= 3
+    if where == "http":
+        paths = [line.split()[1] for line in access_log(nginx)[before:]]
+        assert paths and all(p.startswith(f"/{name}/") or p == f"/{name}" for p in paths), paths
+
+
+ZIP_CASES = [("local", 2), ("local", 3), ("http", 2), ("http", 3), ("s3", 2), ("s3", 3)]
+
+
+@pytest.mark.parametrize("where,fmt", ZIP_CASES, ids=[f"{w}-v{f}" for w, f in ZIP_CASES])
+def test_a_zipped_store_equals_zarr_on_the_store(mount, www, nginx, s3, where, fmt):
+    name = f"z{fmt}.zarr.zip"
+    url, args = source_url(where, name, nginx, s3, www)
+    m = mount(url, "--view", "raw", *args)
+    store = zarr.storage.ZipStore(str(www / name), mode="r")
+    try:
+        want = store_values(store)
+        got = store_values(str(m.path))
+        assert sorted(got) == sorted(want)
+        for path in want:
+            np.testing.assert_array_equal(got[path], want[path], err_msg=path)
+        with xr.open_zarr(store, consolidated=True) as a, xr.open_zarr(str(m.path), consolidated=True) as b:
+            xr.testing.assert_identical(b.load(), a.load())
+    finally:
+        store.close()
+    # the decoded view: netCDF-C reads the same values
+    d = mount(url, *args)
+    dumped = parse_ncdump(ncdump(nczarr_url(d.path)))
+    store = zarr.storage.ZipStore(str(www / name), mode="r")
+    try:
+        group = zarr.open_group(store, mode="r")
+        for path, values in store_values(store).items():
+            compare_dumped(dumped[path], values.astype(values.dtype.newbyteorder("<")), [group[path].fill_value],
+                           f"ncdump {name} {path}")
+    finally:
+        store.close()
+
+
+def test_a_deflated_chunk_refuses_the_mount_in_one_line(tmp_path, www):
+    (tmp_path / "mnt").mkdir()
+    result = run_refmount("mount", www / "deflated.zarr.zip", tmp_path / "mnt", timeout=120)
+    assert result.returncode != 0
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line
+    # (the first chunk in the zip: zarr writes chunks concurrently, in no fixed order)
+    assert "deflated.zarr.zip" in line and "DEFLATED" in line
+    assert re.search(r"member '(temp/\d\.\d|count/\d|sub/z/\d)' is DEFLATED", line), line
+
+
+def test_inspect_names_the_format(www, nginx):
+    result = run_refmount("inspect", f"{nginx.url}/idx/v3u.zarr", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "format: Zarr v3 store over http (metadata walked node by node, HTML index pages" in result.stdout
+    assert "chunks not listed" in result.stdout
+    zipped = run_refmount("inspect", "--json", www / "z2.zarr.zip", timeout=120)
+    rows = json.loads(zipped.stdout)
+    assert rows and all(row["format"].startswith("zipped Zarr v2 store") for row in rows)
+
+
+def test_zip_member_names_outside_the_store_are_left_out(mount, tmp_path, www):
+    """Members named '../x', '/x' or 'a//b' never become keys (one log line each); the rest mounts."""
+    hostile = tmp_path / "hostile.zarr.zip"
+    with zipfile.ZipFile(www / "z2.zarr.zip") as src, zipfile.ZipFile(hostile, "w") as out:
+        for info in src.infolist():
+            out.writestr(info.filename, src.read(info))
+        for name in ("../../escape", "temp/../../escape", "a//b"):
+            out.writestr(zipfile.ZipInfo(name), b"x")
+    m = mount(hostile, "--view", "raw")
+    names = {str(p.relative_to(m.path)) for p in m.path.rglob("*")}
+    assert "temp/0.0" in names and not any("escape" in n or n.startswith("a") for n in names), names
+    assert m.log().count("left out") == 3
+
+
+def test_an_oversized_metadata_document_is_refused_in_one_line(tmp_path, www, nginx):
+    """A .zmetadata past 64 MiB: read no further than that, and refused naming its url."""
+    big = www / "big.zarr"
+    big.mkdir(exist_ok=True)
+    with open(big / ".zmetadata", "wb") as f:
+        f.write(b'{"metadata": {}, "padding": "')
+        f.truncate((64 << 20) + 100)
+    (tmp_path / "mnt").mkdir()
+    result = run_refmount("mount", f"{nginx.url}/big.zarr", tmp_path / "mnt", timeout=120)
+    assert result.returncode != 0
+    line = result.stderr.strip()
+    assert "\n" not in line and "big.zarr/.zmetadata" in line and "larger than 64 MiB" in line, line
