@@ -306,6 +306,20 @@ def test_containers_must_be_authorised(served):
     assert ok.returncode == 0, ok.stderr  # native chunks need no authorisation
 
 
+def test_a_remote_repository_reaches_no_local_file_even_through_an_authorised_container(served, tmp_path):
+    """A repository fetched over HTTP is a remote document: its virtual chunks may not be local files,
+    even when its container points there and is authorised (fetch/trust.py; issue 38). Mounted from
+    a local path, the same container is yours to point at local files."""
+    local = copy_sources(tmp_path / "local")
+    prefix = local.as_uri() + "/"
+    with RangeServer(DATA) as repos:
+        line = refused(f"{repos.url}/virtual", "--container", f"{CONTAINER}={prefix}", "--authorize-container", prefix)
+    assert "can reach local files" in line and str(local) in line, line
+    ok = run_refmount("mount", "--dry-run", DATA / "virtual", "--container", f"{CONTAINER}={prefix}",
+                      "--authorize-container", prefix, "/nonexistent-mountpoint")
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_versions_refused(tmp_path):
     assert "tag 'old'" in refused(DATA / "virtual", "--tag", "old") and "deleted" in refused(DATA / "virtual", "--tag", "old")
     line = refused(DATA / "native", "--branch", "nope")
