@@ -331,23 +331,28 @@ async def _from_sidecar(fetcher, entry: Entry, lookups, store, max_refs_size, po
         size, version = await _identify(fetcher, Entry(entry.name, entry.sidecar, *listed))
     if version:  # (what it was converted with is part of what it is)
         version = f"dmrpp {version}" + (f" data {data_url}" if data_url else "")
+    job = {**dmrpp_limits(), "data_url": data_url, "name": called or entry.sidecar}
     kept = store.get(entry.sidecar, version, max_refs_size) if version else None
-    if kept is not None and isinstance(kept.get("refs_json"), str):
+    if kept is not None and isinstance(kept.get("refs_json"), str) and isinstance(kept.get("keys"), int):
+        if job["max_keys"] is not None and kept["keys"] > job["max_keys"]:  # (the limits of this mount)
+            from refmount.refs.scan.worker import too_many_keys
+
+            raise ScanFailed(too_many_keys(job["name"], job["max_keys"], job["keys_limit"]))
         return Scanned(entry.name, data_url or entry.url, "dmrpp", kept["refs_json"].encode(),
                        kept.get("refused", []), version)
     if size > 256 << 20:
         raise ScanFailed(f"its DMR++ {redact(entry.sidecar)} is larger than 256 MiB")
-    job = {**dmrpp_limits(), "data_url": data_url, "name": called or entry.sidecar}
     async with pool.slots:
         scan = await pool.scan("dmrpp", entry.sidecar, size, job)
-    refs, refused = scan.get("refs"), scan.get("refused", [])
-    if not isinstance(refs, (bytes, bytearray)) or not isinstance(refused, list):
+    refs, refused, keys = scan.get("refs"), scan.get("refused", []), scan.get("keys")
+    if not isinstance(refs, (bytes, bytearray)) or not isinstance(refused, list) or not isinstance(keys, int):
         raise ScanFailed("the scanner gave no references")
     for note in scan.get("notes", []):
         log.info("%s", note)
     refused = [str(r) for r in refused]
     if version:  # (as one JSON string: a warm mount makes no dict of them either)
-        store.put(entry.sidecar, version, {"format": "dmrpp", "refs_json": refs.decode(), "refused": refused})
+        store.put(entry.sidecar, version, {"format": "dmrpp", "refs_json": refs.decode(), "refused": refused,
+                                           "keys": keys})
     return Scanned(entry.name, data_url or entry.url, "dmrpp", bytes(refs), refused, version)
 
 
@@ -520,6 +525,7 @@ def load_dmrpp(location: str, stream, options: ArchiveOptions, *, data_url: str 
             finally:
                 pool.close()
 
+    started = time.monotonic()
     try:
         scanned = trio.run(main)
     except (ScanFailed, FetchError) as e:
@@ -530,8 +536,13 @@ def load_dmrpp(location: str, stream, options: ArchiveOptions, *, data_url: str 
         if called:
             os.unlink(url)
     log_refused(scanned)
-    return refset_of(scanned.refs, location, max_keys=max_keys, max_refs_size=max_refs_size,
-                     max_value_size=max_value_size)
+    log.info("DMR++ %s: %d bytes of references in %.2f s (converted in a scan worker, or kept by the scan store)",
+             redact(location), len(scanned.refs), time.monotonic() - started)
+    try:
+        return refset_of(scanned.refs, location, max_keys=max_keys, max_refs_size=max_refs_size,
+                         max_value_size=max_value_size)
+    except RefsError as e:
+        raise RefsError(f"DMR++ file {quote(redact(location))}: {e}") from None
 
 
 def _copy_of(stream, location: str, max_refs_size: int | None) -> str:

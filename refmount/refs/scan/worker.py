@@ -224,8 +224,7 @@ class RefsWriter:
 
         self.count += len(refs)
         if self.max_keys is not None and self.count > self.max_keys:
-            raise RefsError(f"DMR++ file {quote(self.url)} makes more than {self.max_keys:,} keys ({self.keys_limit}); "
-                            "refused while it was read")
+            raise RefsError(too_many_keys(self.url, self.max_keys, self.keys_limit) + "; refused while it was read")
         piece = orjson.dumps(refs)[1:-1]
         if piece:
             if len(self.out) > 1:
@@ -238,6 +237,12 @@ class RefsWriter:
     def text(self) -> bytearray:
         self.out += b"}"
         return self.out
+
+
+def too_many_keys(url: str, max_keys: int, keys_limit: str) -> str:
+    from refmount.errors import quote
+
+    return f"DMR++ file {quote(url)} makes more than {max_keys:,} keys ({keys_limit})"
 
 
 class _BoundedReader:
@@ -281,7 +286,7 @@ def _scan_dmrpp(conn, url: str, size: int, job: dict) -> dict:
     refused = convert_dmrpp(stream, name, job.get("data_url"), emit=writer,
                             exists=lambda candidate: _ask(conn, ["exists", candidate]),
                             on_data_url=lambda data, how: notes.append(f"DMR++ {name}: data file {data} ({how})"))
-    return {"refs_json": writer.text(), "refused": refused, "notes": notes}
+    return {"refs_json": writer.text(), "refused": refused, "notes": notes, "keys": writer.count}
 
 
 _PARSER_MODULES = {"hdf5": "kerchunk.hdf", "netcdf3": "kerchunk.netCDF3", "grib": "kerchunk.grib2",
