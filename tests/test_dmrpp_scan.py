@@ -174,6 +174,15 @@ def test_duplicate_and_bad_names_drop_only_that_variable(caplog):
     assert len([r for r in caplog.records if "left out" in r.getMessage()]) == 6
 
 
+def test_a_flood_of_refused_variables_is_counted_not_logged_line_by_line(caplog):
+    from refmount.refs.dmrpp import MAX_REFUSED_LINES
+
+    refs, refused = dmrpp_to_refs(_dmrpp(_int32("a", 0) * (MAX_REFUSED_LINES + 500)), "/x/f.h5.dmrpp")
+    assert refs["a/0"] == ["/x/f.h5", 0, 4]
+    assert len(refused) == MAX_REFUSED_LINES + 1 and refused[-1].endswith(": 499 more variables or groups left out")
+    assert len(caplog.records) == MAX_REFUSED_LINES + 1
+
+
 def test_a_mount_keeps_the_first_of_two_variables_and_drops_a_long_name_alone(tmp_path, mount):
     data = np.array([11, 22, 33, 44, 55], dtype="<i4")
     (tmp_path / "f.h5").write_bytes(data.tobytes())

@@ -185,6 +185,7 @@ def dmrpp_to_refs(text: bytes, dmrpp_url: str, data_url: str | None = None, *,
 
 
 FEED_BYTES = 256 << 10  # what the streaming parser is fed at a time
+MAX_REFUSED_LINES = 1000  # variables refused one log line each; the rest are counted
 
 
 def convert_dmrpp(stream, dmrpp_url: str, data_url: str | None = None, *, emit, exists=None,
@@ -216,7 +217,7 @@ def convert_dmrpp(stream, dmrpp_url: str, data_url: str | None = None, *, emit, 
             break
     if converter is None:
         raise RefsError(f"DMR++ file {quote(dmrpp_url)} is not well-formed XML: no element found")
-    return converter.refused
+    return converter.finish()
 
 
 def _start(root, head: bytes, dmrpp_url: str, data_url, exists, on_data_url, emit) -> "_Converter":
@@ -254,6 +255,7 @@ class _Converter:
         self.groups: list[_Group] = []  # the groups open (the Dataset first)
         self.skipping = None  # a refused group: nothing in it is read
         self.refs_made = False  # whether the last conversion made any key
+        self.refused_count = 0
 
     # -- the stream ---------------------------------------------------------------------------------
     # Declarations (Dimension, Enumeration) count from where they appear, as DAP4 writes them: before use.
@@ -332,10 +334,22 @@ class _Converter:
             self._refuse("variable", full, e)
 
     def _refuse(self, what: str, full: str, reason: Refused) -> None:
+        self.refused_count += 1
+        if self.refused_count > MAX_REFUSED_LINES:
+            return  # (said once, at the end: a hostile file must not flood the log)
         shown = full if len(full) <= 200 else full[:196] + "..."
         message = f"DMR++ {self.dmrpp_url}: {what} {shown} left out: {reason}"
         log.warning("%s", message)
         self.refused.append(message)
+
+    def finish(self) -> list[str]:
+        """One message per variable refused (the first MAX_REFUSED_LINES, then how many more)."""
+        more = self.refused_count - len(self.refused)
+        if more > 0:
+            message = f"DMR++ {self.dmrpp_url}: {more:,} more variables or groups left out"
+            log.warning("%s", message)
+            self.refused.append(message)
+        return self.refused
 
     def _flush(self, convert, *args) -> None:
         """Convert one variable (or a group's metadata) into `self.refs`, then hand its keys on: a variable
