@@ -647,6 +647,9 @@ class ArchiveScanner:
         self.pool = ScanPool(read, workers=workers, memory=SCANNER_MEMORY, max_result=archive.max_refs_size,
                              timeout=archive.timeout, exists=exists_asker(options))
         self.lookups = trio.CapacityLimiter(max(16, 4 * options.connections))
+        # a DMR++'s key budget from what the daemon holds now, at mount: later its caches fill the target,
+        # and they give way (the governor) to what a lookup loads
+        self.dmrpp_limits = dmrpp_job(options, archive.max_keys)
         self.files_scanned = 0  # (from the store or scanned)
         self.seconds = 0.0
 
@@ -663,7 +666,7 @@ class ArchiveScanner:
         try:
             scanned = await scan_entry(entry, self.fetcher, self.read, self.pool, self.store, self.lookups,
                                        archive.max_refs_size,
-                                       dmrpp_limits=lambda: dmrpp_job(archive.options, archive.max_keys))
+                                       dmrpp_limits=lambda: self.dmrpp_limits)
         except ScanFailed as e:
             raise ScanRefused(entry.url, str(e)) from None
         log_refused(scanned)
