@@ -334,10 +334,10 @@ async def _from_sidecar(fetcher, entry: Entry, lookups, store, max_refs_size, po
     job = {**dmrpp_limits(), "data_url": data_url, "name": called or entry.sidecar}
     kept = store.get(entry.sidecar, version, max_refs_size) if version else None
     if kept is not None and isinstance(kept.get("refs_json"), str) and isinstance(kept.get("keys"), int):
-        if job["max_keys"] is not None and kept["keys"] > job["max_keys"]:  # (the limits of this mount)
+        if job.get("max_keys") is not None and kept["keys"] > job["max_keys"]:  # (the limits of this mount)
             from refmount.refs.scan.worker import too_many_keys
 
-            raise ScanFailed(too_many_keys(job["name"], job["max_keys"], job["keys_limit"]))
+            raise ScanFailed(too_many_keys(job["name"], job["max_keys"], job.get("keys_limit") or "--max-keys"))
         return Scanned(entry.name, data_url or entry.url, "dmrpp", kept["refs_json"].encode(),
                        kept.get("refused", []), version)
     if size > 256 << 20:
