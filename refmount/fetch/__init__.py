@@ -20,7 +20,7 @@ import time
 
 import trio
 
-from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused, RefmountError
+from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused
 from refmount.fetch.bridge import asyncio_loop, run_on_asyncio
 from refmount.fetch.local import LocalBackend
 from refmount.fetch.protocols import reaches_local

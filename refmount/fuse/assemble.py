@@ -16,7 +16,7 @@ from refmount.cache.malloc import give_back_freed_memory, malloc_statistics
 from refmount.cache.passing import PassingBlocks
 from refmount.cache.target import later_imports, plan_memory, resident_bytes
 from refmount.view.consolidated import with_consolidated_metadata
-from refmount.errors import FetchError, RefmountError
+from refmount.errors import FetchError
 from refmount.fetch import Fetcher, RetryPolicy, redact
 from refmount.fetch.stats import host_of
 from refmount.fetch.tls import set_ca_bundle

@@ -1,5 +1,5 @@
 """Reference-set loaders: JSON (v0/v1, optionally compressed, local or remote), Parquet, and
-OPeNDAP's DMR++ (XML, converted at load: refs/dmrpp.py).
+OPeNDAP's DMR++ (XML, converted at load in a capped scan worker: refs/dmrpp.py, refs/scan/).
 
 Everything is parsed once, at mount time, into a compact `RefSet`; reads never look at strings again.
 Every load is bounded (refs/limits.py): keys (--max-keys), reference text once decompressed and text
@@ -57,11 +57,17 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
             return load_archive(location, options, max_keys=max_keys, max_refs_size=max_refs_size,
                                 max_value_size=max_value_size, timeout=load_timeout)
         with load_deadline(load_timeout), memory_limit(memory_budget(max_keys, max_refs_size)):
-            refset = _load(location, remote_options, max_keys, progress, max_refs_size, version, containers,
+            loaded = _load(location, remote_options, max_keys, progress, max_refs_size, version, containers,
                            max_value_size, data_url)
-        if getattr(refset, "origins", None) is None:  # (a directory's loader says which of its files)
-            refset.origins = of_reference_source(location)  # its inline values are that file's bytes
-        return refset
+        if isinstance(loaded, _DmrppFound):  # converted in a scan worker, as a DMR++ in a glob is
+            from refmount.refs.scan.archive import load_dmrpp
+
+            loaded = load_dmrpp(location, loaded.stream, archive or ArchiveOptions(remote_options=remote_options or {}),
+                                data_url=data_url, max_keys=max_keys, max_refs_size=max_refs_size,
+                                max_value_size=max_value_size, timeout=load_timeout)
+        if getattr(loaded, "origins", None) is None:  # (a directory's loader says which of its files)
+            loaded.origins = of_reference_source(location)  # its inline values are that file's bytes
+        return loaded
     except ValueTooBig as e:
         key = f" (key {quote(e.key)})" if e.key is not None else ""
         raise RefsError(f"reference file {quote(location)} holds a single JSON value{key} larger than "
@@ -105,7 +111,7 @@ def _load(location, remote_options, max_keys, progress, max_refs_size, version=N
         # one opening tells JSON from a DMR++ (XML) by its first byte; the JSON loader reads on from it
         first = [open_reference_file(location, remote_options)]
         if _is_dmrpp(location, first[0]):
-            return _load_dmrpp(location, first[0], builder, max_refs_size, data_url, remote_options)
+            return _DmrppFound(first[0])
         if data_url:
             raise RefsError(f"--data-url applies to DMR++ files only; {quote(location)} is not one")
         try:
@@ -134,19 +140,12 @@ def _is_dmrpp(location: str, stream) -> bool:
     return bool(peek) and is_dmrpp_text(peek(64)[:64])
 
 
-def _load_dmrpp(location: str, stream, builder: RefSetBuilder, max_refs_size: int | None, data_url: str | None,
-                remote_options: dict | None):
-    """A DMR++ converted to a reference dict, then loaded as JSON references are."""
-    from refmount.refs.dmrpp import dmrpp_to_refs
-    from refmount.refs.jsonrefs import load_json
+class _DmrppFound:
+    """`_load`'s answer for a DMR++: the stream it opened (the conversion runs outside the loaders'
+    memory net and deadline, in a scan worker with limits of its own)."""
 
-    with stream:
-        text = stream.read(max_refs_size + 1) if max_refs_size else stream.read()
-    if max_refs_size and len(text) > max_refs_size:
-        raise RefsTooBig(max_refs_size)
-    refs, _refused = dmrpp_to_refs(text, location, data_url, remote_options=remote_options)
-    load_json(lambda: io.BytesIO(orjson.dumps(refs)), builder)
-    return builder.build()
+    def __init__(self, stream) -> None:
+        self.stream = stream
 
 
 def refs_from_dict(refs: dict, *, max_keys: int | None = DEFAULT_MAX_KEYS, piece_bytes: int | None = None,

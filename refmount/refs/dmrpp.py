@@ -6,7 +6,10 @@ A DMR++ is a DAP4 DMR (groups, dimensions, typed variables, attributes) whose va
 chunkPositionInArray= [href=]` per stored chunk), `dmrpp:compact` (the bytes, base64),
 `dmrpp:vlsa` (variable-length strings, their values) and `dmrpp:FixedLengthStringArray`.
 It is converted once, at load, into a kerchunk Version-0 reference dict (Zarr v2 metadata inline,
-chunks as [url, offset, length]), so the rest of refmount sees an ordinary reference set.
+chunks as [url, offset, length]), so the rest of refmount sees an ordinary reference set. The
+conversion streams (`convert_dmrpp`): each variable is converted and let go as soon as its XML ends,
+and the keys go to a sink that may refuse at any key; a mount runs it in a capped scan worker
+(refs/scan/worker.py), never in the daemon.
 
 The reading follows Hyrax's own (bes modules/dmrpp_module/DMZ.cc and Chunk.cc) and VirtualiZarr's
 DMR++ parser:
@@ -31,12 +34,14 @@ DMR++ parser:
   url without `.dmrpp`. A chunk's own `href` overrides it.
 
 What the format cannot give is refused per variable (one log line naming it and why); the rest
-mounts. A DMR++ that is not well-formed XML is a one-line error naming the file.
+mounts. So is a variable whose name cannot be a directory entry (refs.model.name_problem), and the
+second of two variables (or groups) of one path: the first is kept, never merged with it. A DMR++ that is not well-formed XML is a one-line error naming the file.
 """
 
 from __future__ import annotations
 
 import base64
+import io
 import json
 import logging
 import math
@@ -50,6 +55,7 @@ import numpy as np
 from refmount.errors import RefsError, quote
 from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
 from refmount.fetch.protocols import is_remote, local_path
+from refmount.refs.model import name_problem
 from refmount.refs.relative import base_of, is_relative, resolve
 
 log = logging.getLogger("refmount")
@@ -142,8 +148,13 @@ def _exists(url: str, remote_options: dict | None) -> bool | None:
         return None
 
 
-def data_url_of(root, dmrpp_url: str, data_url: str | None, remote_options: dict | None = None) -> tuple[str, str]:
-    """(url of the data file, how it was chosen) by the rules in the module docstring."""
+def data_url_of(root, dmrpp_url: str, data_url: str | None, remote_options: dict | None = None, *,
+                exists=None) -> tuple[str, str]:
+    """(url of the data file, how it was chosen) by the rules in the module docstring. `exists` (url ->
+    True, False or None: cannot tell) answers whether a file is there; by default `_exists`."""
+    if exists is None:
+        def exists(url):
+            return _exists(url, remote_options)
     if data_url:
         return data_url, "--data-url"
     href = (_attr(root, "href") or "").strip()
@@ -163,9 +174,9 @@ def data_url_of(root, dmrpp_url: str, data_url: str | None, remote_options: dict
         how = "dmrpp:href"
     else:
         candidate, how = resolve(href, base_of(dmrpp_url)), "dmrpp:href relative to the DMR++"
-    if sibling is not None and candidate != sibling and _exists(candidate, remote_options) is False:
+    if sibling is not None and candidate != sibling and exists(candidate) is False:
         # Hyrax writes hrefs relative to its own data root (data/dmrpp/X.h5): then the file beside the DMR++
-        if is_remote(sibling) or _exists(sibling, remote_options):
+        if is_remote(sibling) or exists(sibling):
             return sibling, f"the DMR++'s own name without .dmrpp (its dmrpp:href {href!r} does not exist)"
     return candidate, how
 
@@ -174,77 +185,202 @@ def dmrpp_to_refs(text: bytes, dmrpp_url: str, data_url: str | None = None, *,
                   remote_options: dict | None = None) -> tuple[dict, list[str]]:
     """A kerchunk Version-0 reference dict of the DMR++ `text` read from `dmrpp_url`, and one message
     per variable refused. `data_url` points the chunks at another copy of the data file;
-    `remote_options` are used to ask whether a relative href's file exists."""
-    try:
-        root = ElementTree.fromstring(text)
-    except ElementTree.ParseError as e:
-        raise RefsError(f"DMR++ file {quote(dmrpp_url)} is not well-formed XML: {e}") from None
-    if _local(root.tag) != "Dataset" or DMRPP_NAMESPACE.encode() not in text[:1 << 20]:
+    `remote_options` are used to ask whether a relative href's file exists. (In memory, for tests and
+    tools: a mount converts in a scan worker, refs/scan/worker.py, through `convert_dmrpp`.)"""
+    refs: dict = {}
+    refused = convert_dmrpp(io.BytesIO(text), dmrpp_url, data_url, emit=refs.update,
+                            exists=lambda url: _exists(url, remote_options))
+    return refs, refused
+
+
+FEED_BYTES = 256 << 10  # what the streaming parser is fed at a time
+MAX_REFUSED_LINES = 1000  # variables refused one log line each; the rest are counted
+
+
+def convert_dmrpp(stream, dmrpp_url: str, data_url: str | None = None, *, emit, exists=None,
+                  on_data_url=None) -> list[str]:
+    """Convert the DMR++ read from binary `stream` as it is parsed: each variable (and each group's own
+    metadata) is handed to `emit` (a dict of its keys) once read, and its XML is dropped, so the memory
+    held is one variable's, not the document's; `emit` may refuse (raise) at any key. Returns one
+    message per variable refused. `exists`: as for `data_url_of`; `on_data_url(url, how)`: told the
+    data file chosen."""
+    parser = ElementTree.XMLPullParser(events=("start", "end"))
+    converter: _Converter | None = None
+    head = b""
+    while True:
+        data = stream.read(FEED_BYTES)
+        if len(head) < 1 << 20:
+            head += data[: (1 << 20) - len(head)]
+        try:
+            if data:
+                parser.feed(data)
+            else:
+                parser.close()
+            for event, element in parser.read_events():
+                if converter is None:  # the root's start: its attributes name the data file
+                    converter = _start(element, head, dmrpp_url, data_url, exists, on_data_url, emit)
+                converter.event(event, element)
+        except ElementTree.ParseError as e:
+            raise RefsError(f"DMR++ file {quote(dmrpp_url)} is not well-formed XML: {e}") from None
+        if not data:
+            break
+    if converter is None:
+        raise RefsError(f"DMR++ file {quote(dmrpp_url)} is not well-formed XML: no element found")
+    return converter.finish()
+
+
+def _start(root, head: bytes, dmrpp_url: str, data_url, exists, on_data_url, emit) -> "_Converter":
+    if _local(root.tag) != "Dataset" or DMRPP_NAMESPACE.encode() not in head:
         raise RefsError(f"{quote(dmrpp_url)} is XML but not a DMR++ (a DAP4 Dataset with the dmrpp namespace)")
-    url, how = data_url_of(root, dmrpp_url, data_url, remote_options)
+    url, how = data_url_of(root, dmrpp_url, data_url, exists=exists)
     if not is_remote(url):  # a path relative to the working directory: it must not depend on the daemon's
         url = os.path.abspath(local_path(url))
     log.info("DMR++ %s: data file %s (%s)", dmrpp_url, url, how)
-    converter = _Converter(dmrpp_url, url)
-    converter.group(root, "", {})
-    return converter.refs, converter.refused
+    if on_data_url is not None:
+        on_data_url(url, how)
+    return _Converter(dmrpp_url, url, emit)
+
+
+class _Group:
+    """A group open in the stream: its path, and the dimensions, enumerations and anonymous dimensions
+    declared so far (in it and around it)."""
+
+    def __init__(self, element, path: str, dims: dict, enums: dict) -> None:
+        self.element, self.path, self.dims, self.enums = element, path, dims, enums
+        self.phony: list[tuple[str, int]] = []  # this group's anonymous dimensions, in order
 
 
 class _Converter:
-    def __init__(self, dmrpp_url: str, data_url: str) -> None:
+    def __init__(self, dmrpp_url: str, data_url: str, emit) -> None:
         self.dmrpp_url = dmrpp_url
         self.data_url = data_url
         self.base = base_of(dmrpp_url)
-        self.refs: dict = {}
+        self.emit = emit
+        self.refs: dict = {}  # the keys of the variable (or group) being converted
         self.refused: list[str] = []
         self.phony_count = 0
         self.enum_names: dict[str, list] = {}  # enumeration -> its (name, value) pairs
         self.fill_chunks = MAX_FILL_CHUNKS  # what is left of the budget for missing chunks written out
         self.fill_bytes = MAX_FILL_BYTES
+        self.names: set[str] = set()  # the variables and groups converted: a second of one name is refused
+        self.open: list = []  # the elements open in the stream, outermost first
+        self.groups: list[_Group] = []  # the groups open (the Dataset first)
+        self.skipping = None  # a refused group: nothing in it is read
+        self.refs_made = False  # whether the last conversion made any key
+        self.refused_count = 0
 
-    # -- groups -------------------------------------------------------------------------------------
+    # -- the stream ---------------------------------------------------------------------------------
+    # Declarations (Dimension, Enumeration) count from where they appear, as DAP4 writes them: before use.
 
-    def group(self, element, path: str, outer_dims: dict, outer_enums: dict | None = None) -> None:
-        """`outer_dims`: fully qualified name -> size of the dimensions declared so far; `outer_enums`:
-        fully qualified name -> base type of the enumerations."""
-        dims = dict(outer_dims)
-        enums = dict(outer_enums or {})
-        for enum in _children(element, "Enumeration"):
-            enums[f"{path}/{_attr(enum, 'name')}"] = _attr(enum, "basetype")
-            self.enum_names[f"{path}/{_attr(enum, 'name')}"] = [
-                (_attr(const, "name") or "", _attr(const, "value")) for const in _children(enum, "EnumConst")]
-        for dim in _children(element, "Dimension"):
-            name = _attr(dim, "name")
-            try:
-                dims[f"{path}/{name}"] = int(_attr(dim, "size"))
-            except (TypeError, ValueError):
-                raise RefsError(f"DMR++ file {quote(self.dmrpp_url)}: dimension {path}/{name} has no valid "
-                                "size") from None
-        prefix = f"{path.lstrip('/')}/" if path else ""
+    def event(self, event: str, element) -> None:
+        if event == "start":
+            parent = self.open[-1] if self.open else None
+            self.open.append(element)
+            if self.skipping is not None:
+                return
+            if parent is None:
+                self.groups.append(_Group(element, "", {}, {}))
+            elif parent is self.groups[-1].element and _local(element.tag) == "Group":
+                group = self.groups[-1]
+                full = f"{group.path}/{_attr(element, 'name') or ''}"
+                try:
+                    self._check_name(full, _attr(element, "name") or "")
+                except Refused as e:
+                    self._refuse("group", full, e)
+                    self.skipping = element
+                    return
+                self.names.add(full)
+                self.groups.append(_Group(element, full, dict(group.dims), dict(group.enums)))
+            return
+        self.open.pop()
+        parent = self.open[-1] if self.open else None
+        if self.skipping is not None:
+            if element is self.skipping:
+                self.skipping = None
+            _drop(parent, element)
+            return
+        group = self.groups[-1] if self.groups else None
+        if group is not None and element is group.element:
+            self._flush(self._group_metadata, group)
+            self.groups.pop()
+            _drop(parent, element)
+        elif group is not None and parent is group.element:
+            kind = _local(element.tag)
+            if kind == "Attribute":
+                return  # kept: the group's attributes, read when it ends
+            if kind == "Dimension":
+                self._dimension(element, group)
+            elif kind == "Enumeration":
+                group.enums[f"{group.path}/{_attr(element, 'name')}"] = _attr(element, "basetype")
+                self.enum_names[f"{group.path}/{_attr(element, 'name')}"] = [
+                    (_attr(const, "name") or "", _attr(const, "value")) for const in _children(element, "EnumConst")]
+            elif kind == "Enum" or kind in DAP_TYPES or kind in STRING_TYPES or kind in REFUSED_TYPES:
+                self._top_variable(element, kind, group)
+            _drop(parent, element)
+
+    def _dimension(self, dim, group: _Group) -> None:
+        name = _attr(dim, "name")
+        try:
+            group.dims[f"{group.path}/{name}"] = int(_attr(dim, "size"))
+        except (TypeError, ValueError):
+            raise RefsError(f"DMR++ file {quote(self.dmrpp_url)}: dimension {group.path}/{name} has no valid "
+                            "size") from None
+
+    def _check_name(self, full: str, name: str) -> None:
+        """Refused unless `name` can be an entry of the tree (refs.model.name_problem, the one check) and
+        no variable or group of this path was converted before (the first one of a name is kept: two
+        would be merged into one array)."""
+        problem = name_problem(name)
+        if problem is not None:
+            raise Refused(f"its name {quote(name, 60)} {problem}")
+        if full in self.names:
+            raise Refused("a variable or group of this name came before it (the first is kept)")
+
+    def _top_variable(self, element, kind: str, group: _Group) -> None:
+        name = _attr(element, "name") or ""
+        full = f"{group.path}/{name}"
+        try:
+            self._check_name(full, name)
+            self._flush(self.variable, element, kind, full, group.dims, group.phony, group.enums)
+            if self.refs_made:
+                self.names.add(full)
+        except Refused as e:
+            self._refuse("variable", full, e)
+
+    def _refuse(self, what: str, full: str, reason: Refused) -> None:
+        self.refused_count += 1
+        if self.refused_count > MAX_REFUSED_LINES:
+            return  # (said once, at the end: a hostile file must not flood the log)
+        shown = full if len(full) <= 200 else full[:196] + "..."
+        message = f"DMR++ {self.dmrpp_url}: {what} {shown} left out: {reason}"
+        log.warning("%s", message)
+        self.refused.append(message)
+
+    def finish(self) -> list[str]:
+        """One message per variable refused (the first MAX_REFUSED_LINES, then how many more)."""
+        more = self.refused_count - len(self.refused)
+        if more > 0:
+            message = f"DMR++ {self.dmrpp_url}: {more:,} more variables or groups left out"
+            log.warning("%s", message)
+            self.refused.append(message)
+        return self.refused
+
+    def _flush(self, convert, *args) -> None:
+        """Convert one variable (or a group's metadata) into `self.refs`, then hand its keys on: a variable
+        refused half way leaves no key behind."""
+        self.refs = {}
+        convert(*args)
+        self.refs_made = bool(self.refs)
+        if self.refs:
+            self.emit(self.refs)
+        self.refs = {}
+
+    def _group_metadata(self, group: _Group) -> None:
+        prefix = f"{group.path.lstrip('/')}/" if group.path else ""
         self.refs[f"{prefix}.zgroup"] = json.dumps({"zarr_format": 2})
-        attrs = self.attributes(element, top=not path)
+        attrs = self.attributes(group.element, top=not group.path)
         if attrs:
             self.refs[f"{prefix}.zattrs"] = _dumps(attrs)
-        phony: list[tuple[str, int]] = []  # this group's anonymous dimensions, in order
-        for child in element:
-            kind = _local(child.tag)
-            if kind not in ("Group", "Enum") and kind not in DAP_TYPES and kind not in STRING_TYPES \
-                    and kind not in REFUSED_TYPES:
-                continue  # Dimension, Attribute, Enumeration (a type), dmrpp: elements
-            name = _attr(child, "name") or ""
-            full = f"{path}/{name}"
-            try:
-                if not name or "/" in name or name in (".", ".."):
-                    raise Refused(f"its name {name!r} cannot be a path")
-                if kind == "Group":
-                    self.group(child, full, dims, enums)
-                else:
-                    self.variable(child, kind, full, dims, phony, enums)
-            except Refused as e:
-                what = "group" if kind == "Group" else "variable"
-                message = f"DMR++ {self.dmrpp_url}: {what} {full} left out: {e}"
-                log.warning("%s", message)
-                self.refused.append(message)
 
     # -- attributes ---------------------------------------------------------------------------------
 
@@ -578,6 +714,15 @@ class _Converter:
             url = self.data_url if not href else self.chunk_url(href)
             out[key] = [url, offset, length]
         return out
+
+
+def _drop(parent, element) -> None:
+    """Let go of a converted element (at its end it is its parent's last child so far)."""
+    if parent is not None:
+        if len(parent) and parent[-1] is element:
+            del parent[-1]
+        else:
+            parent.remove(element)
 
 
 def _raw_attr(element, name: str):

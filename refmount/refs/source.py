@@ -181,7 +181,11 @@ def compression_of(location: str, head: bytes) -> str | None:
 
 def open_reference_file(location: str, remote_options: dict | None = None):
     """A readable binary stream of the (decompressed) reference file."""
-    raw = _open_raw(location, remote_options or {})
+    return decompressed(_open_raw(location, remote_options or {}), location)
+
+
+def decompressed(raw, location: str):
+    """Binary stream `raw` of `location`, decompressed if its name or first bytes say it is compressed."""
     if not isinstance(raw, io.BufferedIOBase) or not hasattr(raw, "peek"):
         raw = io.BufferedReader(raw) if hasattr(raw, "readinto") else raw
     head = raw.peek(8)[:8] if hasattr(raw, "peek") else b""

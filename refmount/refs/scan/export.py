@@ -13,7 +13,7 @@ import tempfile
 import orjson
 
 from refmount.errors import RefmountError, quote
-from refmount.refs.scan.archive import ArchiveOptions, Scanned, combined_refs, scan_source
+from refmount.refs.scan.archive import ArchiveOptions, Scanned, combined_refs, refs_dict, scan_source
 
 log = logging.getLogger("refmount")
 
@@ -39,6 +39,7 @@ def scan_to_file(sources: list[str], out: str, options: ArchiveOptions, *, max_r
         scanned = _scan_several(sources, options, max_refs_size, timeout)
         _, _, refs = scan_source(f"@{_list_file(scanned)}", options, max_refs_size=max_refs_size, timeout=timeout,
                                  then=lambda kind, files, read: combined_refs(kind, files, options, read))
+    refs = refs_dict(refs)  # (one DMR++'s come as JSON bytes)
     if kind == "parquet":
         _write_parquet(refs, out)
     else:

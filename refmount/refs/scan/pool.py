@@ -20,6 +20,7 @@ import trio
 from refmount.refs.limits import deadline_held
 
 _context = None
+MAX_QUESTIONS = 4  # "exists" questions one scan may ask (a DMR++'s href and its sibling: 2)
 
 
 def _forkserver():
@@ -115,8 +116,10 @@ def _run_worker(conn, memory: int, max_result: int) -> None:
 class ScanPool:
     """Up to `workers` processes; `scan` borrows one per file."""
 
-    def __init__(self, read, *, workers: int, memory: int, max_result: int, timeout: float | None) -> None:
+    def __init__(self, read, *, workers: int, memory: int, max_result: int, timeout: float | None,
+                 exists=None) -> None:
         self._read = read  # async (url, start, end) -> bytes
+        self._exists = exists  # async url -> True, False or None (cannot tell); None: never known
         self._max = max(1, workers)
         self._memory = memory
         self._max_result = max_result
@@ -125,12 +128,13 @@ class ScanPool:
         self._all: list[_Worker] = []
         self.slots = trio.Semaphore(self._max)  # held by the caller around a file's sniff and scan
 
-    async def scan(self, fmt: str, url: str, size: int) -> dict:
-        """Scan one file; the caller holds one of `slots`."""
+    async def scan(self, fmt: str, url: str, size: int, job: dict | None = None) -> dict:
+        """Scan one file (`job`: what its format needs, worker.scan_file); the caller holds one of `slots`.
+        A DMR++'s "refs" come back as JSON bytes."""
         worker = self._idle.pop() if self._idle else await trio.to_thread.run_sync(self._new_worker)
         try:
             with trio.fail_after(self._timeout or float("inf")):
-                result = await self._drive(worker, fmt, url, size)
+                result = await self._drive(worker, fmt, url, size, job or {})
         except trio.TooSlowError:
             self._discard(worker)
             raise ScanFailed(f"scanning took longer than --load-timeout ({self._timeout:g} s)") from None
@@ -149,8 +153,9 @@ class ScanPool:
         worker.stop(kill=True)
         self._all.remove(worker)
 
-    async def _drive(self, worker: _Worker, fmt: str, url: str, size: int) -> dict:
-        worker.conn.send(("scan", fmt, url, size))
+    async def _drive(self, worker: _Worker, fmt: str, url: str, size: int, job: dict) -> dict:
+        worker.conn.send(("scan", fmt, url, size, job))
+        raw, questions = None, 0
         while True:
             message = await worker.message(self._max_result + (1 << 20))
             kind = message[0] if isinstance(message, list) and message else None
@@ -160,12 +165,29 @@ class ScanPool:
                     raise ScanFailed("the scanner asked for a malformed range")
                 data = await self._read(url, start, end)
                 await trio.to_thread.run_sync(worker.conn.send_bytes, data)
+            elif kind == "exists" and isinstance(message[1], str) and questions < MAX_QUESTIONS:
+                questions += 1
+                answer = await self._exists(message[1]) if self._exists is not None else None
+                await trio.to_thread.run_sync(worker.conn.send_bytes, orjson.dumps(answer))
+            elif kind == "refs" and raw is None:
+                raw = await trio.to_thread.run_sync(self._receive_raw, worker)
             elif kind == "done" and isinstance(message[1], dict):
+                if raw is not None:
+                    message[1]["refs"] = raw
                 return message[1]
             elif kind == "error":
                 raise ScanFailed(str(message[1]))
             else:
                 raise ScanFailed("the scanner sent an unknown message")
+
+    def _receive_raw(self, worker: _Worker) -> bytes:
+        """The references as JSON bytes, bounded as every message is (in a thread: they may be large)."""
+        try:
+            return worker.conn.recv_bytes(self._max_result + 1)
+        except (EOFError, ConnectionError):
+            raise ScanFailed("the scanner process died on it (a crash in the parser)") from None
+        except OSError:
+            raise ScanFailed("the scanner sent more than --max-refs-size") from None
 
     def close(self) -> None:
         for worker in self._all:

@@ -39,7 +39,8 @@ class ScanStore:
                 self.directory = None
 
     def _path(self, kind: str, key: str) -> str:
-        return os.path.join(self.directory, f"{kind}-{_name(key)}.json.gz")
+        # (no directory: a path nothing is read from or written to, see _load and _save)
+        return os.path.join(self.directory or "", f"{kind}-{_name(key)}.json.gz")
 
     def get(self, url: str, version: str, max_bytes: int) -> dict | None:
         """The scan of `url` at `version`, or None (never scanned, another version, or unreadable)."""

@@ -6,8 +6,11 @@ parallel), and so that a hostile or huge header costs the worker, not the daemon
 capped (RLIMIT_AS) and everything it sends back is JSON bytes of a bounded length, never a pickle.
 
 Messages (each one `send_bytes` of JSON, worker -> parent): ["read", start, end] asks for bytes
-(the parent answers with the raw bytes); ["done", {"refs": ..., "refused": [...]}] or ["error", text]
-ends a scan. Parent -> worker: a pickled ("scan", format, url, size) tuple, or None to stop.
+(the parent answers with the raw bytes); ["exists", url] asks whether a file is there (a DMR++'s
+href; the parent answers JSON true, false or null); ["refs", n] says that the next message is the
+references as n bytes of JSON (a DMR++'s: the parent loads them without making a dict of them);
+["done", {"refs": ..., "refused": [...]}] or ["error", text] ends a scan. Parent -> worker: a pickled
+("scan", format, url, size, job) tuple (`job`: a dict of what the format needs), or None to stop.
 """
 
 from __future__ import annotations
@@ -212,12 +215,97 @@ def _scan_tiff(url: str, pipe_url: str) -> dict:
     return tiff_to_zarr(pipe_url)
 
 
+class RefsWriter:
+    """The keys a DMR++ conversion makes (`emit`: a dict at a time), written as Version-0 JSON as they
+    come, within the limits: the first key over `max_keys`, or the first byte over `max_bytes`,
+    refuses the file there, while it is read (`keys_limit` says which option set `max_keys`)."""
+
+    def __init__(self, url: str, max_keys: int | None, keys_limit: str, max_bytes: int) -> None:
+        self.url, self.max_keys, self.keys_limit, self.max_bytes = url, max_keys, keys_limit, max_bytes
+        self.count = 0
+        self.out = bytearray(b"{")
+        self.targets: set[str] = set()  # the urls its references name: the daemon checks them (fetch/trust.py)
+
+    def __call__(self, refs: dict) -> None:
+        from refmount.errors import RefsError, format_size, quote
+
+        self.count += len(refs)
+        if self.max_keys is not None and self.count > self.max_keys:
+            raise RefsError(too_many_keys(self.url, self.max_keys, self.keys_limit) + "; refused while it was read")
+        self.targets.update(v[0] for v in refs.values() if type(v) is list and v and isinstance(v[0], str))
+        piece = orjson.dumps(refs)[1:-1]
+        if piece:
+            if len(self.out) > 1:
+                self.out += b","
+            self.out += piece
+        if len(self.out) + 1 > self.max_bytes:
+            raise RefsError(f"DMR++ file {quote(self.url)}: its references exceed --max-refs-size "
+                            f"{format_size(self.max_bytes)}; refused while it was read")
+
+    def text(self) -> bytearray:
+        self.out += b"}"
+        return self.out
+
+
+def too_many_keys(url: str, max_keys: int, keys_limit: str) -> str:
+    from refmount.errors import quote
+
+    return f"DMR++ file {quote(url)} makes more than {max_keys:,} keys ({keys_limit})"
+
+
+class _BoundedReader:
+    """A DMR++'s (decompressed) text, read no further than `limit` bytes (--max-refs-size)."""
+
+    def __init__(self, stream, url: str, limit: int) -> None:
+        self.stream, self.url, self.limit, self.done = stream, url, limit, 0
+
+    def read(self, size: int) -> bytes:
+        from refmount.errors import RefsError, format_size, quote
+
+        try:
+            data = self.stream.read(size)
+        except (OSError, EOFError, ValueError) as e:  # a damaged compressed stream (a pipe gone fails the reply)
+            raise RefsError(f"DMR++ file {quote(self.url)} cannot be read: {type(e).__name__}: {e}") from None
+        self.done += len(data)
+        if self.done > self.limit:
+            raise RefsError(f"DMR++ file {quote(self.url)} exceeds --max-refs-size {format_size(self.limit)}"
+                            " once decompressed")
+        return data
+
+
+def _ask(conn, question: list):
+    with _pipe_lock:
+        conn.send_bytes(orjson.dumps(question))
+        return orjson.loads(conn.recv_bytes())
+
+
+def _scan_dmrpp(conn, url: str, size: int, job: dict) -> dict:
+    """A DMR++ converted as it is read through the pipe (refs.dmrpp.convert_dmrpp): its references as
+    JSON bytes ("refs_json"), never a dict of them, within --max-keys and --max-refs-size."""
+    from refmount.refs.dmrpp import convert_dmrpp
+    from refmount.refs.source import decompressed
+
+    name = job.get("name") or url  # (what the DMR++ is called and its hrefs resolved against)
+    limit_memory(_current["memory"])
+    stream = _BoundedReader(decompressed(io.BufferedReader(PipeReader(conn, size), BLOCK), name), name,
+                            _current["max_result"])
+    writer = RefsWriter(name, job.get("max_keys"), job.get("keys_limit") or "--max-keys", _current["max_result"])
+    notes: list[str] = []
+    refused = convert_dmrpp(stream, name, job.get("data_url"), emit=writer,
+                            exists=lambda candidate: _ask(conn, ["exists", candidate]),
+                            on_data_url=lambda data, how: notes.append(f"DMR++ {name}: data file {data} ({how})"))
+    return {"refs_json": writer.text(), "refused": refused, "notes": notes, "keys": writer.count,
+            "targets": sorted(writer.targets)}
+
+
 _PARSER_MODULES = {"hdf5": "kerchunk.hdf", "netcdf3": "kerchunk.netCDF3", "grib": "kerchunk.grib2",
                    "tiff": "kerchunk.tiff"}
 
 
-def scan_file(conn, fmt: str, url: str, size: int) -> dict:
-    """{"refs": v0 dict, "refused": [...]} of one file."""
+def scan_file(conn, fmt: str, url: str, size: int, job: dict | None = None) -> dict:
+    """{"refs": v0 dict, "refused": [...]} of one file (a DMR++'s: "refs_json", its JSON bytes)."""
+    if fmt == "dmrpp":
+        return _scan_dmrpp(conn, url, size, job or {})
     refused: list[str] = []
     name = url.rstrip("/").rsplit("/", 1)[-1] or "file"
     pipe_url = f"{PIPE_PROTOCOL}://scan/{name}"
@@ -290,6 +378,7 @@ def worker_main(conn, memory: int, max_result: int) -> None:
     logging.disable(logging.CRITICAL)  # kerchunk's and cfgrib's chatter; what matters goes back in messages
     preload()
     _current["memory"] = memory
+    _current["max_result"] = max_result
     while True:
         try:
             job = conn.recv()
@@ -297,19 +386,29 @@ def worker_main(conn, memory: int, max_result: int) -> None:
             return
         if job is None:
             return
-        _, fmt, url, size = job
+        _, fmt, url, size, *extra = job
         _current["parent_gone"] = False
+        raw = None
         try:
-            result = orjson.dumps(["done", scan_file(conn, fmt, url, size)])
-            if len(result) > max_result:
-                result = orjson.dumps(["error", f"its references would exceed {max_result:,} bytes (--max-refs-size)"])
+            scan = scan_file(conn, fmt, url, size, extra[0] if extra else None)
+            raw = scan.pop("refs_json", None)
+            result = orjson.dumps(["done", scan])
+            if len(result) + len(raw or b"") > max_result:
+                raw, result = None, orjson.dumps(["error", f"its references would exceed {max_result:,} bytes "
+                                                           "(--max-refs-size)"])
         except MemoryError:
             result = orjson.dumps(["error", f"scanning it needs more than the scanner's {memory >> 20} MiB"])
         except BaseException as e:  # noqa: BLE001 - any parser failure is this file's, said in one line
             if _current["parent_gone"]:
                 return  # (the pipe failed under the parser: no one to tell)
-            result = orjson.dumps(["error", _describe(e)])
+            from refmount.errors import RefmountError
+
+            result = orjson.dumps(["error", str(e) if isinstance(e, RefmountError) else _describe(e)])
         try:
+            if raw is not None:  # (the references apart: the parent reads them as bytes, not as a dict)
+                conn.send_bytes(orjson.dumps(["refs", len(raw)]))
+                conn.send_bytes(raw)
+                raw = None
             conn.send_bytes(result)
         except (OSError, BrokenPipeError):
             return
