@@ -325,10 +325,8 @@ def lazy_filesystem(opts, archive, fetcher, cache, budget, pacer, pool, passing,
             view = with_consolidated_metadata(view)
         return raw, view
 
-    index = {url: k for k, url in enumerate(archive.urls)}
-
-    async def read(url: str, start: int, end: int):
-        return await cache.read(index[url], start, end)
+    async def read(url: str, start: int, end: int):  # (a file, or its DMR++ sidecar: an id of its own)
+        return await cache.read(archive.global_url_id(url), start, end)
 
     workers = archive.scanner_workers()
     scanner = ArchiveScanner(archive, fetcher, read, workers)
