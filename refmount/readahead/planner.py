@@ -128,8 +128,8 @@ class GridPlanner:
 
     def _verdict(self, state: _WalkState, prefetch: bool, locate: Locate, plan: GridPlan) -> str:
         walk = state.walk
-        if walk.model() is None:
-            return "new"  # one read, or two far apart: no walk yet
+        if walk.model() is None or not walk.steady():
+            return "new"  # one read, two far apart, or reads at random: no walk yet
         if walk.is_scan():
             self._drop(state, list(state.pending))
             if not state.scanning:

@@ -122,6 +122,29 @@ class Walk:
             return False
         return all(lo[a] == 0 and hi[a] == self.grid[a] - 1 and strides[a] == 1 for a in range(outer + 1, len(lo)))
 
+    def steady(self) -> bool:
+        """Do the walk's reads go step by step: has most of its recent reads (two thirds) a neighbour
+        read, one stride away along one moving axis? Readers reading at random fit a walk now and
+        then (two chunks of one row, a third a few steps off), but seldom read neighbours."""
+        m = self.model()
+        if m is None:
+            return False
+        varying, _, _, strides, _ = m
+        read = self.read
+        near = 0
+        for p in self.history:
+            for a in varying:
+                q = list(p)
+                q[a] = p[a] + strides[a]
+                if tuple(q) in read:
+                    near += 1
+                    break
+                q[a] = p[a] - strides[a]
+                if tuple(q) in read:
+                    near += 1
+                    break
+        return 3 * near >= 2 * len(self.history)
+
     # -- predicting -------------------------------------------------------------------------------
 
     def in_walk(self, index, m=None) -> bool:
