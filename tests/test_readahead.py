@@ -171,3 +171,45 @@ def test_a_point_series_is_predicted_exactly_to_its_end():
     assert set(reader.fetched) == set(series[2:])  # nothing past its end (the grid's), nothing twice
     assert len(reader.fetched) == len(series) - 2
     assert budget.held == 0  # everything predicted was read
+
+
+# -- through a mount: four reader processes ---------------------------------------------------------
+
+from tests.test_gridahead import STEPS, _fetched, sparse_file  # noqa: E402,F401  (its file and fixture)
+
+READ_FILES = "import sys\nfor line in sys.stdin:\n    print(len(open(line.strip(), 'rb').read()), flush=True)\n"
+
+
+def test_four_reader_processes_walk_each_their_own_quarter(sparse_file, mount):
+    """Four processes each read their own quarter of a point series' chunk files, in turn (one chunk
+    each, then the next): each is a walk of its own, predicted along its own quarter, every chunk
+    fetched once (keyed by array only, their reads made one walk with a stride of a quarter)."""
+    from tests.support.datasets import kerchunk_refs
+    from tests.support.rangeserver import RangeServer
+
+    quarter = STEPS // 4
+    with RangeServer(sparse_file.parent) as srv:
+        refs = kerchunk_refs(sparse_file, url=srv.url_for("tas.nc"))
+        lengths = {k: v[2] for k, v in refs["refs"].items() if k.startswith("tas/") and isinstance(v, list)}
+        m = mount(refs, "--view", "raw")
+        readers = [subprocess.Popen([sys.executable, "-c", READ_FILES], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True) for _ in range(4)]
+        try:
+            since = len(srv.stats["log"])
+            for step in range(quarter):
+                for k, proc in enumerate(readers):
+                    proc.stdin.write(f"{m / 'tas' / f'{k * quarter + step}.6.2'}\n")
+                    proc.stdin.flush()
+                for k, proc in enumerate(readers):
+                    assert int(proc.stdout.readline()) == lengths[f"tas/{k * quarter + step}.6.2"]
+        finally:
+            for proc in readers:
+                proc.stdin.close()
+                proc.wait(timeout=30)
+        gets, nbytes = _fetched(srv.stats["log"], since)
+        needed = sum(lengths[f"tas/{t}.6.2"] for t in range(STEPS))
+        stats = m.stats()["grid_readahead"]
+        assert gets <= STEPS and nbytes <= 1.25 * needed, (gets, nbytes, needed, stats)
+        # every reader's chunks after its first two came ahead of it
+        assert stats["used"] >= 4 * (quarter - 2), stats
+        assert stats["wasted"] == 0, stats  # (what each predicted past its quarter, the next one read)
