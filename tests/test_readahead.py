@@ -173,6 +173,43 @@ def test_a_point_series_is_predicted_exactly_to_its_end():
     assert budget.held == 0  # everything predicted was read
 
 
+# -- byte streams per reader ------------------------------------------------------------------------
+
+def test_byte_streams_go_on_only_with_their_own_reader():
+    """Two readers of one remote file, the second starting where the first got to: each has a stream
+    of its own (before, the second's reads went on with the first's stream: one scan of the file), and
+    every stream's lead is held by a reservation, given back when the stream is replaced."""
+    import trio
+
+    from refmount.readahead import READER
+    from refmount.readahead.streams import ReadStreams
+    from tests.test_cache import PrefetchLog
+
+    streams = ReadStreams(PrefetchLog(), gap=1000, streams=2)
+    budget = streams.budget
+
+    def read(pid, start, end):
+        token = READER.set(pid)
+        try:
+            return streams.on_read(1, start, end, 1 << 20, None)
+        finally:
+            READER.reset(token)
+
+    async def main():
+        assert not read(11, 0, 1000)
+        assert not read(22, 1000, 2000)  # where reader 11 got to: not its scan
+        assert read(11, 1000, 2000) and read(11, 2000, 3000)  # reader 11 goes on with its own
+        assert read(22, 2000, 3000)  # and so does 22
+        assert budget.ahead == sum(s.lead(1000) for s in streams._files[1]) > 0
+        read(33, 500_000, 501_000)  # a third reader: the oldest stream goes, its reservation with it
+        assert budget.ahead == sum(s.lead(1000) for s in streams._files[1])
+        assert budget.reservations.live == len(streams._files[1]) == 2
+        await trio.testing.wait_all_tasks_blocked()
+
+    trio.run(main)
+    assert budget.reservations.dropped == 0
+
+
 # -- through a mount: four reader processes ---------------------------------------------------------
 
 from tests.test_gridahead import STEPS, _fetched, sparse_file  # noqa: E402,F401  (its file and fixture)
