@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gc
 import random
-import re
 import subprocess
 import sys
 

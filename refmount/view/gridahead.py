@@ -55,7 +55,6 @@ def coalesce(ranges: list[tuple[int, int]], max_gap: int, max_span: int = MAX_GR
     return groups
 
 
-
 class _Grid:
     """One array's chunk grid, as its inline .zarray gives it."""
 
@@ -79,8 +78,6 @@ def array_grid(zarray: dict) -> tuple[tuple[int, ...], str] | None:
         return None
     separator = zarray.get("dimension_separator") or "."
     return tuple(-(-n // c) for n, c in zip(shape, chunks)), separator
-
-
 
 
 class GridAhead:

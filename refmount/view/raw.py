@@ -8,17 +8,15 @@ which keys/directories are hidden, each file's size, its bytes, and its extended
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 
 import numpy as np
-import trio
 
 from refmount.cache.blocks import BlockCache
 from refmount.errors import FetchError
 from refmount.fetch import Fetcher, redact
 from refmount.cache.lru import SingleFlightLRU
 from refmount.fetch.protocols import is_remote
-from refmount.readahead.streams import ReadStreams  # noqa: F401  (tests and callers import it from here)
+from refmount.readahead.streams import ReadStreams
 from refmount.view.gridahead import GridAhead
 from refmount.refs import INLINE, WHOLE_FILE, RefSet
 from refmount.refs.origins import origins_of
