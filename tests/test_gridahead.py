@@ -171,9 +171,10 @@ def test_predictions_are_exact_ranges_counted_against_the_budget(tmp_path):
         assert all(end - start == 100 and (start - 600) % 1600 == 0 for start, end in requests)
         assert len(requests) == len(set(requests))  # each chunk once, read or predicted
         assert cache.budget.ahead == 100 * stats["pending"] > 0
+        assert cache.budget.reservations.live == stats["pending"]  # one reservation per prediction
         # nobody goes on with the walk: its predictions are wasted and give their budget back
         ahead._sweep(1e12)
-        assert cache.budget.ahead == 0
+        assert cache.budget.ahead == 0 and cache.budget.reservations.live == 0
         assert ahead.statistics()["wasted"] == stats["wasted"] + stats["pending"]
 
         # a tile row: neighbours in the file go out as one request

@@ -34,7 +34,8 @@ from refmount.readahead.walk import Walk
 
 log = logging.getLogger("refmount")
 
-MAX_WALKS = 256  # (array, reader) walks followed at once (the least recently read is forgotten)
+MAX_WALKS = 128  # (array, reader) walks followed at once (the least recently read is forgotten; each remembers
+# up to walk.MAX_READ chunks read, ~100 kB)
 MIN_WINDOW = 8  # guesses a walk may keep ahead from the start (small chunks)...
 MIN_WINDOW_BYTES = 256 << 10  # ... or fewer, as many as hold this many bytes (at least 2), for big ones
 LEAD_FRACTION = 0.2  # ... and at most this fraction of the chunks it has read, beyond that
@@ -97,7 +98,7 @@ class GridPlanner:
         key = (array, reader)
         state = self._walks.get(key)
         if not first:
-            return GridPlan(reader, state.verdict if state is not None else "new")
+            return GridPlan(reader, state.verdict if state is not None else None)
         if state is None or state.walk.grid != grid:
             if state is not None:
                 self._end_walk(state)
@@ -205,8 +206,3 @@ class GridPlanner:
 
     def pending(self) -> int:
         return sum(len(state.pending) for state in self._walks.values())
-
-    def close(self) -> None:
-        """Give back every reservation (the mount ends)."""
-        for state in self._walks.values():
-            self._drop(state, list(state.pending))
