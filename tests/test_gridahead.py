@@ -1,4 +1,4 @@
-"""The read-ahead over the chunk grid (refmount.view.gridahead).
+"""The read-ahead over the chunk grid (refmount.readahead.walk, refmount.view.gridahead).
 
 The walk recogniser, predictor and range coalescing without a mount (fast); then a mount through a
 real loopback HTTP server that honours Range and logs each request: a point's time series, a tile
@@ -13,7 +13,8 @@ import re
 import numpy as np
 import pytest
 
-from refmount.view.gridahead import Walk, array_grid, coalesce
+from refmount.readahead.walk import Walk
+from refmount.view.gridahead import array_grid, coalesce
 from tests.support.datasets import kerchunk_refs
 from tests.support.rangeserver import RangeServer
 

@@ -23,8 +23,7 @@ import json
 
 from refmount.cache.budget import MemoryBudget
 from refmount.readahead import READER
-from refmount.readahead.planner import IDLE, LEAD_FRACTION, MIN_WINDOW, GridPlan, GridPlanner  # noqa: F401
-from refmount.readahead.walk import Walk  # noqa: F401  (tests and callers import it from here)
+from refmount.readahead.planner import GridPlan, GridPlanner
 from refmount.refs import INLINE, WHOLE_FILE
 
 MAX_GROUP = 8 << 20  # bytes one coalesced request may span
