@@ -1,4 +1,4 @@
-"""The read-ahead over the chunk grid (refmount.view.gridahead).
+"""The read-ahead over the chunk grid (refmount.readahead.walk, refmount.view.gridahead).
 
 The walk recogniser, predictor and range coalescing without a mount (fast); then a mount through a
 real loopback HTTP server that honours Range and logs each request: a point's time series, a tile
@@ -13,7 +13,8 @@ import re
 import numpy as np
 import pytest
 
-from refmount.view.gridahead import Walk, array_grid, coalesce
+from refmount.readahead.walk import Walk
+from refmount.view.gridahead import array_grid, coalesce
 from tests.support.datasets import kerchunk_refs
 from tests.support.rangeserver import RangeServer
 
@@ -171,9 +172,10 @@ def test_predictions_are_exact_ranges_counted_against_the_budget(tmp_path):
         assert all(end - start == 100 and (start - 600) % 1600 == 0 for start, end in requests)
         assert len(requests) == len(set(requests))  # each chunk once, read or predicted
         assert cache.budget.ahead == 100 * stats["pending"] > 0
+        assert cache.budget.reservations.live == stats["pending"]  # one reservation per prediction
         # nobody goes on with the walk: its predictions are wasted and give their budget back
         ahead._sweep(1e12)
-        assert cache.budget.ahead == 0
+        assert cache.budget.ahead == 0 and cache.budget.reservations.live == 0
         assert ahead.statistics()["wasted"] == stats["wasted"] + stats["pending"]
 
         # a tile row: neighbours in the file go out as one request

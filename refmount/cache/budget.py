@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import trio
 
+from refmount.readahead.budget import AheadBudget
+
 
 class MemoryBudget:
     def __init__(self, total: int, prefetch_share: float = 0.5) -> None:
@@ -26,7 +28,8 @@ class MemoryBudget:
         self.pressure = 0.0  # 0: memory to spare; 1: the process is at its target, read no more ahead
         self.cached = 0  # bytes of blocks the cache holds
         self.inflight = 0  # bytes that fetches under way may still bring
-        self.ahead = 0  # bytes read-ahead has claimed (fetched or in flight, not yet read)
+        # bytes read-ahead has claimed (fetched or in flight, not yet read), held as reservations
+        self.reservations = AheadBudget(lambda: self.prefetch_limit)
         self.prefetch_wasted = 0  # prefetched blocks evicted before anyone read them
         self.peak = 0
         self._freed: trio.Event | None = None  # set when in-flight bytes are given back
@@ -34,6 +37,11 @@ class MemoryBudget:
     @property
     def prefetch_limit(self) -> int:
         return int(self.total * self.prefetch_share * (1.0 - self.pressure))
+
+    @property
+    def ahead(self) -> int:
+        """Bytes read-ahead holds (read only: reservations change it, refmount/readahead/budget.py)."""
+        return self.reservations.held
 
     @property
     def used(self) -> int:
@@ -60,7 +68,7 @@ class MemoryBudget:
 
     def prefetch_room(self) -> int:
         """Bytes read-ahead may still claim."""
-        return max(self.prefetch_limit - self.ahead, 0)
+        return self.reservations.room()
 
     def statistics(self) -> dict:
         return {"budget": self.total, "used": self.used, "cached": self.cached, "inflight": self.inflight,

@@ -14,6 +14,7 @@ import stat
 import time
 from dataclasses import dataclass
 
+from refmount.readahead import READER, process_of
 from refmount.refs import RefSet
 
 ROOT_INODE = 1
@@ -80,6 +81,10 @@ class Filesystem:
         # whose read came back short only if its attributes did not change meanwhile.
         self.invalidate = None
         self._reading: dict[int, int] = {}  # inode -> reads in flight
+        # inode -> the process that opened it last (read-ahead follows each reader's walk: readahead/);
+        # handles carry no pid (their bits are the inode's and the form's), so a file open by two
+        # readers at once is read for the later one
+        self._opener: dict[int, int] = {}
         self._stale: set[int] = set()  # inodes to invalidate once no read of them is in flight
         self._learn_sizes = getattr(view, "learn_sizes", None)
         watch = getattr(view, "watch_sizes", None)
@@ -229,6 +234,10 @@ class Filesystem:
         if i is None:
             raise FsError(errno.EISDIR if self._dir_of_ino(ino) is not None else errno.ENOENT)
         await self._check_access(i, caller)
+        self._opener.pop(ino, None)
+        self._opener[ino] = process_of(caller.pid) if caller is not None else 0
+        if len(self._opener) > 4096:
+            del self._opener[next(iter(self._opener))]
         if self.readers is not None and self.view.varies(i):
             return ino | (await self._form_of(caller) + 1) << FORM_SHIFT, True
         return ino, False
@@ -254,6 +263,16 @@ class Filesystem:
         if i is None:
             raise FsError(errno.ENOENT)
         form = (fh >> FORM_SHIFT) - 1
+        reader = READER.set(self._opener.get(fh & _INODE_BITS, 0))
+        try:
+            data = await self._read(i, fh, form, offset, size)
+        finally:
+            READER.reset(reader)
+        self.bytes_read += len(data)
+        self.reads += 1
+        return data
+
+    async def _read(self, i: int, fh: int, form: int, offset: int, size: int):
         if form >= 0:
             data = await self.view.read(i, offset, size, form)
         else:
@@ -267,8 +286,6 @@ class Filesystem:
                     self._reading[ino] = left
                 elif self._stale:
                     self._invalidate_stale()
-        self.bytes_read += len(data)
-        self.reads += 1
         return data
 
     def key_of(self, ino: int) -> str:

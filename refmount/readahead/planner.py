@@ -1,0 +1,208 @@
+"""The grid read-ahead's one decision: per reader and array, which chunks to fetch ahead (a plan).
+
+The caller (view/gridahead.py) tells the planner each chunk read, with the reader (the pid of the
+process whose open it goes through) and a way to find a chunk's bytes; the planner answers with a
+`GridPlan`: what the walk is ("new", "walk", "scan"), for whom, and the chunks to fetch now, each
+with its byte range. The planner holds a reservation of the read-ahead budget for every chunk it
+predicted until the chunk is read, or counted wasted (the walk ended or went elsewhere, its reader
+went idle, or the walk is a scan); the caller only fetches.
+
+Walks are keyed by (array, reader): four readers each reading their own chunks are four walks, not
+one that jumps between them; a reader reading at random starts a new walk at almost every read and
+gets no prediction.
+
+How far ahead: the chunks of the box the walk's reads span, in the steps of its outermost axis it has
+entered, are certain (a selection is a box: the first reads of a row or plane show its extent), and
+are all predicted at once. The chunks past the walk's frontier are a guess at where the selection
+ends: at most a window that grows by one per prediction used (so it doubles while the walk goes on),
+halves when a walk wasted more than it used, and never exceeds LEAD_FRACTION of the chunks the walk
+has read (or a few: MIN_WINDOW), so that when the walk ends, what was fetched past it stays within
+the bytes target (at most 1.25x the bytes the selection needs). The budget's room bounds them all:
+an exhausted budget shrinks the plan. Everything here runs on the trio thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Hashable
+
+from refmount.readahead.budget import AheadBudget, Reservation
+from refmount.readahead.walk import Walk
+
+log = logging.getLogger("refmount")
+
+MAX_WALKS = 128  # (array, reader) walks followed at once (the least recently read is forgotten; each remembers
+# up to walk.MAX_READ chunks read, ~100 kB)
+MIN_WINDOW = 8  # guesses a walk may keep ahead from the start (small chunks)...
+MIN_WINDOW_BYTES = 256 << 10  # ... or fewer, as many as hold this many bytes (at least 2), for big ones
+LEAD_FRACTION = 0.2  # ... and at most this fraction of the chunks it has read, beyond that
+MAX_WINDOW = 512  # chunks predicted for one walk at once
+IDLE = 5.0  # seconds after its last read when a walk's unread predictions count as wasted (and free the budget)
+
+Locate = Callable[[tuple], "tuple[int, int, int] | None"]  # chunk index -> (url id, start, end), or None
+
+
+@dataclass
+class Fetch:
+    index: tuple
+    uid: int
+    start: int
+    end: int
+
+
+@dataclass
+class GridPlan:
+    """What the planner made of a read: the walk's verdict, and what to fetch for `reader`."""
+
+    reader: int
+    verdict: str | None
+    fetches: list[Fetch] = field(default_factory=list)
+
+
+class _WalkState:
+    """One reader's walk over one array's grid, and what was predicted for it."""
+
+    __slots__ = ("name", "walk", "window", "pending", "used", "scanning", "verdict", "chunk_bytes", "last_read")
+
+    def __init__(self, name: str, grid: tuple[int, ...]) -> None:
+        self.name = name
+        self.walk = Walk(grid)
+        self.window = MIN_WINDOW  # guesses it may keep ahead (before the walk's own cap)
+        self.pending: OrderedDict[tuple, tuple[Fetch, Reservation]] = OrderedDict()  # predicted, unread
+        self.used = 0  # of this walk's predictions
+        self.scanning = False  # the walk is a scan (see Walk.is_scan)
+        self.verdict: str | None = None  # what the last read from a chunk's start made of the walk
+        self.chunk_bytes = 0  # the referenced length of its chunk read last
+        self.last_read = 0.0
+
+
+class GridPlanner:
+    """Per (array, reader), the walk of its chunk reads and the chunks predicted for it."""
+
+    def __init__(self, budget: AheadBudget) -> None:
+        self.budget = budget
+        self._walks: OrderedDict[tuple[Hashable, int], _WalkState] = OrderedDict()  # least recently read first
+        self._swept = 0.0
+        self.stats = {"predicted": 0, "predicted_bytes": 0, "used": 0, "used_bytes": 0, "wasted": 0,
+                      "wasted_bytes": 0, "walks": 0, "scans": 0}
+
+    def on_read(self, array: Hashable, grid: tuple[int, ...], index: tuple[int, ...], chunk_bytes: int,
+                locate: Locate, reader: int = 0, first: bool = True, prefetch: bool = True) -> GridPlan:
+        """Chunk `index` of `array` (chunks per axis: `grid`) is read by `reader` (`first`: from its
+        start, which is how a read of a chunk file begins; a later piece only asks for the verdict).
+        The plan's verdict is "new" if the reader's reads show no walk yet, "scan" if its walk is a
+        scan of the remote file (the byte-stream read-ahead's business), else "walk"."""
+        key = (array, reader)
+        state = self._walks.get(key)
+        if not first:
+            return GridPlan(reader, state.verdict if state is not None else None)
+        if state is None or state.walk.grid != grid:
+            if state is not None:
+                self._end_walk(state)
+            state = self._walks[key] = _WalkState(f"{array}{'' if not reader else f' (pid {reader})'}", grid)
+            if len(self._walks) > MAX_WALKS:
+                _, old = self._walks.popitem(last=False)
+                self._end_walk(old)
+        self._walks.move_to_end(key)
+        state.chunk_bytes = chunk_bytes
+        state.last_read = now = time.monotonic()
+        if now - self._swept > IDLE:
+            self.sweep(now)
+        predicted = state.pending.pop(index, None)
+        if predicted is not None:
+            fetch, token = predicted
+            token.release()
+            self.stats["used"] += 1
+            self.stats["used_bytes"] += fetch.end - fetch.start
+            state.used += 1
+            state.window = min(state.window + 1, MAX_WINDOW)
+        if not state.walk.note(index):
+            log.debug("grid read-ahead: %s%s starts a new walk", state.name, index)
+            self._end_walk(state)
+            self.stats["walks"] += 1
+        plan = GridPlan(reader, None)
+        plan.verdict = state.verdict = self._verdict(state, prefetch, locate, plan)
+        return plan
+
+    def _verdict(self, state: _WalkState, prefetch: bool, locate: Locate, plan: GridPlan) -> str:
+        walk = state.walk
+        if walk.model() is None or not walk.steady():
+            return "new"  # one read, two far apart, or reads at random: no walk yet
+        if walk.is_scan():
+            self._drop(state, list(state.pending))
+            if not state.scanning:
+                state.scanning = True
+                self.stats["scans"] += 1
+            return "scan"
+        state.scanning = False
+        if prefetch:
+            self._plan(state, locate, plan)
+        return "walk"
+
+    def _plan(self, state: _WalkState, locate: Locate, plan: GridPlan) -> None:
+        walk = state.walk
+        model = walk.model()
+        # predictions the walk has left (a row's end overshot before the next row showed the box)
+        gone = [index for index in state.pending if not walk.in_walk(index, model)]
+        if gone:
+            self._drop(state, gone)
+        room_in_window = MAX_WINDOW - len(state.pending)
+        if room_in_window <= 0:
+            return
+        # certain: the box's holes in the steps of the outermost axis the walk has entered
+        outer = model[0][0]
+        entered = {p[outer] for p in walk.history}
+        holes = walk.holes(room_in_window, state.pending)
+        certain = [index for index in holes if index[outer] in entered]
+        # guesses: past the frontier (or in steps not entered yet), capped (see the module)
+        floor = min(MIN_WINDOW, max(2, MIN_WINDOW_BYTES // max(state.chunk_bytes, 1)))
+        cap = min(state.window, max(floor, int(walk.count * LEAD_FRACTION)))
+        guessing = sum(1 for index in state.pending if not walk.in_box(index, model) or index[outer] not in entered)
+        wanted = min(cap - guessing, room_in_window - len(certain))
+        guesses: list[tuple] = []
+        if wanted >= max(cap // 4, 1):  # (topped up by quarters: chunks predicted together go out in fewer requests)
+            guesses = [index for index in holes if index[outer] not in entered][:wanted]
+            guesses += walk.beyond(wanted - len(guesses), state.pending, holes)
+        room = self.budget.room()
+        for index in certain + guesses:
+            where = locate(index)
+            if where is None:
+                continue  # a missing chunk (the fill value) or one not fetched by range: nothing to fetch
+            uid, start, end = where
+            if end - start > room:
+                break  # the budget is exhausted: the plan shrinks
+            room -= end - start
+            fetch = Fetch(index, uid, start, end)
+            state.pending[index] = (fetch, self.budget.reserve(end - start, state.name))
+            self.stats["predicted"] += 1
+            self.stats["predicted_bytes"] += end - start
+            plan.fetches.append(fetch)
+
+    def sweep(self, now: float) -> None:
+        """Walks nobody went on with for IDLE seconds: their unread predictions are wasted."""
+        self._swept = now
+        for state in self._walks.values():
+            if state.pending and now - state.last_read > IDLE:
+                self._end_walk(state)
+
+    def _end_walk(self, state: _WalkState) -> None:
+        """The walk ended: what it predicted and nobody read is wasted; a walk that wasted more than
+        it used halves the window of the next."""
+        wasted = len(state.pending)
+        self._drop(state, list(state.pending))
+        if wasted > state.used:
+            state.window = max(state.window // 2, 1)
+        state.used = 0
+
+    def _drop(self, state: _WalkState, indexes) -> None:
+        for index in indexes:
+            fetch, token = state.pending.pop(index)
+            token.release()
+            self.stats["wasted"] += 1
+            self.stats["wasted_bytes"] += fetch.end - fetch.start
+
+    def pending(self) -> int:
+        return sum(len(state.pending) for state in self._walks.values())
