@@ -1,7 +1,7 @@
 """The daemon's CPU per GB on a cold sequential read from a loopback nginx, optionally profiled.
 
     python bench/cpu_per_gb.py [--mb 256] [--runs 3] [--profile OUT.txt] [--refmount-options='...']
-        [--baseline TREE]
+        [--baseline TREE] [--gil-share]
 
 Needs root (FUSE mounts, drop_caches). Starts its own nginx (bench_speed.py's), mounts a whole-file
 reference with --view raw, reads it with `dd bs=1M` after dropping the page cache, and prints MB/s
@@ -10,6 +10,10 @@ and the daemon's CPU seconds per GB (utime + stime from /proc/PID/stat). With --
 by total time are printed (the collapsed stacks are kept in OUT.txt). With --baseline TREE each run
 also mounts refmount's code from TREE (another commit's checkout, first on the daemon's PYTHONPATH),
 the two alternating (the order swaps every run), and the medians of the paired ratios are printed.
+With --gil-share two py-spys sample the daemon in every run (`--idle`: every thread at every sample;
+`--gil`: only the thread holding the GIL), and the share of samples in which the FUSE thread (the
+trio thread) holds the GIL during the read is printed per run and as a median; a tree whose `pyfuse3` is refmount's
+build (.ci/pyfuse3/build-nogil) as --baseline compares it with the plain one.
 """
 
 from __future__ import annotations
@@ -59,6 +63,59 @@ def top(collapsed: Path, n: int = 25) -> str:
     return "\n".join(out)
 
 
+def _spy(pid: int, out: Path, *flags: str) -> subprocess.Popen:
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    return subprocess.Popen([py_spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
+                             "--nonblocking", "--threads", *flags, "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def thread_samples(collapsed: Path) -> collections.Counter:
+    """Samples per thread of py-spy's raw output (--threads: each stack starts with its thread)."""
+    counts = collections.Counter()
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if count.isdigit():
+            counts[_thread_of(stack)] += int(count)
+    return counts
+
+
+def _thread_of(stack: str) -> str:
+    frames = stack.split(";")
+    return next((f for f in frames if f.startswith("thread (")), frames[0])
+
+
+def fuse_thread(collapsed: Path) -> str | None:
+    """The thread that runs trio's loop (and with it pyfuse3's request loop and every reply)."""
+    counts = collections.Counter()
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if count.isdigit() and "trio/_core/_run.py" in stack:
+            counts[_thread_of(stack)] += int(count)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def gil_share(idle: Path, gil: Path, read_s: float, recorded_s: float) -> tuple[float, float, float]:
+    """The FUSE thread's share of the read's time holding the GIL, any thread's share, and the FUSE
+    thread's share in pyfuse3's Cython code (the Python frame that runs its request loop and handlers:
+    reading a request, the writev of a reply, and with refmount's build the waits to retake the GIL).
+
+    The spies record from before the read starts to after it ends (recorded_s), and an idle daemon
+    neither holds the GIL nor replies: so those samples all fall in the read, and the read's share of
+    the samples taken (--idle: the FUSE thread is in every one) is read_s / recorded_s."""
+    everyone, holding = thread_samples(idle), thread_samples(gil)
+    fuse = fuse_thread(idle)
+    instants = (everyone[fuse] if fuse else 0) * read_s / recorded_s
+    if not instants:
+        return float("nan"), float("nan"), float("nan")
+    replying = 0
+    for line in idle.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if count.isdigit() and _thread_of(stack) == fuse and stack.rsplit(";", 1)[-1].endswith("(_pyfuse3.py:58)"):
+            replying += int(count)
+    return holding[fuse] / instants, sum(holding.values()) / instants, replying / instants
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=int, default=256)
@@ -66,6 +123,8 @@ def main() -> int:
     p.add_argument("--profile", type=Path, help="py-spy collapsed stacks of the last run to this file")
     p.add_argument("--refmount-options", default="")
     p.add_argument("--baseline", type=Path, metavar="TREE", help="also run refmount's code from TREE, alternating")
+    p.add_argument("--gil-share", action="store_true", help="py-spy --idle and --gil in every run: the FUSE "
+                   "thread's share of samples holding the GIL")
     args = p.parse_args()
     big = bs.generated(Path("/tmp/refmount-speed") / f"big_{args.mb}MB.bin",
                        lambda path: bs.write_big(path, args.mb * 1_000_000))
@@ -82,6 +141,7 @@ def main() -> int:
         refs.write_text('{"big": ["%sbig.bin"]}' % url)
         codes = {"this": None, **({"baseline": args.baseline} if args.baseline else {})}
         rates, cpus, trio_cpus = {who: [] for who in codes}, {who: [] for who in codes}, {who: [] for who in codes}
+        gils, replies = {who: [] for who in codes}, {who: [] for who in codes}
         for n, who in ((n, who) for n in range(args.runs) for who in (list(codes) if n % 2 == 0 else list(codes)[::-1])):
             with bs.refmount_mounted(refs, run_dir / "mnt-refmount",
                                      ["--view", "raw", *shlex.split(args.refmount_options)], codes[who]) as m:
@@ -92,7 +152,13 @@ def main() -> int:
                     spy = subprocess.Popen([py_spy, "record", "--pid", str(m.pid), "--format", "raw", "--rate", "250",
                                             "--nonblocking", "--threads", "-o", str(args.profile)],
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                spies = []
+                if args.gil_share:
+                    spies = [(_spy(m.pid, run_dir / f"idle-{n}-{who}.txt", "--idle"), run_dir / f"idle-{n}-{who}.txt"),
+                             (_spy(m.pid, run_dir / f"gil-{n}-{who}.txt", "--gil"), run_dir / f"gil-{n}-{who}.txt")]
+                if spy is not None or spies:
                     time.sleep(1.0)
+                recording = time.monotonic()
                 faults = proc_minflt(m.pid)
                 trio_cpu = main_thread_cpu_s(m.pid)
                 seconds, cpu, out = timed(f"dd if={m.path / 'big'} of=/dev/null bs=1M", lambda: m.pid)
@@ -100,9 +166,21 @@ def main() -> int:
                 trio_cpu = main_thread_cpu_s(m.pid) - trio_cpu
                 if dd_bytes(out) != size:
                     raise RuntimeError(f"dd read {dd_bytes(out)} of {size} bytes")
-                if spy is not None:
-                    spy.send_signal(2)
-                    spy.wait(30)
+                recorded = time.monotonic() - recording + (1.0 if spy is not None or spies else 0.0)
+                for running in [spy, *(s for s, _ in spies)]:
+                    if running is not None:
+                        running.send_signal(2)
+                        running.wait(30)
+                if spies:
+                    fuse_share, any_share, replying = gil_share(spies[0][1], spies[1][1], seconds, recorded)
+                    gils[who].append(fuse_share)
+                    replies[who].append(replying)
+                    keep = args.profile.with_name(f"{args.profile.stem}-{{}}-{n}-{who}.txt") if args.profile else None
+                    if keep is not None:
+                        shutil.copyfile(spies[0][1], str(keep).format("idle"))
+                        shutil.copyfile(spies[1][1], str(keep).format("gil"))
+                    print(f"  GIL held by the FUSE thread {fuse_share:.1%} of the read's time (by any thread {any_share:.1%}); "
+                          f"in pyfuse3's Cython code {replying:.1%}")
                 stats = m.stats()
                 fetch = stats["fetch"]
                 served = stats.get("served", {})
@@ -120,6 +198,10 @@ def main() -> int:
     for who in codes:
         print(f"median ({who}): {statistics.median(rates[who]):.0f} MB/s, {statistics.median(cpus[who]):.2f} CPU-s/GB "
               f"(trio thread {statistics.median(trio_cpus[who]):.2f})")
+    for who in codes:
+        if gils[who]:
+            print(f"median ({who}): the FUSE thread holds the GIL {statistics.median(gils[who]):.1%} of the read's time, "
+                  f"is in pyfuse3's Cython code {statistics.median(replies[who]):.1%}")
     if args.baseline:
         speed = statistics.median(a / b for a, b in zip(rates["this"], rates["baseline"]))
         cpu = statistics.median(a / b for a, b in zip(cpus["this"], cpus["baseline"]))

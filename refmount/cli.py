@@ -102,6 +102,19 @@ positive_float = _positive(float, "a positive number of seconds")
 positive_int = _positive(int, "a positive integer")
 
 
+class _VersionAction(argparse.Action):
+    """--version: refmount's, and which pyfuse3 would serve a mount (imported only when asked)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from refmount.fuse.pyfuse3_build import describe
+
+        print(f"refmount {__version__}, {describe()}")
+        parser.exit()
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports mistakes as one line naming the option, exit status 2. Abbreviations
     are off (a typo must not silently pick an option), and an unknown option gets a "did you mean"."""
@@ -359,7 +372,7 @@ def add_authorization_options(g) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="refmount", description="Mount kerchunk/fsspec reference sets as a read-only filesystem.")
-    parser.add_argument("--version", action="version", version=f"refmount {__version__}")
+    parser.add_argument("--version", action=_VersionAction, help="show refmount's version and pyfuse3's, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     p = sub.add_parser("mount", help="mount a reference set (returns once the mount is ready)",

@@ -21,6 +21,15 @@ heaps, which then hold only what is in use now.
 
 `footprint(view)` is the memory an entry holds (its slot's size): what the caches count.
 Thread-safe (a fetch path may take slots in worker threads).
+
+This is also what lets refmount's pyfuse3 build (.ci/pyfuse3/nogil.patch) hand a reply to the kernel
+without the GIL, while fetch threads run Python and write into slots: the reply is `bytes` or a
+read-only view of a slot that was whole when its entry was cached, and pyfuse3 holds a Py_buffer of
+it for the whole writev, which is an export of the slot's mmap. A slot is written only by whoever
+`take`s it, and `take` hands out only a fresh mapping or a free slot; a slot becomes free only in
+`_sort_released`, only if `_exported` finds no view of it (resize() fails while one exists), and that
+check runs under the lock that `take` holds too. `trim` closes free slots only. So no slot a reply
+is being copied from is reused, written or unmapped until pyfuse3 releases its buffer.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from refmount.fetch import Fetcher, RetryPolicy, redact
 from refmount.fetch.stats import host_of
 from refmount.fetch.tls import set_ca_bundle
 from refmount.fuse.fs import Filesystem
+from refmount.fuse.pyfuse3_build import describe as pyfuse3_build
 from refmount.cache.pacer import HostPacer
 from refmount.refs import WHOLE_FILE, load_refs
 from refmount.refs.icechunk import version_from_options
@@ -235,7 +236,7 @@ def build_filesystem(opts):
         """Every counter of the mount: `refmount stats` shows it, and --metrics exports it
         (fuse/metrics.py). On the trio thread."""
         out = {"mountpoint": opts.mountpoint, "fetch": fetcher.stats.as_dict(), "cache": cache.statistics(),
-               "view": view.name, "keys": len(refset),
+               "view": view.name, "keys": len(refset), "pyfuse3": pyfuse3_build(),
                "memory": {**governor.statistics(), **budget.statistics(), **pool.statistics(),
                           "malloc": malloc_statistics()},
                "hosts": host_statistics(pacer, fetcher), "passes": passing.statistics(),
@@ -349,6 +350,7 @@ def lazy_filesystem(opts, archive, fetcher, cache, budget, pacer, pool, passing,
         served_bytes = sum(raw.bytes_served for raw, _ in views)
         out = {"mountpoint": opts.mountpoint, "fetch": fetcher.stats.as_dict(), "cache": cache.statistics(),
                "view": opts.view, "keys": sum(len(view.refset) for _, view in views),
+               "pyfuse3": pyfuse3_build(),
                "memory": {**governor.statistics(), **budget.statistics(), **pool.statistics(),
                           "malloc": malloc_statistics()},
                "hosts": host_statistics(pacer, fetcher), "passes": passing.statistics(),

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 
 from refmount.errors import RefmountError, quote
+from refmount.fuse.pyfuse3_build import describe as pyfuse3_build
 from refmount.fuse.table import mount_entry
 
 log = logging.getLogger("refmount")
@@ -559,7 +560,7 @@ async def _announce_ready(opts: MountOptions, ready: int | None, warmed=None) ->
         log.warning("mount of %s on %s was interrupted: unmounting", opts.refs, opts.mountpoint)
         pyfuse3.terminate()
         return
-    log.info("mounted %s on %s (view: %s)", shown_refs(opts.refs), opts.mountpoint, opts.view)
+    log.info("mounted %s on %s (view: %s; %s)", shown_refs(opts.refs), opts.mountpoint, opts.view, pyfuse3_build())
     sd_notify("READY=1")
     if ready is not None:
         os.close(ready)
