@@ -1,7 +1,7 @@
 """Archive benchmark (issue 34): mounting N daily netCDF-4 files straight from an HTTP autoindex with
 `--concat time`, against kerchunk + fsspec scanning the same files with 1 and 8 threads.
 
-    sudo bench/bench_archive.py [--files 56] [--rtt 80] [--link nfqueue|none] [--grid 181x360]
+    sudo bench/bench_archive.py [--files 56] [--rtt 80] [--link nfqueue|none] [--grid 181x360] [--requests]
 
 Files: hourly `tas` on a lat/lon grid, one a day, each with its own time units (tests/support/daily.py;
 about 2 MB each at 181 x 360). Served by nginx (autoindex) inside a network namespace behind bench_wan's
@@ -9,7 +9,10 @@ kernel-TCP delay line (--link nfqueue: RTT/2 per direction, 1 Gbit/s), or on loo
 Measured, in one run:
 
 - refmount cold: `refmount mount --concat time URL/*.nc MNT` (empty scan store) + `ncdump -h`, wall time;
-- refmount warm: the same again (the scan store only revalidated: one HEAD per file);
+- refmount warm: the same again (the scan store only revalidated: the files' dates and sizes on the index
+  page; they are made more than a day old, as an archive's are, see refs/scan/sources.py SETTLED);
+- with --requests (--link none), the server's requests of each refmount step by kind (index pages, HEADs,
+  header GETs, DMR++ files, other ranges: --concat's coordinates), from nginx's access log;
 - with --lazy, also without --concat, cold and warm: the mount (the files listed, none read) and
   `ncdump -h` of one file (that file scanned, or revalidated, at its first lookup);
 - kerchunk x1 / x8: SingleHdf5ToZarr over fsspec's HTTP filesystem for every file, 1 or 8 threads
