@@ -1,7 +1,7 @@
 """Archive benchmark (issue 34): mounting N daily netCDF-4 files straight from an HTTP autoindex with
 `--concat time`, against kerchunk + fsspec scanning the same files with 1 and 8 threads.
 
-    sudo bench/bench_archive.py [--files 56] [--rtt 80] [--link nfqueue|none] [--grid 181x360]
+    sudo bench/bench_archive.py [--files 56] [--rtt 80] [--link nfqueue|none] [--grid 181x360] [--requests]
 
 Files: hourly `tas` on a lat/lon grid, one a day, each with its own time units (tests/support/daily.py;
 about 2 MB each at 181 x 360). Served by nginx (autoindex) inside a network namespace behind bench_wan's
@@ -9,7 +9,10 @@ kernel-TCP delay line (--link nfqueue: RTT/2 per direction, 1 Gbit/s), or on loo
 Measured, in one run:
 
 - refmount cold: `refmount mount --concat time URL/*.nc MNT` (empty scan store) + `ncdump -h`, wall time;
-- refmount warm: the same again (the scan store only revalidated: one HEAD per file);
+- refmount warm: the same again (the scan store only revalidated: the files' dates and sizes on the index
+  page; they are made more than a day old, as an archive's are, see refs/scan/sources.py SETTLED);
+- with --requests (--link none), the server's requests of each refmount step by kind (index pages, HEADs,
+  header GETs, DMR++ files, other ranges: --concat's coordinates), from nginx's access log;
 - with --lazy, also without --concat, cold and warm: the mount (the files listed, none read) and
   `ncdump -h` of one file (that file scanned, or revalidated, at its first lookup);
 - kerchunk x1 / x8: SingleHdf5ToZarr over fsspec's HTTP filesystem for every file, 1 or 8 threads
@@ -83,6 +86,42 @@ def mount_and_dump(url: str, mnt: Path, env: dict, lazy: bool = False) -> tuple[
     return mounted, total, hwm
 
 
+def request_kinds(lines: list[str]) -> dict:
+    """Requests of an nginx access log ("METHOD URI RANGE STATUS" a line) by kind: index pages, HEADs,
+    header GETs (a range from byte 0), DMR++ files, other ranges (coordinates: --concat reads each file's
+    time values) and whole-file GETs."""
+    kinds = dict.fromkeys(("index", "HEAD", "header GET", "DMR++", "range GET", "whole GET"), 0)
+    for line in lines:
+        method, uri, *rest = line.split()
+        range_ = rest[0] if len(rest) > 1 else "-"
+        if method == "HEAD":
+            kinds["HEAD"] += 1
+        elif uri.endswith("/"):
+            kinds["index"] += 1
+        elif uri.endswith(".dmrpp"):
+            kinds["DMR++"] += 1
+        elif range_.startswith("bytes=0-"):
+            kinds["header GET"] += 1
+        elif range_.startswith("bytes="):
+            kinds["range GET"] += 1
+        else:
+            kinds["whole GET"] += 1
+    return kinds
+
+
+def counted(access_log: Path | None, step):
+    """step()'s result and the requests it made (by kind), when the server logs them."""
+    before = access_log.read_text().splitlines() if access_log and access_log.exists() else []
+    result = step()
+    if access_log is None:
+        return result, None
+    time.sleep(0.2)  # (nginx writes its log line after the answer)
+    lines = access_log.read_text().splitlines()[len(before):]
+    if os.environ.get("BENCH_KEEP_LOG"):
+        Path(os.environ["BENCH_KEEP_LOG"] + f".{len(before)}").write_text("\n".join(lines))
+    return result, request_kinds(lines)
+
+
 def kerchunk_scan(urls: list[str], threads: int) -> float:
     code = f"""
 import time, fsspec
@@ -110,6 +149,8 @@ def main() -> int:
     parser.add_argument("--link", choices=("nfqueue", "none"), default="nfqueue")
     parser.add_argument("--grid", default="181x360")
     parser.add_argument("--no-kerchunk", action="store_true", help="skip the kerchunk contenders")
+    parser.add_argument("--requests", action="store_true",
+                        help="count the server's requests by kind for each refmount step (--link none only)")
     parser.add_argument("--lazy", action="store_true",
                         help="also mount without --concat (lazy: each file scanned at its first lookup), cold "
                              "and warm, and ncdump -h one file")
@@ -125,6 +166,9 @@ def main() -> int:
         data = run / "data"
         log(f"making {args.files} daily files of {nlat} x {nlon} ...")
         files = make_daily(data / "tas", args.files, nlat, nlon)
+        settled = time.time() - 3 * 86400  # an archive's files are older than a day (sources.SETTLED): the
+        for f in files:                     # listing's dates and sizes name their versions
+            os.utime(f, (settled, settled))
         (data / "big.bin").write_bytes(b"x" * 4096)  # (what bench_wan probes nginx with)
         log(f"{sum(f.stat().st_size for f in files) / args.files / 1e6:.1f} MB a file")
         if args.link == "nfqueue":
@@ -145,7 +189,8 @@ def main() -> int:
 
             port = bs.free_port()
             (run / "nginx-tmp").mkdir()
-            proc = bs.start_nginx(data, run, port)
+            access_log = run / "access.log" if args.requests else None
+            proc = bs.start_nginx(data, run, port, access_log)
             if proc is None:
                 raise SystemExit("nginx did not start")
             stack.callback(bs.stop, proc)
@@ -155,11 +200,16 @@ def main() -> int:
         env = dict(os.environ, XDG_CACHE_HOME=str(run / "xdg"), PYTHONPATH=str(ROOT))
         mnt = run / "mnt"
         mnt.mkdir()
+        if args.link != "none":
+            access_log = None
         rows = {}
-        rows["refmount cold (mount)"], rows["refmount cold (mount + ncdump -h)"], hwm = mount_and_dump(url, mnt, env)
-        log(f"cold daemon {hwm}")
-        rows["refmount warm (mount)"], rows["refmount warm (mount + ncdump -h)"], hwm = mount_and_dump(url, mnt, env)
-        log(f"warm daemon {hwm}")
+        for state in ("cold", "warm"):
+            (rows[f"refmount {state} (mount)"], rows[f"refmount {state} (mount + ncdump -h)"], hwm), kinds = \
+                counted(access_log, lambda: mount_and_dump(url, mnt, env))
+            log(f"{state} daemon {hwm}")
+            if kinds is not None:
+                log(f"{state} requests: {sum(kinds.values())}, {args.files} files: "
+                    + ", ".join(f"{k} {v}" for k, v in kinds.items()))
         if args.lazy:
             env["XDG_CACHE_HOME"] = str(run / "xdg-lazy")  # (cold again: an empty scan store)
             for state in ("cold", "warm"):

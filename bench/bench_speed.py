@@ -235,10 +235,15 @@ http {{
 """
 
 
-def start_nginx(data: Path, run_dir: Path, port: int) -> subprocess.Popen | None:
-    """Our own nginx master (foreground, so we hold its pid) on `port`, or None if it did not come up."""
+def start_nginx(data: Path, run_dir: Path, port: int, access_log: Path | None = None) -> subprocess.Popen | None:
+    """Our own nginx master (foreground, so we hold its pid) on `port`, or None if it did not come up.
+    `access_log`: each request a line "METHOD URI RANGE STATUS" there (bench_archive's request counts)."""
     conf = run_dir / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(run=run_dir, port=port, data=data))
+    text = NGINX_CONF.format(run=run_dir, port=port, data=data)
+    if access_log:
+        text = text.replace("access_log off;", "log_format requests '$request_method $uri $http_range $status';\n"
+                                               f"    access_log {access_log} requests;")
+    conf.write_text(text)
     proc = subprocess.Popen(["nginx", "-p", str(run_dir), "-c", str(conf), "-e", str(run_dir / "nginx-error.log")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -550,3 +550,70 @@ def test_a_file_of_many_groups_of_compound_datasets_scans_without_hanging(scans,
     assert result.returncode == 0, result.stderr
     refs = json.loads((tmp_path / "tower.json").read_text())
     assert json.loads(refs["D1/S1/min_1/boom_4/.zattrs"]) == {"Sensor Height": "4 m"}
+
+
+def test_index_pages_give_settled_files_a_version_from_their_date_and_size():
+    """nginx's and Apache's index pages give each file a date (to the minute) and a size: together the
+    file's version, for a file modified more than a day ago (sources.SETTLED); a file of the last day, a
+    size that is no byte count ('317K') or no date at all give none (then a HEAD tells)."""
+    from refmount.refs.scan.sources import SETTLED, index_entries, listed_version
+
+    now = time.time()
+    old = time.strftime("%d-%b-%Y %H:%M", time.gmtime(now - 3 * 86400))
+    new = time.strftime("%d-%b-%Y %H:%M", time.gmtime(now - 600))
+    html = (f'<pre><a href="../">../</a>\n<a href="sub/">sub/</a>   {old}   -\n'
+            f'<a href="a.nc">a.nc</a>   {old}   324130\n<a href="b.nc">b.nc</a>   {new}   324130\n'
+            '<a href="c.nc">c.nc</a>\n</pre>'
+            '<table><tr><td><a href="d.nc">d.nc</a></td><td align="right">2019-05-06 11:12  </td>'
+            '<td align="right">4096</td></tr><tr><td><a href="e.nc">e.nc</a></td>'
+            '<td align="right">2019-05-06 11:12  </td><td align="right">317K</td></tr></table>')
+    files, dirs, listed_ = index_entries("http://h:1/d/", html)
+    assert [f.rsplit("/", 1)[1] for f in files] == ["a.nc", "b.nc", "c.nc", "d.nc", "e.nc"]
+    assert dirs == ["http://h:1/d/sub/"]
+    assert listed_ == {"http://h:1/d/a.nc": (324130, f"listed {time.strftime('%Y-%m-%d %H:%M', time.gmtime(now - 3 * 86400))}"),
+                       "http://h:1/d/d.nc": (4096, "listed 2019-05-06 11:12")}
+    assert listed_version(" 01-Jan-2020 00:00  12", now=1577836800 + SETTLED) == (None, None)  # (not yet settled)
+    assert listed_version(" 01-Foo-2020 00:00  12") == (None, None) and listed_version(" 99-Jan-2020 00:00  1") == (None, None)
+
+
+def test_archive_of_settled_files_cold_one_request_a_file_warm_none(mount, scans, tmp_path):
+    """Files listed with a date and a size (an archive's, modified more than a day ago) need no HEAD: a
+    cold --concat mount reads each file once (its header; the coordinates --concat combines are kept
+    from it, not asked again), a warm one reads nothing but the index page. A file changed in place
+    (another date or size on the page) is read again, and the mount shows its new values."""
+    import netCDF4
+    import xarray as xr
+
+    from tests.support.nginx import Nginx
+
+    www = tmp_path / "www" / "data"
+    files = make_daily(www, 4, nlat=7, nlon=12)
+    settled = time.time() - 3 * 86400
+    for f in files:
+        os.utime(f, (settled, settled))
+    block = f"root {www.parent}; location /data/ {{ autoindex on; }}"
+    with Nginx(tmp_path / "nginx", block, log_format='$request_method $uri "$http_range" $status') as nginx:
+        def file_requests(since: int) -> list[str]:
+            return [line for line in nginx.access_log()[since:] if re.search(r"/data/tas_\d+\.nc ", line)]
+
+        url = f"{nginx.url}/data/tas_*.nc"
+        cold = mount(url, "--concat", "time", "--view", "raw")
+        got = file_requests(0)
+        assert sorted(line.split()[:2] for line in got) == sorted(["GET", f"/data/{f.name}"] for f in files), got
+        with xr.open_zarr(cold.path, consolidated=False) as ds:
+            assert ds.sizes["time"] == 96
+        cold.stop()
+        before = len(nginx.access_log())
+        warm = mount(url, "--concat", "time", "--view", "raw")
+        assert file_requests(before) == [], nginx.access_log()[before:]
+        assert [line for line in nginx.access_log()[before:] if line.startswith("GET /data/ ")]
+        warm.stop()
+        with netCDF4.Dataset(files[0], "a") as nc:  # changed in place: another size, a later (settled) date
+            nc.variables["tas"][0, 0, 0] = 1234.5
+            nc.setncattr("note", "x" * 100)
+        os.utime(files[0], (settled + 120, settled + 120))
+        before = len(nginx.access_log())
+        again = mount(url, "--concat", "time", "--view", "raw")
+        assert {line.split()[1] for line in file_requests(before)} >= {f"/data/{files[0].name}"}
+        with xr.open_zarr(again.path, consolidated=False) as ds:
+            assert float(ds["tas"][0, 0, 0]) == pytest.approx(1234.5)

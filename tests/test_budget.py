@@ -187,7 +187,8 @@ def test_64_files_streaming_at_once_stay_within_the_memory_budget(mount, http_da
           f"fetched/served {stats['served']['amplification']}")
     assert memory["peak"] <= memory["budget"]
     shown = run_refmount("stats", m.path).stdout  # what a user sees
-    for name in ("budget:", "used:", "inflight:", "prefetch_wasted:"):
+    for name in ("refmount_memory_budget_bytes", "refmount_memory_used_bytes", "refmount_memory_inflight_bytes",
+                 "refmount_memory_prefetch_wasted_total"):
         assert name in shown
     # Loose: the budget, plus the pieces aiohttp and FUSE replies hold beyond it, over the baseline.
     assert hwm - baseline <= 32 + 64, (baseline, hwm)

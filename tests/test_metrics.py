@@ -149,8 +149,9 @@ def test_prometheus_scrape_matches_the_servers_logs(tmp_path, mount):
             assert shown["hosts"][host]["requests"] == requests[host]
             assert shown["hosts"][host]["bytes"] == fetched[host]
         assert shown["served"]["reader_bytes"] == read
-        text = run_refmount("stats", m.path).stdout
-        assert "latency_seconds:" in text and "reader_bytes:" in text
+        text = run_refmount("stats", m.path).stdout  # the registry's families, as --metrics has them
+        assert "refmount_fetch_duration_seconds (histogram): " in text and "fetches, mean" in text
+        assert "refmount_served_bytes_total (counter): " in text and f"  {read:,}" in text
         m.stop()
     assert not is_mounted(m.path)
 
@@ -206,3 +207,37 @@ def test_exposition_escapes_labels():
     assert "# TYPE refmount_grid_readahead_predicted_total counter" in text
     assert "refmount_grid_readahead_per_axis_time_total{" in text
     assert "# TYPE refmount_grid_readahead_pending gauge" in text and "pending_total" not in text
+
+
+def test_stats_and_metrics_print_the_same_registry():
+    """`refmount stats` and --metrics show the same families (each registered once by its component,
+    with its kind and help) and the same samples; a family is registered once, typed."""
+    from refmount.fuse.metrics import exposition
+    from refmount.fuse.registry import REGISTRY, at, load_components, register, text
+
+    stats = {"mountpoint": "/m", "keys": 7, "served": {"reader_bytes": 5, "reader_reads": 1, "bytes": 4},
+             "hosts": {"h:1": {"requests": 3, "bytes": 9, "retries": 0, "errors": {"http_5xx": 1}, "in_flight": 0,
+                               "parallel": 4, "latency_seconds": {"buckets": {"0.1": 2, "+Inf": 3}, "sum": 0.5,
+                                                                  "count": 3}}},
+             "cache": {"hits": 2, "misses": 1, "evictions": 0, "bytes": 10, "capacity": 20},
+             "memory": {"budget": 100, "used": 10, "prefetch_wasted": 0, "rss": 1 << 20},
+             "logins": {"logins": {"h:1": 1}, "cookies": 0}, "readahead": {"used_bytes": 3, "pending": 1}}
+    shown = text(stats)
+    exported = exposition(stats)
+    in_text = [line.split(" ", 1)[0] for line in shown.splitlines() if not line.startswith(" ")]
+    in_metrics = [line.split()[2] for line in exported.splitlines() if line.startswith("# TYPE ")]
+    assert in_text == in_metrics and len(in_text) > 20, (in_text, in_metrics)
+    kinds = {line.split()[2]: line.split()[3] for line in exported.splitlines() if line.startswith("# TYPE ")}
+    for line in shown.splitlines():
+        if not line.startswith(" "):
+            name, kind = line.split(" ", 2)[:2]
+            assert kinds[name] == kind.strip("():"), line
+    assert 'refmount_fetch_errors_total{mountpoint="/m",host="h:1",kind="http_5xx"} 1' in exported
+    assert '  {host="h:1",kind="http_5xx"} 1' in shown
+    assert "refmount_readahead_pending (gauge)" in shown and "refmount_readahead_used_bytes_total (counter)" in shown
+    load_components()
+    with pytest.raises(ValueError):
+        register("refmount_fetch_requests_total", "gauge", "again, as another kind", collect=at("x"))
+    with pytest.raises(ValueError):
+        register("refmount_things", "counter", "a counter not named *_total", collect=at("x"))
+    assert len({f.name for f, _ in REGISTRY.collect(stats)}) == len(in_metrics)

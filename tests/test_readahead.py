@@ -241,7 +241,7 @@ from tests.test_gridahead import STEPS, _fetched, sparse_file  # noqa: E402,F401
 READ_FILES = "import sys\nfor line in sys.stdin:\n    print(len(open(line.strip(), 'rb').read()), flush=True)\n"
 
 
-def test_four_reader_processes_walk_each_their_own_quarter(sparse_file, mount):
+def test_four_reader_processes_walk_each_their_own_quarter(sparse_file, mount):  # noqa: F811 (the fixture)
     """Four processes each read their own quarter of a point series' chunk files, in turn (one chunk
     each, then the next): each is a walk of its own, predicted along its own quarter, every chunk
     fetched once (keyed by array only, their reads made one walk with a stride of a quarter)."""

@@ -501,3 +501,27 @@ def _runs(indexes: list[int], max_len: int) -> list[tuple[int, int]]:
         start = prev = i
     runs.append((start, prev))
     return runs
+
+
+def _register_metrics() -> None:
+    """The block caches (fuse/registry.py): the memory one ("cache") and the disk one ("disk", cache/disk.py
+    reports the same figures), labelled by cache."""
+    from refmount.fuse.registry import register
+
+    def of(key: str):
+        def collect(stats: dict):
+            for label, section in (("memory", "cache"), ("disk", "disk")):
+                if isinstance(stats.get(section), dict):
+                    yield {"cache": label}, stats[section].get(key)
+        return collect
+
+    for name, kind, key, what in (
+            ("refmount_cache_hits_total", "counter", "hits", "Blocks found in the cache."),
+            ("refmount_cache_misses_total", "counter", "misses", "Blocks not found in the cache (fetched)."),
+            ("refmount_cache_evictions_total", "counter", "evictions", "Blocks evicted from the cache."),
+            ("refmount_cache_bytes", "gauge", "bytes", "Bytes the cache holds."),
+            ("refmount_cache_capacity_bytes", "gauge", "capacity", "What the cache may hold.")):
+        register(name, kind, what, ("cache",), collect=of(key), component="cache")
+
+
+_register_metrics()

@@ -111,3 +111,20 @@ class ScratchLimiter:
         return {"scratch_limit": self.limit, "scratch_in_use": self.in_use, "scratch_peak": self.peak,
                 "decoding": self.running}
 
+
+def _register_metrics() -> None:
+    """The memory budget of fetched and read-ahead bytes (fuse/registry.py)."""
+    from refmount.fuse.registry import at, register
+
+    for key, kind, what in (("budget", "gauge", "The memory budget of blocks held and in flight."),
+                            ("used", "gauge", "Bytes of the budget in use now."),
+                            ("cached", "gauge", "Bytes of cached blocks."),
+                            ("inflight", "gauge", "Bytes being fetched now."),
+                            ("prefetch_ahead", "gauge", "Bytes read ahead of readers."),
+                            ("peak", "gauge", "The most bytes of the budget ever in use.")):
+        register(f"refmount_memory_{key}_bytes", kind, what, collect=at("memory", key), component="cache.budget")
+    register("refmount_memory_prefetch_wasted_total", "counter", "Blocks read ahead and dropped unread.",
+             collect=at("memory", "prefetch_wasted"), component="cache.budget")
+
+
+_register_metrics()

@@ -97,3 +97,18 @@ def _vm_hwm() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+def _register_metrics() -> None:
+    """The daemon's memory against its target (fuse/registry.py)."""
+    from refmount.fuse.registry import at, register
+
+    register("refmount_memory_rss_bytes", "gauge", "Resident memory of the daemon.", collect=at("memory", "rss"),
+             component="cache.governor")
+    register("refmount_memory_target_bytes", "gauge", "The daemon's memory target.", collect=at("memory", "target"),
+             component="cache.governor")
+    register("refmount_memory_trims_total", "counter", "Times the caches were trimmed to keep to the target.",
+             collect=at("memory", "trims"), component="cache.governor")
+
+
+_register_metrics()

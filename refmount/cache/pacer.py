@@ -163,3 +163,16 @@ class HostPacer:
         return {name: {"parallel": h.limiter.total_tokens, "in_flight": h.active,
                        "rate_mb_s": round(h.rate / 1e6, 1), "latency_ms": round(h.latency * 1000, 2)}
                 for name, h in self._hosts.items()}
+
+
+def _register_metrics() -> None:
+    """The read-ahead's pace per host (fuse/registry.py)."""
+    from refmount.fuse.registry import per, register
+
+    register("refmount_host_in_flight_requests", "gauge", "Read-ahead requests to the host in flight now.", ("host",),
+             collect=per("hosts", "host", "in_flight"), component="cache.pacer")
+    register("refmount_host_parallel_requests", "gauge", "Read-ahead requests the host gets at once, at most.",
+             ("host",), collect=per("hosts", "host", "parallel"), component="cache.pacer")
+
+
+_register_metrics()

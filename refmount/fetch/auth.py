@@ -343,3 +343,27 @@ def active() -> Logins:
     if _active is None:
         _active = Logins()
     return _active
+
+
+def _register_metrics() -> None:
+    """Logins and credentials, each by host (fuse/registry.py); the cookies the jar holds."""
+    from refmount.fuse.registry import at, register
+
+    def by_host(key: str):
+        def collect(stats: dict):
+            for host, n in ((stats.get("logins") or {}).get(key) or {}).items():
+                yield {"host": host}, n
+        return collect
+
+    for key, what in (("logins", "logins made (a login host's answer taken)"),
+                      ("login_failures", "logins refused or failed"),
+                      ("bearer_requests", "requests sent with a bearer token"),
+                      ("s3_credential_refreshes", "temporary S3 credentials fetched"),
+                      ("s3_credential_failures", "temporary S3 credentials that could not be fetched")):
+        register(f"refmount_{key}_total", "counter", f"Logins and credentials: {what}, by host.", ("host",),
+                 collect=by_host(key), component="fetch.auth")
+    register("refmount_cookies", "gauge", "Cookies the mount's jar holds.", collect=at("logins", "cookies"),
+             component="fetch.auth")
+
+
+_register_metrics()

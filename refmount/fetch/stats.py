@@ -183,3 +183,28 @@ class FetchStats:
 
 _KINDS = {"http_4xx", "http_5xx", "timeout", "connection", "tls", "protocol", "changed", "refused", "not_found",
           "denied", "checksum", "repeated", "other"}
+
+
+def _register_metrics() -> None:
+    """Per host (fuse/registry.py): requests, bytes, retries, final errors by kind, and latency."""
+    from refmount.fuse.registry import per, register
+
+    def errors(stats: dict):
+        for host, h in (stats.get("hosts") or {}).items():
+            for kind, n in (h.get("errors") or {}).items() if isinstance(h, dict) else ():
+                yield {"host": host, "kind": kind}, n
+
+    register("refmount_fetch_requests_total", "counter", "Requests sent to the host (ranged GETs, HEADs, "
+             "whole-object GETs; each attempt of a retried fetch).", ("host",), collect=per("hosts", "host", "requests"),
+             component="fetch")
+    register("refmount_fetch_bytes_total", "counter", "Body bytes received from the host.", ("host",),
+             collect=per("hosts", "host", "bytes"), component="fetch")
+    register("refmount_fetch_retries_total", "counter", "Fetches from the host attempted again after a failure.",
+             ("host",), collect=per("hosts", "host", "retries"), component="fetch")
+    register("refmount_fetch_errors_total", "counter", "Fetches from the host that failed for good (after any "
+             "retries), by kind.", ("host", "kind"), collect=errors, component="fetch")
+    register("refmount_fetch_duration_seconds", "histogram", "Time to fetch a range from the host, retries "
+             "included.", ("host",), collect=per("hosts", "host", "latency_seconds"), component="fetch")
+
+
+_register_metrics()

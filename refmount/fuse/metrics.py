@@ -1,15 +1,16 @@
 """`--metrics ADDR:PORT`: the mount's counters in Prometheus's text format, at GET /metrics.
 
-The figures are the ones `refmount stats` shows: the exposition is made from the same dict (the
-`stats()` of fuse/assemble.py), on the trio thread, so both always agree. The responder is a few
-lines of trio on the daemon's own loop (a scrape is one short request): no thread, no dependency.
+The families are the registry's (fuse/registry.py: each component registers its own, with name, kind,
+help and labels), the samples those of the mount's stats dict (the `stats()` of fuse/assemble.py),
+made on the trio thread: `refmount stats` shows the same registry, so both always agree. The
+responder is a few lines of trio on the daemon's own loop (a scrape is one short request): no
+thread, no dependency.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import re
 import socket
 
 import trio
@@ -19,10 +20,6 @@ from refmount.errors import RefmountError
 log = logging.getLogger("refmount")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-# Every number in these sections is exported as a counter, except those named as what is there now
-# (a key that is or ends in one of _NOW_WORDS: 'pending', 'in_flight'...), exported as gauges.
-_READAHEAD_SECTIONS = ("readahead", "grid_readahead")
-_NOW_WORDS = ("pending", "in_flight", "window", "now")
 
 
 def shown_address(host: str, port: int) -> str:
@@ -149,79 +146,20 @@ def _number(value) -> str:
     return repr(float(value))
 
 
-def _metric_name(text: str) -> str:
-    return re.sub(r"[^a-zA-Z0-9_]", "_", text)
-
-
 def exposition(stats: dict) -> str:
-    """The Prometheus text exposition of a mount's `stats()` dict (fuse/assemble.py)."""
+    """The Prometheus text exposition of the registry's families with a mount's `stats()` samples,
+    each labelled with the mountpoint."""
+    from refmount.fuse.registry import REGISTRY
+
     out = _Families()
     mount = {"mountpoint": stats.get("mountpoint", "")}
-    for host, h in stats.get("hosts", {}).items():
-        labels = {**mount, "host": host}
-        out.add("refmount_fetch_requests_total", "counter", "Requests sent to the host (ranged GETs, HEADs, "
-                "whole-object GETs; each attempt of a retried fetch).", labels, h.get("requests"))
-        out.add("refmount_fetch_bytes_total", "counter", "Body bytes received from the host.", labels, h.get("bytes"))
-        out.add("refmount_fetch_retries_total", "counter", "Fetches from the host attempted again after a failure.",
-                labels, h.get("retries"))
-        for kind, n in h.get("errors", {}).items():
-            out.add("refmount_fetch_errors_total", "counter", "Fetches from the host that failed for good (after "
-                    "any retries), by kind.", {**labels, "kind": kind}, n)
-        if "latency_seconds" in h:
-            out.histogram("refmount_fetch_duration_seconds", "Time to fetch a range from the host, retries "
-                          "included.", labels, h["latency_seconds"])
-        out.add("refmount_host_in_flight_requests", "gauge", "Read-ahead requests to the host in flight now.",
-                labels, h.get("in_flight"))
-        out.add("refmount_host_parallel_requests", "gauge", "Read-ahead requests the host gets at once, at most.",
-                labels, h.get("parallel"))
-    logins = stats.get("logins", {})
-    for key, per_host in logins.items():  # (fetch/auth.py: each counter by host; "cookies" is a count now)
-        if isinstance(per_host, dict):
-            for host, n in per_host.items():
-                out.add(_metric_name(f"refmount_{key}_total"), "counter", f"Logins and credentials: "
-                        f"{key.replace('_', ' ')}, by host.", {**mount, "host": host}, n)
-    out.add("refmount_cookies", "gauge", "Cookies the mount's jar holds.", mount, logins.get("cookies"))
-    served = stats.get("served", {})
-    out.add("refmount_served_bytes_total", "counter", "Bytes readers got from the mount (every file).", mount,
-            served.get("reader_bytes"))
-    out.add("refmount_served_reads_total", "counter", "Reads readers made of the mount's files.", mount,
-            served.get("reader_reads"))
-    out.add("refmount_served_remote_bytes_total", "counter", "Bytes of remote objects the raw view served (fetched "
-            "bytes divided by these is the amplification).", mount, served.get("bytes"))
-    caches = [("memory", stats.get("cache", {})), ("disk", stats.get("disk", {}))]
-    for name, cache in caches:
-        labels = {**mount, "cache": name}
-        out.add("refmount_cache_hits_total", "counter", "Blocks found in the cache.", labels, cache.get("hits"))
-        out.add("refmount_cache_misses_total", "counter", "Blocks not found in the cache (fetched).", labels,
-                cache.get("misses"))
-        out.add("refmount_cache_evictions_total", "counter", "Blocks evicted from the cache.", labels,
-                cache.get("evictions"))
-        out.add("refmount_cache_bytes", "gauge", "Bytes the cache holds.", labels, cache.get("bytes"))
-        out.add("refmount_cache_capacity_bytes", "gauge", "What the cache may hold.", labels, cache.get("capacity"))
-    for section in _READAHEAD_SECTIONS:
-        for key, value in _flat(stats.get(section, {})):
-            what = f"Read-ahead ({section}): {key.replace('_', ' ')}."
-            if any(key == word or key.endswith("_" + word) for word in _NOW_WORDS):
-                out.add(_metric_name(f"refmount_{section}_{key}"), "gauge", what + " (now)", mount, value)
+    for family, samples in REGISTRY.collect(stats):
+        for labels, value in samples:
+            if family.kind == "histogram":
+                out.histogram(family.name, family.help, {**mount, **labels}, value)
             else:
-                out.add(_metric_name(f"refmount_{section}_{key}_total"), "counter", what, mount, value)
-    decoded = stats.get("decoded", {})
-    out.add("refmount_decoded_chunks_total", "counter", "Chunks the decoded view decoded.", mount,
-            decoded.get("decodes"))
-    memory = stats.get("memory", {})
-    for key, help_text in (("rss", "Resident memory of the daemon."), ("target", "The daemon's memory target."),
-                           ("cached", "Bytes of cached blocks."), ("prefetch_ahead", "Bytes read ahead of readers.")):
-        out.add(f"refmount_memory_{key}_bytes", "gauge", help_text, mount, memory.get(key))
-    out.add("refmount_keys", "gauge", "Keys of the mounted reference set.", mount, stats.get("keys"))
+                out.add(family.name, family.kind, family.help, {**mount, **labels}, value)
     return out.text()
-
-
-def _flat(section: dict, prefix: str = ""):
-    for key, value in section.items():
-        if isinstance(value, dict):
-            yield from _flat(value, f"{prefix}{key}_")
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            yield prefix + key, value
 
 
 __all__ = ["bind_metrics", "serve_metrics", "exposition", "CONTENT_TYPE"]

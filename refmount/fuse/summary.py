@@ -145,42 +145,16 @@ def print_list(as_json: bool = False) -> int:
 
 
 def print_stats(mountpoint: str, as_json: bool = False) -> int:
+    """The mount's metrics as the registry has them (the families --metrics exports, fuse/registry.py),
+    or with `as_json` every figure the daemon keeps (its stats dict)."""
+    from refmount.fuse.registry import text
+
     stats = read_stats(mountpoint)
     if as_json:
         print(json.dumps(stats, indent=2, sort_keys=True))
         return 0
-    _print_tree(stats, 0)
+    print(text(stats) + "(every figure, metrics or not: refmount stats --json)")
     return 0
-
-
-def _histogram_line(histogram: dict) -> str:
-    """A latency histogram in one line: count, mean, and the bucket bounds the median and the 99th
-    percentile fall under."""
-    count = histogram["count"]
-    if not count:
-        return "none yet"
-
-    def under(q: float) -> str:
-        for bound, n in sorted(histogram["buckets"].items(), key=lambda item: float(item[0])):
-            if n >= q * count:
-                return "more" if bound == "+Inf" else f"<= {float(bound) * 1000:g} ms"
-        return "?"
-
-    return f"{count:,} fetches, mean {histogram['sum'] / count * 1000:.3g} ms, p50 {under(0.5)}, p99 {under(0.99)}"
-
-
-def _print_tree(value: dict, depth: int) -> None:
-    for key, item in value.items():
-        if isinstance(item, dict) and "buckets" in item:
-            print("  " * depth + f"{key}: {_histogram_line(item)}")
-        elif isinstance(item, dict) and not item:
-            print("  " * depth + f"{key}: none")
-        elif isinstance(item, dict):
-            print("  " * depth + f"{key}:")
-            _print_tree(item, depth + 1)
-        else:
-            shown = f"{item:,}" if isinstance(item, int) and not isinstance(item, bool) else item
-            print("  " * depth + f"{key}: {shown}")
 
 
 __all__ = ["summarize", "print_summary", "print_stats", "read_stats", "live_mounts", "print_list"]

@@ -31,6 +31,8 @@ log = logging.getLogger("refmount")
 
 SCANNER_MEMORY = 1 << 30  # address space a scanner may add to what it has after its imports
 SCAN_CACHE_BYTES = 64 << 20  # the block cache the headers are read through
+KEPT_COORDINATE_BYTES = 32 << 20  # --concat: copies of the small arrays' chunks taken from scanned headers
+KEPT_CHUNK_BYTES = 64 << 10  # (each at most this: coordinates, bounds, scalars; not a data variable's chunk)
 REVALIDATION_CONNECTIONS = 32  # per host, while scanning: 56 HEADs at 80 ms take 2 round trips, not 7
 SCANNER_RSS = 48 << 20  # one scanner against the memory target (measured after 4 netCDF-4 files: RSS 65 MB,
                         # PSS 36 MB, 14 MB private: it shares its fork server's pages)
@@ -200,6 +202,10 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
     from refmount.refs.scan.store import ScanStore, default_scan_dir
 
     store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
+    if not single and not store.previous_names(location):  # a first mount: its files will be scanned
+        from refmount.refs.scan.pool import start_fork_server
+
+        start_fork_server()  # (its imports, a second or more, while the files are listed)
     entries = _single_entry(location) if single else source_entries(location, options, store)
     started = time.monotonic()
     kind = "file" if single else "many"
@@ -297,15 +303,37 @@ class _Reader:
             return await self.fetcher.read(url, start, end, bs)
 
         self.cache = BlockCache(fetch, block_size=bs, capacity=SCAN_CACHE_BYTES)
+        self.kept: dict[tuple[str, int, int], bytes] = {}  # (see keep_small_arrays)
+        self.kept_bytes = 0
 
     async def read(self, url: str, start: int, end: int):
         return await self.cache.read(url, start, end)
 
     async def read_exact(self, url: str, start: int, end: int):
-        """A coordinate's chunk: from the header's blocks when they are cached (a scanned file), else as a
-        request of that range alone (a file a DMR++ described: none of it was read, and a whole block of
-        it would be a MiB per file for a few bytes of time)."""
+        """A coordinate's chunk: kept when its file was scanned, or from the header's blocks when they are
+        cached still, else as a request of that range alone (a file a DMR++ described: none of it was
+        read, and a whole block of it would be a MiB per file for a few bytes of time)."""
+        kept = self.kept.get((url, start, end))
+        if kept is not None:
+            return kept
         return await self.cache.read_exact(url, start, end)
+
+    def keep_small_arrays(self, url: str, refs: dict) -> None:
+        """Copy, from the blocks its scan has just read (no request), the chunks of `url`'s arrays of at
+        most one dimension (coordinates, bounds, scalars): --concat reads them all once every file is
+        scanned, when a thousand files' headers have long left the block cache (a request per chunk: 3
+        more a file, at 80 ms the most of a cold mount's time). Up to KEPT_COORDINATE_BYTES in all."""
+        bs = self.cache.block_size
+        for start, length in small_array_chunks(url, refs):
+            end = start + length
+            if length > KEPT_CHUNK_BYTES or self.kept_bytes + length > KEPT_COORDINATE_BYTES:
+                continue
+            blocks = [self.cache.cached(url, i) for i in range(start // bs, (end - 1) // bs + 1)]
+            if length <= 0 or any(b is None for b in blocks):
+                continue
+            first = start // bs * bs
+            self.kept[(url, start, end)] = bytes(b"".join(map(bytes, blocks))[start - first:end - first])
+            self.kept_bytes += length
 
     async def __aenter__(self) -> "_Reader":
         return self
@@ -337,6 +365,8 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
             scanned = await scan_entry(entry, reader.fetcher, reader.read, pool, store, lookups, max_refs_size,
                                        dmrpp_limits=lambda: dmrpp_job(options, max_keys))
             check_scanned(options.trust, entry, scanned)
+            if options.concat and scanned.format != "dmrpp":
+                reader.keep_small_arrays(entry.url, scanned.refs)
             scanned.files = files(entry.url, entry.sidecar)
             results[i] = scanned
         except (ScanFailed, FetchError) as e:
@@ -390,6 +420,28 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
     return Scanned(entry.name, entry.url, fmt, refs, [str(r) for r in refused], version)
 
 
+def small_array_chunks(url: str, refs: dict):
+    """(offset, length) of the chunks in `url` of the arrays of at most one dimension in a file's
+    references (by each `.zarray`'s shape and chunks)."""
+    for key, meta in refs.items():
+        if not key.endswith(".zarray"):
+            continue
+        try:
+            meta = orjson.loads(meta)
+            shape, chunks = meta["shape"], meta["chunks"]
+            count = -(-int(shape[0]) // int(chunks[0])) if shape else 1
+        except (orjson.JSONDecodeError, TypeError, KeyError, ValueError, IndexError, ZeroDivisionError):
+            continue
+        if len(shape) > 1:
+            continue
+        prefix = key[: -len(".zarray")]
+        for k in range(min(count, 1024)):
+            value = refs.get(f"{prefix}{k}")
+            if isinstance(value, list) and len(value) == 3 and value[0] == url and type(value[1]) is int \
+                    and type(value[2]) is int:
+                yield value[1], value[2]
+
+
 def _check_complete(url: str, size: int, refs: dict) -> None:
     """A netCDF-3 file cut short (its header still parses) places data past its end: said now as what
     it is. (HDF5 says so itself; kerchunk's GRIB scanner writes ranges past the end of whole files.)"""
@@ -423,7 +475,8 @@ async def _from_sidecar(fetcher, entry: Entry, lookups, store, max_refs_size, po
 
     data_url = data_url or (None if entry.url == entry.sidecar else entry.url)
     async with lookups:
-        listed = (entry.size, entry.version) if entry.url == entry.sidecar else ()  # (a pair's are the data file's)
+        listed = (entry.size, entry.version) if entry.url == entry.sidecar else entry.sidecar_listed  # (a pair's
+        # size and version are the data file's)
         size, version = await _identify(fetcher, Entry(entry.name, entry.sidecar, *listed))
     if version:  # (what it was converted with is part of what it is)
         version = f"dmrpp {version}" + (f" data {data_url}" if data_url else "")

@@ -36,6 +36,12 @@ def _forkserver():
     return _context
 
 
+def start_fork_server() -> None:
+    """Start the fork server now (it imports kerchunk and h5py: a second or more), so that this overlaps
+    other work, such as a cold mount's listing, rather than waiting for the first scan."""
+    _forkserver()
+
+
 @contextlib.contextmanager
 def _streams_to_devnull():
     saved = [os.dup(fd) for fd in (0, 1, 2)]

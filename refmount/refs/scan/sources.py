@@ -8,10 +8,12 @@ reads at most MAX_INDEX_BYTES of each index page and MAX_ENTRIES entries in all.
 
 from __future__ import annotations
 
+import datetime
 import glob
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from urllib.parse import unquote, urljoin, urlsplit
@@ -37,8 +39,9 @@ class Entry:
     name: str
     url: str
     size: int | None = None
-    version: str | None = None  # a validator from the listing (S3's ETag), if any
+    version: str | None = None  # a validator from the listing (S3's ETag, an index page's date), if any
     sidecar: str | None = None  # the url of its DMR++ (X.dmrpp beside X), read instead of scanning X
+    sidecar_listed: tuple = ()  # (size, version) of that DMR++ from the listing, if it gave them
 
 
 DMRPP_SUFFIX = ".dmrpp"
@@ -57,6 +60,7 @@ def pair_sidecars(found: list[tuple[Entry, str]]) -> list[tuple[Entry, str]]:
         data = by_url.get(entry.url[: -len(DMRPP_SUFFIX)])
         if data is not None:
             data.sidecar = entry.url
+            data.sidecar_listed = (entry.size, entry.version) if entry.size is not None and entry.version else ()
         else:
             entry.sidecar = entry.url
             entry.name = entry.name[: -len(DMRPP_SUFFIX)] if entry.name.endswith(DMRPP_SUFFIX) else entry.name
@@ -226,15 +230,67 @@ def matches(pattern: list[str], parts: list[str]) -> bool:
 # -- http(s): the server's HTML index -----------------------------------------------------------------
 
 class _Links(HTMLParser):
+    """The links of an index page, each with the text that follows it up to the next link (where
+    nginx and Apache write the file's date and size)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.hrefs: list[str] = []
+        self.after: list[str] = []
 
     def handle_starttag(self, tag, attrs):
         if tag == "a":
             for name, value in attrs:
                 if name == "href" and value:
                     self.hrefs.append(value)
+                    self.after.append("")
+
+    def handle_endtag(self, tag):
+        if tag == "a" and self.after:
+            self.after[-1] = " "  # (from here on: the text after the link, not its name)
+
+    def handle_data(self, data):
+        if self.after and self.after[-1] and len(self.after[-1]) < 200:
+            self.after[-1] += data
+
+
+# nginx's autoindex (html): "29-Nov-2026 07:18   324130"; Apache's: "2026-11-29 07:18  317K" (in a table).
+_NGINX_DATE = re.compile(r"^\s*(\d{2})-([A-Z][a-z]{2})-(\d{4}) (\d{2}):(\d{2})\s+(\S+)")
+_APACHE_DATE = re.compile(r"^\s*(\d{4})-(\d{2})-(\d{2}) (\d{2}):(\d{2})(?::\d{2})?\s+(\S+)")
+_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
+                                       "Dec"), 1)}
+SETTLED = 86400  # seconds: a file listed as modified more recently (or in the future) is identified by a HEAD
+
+
+def listed_version(text: str, now: float | None = None) -> tuple[int | None, str | None]:
+    """(size, version) of a file from the text after its link on an nginx or Apache index page:
+    its size in bytes and 'listed DATE' when the page gives both, exactly, else (None, None).
+
+    The date is to the minute and in the server's time zone (unknown), so it names a version only
+    for a file that has settled: one modified more than a day ago (SETTLED, by our clock). A file
+    changed in place later gets another date; one modified within the last day may still change
+    within its minute, and is identified by a HEAD (its ETag or Last-Modified, to the second) as
+    before. What is left: a file rewritten to the same size with its old date set back (rsync -t
+    of another file of the same size does so) is not seen, as rsync's own quick check does not."""
+    m = _NGINX_DATE.match(text)
+    if m:
+        day, month, year, hour, minute, size = m.groups()
+        month = _MONTHS.get(month)
+    else:
+        m = _APACHE_DATE.match(text)
+        if not m:
+            return None, None
+        year, month, day, hour, minute, size = m.groups()
+    if not size.isdigit() or not month:  # ('-' for a directory; '317K' or '1.2M' is no size to read by)
+        return None, None
+    try:
+        when = datetime.datetime(int(year), int(month), int(day), int(hour), int(minute),
+                                 tzinfo=datetime.timezone.utc).timestamp()
+    except (ValueError, OverflowError):
+        return None, None
+    if (now or time.time()) - when <= SETTLED:
+        return None, None
+    return int(size), f"listed {int(year):04d}-{int(month):02d}-{int(day):02d} {hour}:{minute}"
 
 
 def _fetch_index(url: str, headers: dict) -> tuple[str, str]:
@@ -269,12 +325,20 @@ def index_links(page_url: str, html: str) -> tuple[list[str], list[str]]:
     the page's path; sorting links (Apache's ?C=N;O=D), the parent and anything else are left out. A
     link whose name, once decoded, name_problem refuses ('..%2fx', '%2e%2e/', 'a%00') is left out with a
     log line: the server would resolve it elsewhere, and no directory of the mount can be named so."""
+    files, dirs, _ = index_entries(page_url, html)
+    return files, dirs
+
+
+def index_entries(page_url: str, html: str) -> tuple[list[str], list[str], dict]:
+    """index_links's (files, directories), and {file url: (size, version)} for the files whose date and
+    size the page gives (listed_version)."""
     parser = _Links()
     parser.feed(html)
     base = page_url if page_url.endswith("/") else page_url + "/"
     base_path = urlsplit(base).path
-    files, dirs = [], []
-    for href in parser.hrefs:
+    files, dirs, listed = [], [], {}
+    now = time.time()
+    for href, after in zip(parser.hrefs, parser.after):
         if "?" in href or "#" in href:
             continue
         url = urljoin(base, href)
@@ -289,7 +353,11 @@ def index_links(page_url: str, html: str) -> tuple[list[str], list[str]]:
             left_out(page_url, unquote(rest.rstrip("/")), problem)
             continue
         (dirs if rest.endswith("/") else files).append(url)
-    return list(dict.fromkeys(files)), list(dict.fromkeys(dirs))
+        if not rest.endswith("/") and url not in listed:
+            size, version = listed_version(after, now)
+            if version:
+                listed[url] = (size, version)
+    return list(dict.fromkeys(files)), list(dict.fromkeys(dirs)), listed
 
 
 def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[tuple[Entry, str]]:
@@ -305,14 +373,16 @@ def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[tup
     deep = "**" in pattern
     depth = MAX_DEPTH if deep else len(pattern) - 1
     found: list[str] = []
+    listed: dict = {}
     todo = [(base, 0)]
     while todo:
         url, level = todo.pop(0)
         final, html = _fetch_index(url, headers)
         if level == 0 and final != url:  # the listed directory answers elsewhere on its origin (/d -> /d/,
             base_path = urlsplit(final).path.rstrip("/") + "/"  # /old/ -> /new/): its files are named from there
-        files, dirs = index_links(final, html)
+        files, dirs, versions = index_entries(final, html)
         found += files
+        listed.update(versions)
         if len(found) > MAX_ENTRIES:
             raise _too_many(location)
         if level < depth:
@@ -324,7 +394,7 @@ def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[tup
                 matches(pattern, rel[: -len(DMRPP_SUFFIX)].split("/")):
             chosen.append((url, rel))
     chosen.sort(key=lambda item: item[1])
-    return [(Entry(_basename(u), u), rel) for u, rel in chosen]
+    return [(Entry(_basename(u), u, *listed.get(u, ())), rel) for u, rel in chosen]
 
 
 # -- s3: the bucket's listing (its ETags and sizes: no HEAD per object) -------------------------------

@@ -1,0 +1,23 @@
+"""The metric families of what the mount served: readers' reads, the raw view's remote bytes, the
+decoded view's chunks, the read-ahead's sections and the reference set's keys (fuse/registry.py).
+Registered here, a light module, rather than in the views (which `refmount stats` need not import)."""
+
+from __future__ import annotations
+
+from refmount.fuse.registry import REGISTRY, at, register
+
+register("refmount_served_bytes_total", "counter", "Bytes readers got from the mount (every file).",
+         collect=at("served", "reader_bytes"), component="fuse")
+register("refmount_served_reads_total", "counter", "Reads readers made of the mount's files.",
+         collect=at("served", "reader_reads"), component="fuse")
+register("refmount_served_remote_bytes_total", "counter", "Bytes of remote objects the raw view served (fetched "
+         "bytes divided by these is the amplification).", collect=at("served", "bytes"), component="view.raw")
+register("refmount_decoded_chunks_total", "counter", "Chunks the decoded view decoded.",
+         collect=at("decoded", "decodes"), component="view.decoded")
+register("refmount_keys", "gauge", "Keys of the mounted reference set.", collect=at("keys"), component="refs")
+register("refmount_scan_files_scanned_total", "counter", "Files of a lazily mounted glob scanned (or found in the "
+         "scan store) at their first lookup.", collect=at("scan", "scanned"), component="refs.scan")
+# (the read-ahead's figures are whatever view/raw.py's streams and view/gridahead.py report)
+REGISTRY.register_section("readahead", "Read-ahead", ("pending", "in_flight", "window", "now"), component="view.raw")
+REGISTRY.register_section("grid_readahead", "Read-ahead", ("pending", "in_flight", "window", "now"),
+                          component="view.gridahead")
