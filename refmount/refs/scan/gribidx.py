@@ -80,8 +80,6 @@ def parse_idx(text: bytes, grib_size: int) -> list[Row]:
         rows.append(row)
     if not rows:
         raise IdxRefused("it has no rows")
-    if rows[0].offset != 0:
-        raise IdxRefused(f"its first message is at {rows[0].offset:,}, not at the start of its GRIB file")
     if len({r.date for r in rows}) > 1:
         raise IdxRefused("its rows are of several run dates")
     return rows
