@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.support.clients import nczarr_url
+from tests.support.clients import ncdump, nczarr_url
 from tests.support.gribfiles import write
 
 FIXTURES = Path(__file__).parent / "data" / "gribidx"
@@ -96,6 +96,21 @@ def test_noaa_inventories_parse_as_kerchunk_parses_them(tmp_path, name):
     assert [r.offset for r in rows] == theirs["offset"].tolist()
     assert [r.attrs for r in rows] == theirs["attrs"].tolist()
     assert [n for _, n in messages(rows, size).values()] == theirs["length"].tolist()
+
+
+def test_kinds_split_by_rows_grid_size_and_origin():
+    """Files share a mapping only with files of the same rows, name shape, size class and origin."""
+    from refmount.refs.scan.gribidx import kind_of, parse_idx
+
+    text = (FIXTURES / "hrrr.t01z.wrfsfcf00.grib2.test-limit-10.idx").read_bytes()
+    rows = parse_idx(text, 8 << 20)
+    a = kind_of(rows, "hrrr.t01z.wrfsfcf00.grib2", 8 << 20, "https://noaa-hrrr-bdp-pds.s3.amazonaws.com/x")
+    assert a == kind_of(parse_idx(text.replace(b"d=2022101401", b"d=2023010218"), 8 << 20), "hrrr.t18z.wrfsfcf00.grib2",
+                        9 << 20, "https://noaa-hrrr-bdp-pds.s3.amazonaws.com/y")  # another cycle: the same kind
+    assert a != kind_of(rows, "hrrr.t01z.wrfsfcf00.grib2", 8 << 20, "https://evil.example/x")  # another origin
+    assert a != kind_of(rows, "hrrr.t01z.wrfsfcf00.grib2", 32 << 20, "https://noaa-hrrr-bdp-pds.s3.amazonaws.com/x")
+    assert a != kind_of(rows, "hrrr.t01z.wrfprsf00.grib2", 8 << 20, "https://noaa-hrrr-bdp-pds.s3.amazonaws.com/x")
+    assert a != kind_of(rows[:-1], "hrrr.t01z.wrfsfcf00.grib2", 8 << 20, "https://noaa-hrrr-bdp-pds.s3.amazonaws.com/x")
 
 
 # -- hostile inventories: refused in one line naming the .idx, bounded ---------------------------------
@@ -204,6 +219,7 @@ def test_concat_time_over_cycles_and_step_over_forecast_hours(mount, scans, cycl
         for root, dim in ((cycles, "time"), (steps, "step")):
             files = sorted(root.glob("gfs.*[0-9]"))
             m = mount(f"{nginx.url}/data/{root.name}/gfs.*[0-9]", "--concat", dim)
+            assert "double t2m(time, step, latitude, longitude)" in ncdump(nczarr_url(m.path), header=True)
             fields = [cfgrib_field(p, "2t", 2) for p in files]
             by_coord = sorted(fields, key=lambda f: f[1] if dim == "time" else f[2])
             with netCDF4.Dataset(nczarr_url(m.path)) as ds:

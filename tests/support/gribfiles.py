@@ -56,9 +56,9 @@ def grib2(run: dt.datetime, step: int, seed: int = 0, ni: int = 48, nj: int = 25
     return out, "\n".join(rows) + "\n"
 
 
-def write(directory: Path, name: str, run: dt.datetime, step: int, seed: int = 0) -> Path:
-    """`directory/name` and `directory/name.idx`."""
-    data, idx = grib2(run, step, seed)
+def write(directory: Path, name: str, run: dt.datetime, step: int, seed: int = 0, **grid) -> Path:
+    """`directory/name` and `directory/name.idx` (`grid`: ni, nj as for grib2)."""
+    data, idx = grib2(run, step, seed, **grid)
     path = Path(directory) / name
     path.write_bytes(data)
     Path(str(path) + ".idx").write_text(idx)

@@ -14,8 +14,9 @@ that refmount's own scan makes rather than through pandas and a datatree per mes
 The kind of a file (what may share a mapping): the sorted set of its idx rows without their dates (the
 variables, levels and steps of the product: f00 and f06 of one model are different kinds, as kerchunk's
 "same horizon"), its name with the digits taken out (`gfs.t#z.pgrb#.#p#.f#`), and its size to a power of
-two (GFS's 0p25 and 0p50 have the same rows and names of the same shape, and sizes 4x apart). A wrong
-split costs one scan more; a wrong merge could give one product another's grid, hence the size.
+two (GFS's 0p25 and 0p50 have the same rows and names of the same shape, and sizes 4x apart), and
+its origin (scheme and host: see `origin`). A wrong split costs one scan more; a wrong merge could give
+one product another's grid, hence the size.
 
 An idx is a document of its origin: its offsets only ever point into its own GRIB file, within the size
 the listing (or a HEAD) gave it. One that is not UTF-8, is larger than MAX_IDX_BYTES, has more than
@@ -96,11 +97,25 @@ def messages(rows: list[Row], grib_size: int) -> dict[int, tuple[str, int]]:
     return {o: ("\n".join(keys[o]), ends[o] - o) for o in starts}
 
 
-def kind_of(rows: list[Row], name: str, grib_size: int) -> str:
-    """What files may share a mapping (the module's docstring says why these three)."""
+def kind_of(rows: list[Row], name: str, grib_size: int, url: str) -> str:
+    """What files may share a mapping (the module's docstring says why these), on one origin."""
     shape = re.sub(r"\d+", "#", name)
-    text = orjson.dumps([sorted({r.attrs for r in rows}), shape, max(grib_size, 1).bit_length()])
+    text = orjson.dumps([sorted({r.attrs for r in rows}), shape, max(grib_size, 1).bit_length(), origin(url)])
     return "grib-idx kind " + hashlib.sha256(text).hexdigest()[:32]
+
+
+def origin(url: str) -> str:
+    """scheme://host (an S3 bucket is its host); "" for a local file. A mapping carries its first file's
+    coordinates and attributes: one origin's files never lend them to another's (a hostile server could
+    otherwise shape its files to another product's kind and poison the scan store for it)."""
+    from urllib.parse import urlsplit
+
+    from refmount.fetch.protocols import is_remote
+
+    if not is_remote(url):
+        return ""
+    parts = urlsplit(url)
+    return f"{parts.scheme.lower()}://{parts.netloc.lower()}"
 
 
 def run_seconds(date: str) -> int:

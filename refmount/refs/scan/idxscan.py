@@ -21,7 +21,10 @@ from refmount.refs.scan import gribidx
 
 log = logging.getLogger("refmount")
 
+# Per scan store (one per mount or scan): a lock per kind (its first file is scanned once, not by every
+# file of it at the same time), and the mappings read so far (not read from disk again for each file).
 _kind_locks: "weakref.WeakKeyDictionary[object, dict[str, trio.Lock]]" = weakref.WeakKeyDictionary()
+_mappings: "weakref.WeakKeyDictionary[object, dict[str, dict]]" = weakref.WeakKeyDictionary()
 
 
 async def from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size: int):
@@ -49,11 +52,13 @@ async def from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size: in
         rows = await trio.to_thread.run_sync(gribidx.parse_idx, text, grib_size)
     except gribidx.IdxRefused as e:
         raise refused(str(e)) from None
-    kind = gribidx.kind_of(rows, entry.name, grib_size)
-    locks = _kind_locks.setdefault(store, {})
-    async with locks.setdefault(kind, trio.Lock()):  # (the first file of a kind is scanned once, not by all)
-        mapping = store.get(kind, gribidx.MAPPING_VERSION, 1 << 30)
-        if mapping is None:
+    kind = gribidx.kind_of(rows, entry.name, grib_size, entry.url)
+    locks, known = _kind_locks.setdefault(store, {}), _mappings.setdefault(store, {})
+    async with locks.setdefault(kind, trio.Lock()):
+        mapping = known.get(kind) or store.get(kind, gribidx.MAPPING_VERSION, max_refs_size)
+        if mapping is not None:
+            known[kind] = mapping
+        else:
             scanned = await scan_entry(replace(entry, sidecar=None), fetcher, read, pool, store, lookups, max_refs_size)
             try:
                 mapping = await trio.to_thread.run_sync(gribidx.learn, scanned.refs, rows, entry.url, grib_size)
@@ -62,6 +67,7 @@ async def from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size: in
                             redact(entry.url), redact(idx_url), e)
                 mapping = {"refused": str(e)}
             store.put(kind, gribidx.MAPPING_VERSION, mapping)
+            known[kind] = mapping
             return _kept(store, scanned, idx_url, version, entry)
     if "refused" in mapping:
         scanned = await scan_entry(replace(entry, sidecar=None), fetcher, read, pool, store, lookups, max_refs_size)
