@@ -185,15 +185,20 @@ def test_glob_mounts_from_idx_files_after_one_scan_and_equals_cfgrib(mount, scan
                                          only_use_cftime_datetimes=False, only_use_python_datetimes=True)
                 assert np.datetime64(times[0], "ns") == run, p.name
         m.stop()
-        # warm: the scan store has every file by its .idx's version; nothing is read again
+        # warm: the scan store has every file by its .idx's version; nothing is read again, and a new
+        # cycle of the same product is read from its .idx alone (the kind's mapping is kept)
+        new = write(tmp_path / "www" / "data" / cycles.name, "gfs.c4.pgrb2.0p50.f006", dt.datetime(2023, 4, 9, 0), 6, seed=9)
         before = len(nginx.access_log())
         warm = mount(url)
-        for p in files:
+        for p in [*files, new]:
             with netCDF4.Dataset(nczarr_url(warm.path / p.name)) as ds:
                 assert "t2m" in ds[T2M].variables
         again = nginx.access_log()[before:]
-        assert not [line for line in again if line.startswith("GET") and "/data/" in line
-                    and not line.split()[1].endswith("/")], again  # (HEADs of the .idx files only)
+        gets = [line.split()[1] for line in again if line.startswith("GET") and not line.split()[1].endswith("/")]
+        assert gets == [f"/data/{cycles.name}/{new.name}.idx"], again  # (and HEADs of the .idx files)
+        expected, run, _ = cfgrib_field(new, "2t", 2)
+        with netCDF4.Dataset(nczarr_url(warm.path / new.name)) as ds:
+            assert np.array_equal(np.asarray(ds[T2M]["t2m"][...]).reshape(expected.shape), expected)
 
 
 def test_idx_references_equal_a_scan_of_each_file(scans, cycles, steps):
