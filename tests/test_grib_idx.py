@@ -215,6 +215,34 @@ def test_idx_references_equal_a_scan_of_each_file(scans, cycles, steps):
             assert s.refs == direct[0].refs, s.name
 
 
+def test_a_message_the_scan_holds_inline_is_placed_and_referenced_in_later_files(scans, tmp_path, caplog):
+    """grib_tree holds small messages inline (here 16 x 9 points: 467 bytes): the mapping places such a
+    message by its bytes in the first file, and the kind's other files refer to theirs."""
+    import logging
+
+    from kerchunk.codecs import GRIBCodec
+
+    from refmount.refs.scan.archive import ArchiveOptions, scan_source
+
+    files = [write(tmp_path, f"gfs.t{h:02d}z.pgrb2.0p50.f006", dt.datetime(2023, 4, 8, h), 6, seed=k + 1, ni=16, nj=9)
+             for k, h in enumerate((0, 6, 12))]
+    caplog.set_level(logging.INFO, logger="refmount")
+    _, scanned, _ = scan_source(f"{tmp_path}/gfs.*", ArchiveOptions(scan_dir=str(scans)), max_refs_size=1 << 28,
+                                timeout=120)
+    assert "does not map its messages" not in caplog.text
+    key = "v10/instant/heightAboveGround/v10/0.0.0.0"
+    by_name = {s.name: s for s in scanned}
+    assert isinstance(by_name[files[0].name].refs[key], str)  # the scanned file: inline, as kerchunk wrote it
+    for path in files[1:]:
+        value = by_name[path.name].refs[key]
+        assert isinstance(value, list) and value[0] == str(path), value
+        data = path.read_bytes()[value[1]:value[1] + value[2]]
+        assert data[:4] == b"GRIB" and len(data) < 500
+        expected, _, _ = cfgrib_field(path, "10v", 10)
+        got = GRIBCodec(var="v10", dtype="float64").decode(data).reshape(expected.shape)
+        assert np.array_equal(got, expected)
+
+
 # -- --concat along the run time and the step, as Herbie users expect ----------------------------------
 
 def test_concat_time_over_cycles_and_step_over_forecast_hours(mount, scans, cycles, steps, tmp_path):

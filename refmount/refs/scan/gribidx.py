@@ -123,11 +123,29 @@ def run_seconds(date: str) -> int:
                             int(date[10:12] or 0), 0))
 
 
-def learn(refs: dict, rows: list[Row], grib_url: str, grib_size: int) -> dict:
+def inline_candidates(refs: dict, rows: list[Row], grib_size: int) -> dict[str, list[int]]:
+    """Inline values that may be whole GRIB messages (grib_tree inlines messages under 500 bytes: a
+    constant field packs to ~200), each with the offsets of the messages of its length."""
+    by_length: dict[int, list[int]] = {}
+    for offset, (_, length) in messages(rows, grib_size).items():
+        by_length.setdefault(length, []).append(offset)
+    out = {}
+    for key, value in refs.items():
+        if isinstance(value, str) and not key.rpartition("/")[2].startswith(".z"):
+            data = inline_bytes(value)
+            if data[:4] == b"GRIB" and len(data) in by_length:
+                out[key] = by_length[len(data)]
+    return out
+
+
+def learn(refs: dict, rows: list[Row], grib_url: str, grib_size: int, inline_at: dict | None = None) -> dict:
     """The mapping of a kind from its first file's references (its scan) and idx. IdxRefused when the
     two do not agree, as kerchunk's build_idx_grib_mapping checks: a reference to a place no idx row
-    names, of another length than the idx gives, a message held inline (its bytes are this file's
-    only), two messages of the same rows, or run times not in seconds since 1970."""
+    names, of another length than the idx gives, a message held inline that `inline_at` (key -> the
+    offset of the one message with its bytes) does not place, two messages of the same rows, or run
+    times not in seconds since 1970. A message held inline becomes a reference in the kind's other
+    files (its bytes are this file's only)."""
+    inline_at = inline_at or {}
     by_offset = messages(rows, grib_size)
     keys = [k for k, _ in by_offset.values()]
     if len(set(keys)) != len(keys):
@@ -153,7 +171,11 @@ def learn(refs: dict, rows: list[Row], grib_url: str, grib_size: int) -> dict:
             continue
         meta = orjson.loads(template.get(f"{array}/.zarray", "{}"))
         if any(isinstance(f, dict) and f.get("id") == "grib" for f in meta.get("filters") or []):
-            raise IdxRefused(f"the scan holds message {key} inline: too small a message to map")
+            if key not in inline_at:
+                raise IdxRefused(f"the scan holds message {key} inline, and no one message of the file has its bytes")
+            chunks[key] = by_offset[inline_at[key]][0]
+            del template[key]
+            continue
         if name in ("time", "valid_time"):
             attrs = orjson.loads(template.get(f"{array}/.zattrs", "{}"))
             if attrs.get("units") != _TIME_UNITS or np.dtype(meta.get("dtype", "|O")).kind not in "iu":
@@ -174,7 +196,7 @@ def apply(mapping: dict, rows: list[Row], grib_url: str, grib_size: int) -> dict
     shift = run_seconds(rows[0].date) - int(mapping["run"])
     for key in mapping["times"]:
         meta = orjson.loads(refs[key.rpartition("/")[0] + "/.zarray"])
-        values = np.frombuffer(_inline_bytes(refs[key]), dtype=meta["dtype"]) + shift
+        values = np.frombuffer(inline_bytes(refs[key]), dtype=meta["dtype"]) + shift
         refs[key] = _inline_value(values.astype(meta["dtype"]).tobytes())
     return refs
 
@@ -187,7 +209,7 @@ def _inline_value(data: bytes) -> str:
         return "base64:" + base64.b64encode(data).decode()
 
 
-def _inline_bytes(value) -> bytes:
+def inline_bytes(value) -> bytes:
     if isinstance(value, str) and value.startswith("base64:"):
         return base64.b64decode(value[7:])
     return value.encode("latin-1") if isinstance(value, str) else bytes(value)

@@ -61,7 +61,9 @@ async def from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size: in
         else:
             scanned = await scan_entry(replace(entry, sidecar=None), fetcher, read, pool, store, lookups, max_refs_size)
             try:
-                mapping = await trio.to_thread.run_sync(gribidx.learn, scanned.refs, rows, entry.url, grib_size)
+                inline_at = await _place_inline(scanned.refs, rows, entry.url, grib_size, read)
+                mapping = await trio.to_thread.run_sync(gribidx.learn, scanned.refs, rows, entry.url, grib_size,
+                                                        inline_at)
             except gribidx.IdxRefused as e:
                 log.warning("%s: its index %s does not map its messages (%s): files of its kind are scanned",
                             redact(entry.url), redact(idx_url), e)
@@ -79,6 +81,18 @@ async def from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size: in
     if version:
         store.put(idx_url, version, {"format": "grib", "refs": refs, "refused": []})
     return Scanned(entry.name, entry.url, "grib", refs, [], version)
+
+
+async def _place_inline(refs: dict, rows, url: str, grib_size: int, read) -> dict[str, int]:
+    """key -> offset of the message whose bytes a key holds inline, where exactly one message of the
+    file has them (compared with the file's bytes, still in the block cache from its scan)."""
+    placed = {}
+    for key, offsets in gribidx.inline_candidates(refs, rows, grib_size).items():
+        data = gribidx.inline_bytes(refs[key])
+        same = [o for o in offsets if bytes(await read(url, o, o + len(data))) == data]
+        if len(same) == 1:
+            placed[key] = same[0]
+    return placed
 
 
 def _kept(store, scanned, idx_url: str, version: str | None, entry):
