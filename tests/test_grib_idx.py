@@ -141,7 +141,7 @@ def test_a_million_rows_are_refused_before_they_are_read(scans, cycles, tmp_path
 
     data = tmp_path / "data"
     shutil.copytree(cycles, data)
-    bad = sorted(data.glob("*.f006"))[0]
+    bad = min(data.glob("*.f006"))
     Path(str(bad) + ".idx").write_bytes(b"".join(b"%d:0:d=2023040812:A:\n" % n for n in range(1_000_000)))
     worse = sorted(data.glob("*.f006"))[1]
     Path(str(worse) + ".idx").write_bytes(b"1:0:d=2023040812:TMP:2 m above ground:6 hour fcst:\n2:-1:d=x\n")
@@ -175,7 +175,7 @@ def test_glob_mounts_from_idx_files_after_one_scan_and_equals_cfgrib(mount, scan
         idx_gets = [line for line in nginx.access_log() if line.startswith("GET") and line.split()[1].endswith(".idx")]
         assert len(idx_gets) == len(files), idx_gets  # one GET per .idx
         for p in files:
-            expected, run, step = cfgrib_field(p, "2t", 2)
+            expected, run, _ = cfgrib_field(p, "2t", 2)
             with netCDF4.Dataset(nczarr_url(m.path / p.name)) as ds:
                 group = ds[T2M]
                 t2m = group["t2m"]

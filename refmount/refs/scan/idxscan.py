@@ -23,8 +23,8 @@ log = logging.getLogger("refmount")
 
 # Per scan store (one per mount or scan): a lock per kind (its first file is scanned once, not by every
 # file of it at the same time), and the mappings read so far (not read from disk again for each file).
-_kind_locks: "weakref.WeakKeyDictionary[object, dict[str, trio.Lock]]" = weakref.WeakKeyDictionary()
-_mappings: "weakref.WeakKeyDictionary[object, dict[str, dict]]" = weakref.WeakKeyDictionary()
+_kind_locks: weakref.WeakKeyDictionary[object, dict[str, trio.Lock]] = weakref.WeakKeyDictionary()
+_mappings: weakref.WeakKeyDictionary[object, dict[str, dict]] = weakref.WeakKeyDictionary()
 
 
 async def from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size: int):

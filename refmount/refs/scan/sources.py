@@ -63,8 +63,8 @@ def pair_sidecars(found: list[tuple[Entry, str]]) -> list[tuple[Entry, str]]:
             data.sidecar = entry.url
         elif suffix == DMRPP_SUFFIX:
             entry.sidecar = entry.url
-            entry.name = entry.name[: -len(suffix)] if entry.name.endswith(suffix) else entry.name
-            out.append((entry, rel[: -len(suffix)] if rel.endswith(suffix) else rel))
+            entry.name = entry.name.removesuffix(suffix)
+            out.append((entry, rel.removesuffix(suffix)))
     return out
 
 
