@@ -201,14 +201,22 @@ def test_glob_mounts_from_idx_files_after_one_scan_and_equals_cfgrib(mount, scan
             assert np.array_equal(np.asarray(ds[T2M]["t2m"][...]).reshape(expected.shape), expected)
 
 
-def test_idx_references_equal_a_scan_of_each_file(scans, cycles, steps):
-    """The references made from an .idx and the kind's mapping are exactly those a scan of the file makes."""
+def test_idx_references_equal_a_scan_of_each_file(scans, cycles, steps, tmp_path):
+    """The references made from an .idx and the kind's mapping are exactly those a scan of the file makes:
+    on a regular grid, and on HRRR's Lambert grid (its latitudes and longitudes referenced in the messages)."""
     from refmount.refs.scan.archive import ArchiveOptions, scan_source
 
-    for root in (cycles, steps):
-        _, by_idx, _ = scan_source(f"{root}/gfs.*", ArchiveOptions(scan_dir=str(scans / "a")), max_refs_size=1 << 28,
+    lambert = tmp_path / "lambert"
+    lambert.mkdir()
+    for k, hour in enumerate((1, 2, 3, 4)):
+        write(lambert, f"hrrr.t{hour:02d}z.wrfsfcf01.grib2", dt.datetime(2023, 4, 8, hour), 1, seed=k, ni=40, nj=30,
+              lambert=True)
+    for root in (cycles, steps, lambert):
+        _, by_idx, _ = scan_source(f"{root}/*[0-9]", ArchiveOptions(scan_dir=str(scans / "a")), max_refs_size=1 << 28,
                                    timeout=120)
         assert len(by_idx) == 4
+        if root is lambert:  # (the coordinates are references into the messages, mapped as the fields are)
+            assert isinstance(by_idx[-1].refs["t2m/instant/heightAboveGround/latitude/0.0"], list)
         for s in by_idx:
             _, direct, _ = scan_source(s.url, ArchiveOptions(scan_dir=str(scans / "b")), max_refs_size=1 << 28,
                                        timeout=120)

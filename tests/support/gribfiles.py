@@ -20,8 +20,11 @@ FIELDS = [
 ]
 
 
-def grib2(run: dt.datetime, step: int, seed: int = 0, ni: int = 48, nj: int = 25) -> tuple[bytes, str]:
-    """(the GRIB2 file's bytes, its .idx text) of one forecast hour `step` of the run at `run`."""
+def grib2(run: dt.datetime, step: int, seed: int = 0, ni: int = 48, nj: int = 25,
+          lambert: bool = False) -> tuple[bytes, str]:
+    """(the GRIB2 file's bytes, its .idx text) of one forecast hour `step` of the run at `run`.
+    `lambert`: on HRRR's Lambert conformal projection (3 km, its corner and standard parallels), whose
+    latitudes and longitudes kerchunk references in the messages rather than inline."""
     import eccodes
 
     rng = np.random.default_rng(seed)
@@ -40,6 +43,13 @@ def grib2(run: dt.datetime, step: int, seed: int = 0, ni: int = 48, nj: int = 25
                     ("typeOfFirstFixedSurface", surface), ("forecastTime", step),
                     ("packingType", "grid_simple"), ("bitsPerValue", 16)]:
                 eccodes.codes_set(h, key, value)
+            if lambert:
+                eccodes.codes_set(h, "gridType", "lambert")
+                for key, value in [("Nx", ni), ("Ny", nj), ("latitudeOfFirstGridPointInDegrees", 21.138),
+                                   ("longitudeOfFirstGridPointInDegrees", 237.28), ("LaDInDegrees", 38.5),
+                                   ("LoVInDegrees", 262.5), ("Latin1InDegrees", 38.5), ("Latin2InDegrees", 38.5),
+                                   ("DxInMetres", 3000), ("DyInMetres", 3000)]:
+                    eccodes.codes_set(h, key, value)
             if surface == 100:  # isobaric: in Pa
                 eccodes.codes_set(h, "scaleFactorOfFirstFixedSurface", 0)
                 eccodes.codes_set(h, "scaledValueOfFirstFixedSurface", level * 100)
