@@ -248,24 +248,35 @@ class _Combiner:
                             f"lengths {a} and {b}")
         return next(iter(lengths))
 
+    def _coordinate_path(self) -> str:
+        """The variable that orders the files: DIM's coordinate at the root, or, when no file has one
+        there, the first group's (`t/instant/isobaricInhPa/time`: kerchunk's grib_tree gives every leaf
+        group coordinates of its own, which are then concatenated in that order as its other variables)."""
+        if any(self.dim in f.arrays for f in self.files):
+            return self.dim
+        first = self.files[0]
+        grouped = sorted(p for p, a in first.arrays.items() if p.endswith("/" + self.dim) and a.dims == [self.dim])
+        return grouped[0] if grouped else self.dim
+
     def _coordinate(self, lengths: list[int]):
         """The files' order along the dimension, the combined coordinate values (or None without a
         coordinate variable), and (units, calendar) when they are CF times (else None)."""
         files = self.files
-        if self.dim not in files[0].arrays:
-            if any(self.dim in f.arrays for f in files):
-                other = next(f for f in files if self.dim in f.arrays)
+        coord = self._coordinate_path()
+        if coord not in files[0].arrays:
+            if any(coord in f.arrays for f in files):
+                other = next(f for f in files if coord in f.arrays)
                 raise RefsError(f"file {quote(files[0].name)} has no variable {self.dim!r} but file "
                                 f"{quote(other.name)} has")
             return list(range(len(files))), None, None
         for f in files:
-            if self.dim not in f.arrays:
-                raise RefsError(f"file {quote(f.name)} has no variable {self.dim!r} (the --concat coordinate)")
-            if f.arrays[self.dim].dims != [self.dim]:
-                raise RefsError(f"file {quote(f.name)}: variable {self.dim!r} is not a coordinate over {self.dim!r} "
-                                f"alone (dimensions {f.arrays[self.dim].dims})")
-        raw = list(self.pool.map(lambda f: self._values(f, f.arrays[self.dim]), files))
-        cf = [self._cf_units(f, f.arrays[self.dim]) for f in files]
+            if coord not in f.arrays:
+                raise RefsError(f"file {quote(f.name)} has no variable {coord!r} (the --concat coordinate)")
+            if f.arrays[coord].dims != [self.dim]:
+                raise RefsError(f"file {quote(f.name)}: variable {coord!r} is not a coordinate over {self.dim!r} "
+                                f"alone (dimensions {f.arrays[coord].dims})")
+        raw = list(self.pool.map(lambda f: self._values(f, f.arrays[coord]), files))
+        cf = [self._cf_units(f, f.arrays[coord]) for f in files]
         if any(c is not None for c in cf):
             if any(c is None for c in cf):
                 bad = files[[c is None for c in cf].index(True)]
@@ -279,7 +290,7 @@ class _Combiner:
             # Order by times expressed in one unit (the first file's), then write the earliest's.
             keys = [self._convert(f, v, c, cf[0]).astype(np.float64) for f, v, c in zip(files, raw, cf)]
         else:
-            units = [f.arrays[self.dim].attrs.get("units") for f in files]
+            units = [f.arrays[coord].attrs.get("units") for f in files]
             for f, u in zip(files, units):
                 if u != units[0]:
                     raise RefsError(f"file {quote(f.name)}: variable {self.dim!r} has units {u!r}, file "

@@ -25,7 +25,7 @@ from refmount.errors import FetchError, RefmountError, RefsError, quote
 from refmount.fetch.stats import redact
 from refmount.refs.origins import Origins, files
 from refmount.refs.scan.formats import FORMAT_NAMES, SNIFF_BYTES, sniff
-from refmount.refs.scan.sources import Entry, list_sources, looks_like_many, may_be_data_file, pair_sidecars
+from refmount.refs.scan.sources import IDX_SUFFIX, Entry, list_sources, looks_like_many, may_be_data_file, pair_sidecars
 
 log = logging.getLogger("refmount")
 
@@ -243,8 +243,7 @@ def source_entries(location: str, options: ArchiveOptions, store) -> list[Entry]
     """The files a glob, directory, prefix or @FILE names, each with the DMR++ beside it (read instead of its
     header) where there is one: the one listing of a mount that scans them all and of one that scans lazily.
     Files `store` (the scan store) saw at the last mount of `location` and that are gone are said."""
-    sidecars = dmrpp_module() is not None
-    entries = list_sources(location, listing_options(location, options), options.remote_options.get("headers"), sidecars)
+    entries = list_sources(location, listing_options(location, options), options.remote_options.get("headers"), True)
     if not entries:
         raise RefmountError(f"{quote(redact(location))} names no files")
     check_listed(options.trust, entries)
@@ -392,6 +391,10 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
     `dmrpp_limits()`: a DMR++ conversion's limits, when it starts (`dmrpp_job`)."""
     from refmount.refs.scan.pool import ScanFailed
 
+    if entry.sidecar and entry.sidecar.endswith(IDX_SUFFIX) and entry.sidecar != entry.url:
+        from refmount.refs.scan.idxscan import from_idx
+
+        return await from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size)
     if entry.sidecar:
         return await _from_sidecar(fetcher, entry, lookups, store, max_refs_size, pool, dmrpp_limits)
     async with lookups:

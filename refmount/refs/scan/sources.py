@@ -45,26 +45,30 @@ class Entry:
 
 
 DMRPP_SUFFIX = ".dmrpp"
+IDX_SUFFIX = ".idx"
+SIDECAR_SUFFIXES = (DMRPP_SUFFIX, IDX_SUFFIX)
 
 
 def pair_sidecars(found: list[tuple[Entry, str]]) -> list[tuple[Entry, str]]:
-    """OPeNDAP's DMR++ sidecars: `X.dmrpp` listed beside `X` describes X, and is read instead of
-    scanning X (one small XML file rather than X's header); a DMR++ alone stands for its data file.
-    On (entry, path below the listed root) pairs, before naming: a lone DMR++ is named as its data file."""
+    """Sidecars, read instead of their data file's header: OPeNDAP's DMR++ (`X.dmrpp` describes X) and
+    NOAA's GRIB2 inventories (`X.idx` gives the messages of X; refs/scan/gribidx.py). Listed beside `X`,
+    a sidecar becomes X's `sidecar`; a lone DMR++ stands for its data file (its dmrpp:href names it), a
+    lone idx is left out (it indexes nothing that is listed). On (entry, path below the listed root)
+    pairs, before naming: a lone DMR++ is named as its data file."""
     by_url = {e.url: e for e, _ in found}
     out = []
     for entry, rel in found:
-        if not entry.url.endswith(DMRPP_SUFFIX):
-            out.append((entry, rel))
-            continue
-        data = by_url.get(entry.url[: -len(DMRPP_SUFFIX)])
-        if data is not None:
+        suffix = next((s for s in SIDECAR_SUFFIXES if entry.url.endswith(s)), None)
+        data = by_url.get(entry.url[: -len(suffix)]) if suffix else None
+        if suffix is None or data is not None and data.url.endswith(SIDECAR_SUFFIXES):
+            out.append((entry, rel))  # (a data file, or `X.dmrpp.idx`: no sidecar of a sidecar)
+        elif data is not None:
             data.sidecar = entry.url
             data.sidecar_listed = (entry.size, entry.version) if entry.size is not None and entry.version else ()
-        else:
+        elif suffix == DMRPP_SUFFIX:
             entry.sidecar = entry.url
-            entry.name = entry.name[: -len(DMRPP_SUFFIX)] if entry.name.endswith(DMRPP_SUFFIX) else entry.name
-            out.append((entry, rel[: -len(DMRPP_SUFFIX)] if rel.endswith(DMRPP_SUFFIX) else rel))
+            entry.name = entry.name.removesuffix(suffix)
+            out.append((entry, rel.removesuffix(suffix)))
     return out
 
 
@@ -187,7 +191,7 @@ def _list_file_of_paths(path: str) -> list[tuple[Entry, str]]:
 def _list_local(path: str, sidecars: bool = False) -> list[tuple[Entry, str]]:
     if has_glob(path):
         base = _glob_base(path)
-        patterns = [path, path + DMRPP_SUFFIX] if sidecars else [path]
+        patterns = [path, *(path + s for s in SIDECAR_SUFFIXES)] if sidecars else [path]
         found = sorted({p for pattern in patterns for p in glob.iglob(pattern, recursive=True) if os.path.isfile(p)})
     elif os.path.isdir(path):
         base = path
@@ -390,8 +394,8 @@ def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[tup
     chosen = []
     for url in found:
         rel = unquote(urlsplit(url).path[len(base_path):])
-        if matches(pattern, rel.split("/")) or sidecars and rel.endswith(DMRPP_SUFFIX) and \
-                matches(pattern, rel[: -len(DMRPP_SUFFIX)].split("/")):
+        if matches(pattern, rel.split("/")) or sidecars and any(
+                rel.endswith(s) and matches(pattern, rel[: -len(s)].split("/")) for s in SIDECAR_SUFFIXES):
             chosen.append((url, rel))
     chosen.sort(key=lambda item: item[1])
     return [(Entry(_basename(u), u, *listed.get(u, ())), rel) for u, rel in chosen]
@@ -409,7 +413,8 @@ def _list_s3(location: str, remote_options: dict, sidecars: bool = False) -> lis
         if has_glob(rest):
             listed = fs.glob(rest, detail=True)
             if sidecars:  # (from the listings the first glob cached)
-                listed.update(fs.glob(rest + DMRPP_SUFFIX, detail=True))
+                for suffix in SIDECAR_SUFFIXES:
+                    listed.update(fs.glob(rest + suffix, detail=True))
             base = _glob_base(rest)
         else:
             listed = fs.find(rest.rstrip("/"), detail=True)
