@@ -351,7 +351,7 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
         head = bytes(await read(entry.url, 0, min(size, SNIFF_BYTES)))
         fmt = sniff(head)
         if fmt is None:
-            raise ScanFailed("is not a netCDF, HDF5, GRIB or TIFF file (told by its first bytes)")
+            raise ScanFailed("is not a netCDF, HDF5, HDF4, GRIB, TIFF or FITS file (told by its first bytes)")
         try:
             scan = await pool.scan(fmt, entry.url, size)
         except ScanFailed as e:
