@@ -164,6 +164,7 @@ def test_one_variable_refused_the_rest_mounts(mount, tmp_path):
     out = run_refmount("inspect", str(path))
     assert out.returncode == 0, out.stderr
     assert "CMG_night: not referenced (SKPHUFF compression" in out.stdout, out.stdout
+    assert "1 HDF4 file: arrays: every SD-interface SDS" in out.stdout and "not virtualised: SZIP" in out.stdout
 
 
 @needs_gdal
@@ -249,6 +250,9 @@ def test_fits_hdus_not_virtualised_are_one_line_each(mount, name, hdu, what):
     lines = [line for line in m.log().splitlines() if f"{hdu}: " in line]
     assert len(lines) == 1 and what in lines[0], m.log()
     assert not [n for n in os.listdir(m.path) if not n.startswith(".")]
+    out = run_refmount("inspect", str(FITS / name))
+    assert out.returncode == 0 and f"{hdu}: not referenced (" in out.stdout, out.stdout + out.stderr
+    assert "1 FITS file: arrays: every image HDU" in out.stdout
 
 
 def test_glob_of_fits_files_one_directory_each(mount, tmp_path):
@@ -264,3 +268,29 @@ def test_glob_of_fits_files_one_directory_each(mount, tmp_path):
         with open_raw(m.path / name) as ds:
             for var, (stored, _) in astropy_images(FITS / name).items():
                 assert np.array_equal(ds[var].values, stored), (name, var)
+
+
+@needs_gdal
+def test_concat_of_modis_granules_along_scan_lines(mount, tmp_path):
+    """--concat along a dimension of the file's own (MODIS granules have no coordinate variable)."""
+    expected = gdal_sds(MOD14, tmp_path)["fire mask"]
+    data = tmp_path / "granules"
+    data.mkdir()
+    for name in ("a.hdf", "b.hdf"):
+        shutil.copy(MOD14, data / name)
+    m = mount(str(data / "*.hdf"), "--concat", "number_of_scan_lines", "--view", "raw")
+    with open_raw(m.path) as ds:
+        assert ds.sizes["number_of_scan_lines"] == 2 * 2030
+        assert np.array_equal(ds["fire mask"].values, np.concatenate([expected, expected]))
+
+
+def test_concat_of_fits_cubes_along_their_slowest_axis(mount, tmp_path):
+    pytest.importorskip("astropy")
+    stored = astropy_images(FITS / "arange.fits")["PRIMARY"][0]
+    data = tmp_path / "cubes"
+    data.mkdir()
+    for name in ("a.fits", "b.fits"):
+        shutil.copy(FITS / "arange.fits", data / name)
+    m = mount(str(data / "*.fits"), "--concat", "PRIMARY_naxis3", "--view", "raw")
+    with open_raw(m.path) as ds:
+        assert np.array_equal(ds["PRIMARY"].values, np.concatenate([stored, stored]))

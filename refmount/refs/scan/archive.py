@@ -518,6 +518,7 @@ def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_s
                        max_value_size=max_value_size)
     del refs
     refset.refused = {s.name: list(s.refused) for s in scanned if s.refused}
+    refset.formats = {s.name: s.format for s in scanned}  # (refmount inspect says what each makes arrays of)
     refset.scanned = kind
     refset.origins = combined_origins(kind, scanned, options)
     return refset

@@ -14,6 +14,22 @@ SNIFF_BYTES = 64 << 10  # one request's worth: the first bytes of a file, for ev
 FORMAT_NAMES = {"hdf5": "netCDF-4/HDF5", "netcdf3": "netCDF-3", "grib": "GRIB", "tiff": "TIFF", "hdf4": "HDF4",
                 "fits": "FITS"}
 
+# what each format's scanner makes arrays of, and what it leaves out (named per variable in its log line);
+# `refmount inspect` and docs/archives.md say the same
+VIRTUALISED = {
+    "hdf5": ("every dataset kerchunk's SingleHdf5ToZarr references (HDF5 filters with a numcodecs codec)",
+             "datasets whose filters or layout kerchunk cannot reference"),
+    "netcdf3": ("every variable, record variables included", "nothing"),
+    "grib": ("every message, grouped by kerchunk's grib_tree, decoded by its GRIB codec", "nothing"),
+    "tiff": ("every image and overview level (tifffile's chunks)", "compressions with no codec"),
+    "hdf4": ("every SD-interface SDS (HDF-EOS2 grid and swath fields too): contiguous or chunked, plain or "
+             "deflated, with its attributes and dimension names",
+             "SZIP, RLE, NBIT, skipping-Huffman and JPEG compression, linked or external storage, GR raster "
+             "images, Vdata tables, HDF-EOS swath dimension maps"),
+    "fits": ("every image HDU (BSCALE/BZERO/BLANK as scale_factor/add_offset/_FillValue), its header as "
+             "attributes", "tile-compressed images, binary and ASCII tables, random groups"),
+}
+
 
 def signature_offsets(limit: int):
     yield 0

@@ -75,10 +75,18 @@ def scan_hdf4(path: str) -> tuple[dict, list[str]]:
             return (kind, block["offset"], block["length"])
 
         def _descend_vg(self, tag, ref):
-            return {}  # (kerchunk's own arrays: none; `collect` makes them)
+            return {}  # (kerchunk's own arrays: none; scan_hdf4 makes them from the tags)
 
     walker = Walker(path)
-    kerchunk_refs = walker.translate()
+    try:
+        return _collect(walker, walker.translate(), path)
+    finally:
+        if getattr(walker, "f", None) is not None:
+            walker.f.close()
+
+
+def _collect(walker, kerchunk_refs: dict, path: str) -> tuple[dict, list[str]]:
+    """The arrays and attributes of the SDSs among the tags `walker` has read."""
     refs: dict = {".zgroup": orjson.dumps({"zarr_format": 2}).decode()}
     attrs = orjson.loads(kerchunk_refs.get(".zattrs") or "{}")  # (the ODL metadata it parses)
     refused: list[str] = []
@@ -91,6 +99,9 @@ def scan_hdf4(path: str) -> tuple[dict, list[str]]:
     for (tag, ref), info in walker.tags.items():
         if tag == "VG" and info.get("cls") == "Var0.0":
             name = info.get("name") or f"sds{ref}"
+            if "/" in name or name.startswith(".") or "\x00" in name:  # (a name is a directory of the mount)
+                refused.append(f"sds{ref}: its name {name!r} cannot name a directory")
+                continue
             if name in taken:
                 refused.append(f"{name}: a second SDS of that name (another HDF-EOS grid's field)")
                 continue
@@ -99,8 +110,8 @@ def scan_hdf4(path: str) -> tuple[dict, list[str]]:
             if reason:
                 refused.append(f"{name}: {reason}")
         elif tag == "VG" and info.get("cls") == "SWATH":
-            refused.append(f"{info.get('name')}: an HDF-EOS swath: its fields are arrays here, its dimension "
-                           "maps and geolocation links are not")
+            refused.append(f"{info.get('name')}: HDF-EOS swath dimension maps and geolocation links (not "
+                           "virtualised; the swath's fields are arrays)")
         elif tag == "VG" and info.get("cls", "").startswith("RIG"):
             refused.append(f"{info.get('name') or ref}: a GR raster image (not virtualised)")
         elif tag == "VH" and not str(info.get("cls", "")).startswith(_BOOKKEEPING) and not _is_attribute(info):
