@@ -294,3 +294,42 @@ def test_concat_of_fits_cubes_along_their_slowest_axis(mount, tmp_path):
     m = mount(str(data / "*.fits"), "--concat", "PRIMARY_naxis3", "--view", "raw")
     with open_raw(m.path) as ds:
         assert np.array_equal(ds["PRIMARY"].values, np.concatenate([stored, stored]))
+
+
+# ----------------------------------------------------------------------------- DMR++ of HDF4
+
+
+def _hdf4_dmrpp(blocks: list[tuple[int, int]]) -> bytes:
+    """A DMR++ of gdal_float3d.hdf's one SDS as Hyrax writes HDF4's (big-endian, one chunk given as
+    dmrpp:block elements)."""
+    inner = "".join(f'<dmrpp:block offset="{o}" nBytes="{n}"/>' for o, n in blocks)
+    return ('<?xml version="1.0" encoding="UTF-8"?><Dataset xmlns="http://xml.opendap.org/ns/DAP/4.0#" '
+            'xmlns:dmrpp="http://xml.opendap.org/dap/dmrpp/1.0.0#" dapVersion="4.0" name="gdal_float3d.hdf" '
+            'dmrpp:href="OPeNDAP_DMRpp_DATA_ACCESS_URL"><Dimension name="y" size="37"/><Dimension name="x" size="53"/>'
+            '<Dimension name="band" size="3"/><Float32 name="sds"><Dim name="/y"/><Dim name="/x"/><Dim name="/band"/>'
+            f'<dmrpp:chunks byteOrder="BE"><dmrpp:chunk chunkPositionInArray="[0,0,0]">{inner}</dmrpp:chunk>'
+            '</dmrpp:chunks></Float32></Dataset>').encode()
+
+
+@needs_gdal
+def test_dmrpp_of_hdf4_whose_blocks_follow_each_other_is_one_range(tmp_path):
+    """HDF4's DMR++ gives a chunk as dmrpp:block elements (linked blocks): where each block starts
+    where the last ends, they are one plain range and read as GDAL reads the file; otherwise refused."""
+    import zarr
+    from kerchunk.utils import refs_as_store
+
+    from refmount.refs.dmrpp import dmrpp_to_refs
+    from refmount.refs.scan.hdf4 import scan_hdf4
+
+    path = HDF4 / "gdal_float3d.hdf"
+    _, offset, length = scan_hdf4(str(path))[0][f"{FLOAT_SDS}/0.0.0"]
+    third = length // 3
+    pieces = [(offset, third), (offset + third, third), (offset + 2 * third, length - 2 * third)]
+    refs, refused = dmrpp_to_refs(_hdf4_dmrpp(pieces), str(tmp_path / "f.hdf.dmrpp"), str(path))
+    assert refused == [] and refs["sds/0.0.0"] == [str(path), offset, length]
+    group = zarr.open_group(refs_as_store(refs), zarr_format=2, mode="r")
+    np.testing.assert_array_equal(group["sds"][:], gdal_sds(path, tmp_path)[FLOAT_SDS])
+
+    gap = [(offset, third), (offset + third + 8, length - third)]
+    refs, refused = dmrpp_to_refs(_hdf4_dmrpp(gap), str(tmp_path / "f.hdf.dmrpp"), str(path))
+    assert "sds/0.0.0" not in refs and len(refused) == 1 and "do not follow each other" in refused[0], refused
