@@ -167,6 +167,18 @@ def test_one_variable_refused_the_rest_mounts(mount, tmp_path):
     assert "1 HDF4 file: arrays: every SD-interface SDS" in out.stdout and "not virtualised: SZIP" in out.stdout
 
 
+def test_hdf4_whose_descriptor_list_loops_is_one_line_not_a_hang(tmp_path):
+    """A hostile file: the first block of data descriptors names itself as the next. kerchunk's walk
+    would follow it until --load-timeout; the scan says what is wrong at once."""
+    data = bytearray(MOD14.read_bytes())
+    data[6:10] = (4).to_bytes(4, "big")  # (after the signature: ndd 2 bytes, next 4 bytes)
+    path = tmp_path / "loop.hdf"
+    path.write_bytes(data)
+    out = run_refmount("scan", str(path), "-o", str(tmp_path / "out.json"), timeout=60)
+    assert out.returncode != 0 and "loops back on itself" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+
+
 @needs_gdal
 def test_glob_of_hdf4_files_and_one_over_http(mount, tmp_path, server):
     expected = gdal_sds(HDF4 / "float_gzip_chunked.hdf", tmp_path)[FLOAT_SDS]
@@ -253,6 +265,16 @@ def test_fits_hdus_not_virtualised_are_one_line_each(mount, name, hdu, what):
     out = run_refmount("inspect", str(FITS / name))
     assert out.returncode == 0 and f"{hdu}: not referenced (" in out.stdout, out.stdout + out.stderr
     assert "1 FITS file: arrays: every image HDU" in out.stdout
+
+
+def test_fits_decoded_view_in_ncdump_and_over_http(mount, server):
+    """The decoded view of an HST file (four SCI images) read by ncdump, the file served over HTTP."""
+    pytest.importorskip("astropy")
+    shutil.copy(FITS / "test0.fits", server.root / "test0.fits")
+    expected = astropy_images(FITS / "test0.fits")
+    m = mount(server.url_for("test0.fits"))
+    dumped = parse_ncdump(ncdump(nczarr_url(m.path), variables=["SCI_3"]))
+    compare_dumped(dumped["SCI_3"], expected["SCI_3"][0], [], "ncdump SCI_3")
 
 
 def test_glob_of_fits_files_one_directory_each(mount, tmp_path):

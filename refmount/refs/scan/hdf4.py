@@ -46,6 +46,21 @@ def scan_hdf4(path: str) -> tuple[dict, list[str]]:
     class Walker(HDF4ToZarr):
         """kerchunk's tag walk; the variables are collected by `collect` below, not by kerchunk."""
 
+        def read_ddh(self):  # (a hostile file's list of descriptor blocks may loop: said, not followed)
+            seen = self.__dict__.setdefault("_seen_ddh", set())
+            if self.f.tell() in seen:
+                raise ValueError("its list of data descriptor blocks loops back on itself")
+            seen.add(self.f.tell())
+            return super().read_ddh()
+
+        def _dec_linked_block(self, block):  # (the same for a linked element's list of blocks)
+            if not hasattr(self, "_links_left"):  # (no list visits a block twice: all lists, each block once)
+                self._links_left = sum(1 for tag, _ in self.tags if tag == "LINKED")
+            self._links_left -= 1
+            if self._links_left < 0:
+                raise ValueError("a list of linked blocks loops back on itself")
+            return super()._dec_linked_block(block)
+
         def decode(self, tag, info):
             if tag == "NT":  # version, type, width, class: the class says the byte order
                 self.f.seek(info["offset"])
