@@ -50,7 +50,7 @@ def gdal_sds(path: Path, tmp_path: Path) -> dict[str, np.ndarray]:
     for i, (sub, desc) in enumerate(pairs):
         raw = tmp_path / f"gdal{i}.raw"
         subprocess.run(["gdal_translate", "-q", "-of", "ENVI", sub, str(raw)], check=True)
-        hdr = dict(re.findall(r"^([a-z ]+?)\s*=\s*(.*)$", raw.with_suffix(".hdr").read_text(), re.M))
+        hdr = dict(re.findall(r"^([a-z ]+?)\s*=\s*(.*)$", raw.with_suffix(".hdr").read_text(), re.MULTILINE))
         shape = (int(hdr["bands"]), int(hdr["lines"]), int(hdr["samples"]))
         values = np.fromfile(raw, _envi_dtype(int(hdr["data type"]), hdr.get("byte order") == "1"))
         values = values.reshape(shape)
