@@ -162,7 +162,7 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                    help="reference set: a JSON file (optionally .gz/.bz2/.xz/.zst), a Parquet reference "
                         "directory, an Icechunk repository, an OPeNDAP DMR++ file (X.dmrpp beside its data file X), "
                         "an http(s)://, s3://, ... url of either, or - for JSON on stdin; or data files scanned at "
-                        "mount: a netCDF, HDF5, GRIB or TIFF file, a glob, a directory, an s3:// prefix or @FILE of "
+                        "mount: a netCDF, HDF5, HDF4, GRIB, TIFF or FITS file, a glob, a directory, an s3:// prefix or @FILE of "
                         "them (see 'data files and archives' below)")
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing empty directory")
     g = p.add_argument_group("view")
@@ -331,7 +331,7 @@ def add_redirect_option(g) -> None:
 
 
 def add_archive_options(p: argparse.ArgumentParser, mount: bool = True) -> None:
-    """How data files (netCDF, HDF5, GRIB, TIFF) and archives of them are scanned (mount and scan)."""
+    """How data files (netCDF, HDF5, HDF4, GRIB, TIFF, FITS) and archives of them are scanned (mount and scan)."""
     g = p.add_argument_group("data files and archives" + (" (REFS a data file, a glob, a directory, an s3:// "
                                                           "prefix or @FILE; see docs/archives.md)" if mount else ""))
     g.add_argument("--concat", metavar="DIM",
@@ -380,7 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_mount_options(p)
     p.add_argument("--config", metavar="FILE", help="read REFS, MOUNTPOINT and options from a TOML file "
                    "(keys named like these options, e.g. cache-size = \"2G\"); used by refmount@.service")
-    p = sub.add_parser("scan", help="write the references of data files (netCDF, HDF5, GRIB, TIFF) to a file",
+    p = sub.add_parser("scan", help="write the references of data files (netCDF, HDF5, HDF4, GRIB, TIFF, FITS) to a file",
                        description="Scan the data files SOURCE names (a file, a glob, a directory, an s3:// prefix "
                                    "or @FILE; several may be given) and write their references to OUT: kerchunk JSON "
                                    "when OUT ends in .json or .json.gz, else Parquet (a new directory).")

@@ -186,7 +186,7 @@ def test_local_glob_gives_one_directory_per_file_and_what_is_no_data_is_eio(moun
         with pytest.raises(OSError) as failed:
             os.listdir(m.path / "notes.nc")
         assert failed.value.errno == errno.EIO
-    assert m.log().count("notes.nc: is not a netCDF, HDF5, GRIB or TIFF file") == 1, m.log()
+    assert m.log().count("notes.nc: is not a netCDF, HDF5, HDF4, GRIB, TIFF or FITS file") == 1, m.log()
     for name in files:
         with xr.open_dataset(nczarr_url(m.path / name), engine="netcdf4") as got, xr.open_dataset(root / name) as want:
             xr.testing.assert_identical(got.load(), want.load())

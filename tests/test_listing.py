@@ -310,7 +310,7 @@ def test_scan_failures_name_what_failed(scans, tmp_path):
     lines = sorted(result.stderr.strip().splitlines())
     assert len(lines) == 3, lines
     assert f"{d}/empty.nc: is empty" in lines[0]
-    assert f"{d}/text.nc: is not a netCDF, HDF5, GRIB or TIFF file" in lines[1]
+    assert f"{d}/text.nc: is not a netCDF, HDF5, HDF4, GRIB, TIFF or FITS file" in lines[1]
     assert f"{d}/third.nc: netCDF-4/HDF5 file that cannot be scanned: it is truncated" in lines[2]
 
 

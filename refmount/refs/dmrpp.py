@@ -682,12 +682,16 @@ class _Converter:
         out = {}
         grid = [-(-n // c) if c else 0 for n, c in zip(shape, chunks)]
         for chunk in _children(chunks_el, "chunk"):
-            if _children(chunk, "block"):
-                raise Refused("a chunk made of several blocks (dmrpp:block, HDF4's linked blocks) is not one range")
             try:
-                offset, length = int(_attr(chunk, "offset")), int(_attr(chunk, "nBytes"))
+                blocks = [(int(_attr(b, "offset")), int(_attr(b, "nBytes"))) for b in _children(chunk, "block")]
+                offset, length = blocks[0] if blocks else (int(_attr(chunk, "offset")), int(_attr(chunk, "nBytes")))
             except (TypeError, ValueError):
-                raise Refused("a dmrpp:chunk has no valid offset and nBytes") from None
+                raise Refused("a dmrpp:chunk or dmrpp:block has no valid offset and nBytes") from None
+            for start, size in blocks[1:]:  # HDF4's linked blocks: one range only where each follows the last
+                if start != offset + length:
+                    raise Refused("a chunk made of blocks that do not follow each other (dmrpp:block, HDF4's "
+                                  "linked blocks) is not one range")
+                length += size
             if _attr(chunk, "fm") not in (None, "0"):
                 raise Refused("a chunk skips some of its filters (filter mask fm): Zarr applies the same ones to "
                               "every chunk")

@@ -65,6 +65,21 @@ def refused_rows(refset) -> list[dict]:
     return rows
 
 
+def format_lines(refset) -> list[str]:
+    """Per format of the scanned data files: how many, what becomes arrays and what does not."""
+    from refmount.refs.scan.formats import FORMAT_NAMES, VIRTUALISED
+
+    counts: dict[str, int] = {}
+    for fmt in (getattr(refset, "formats", None) or {}).values():
+        counts[fmt] = counts.get(fmt, 0) + 1
+    lines = []
+    for fmt, count in counts.items():
+        arrays, not_virtualised = VIRTUALISED.get(fmt, ("(as its references say)", "(unknown)"))
+        lines.append(f"{count} {FORMAT_NAMES.get(fmt, fmt)} file{'s' if count > 1 else ''}: arrays: {arrays}; "
+                     f"not virtualised: {not_virtualised}")
+    return lines
+
+
 def run_inspect(location: str, *, remote_options: dict | None = None, as_json: bool = False, version=None,
                 containers: dict | None = None, data_url: str | None = None) -> int:
     from refmount.view.zarr3 import is_v3, v2_refset
@@ -79,6 +94,8 @@ def run_inspect(location: str, *, remote_options: dict | None = None, as_json: b
         return 0
     if source:
         print(f"format: {source}")
+    for line in format_lines(refset):
+        print(line)
     for row in refused:  # what a scanned data file holds that could not be referenced
         where = f"{row['file']}: " if row["file"] else ""
         print(f"{where}{row['variable']}: not referenced ({row['refused']})")

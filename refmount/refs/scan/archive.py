@@ -408,7 +408,7 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
         head = bytes(await read(entry.url, 0, min(size, SNIFF_BYTES)))
         fmt = sniff(head)
         if fmt is None:
-            raise ScanFailed("is not a netCDF, HDF5, GRIB or TIFF file (told by its first bytes)")
+            raise ScanFailed("is not a netCDF, HDF5, HDF4, GRIB, TIFF or FITS file (told by its first bytes)")
         try:
             scan = await pool.scan(fmt, entry.url, size)
         except ScanFailed as e:
@@ -656,6 +656,7 @@ def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_s
                        max_value_size=max_value_size)
     del refs
     refset.refused = {s.name: list(s.refused) for s in scanned if s.refused}
+    refset.formats = {s.name: s.format for s in scanned}  # (refmount inspect says what each makes arrays of)
     refset.scanned = kind
     refset.origins = combined_origins(kind, scanned, options)
     return refset

@@ -7,9 +7,28 @@ HDF5 (netCDF-4, HDF-EOS5) may start after a user block: its signature then sits 
 from __future__ import annotations
 
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+HDF4_SIGNATURE = b"\x0e\x03\x13\x01"  # (HDF4 has no user block: at 0 only)
+FITS_SIGNATURE = b"SIMPLE  ="  # the first 80-character card of every FITS file (SIMPLE = T)
 SNIFF_BYTES = 64 << 10  # one request's worth: the first bytes of a file, for every test below
 
-FORMAT_NAMES = {"hdf5": "netCDF-4/HDF5", "netcdf3": "netCDF-3", "grib": "GRIB", "tiff": "TIFF"}
+FORMAT_NAMES = {"hdf5": "netCDF-4/HDF5", "netcdf3": "netCDF-3", "grib": "GRIB", "tiff": "TIFF", "hdf4": "HDF4",
+                "fits": "FITS"}
+
+# what each format's scanner makes arrays of, and what it leaves out (named per variable in its log line);
+# `refmount inspect` and docs/archives.md say the same
+VIRTUALISED = {
+    "hdf5": ("every dataset kerchunk's SingleHdf5ToZarr references (HDF5 filters with a numcodecs codec)",
+             "datasets whose filters or layout kerchunk cannot reference"),
+    "netcdf3": ("every variable, record variables included", "nothing"),
+    "grib": ("every message, grouped by kerchunk's grib_tree, decoded by its GRIB codec", "nothing"),
+    "tiff": ("every image and overview level (tifffile's chunks)", "compressions with no codec"),
+    "hdf4": (("every SD-interface SDS (HDF-EOS2's fields are SDSs): contiguous or chunked, plain or deflated, "
+              "with its attributes and dimension names"),
+             ("SZIP, RLE, NBIT, skipping-Huffman and JPEG compression, linked or external storage, GR raster "
+              "images, Vdata tables, HDF-EOS swath dimension maps")),
+    "fits": (("every image HDU (BSCALE/BZERO/BLANK as scale_factor/add_offset/_FillValue), its header as "
+              "attributes"), "tile-compressed images, binary and ASCII tables, random groups"),
+}
 
 
 def signature_offsets(limit: int):
@@ -21,13 +40,18 @@ def signature_offsets(limit: int):
 
 
 def sniff(head: bytes) -> str | None:
-    """'hdf5', 'netcdf3', 'grib' or 'tiff' from a file's first bytes, or None: not a data file we scan."""
+    """'hdf5', 'netcdf3', 'grib', 'tiff', 'hdf4' or 'fits' from a file's first bytes, or None: not a data
+    file we scan."""
     if head[:3] == b"CDF" and head[3:4] in (b"\x01", b"\x02", b"\x05"):
         return "netcdf3"
     if head[:4] == b"GRIB":
         return "grib"
     if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):  # TIFF and BigTIFF, either byte order
         return "tiff"
+    if head[:4] == HDF4_SIGNATURE:
+        return "hdf4"
+    if head[:9] == FITS_SIGNATURE:
+        return "fits"
     for offset in signature_offsets(len(head)):
         if head[offset:offset + len(HDF5_SIGNATURE)] == HDF5_SIGNATURE:
             return "hdf5"

@@ -298,8 +298,24 @@ def _scan_dmrpp(conn, url: str, size: int, job: dict) -> dict:
             "targets": sorted(writer.targets)}
 
 
+def _scan_hdf4(url: str, pipe_url: str, refused: list) -> dict:
+    from refmount.refs.scan.hdf4 import scan_hdf4
+
+    refs, reasons = scan_hdf4(pipe_url)
+    refused.extend(reasons)
+    return refs
+
+
+def _scan_fits(conn, url: str, size: int, refused: list) -> dict:
+    from refmount.refs.scan.fits import scan_fits
+
+    refs, reasons = scan_fits(PipeReader(conn, size), url)
+    refused.extend(reasons)
+    return refs
+
+
 _PARSER_MODULES = {"hdf5": "kerchunk.hdf", "netcdf3": "kerchunk.netCDF3", "grib": "kerchunk.grib2",
-                   "tiff": "kerchunk.tiff"}
+                   "tiff": "kerchunk.tiff", "hdf4": "kerchunk.hdf4", "fits": "refmount.refs.scan.fits"}
 
 
 def scan_file(conn, fmt: str, url: str, size: int, job: dict | None = None) -> dict:
@@ -322,6 +338,10 @@ def scan_file(conn, fmt: str, url: str, size: int, job: dict | None = None) -> d
             refs = _scan_grib(url, pipe_url)
         elif fmt == "tiff":
             refs = _scan_tiff(url, pipe_url)
+        elif fmt == "hdf4":
+            refs = _scan_hdf4(url, pipe_url, refused)
+        elif fmt == "fits":
+            refs = _scan_fits(conn, url, size, refused)
         else:
             raise ValueError(f"unknown format {fmt!r}")
     return {"refs": _repoint(to_v0(refs), pipe_url, url), "refused": refused}
