@@ -36,6 +36,14 @@ def fetch_page(url: str, limit: int, remote_options: dict | None = None, *,
     return _on_engine(remote_options, lambda backend: backend.page(url, limit, same_origin=same_origin))
 
 
+def fetch_answer(url: str, limit: int, remote_options: dict | None = None, *, same_origin: bool = False,
+                 send: dict | None = None) -> tuple[str, dict, bytes]:
+    """fetch_page's, with the answer's headers (case-insensitive) instead of its Content-Type; `send`:
+    headers of this request only (a catalog's paging header)."""
+    return _on_engine(remote_options, lambda backend: backend.page_answer(url, limit, same_origin=same_origin,
+                                                                          send=send))
+
+
 def exists(url: str, remote_options: dict | None = None) -> bool:
     """Whether `url` is there (one HEAD, or a one-byte GET): False for a 404 or 410, FetchError for
     anything else (a refused login says so)."""
