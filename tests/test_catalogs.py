@@ -207,8 +207,9 @@ def thredds_dataset(path: str) -> str:
 """
 
 
-def test_thredds_catalog_tree_with_nested_catalogrefs(mount, scans, daily, tmp_path):
-    www = tmp_path / "www"
+def write_thredds(www: Path, daily: list[Path]) -> str:
+    """catalog/daily/catalog.xml (one dataset, a catalogRef to 2020/catalog.xml with the others) as a TDS
+    writes them, the files under /thredds/fileServer/; the nginx block that serves them."""
     data = www / "files" / "daily"
     data.mkdir(parents=True)
     for f in daily:
@@ -228,12 +229,31 @@ def test_thredds_catalog_tree_with_nested_catalogrefs(mount, scans, daily, tmp_p
 """ + "".join(thredds_dataset(f"daily/{f.name}") for f in daily[1:]) + """  </dataset>
 </catalog>
 """)
-    block = f"root {www}; location /thredds/fileServer/ {{ alias {www}/files/; }}"
+    return f"root {www}; location /thredds/fileServer/ {{ alias {www}/files/; }}"
+
+
+def test_thredds_catalog_tree_with_nested_catalogrefs(mount, scans, daily, tmp_path):
+    block = write_thredds(tmp_path / "www", daily)
     with Nginx(tmp_path / "nginx", block) as nginx:
         m = mount(f"{nginx.url}/thredds/catalog/daily/catalog.xml", "--view", "raw")
         assert listed(m.path) == sorted(f.name for f in daily)
         for f in daily:
             assert_same(m.path / f.name, f)
+
+
+def test_refmount_scan_of_a_thredds_catalog_concat_equals_open_mfdataset(scans, daily, tmp_path):
+    import fsspec
+    import xarray as xr
+
+    block = write_thredds(tmp_path / "www", daily)
+    with Nginx(tmp_path / "nginx", block) as nginx:
+        out = tmp_path / "tas.json"
+        result = run_refmount("scan", f"{nginx.url}/thredds/catalog/daily/catalog.xml", "--concat", "time", "-o", out)
+        assert result.returncode == 0, result.stderr
+        fs = fsspec.filesystem("reference", fo=str(out), skip_instance_cache=True)
+        with xr.open_zarr(fs.get_mapper(""), consolidated=False, zarr_format=2) as got, \
+                xr.open_mfdataset(daily, combine="by_coords") as want:
+            xr.testing.assert_allclose(got.load(), want.load())
 
 
 # -- CMR -----------------------------------------------------------------------------------------------------
@@ -242,14 +262,13 @@ def test_cmr_granule_search_pages_by_search_after_and_reads_dmrpp(mount, scans, 
     """UMM-JSON pages as CMR documents them (`hits`, `took`, `items` of `meta` and `umm`), the next page
     asked for with the CMR-Search-After header of the last answer; each granule's GET DATA url on
     another host (nginx), its `.dmrpp` beside it read instead of the file's header."""
-    import xarray as xr
     from aiohttp import web
 
     from tests.support.dmrpp_files import write_dmrpp
 
     www = tmp_path / "www" / "data"
     files = make_daily(www, 3, nlat=7, nlon=12)
-    for f in files:
+    for f in files[:2]:  # (the third has none: its header is scanned)
         write_dmrpp(f, f.with_name(f.name + ".dmrpp"))
     block = f"root {www.parent};"
     with Nginx(tmp_path / "nginx", block, log_format='$request_method $uri $status') as nginx:
@@ -265,7 +284,9 @@ def test_cmr_granule_search_pages_by_search_after_and_reads_dmrpp(mount, scans, 
                       "umm": {"GranuleUR": f.stem, "RelatedUrls": [
                           {"URL": f"{nginx.url}/data/{f.name}", "Type": "GET DATA", "Description": "the file"},
                           {"URL": f"s3://bucket/{f.name}", "Type": "GET DATA VIA DIRECT ACCESS"},
-                          {"URL": f"{nginx.url}/data/{f.name}.png", "Type": "GET RELATED VISUALIZATION"}]}}
+                          {"URL": f"{nginx.url}/data/{f.name}.png", "Type": "GET RELATED VISUALIZATION"},
+                          *([{"URL": f"{nginx.url}/data/{f.name}.dmrpp", "Type": "EXTENDED METADATA"}]
+                            if f == files[0] else [])]}}  # (the first lists its DMR++; the others are asked)
                      for i, f in enumerate(chunk)]
             headers = {"CMR-Hits": str(len(files)), "CMR-Took": "5"}
             if chunk:
@@ -275,13 +296,16 @@ def test_cmr_granule_search_pages_by_search_after_and_reads_dmrpp(mount, scans, 
         with Loopback([web.get("/search/granules.umm_json", granules)]) as cmr:
             url = (f"{cmr.url}/search/granules.umm_json?collection_concept_id=C1-TEST&page_size=2"
                    "&temporal=2020-01-01T00:00:00Z,2020-01-31T00:00:00Z&bounding_box=-180,-90,180,90")
-            m = mount(url, "--concat", "time", "--view", "raw")
-            with xr.open_zarr(m.path) as got, xr.open_mfdataset(files, combine="by_coords") as want:
-                xr.testing.assert_allclose(got.load(), want.load())
+            m = mount(url, "--view", "raw")
+            assert listed(m.path) == [f.name for f in files]
+            for f in files:
+                assert_same(m.path / f.name, f)
             assert [a for _, a in asked] == [None, '["2"]', '["3"]']
             assert all(q["collection_concept_id"] == "C1-TEST" for q, _ in asked)
             log = nginx.access_log()
-            assert [line for line in log if line.startswith("GET") and ".dmrpp " in line], log
+            dmrpp = {line.split()[1] for line in log if line.startswith("GET") and ".dmrpp " in line}
+            assert dmrpp == {f"/data/{f.name}.dmrpp" for f in files[:2]}, log
+            assert [line for line in log if line.startswith("HEAD") and f"{files[2].name}.dmrpp 404" in line], log
             assert not [line for line in log if line.startswith("GET") and ".png" in line]
 
 
@@ -350,10 +374,12 @@ def test_thredds_loop_dtd_and_a_million_item_search_each_refused_with_one_line(s
     with Nginx(tmp_path / "nginx", f"root {www};") as nginx, Loopback([web.get("/search", endless)]) as api:
         out = tmp_path / "out.json"
         loop = run_refmount("scan", f"{nginx.url}/thredds/catalog.xml", "-o", out)
-        assert loop.returncode != 0  # the only dataset's url goes to /etc/shadow on the server: a 404, no file
+        assert loop.returncode != 0
         assert "Traceback" not in loop.stderr
         assert "was listed already (a loop)" in loop.stderr, loop.stderr
         assert "'file:///etc/shadow' leaves the catalog's origin" in loop.stderr
+        assert "urlPath '../../../etc/shadow' climbs out of the service" in loop.stderr
+        assert "names no data files" in loop.stderr and "/etc/shadow" not in "".join(nginx.access_log())
         bomb = run_refmount("scan", f"{nginx.url}/thredds/bomb/catalog.xml", "-o", out)
         assert bomb.returncode != 0 and "declares a DTD or entities" in bomb.stderr, bomb.stderr
         assert "Traceback" not in bomb.stderr

@@ -56,3 +56,27 @@ def exists(url: str, remote_options: dict | None = None) -> bool:
             return False
         raise
     return True
+
+
+def which_exist(urls: list[str], remote_options: dict | None = None, at_once: int = 8) -> set[str]:
+    """The urls of `urls` that are there (exists()'s question, asked `at_once` at a time on one engine);
+    one that answers anything but a 2xx, 404 or 410 counts as not there."""
+    import asyncio
+
+    from refmount.errors import FetchError
+
+    async def ask(backend):
+        gate, there = asyncio.Semaphore(at_once), set()
+
+        async def one(url):
+            async with gate:
+                try:
+                    await backend.size(url)
+                except FetchError:
+                    return
+                there.add(url)
+
+        await asyncio.gather(*(one(u) for u in urls))
+        return there
+
+    return _on_engine(remote_options, ask) if urls else set()

@@ -309,6 +309,10 @@ class _Thredds(_Walk):
                         path, http_bases = access.get("urlPath"), [service[1]]
                 if not path:
                     continue
+                if ".." in unquote(path).split("/"):  # (a TDS urlPath never climbs out of its service)
+                    log.warning("%s: dataset urlPath %s climbs out of the service with '..'; left out", redact(final),
+                                quote(path))
+                    continue
                 if not http_bases:
                     log.warning("%s: dataset %s has no HTTPServer service; left out", redact(final), quote(path))
                     continue
@@ -326,13 +330,12 @@ class _Thredds(_Walk):
 
 class _Cmr(_Walk):
     def list(self) -> list:
-        from refmount.fetch.pages import exists
+        from refmount.fetch.pages import which_exist
         from refmount.refs.scan.sources import Entry
 
-        found, after, pages = [], None, 0
+        found, after, unlisted = [], None, set()
         while True:
             final, answered, doc = self.fetch_json(self.location, {"CMR-Search-After": after} if after else None)
-            pages += 1
             items = doc.get("items") if isinstance(doc, dict) else None
             if not isinstance(items, list):
                 raise CatalogError(f"{quote(redact(self.location))} is not a CMR UMM-JSON granule search answer")
@@ -350,16 +353,17 @@ class _Cmr(_Walk):
                 if url is None:
                     continue
                 sidecar = url + ".dmrpp"
-                if sidecar not in links and url.startswith(("http://", "https://")):
-                    try:
-                        sidecar = sidecar if exists(sidecar, {"headers": self.headers}) else None
-                    except RefmountError:
-                        sidecar = None
+                if sidecar not in links:
+                    unlisted.add(sidecar)
                 name = unquote(urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1])
                 found.append((Entry(name, url, sidecar=sidecar), urlsplit(url).path))
             after = answered.get("CMR-Search-After")
             if not items or not after:
-                return found
-            if pages >= MAX_DOCUMENTS:
-                raise CatalogError(f"the granule search {quote(redact(self.location))} has more than "
-                                   f"{MAX_DOCUMENTS:,} pages; not followed further")
+                break
+        # a DMR++ the granule does not list is used where it is there (one HEAD each, 8 at a time)
+        probed = [u for u in unlisted if u.startswith(("http://", "https://"))]
+        there = which_exist(probed, {"headers": self.headers})
+        for entry, _ in found:
+            if entry.sidecar in unlisted and entry.sidecar not in there:
+                entry.sidecar = None
+        return found
