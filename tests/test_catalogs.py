@@ -349,7 +349,7 @@ def test_hostile_stac_catalog_is_bounded_and_refused_link_by_link(mount, scans, 
         assert_same(m.path / daily[0].stem, daily[0])
 
 
-def test_thredds_loop_dtd_and_a_million_item_search_each_refused_with_one_line(scans, tmp_path):
+def test_thredds_loop_dtd_redirect_away_and_a_million_item_search_each_refused_with_one_line(scans, tmp_path):
     from aiohttp import web
 
     www = tmp_path / "www"
@@ -371,7 +371,9 @@ def test_thredds_loop_dtd_and_a_million_item_search_each_refused_with_one_line(s
         return web.json_response({"type": "FeatureCollection", "numberMatched": 10 ** 6, "features": feats,
                                   "links": [{"rel": "next", "href": f"/search?page={page + 1}"}]})
 
-    with Nginx(tmp_path / "nginx", f"root {www};") as nginx, Loopback([web.get("/search", endless)]) as api:
+    away = free_port()
+    block = f"root {www}; location = /moved/catalog.json {{ return 302 http://127.0.0.1:{away}/catalog.json; }}"
+    with Nginx(tmp_path / "nginx", block) as nginx, Loopback([web.get("/search", endless)]) as api:
         out = tmp_path / "out.json"
         loop = run_refmount("scan", f"{nginx.url}/thredds/catalog.xml", "-o", out)
         assert loop.returncode != 0
@@ -383,6 +385,9 @@ def test_thredds_loop_dtd_and_a_million_item_search_each_refused_with_one_line(s
         bomb = run_refmount("scan", f"{nginx.url}/thredds/bomb/catalog.xml", "-o", out)
         assert bomb.returncode != 0 and "declares a DTD or entities" in bomb.stderr, bomb.stderr
         assert "Traceback" not in bomb.stderr
+        moved = run_refmount("scan", f"{nginx.url}/moved/catalog.json", "-o", out)
+        assert moved.returncode != 0 and "Traceback" not in moved.stderr
+        assert f"127.0.0.1:{away}" in moved.stderr and len(moved.stderr.strip().splitlines()) == 1, moved.stderr
         many = run_refmount("scan", f"{api.url}/search", "-o", out, timeout=300)
         assert many.returncode != 0 and "names more than 100,000 items" in many.stderr, many.stderr
         assert "Traceback" not in many.stderr and len(many.stderr.strip().splitlines()) <= 3
