@@ -332,17 +332,24 @@ class HttpBackend:
         """(the url it was found at after redirects, its Content-Type, its body) of a small document
         (at most `limit` bytes), a 200 answer. `same_origin`: no redirect to another origin (an
         index page: its links would name files there)."""
-        async def once() -> tuple[str, str, bytes]:
-            resp = await self._request(url, "GET", {}, same_origin=same_origin)
+        found, answered, body = await self.page_answer(url, limit, same_origin=same_origin)
+        return found, answered.get("Content-Type", ""), body
+
+    async def page_answer(self, url: str, limit: int, *, same_origin: bool = False,
+                          send: dict | None = None) -> tuple[str, dict, bytes]:
+        """page()'s, with the answer's headers (a dict, case-insensitive) instead of its Content-Type;
+        `send`: request headers of this page only (a catalog's paging header: CMR-Search-After)."""
+        async def once() -> tuple[str, dict, bytes]:
+            resp = await self._request(url, "GET", dict(send or {}), same_origin=same_origin)
             async with resp:
                 self.stats.request(url)
                 if resp.status != 200:
                     self._raise_for_status(url, resp)
                 body = await _read_exactly(resp, limit + 1, allow_eof=True)
-                found, kind = str(resp.url), resp.headers.get("Content-Type", "")
+                found, answered = str(resp.url), resp.headers.copy()
             if len(body) > limit:
                 raise FetchError(f"{redact(url)}: the answer is larger than {limit} bytes")
-            return found, kind, body
+            return found, answered, body
 
         return await self._with_retries(url, once)
 

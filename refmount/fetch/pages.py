@@ -36,6 +36,14 @@ def fetch_page(url: str, limit: int, remote_options: dict | None = None, *,
     return _on_engine(remote_options, lambda backend: backend.page(url, limit, same_origin=same_origin))
 
 
+def fetch_answer(url: str, limit: int, remote_options: dict | None = None, *, same_origin: bool = False,
+                 send: dict | None = None) -> tuple[str, dict, bytes]:
+    """fetch_page's, with the answer's headers (case-insensitive) instead of its Content-Type; `send`:
+    headers of this request only (a catalog's paging header)."""
+    return _on_engine(remote_options, lambda backend: backend.page_answer(url, limit, same_origin=same_origin,
+                                                                          send=send))
+
+
 def exists(url: str, remote_options: dict | None = None) -> bool:
     """Whether `url` is there (one HEAD, or a one-byte GET): False for a 404 or 410, FetchError for
     anything else (a refused login says so)."""
@@ -48,3 +56,27 @@ def exists(url: str, remote_options: dict | None = None) -> bool:
             return False
         raise
     return True
+
+
+def which_exist(urls: list[str], remote_options: dict | None = None, at_once: int = 8) -> set[str]:
+    """The urls of `urls` that are there (exists()'s question, asked `at_once` at a time on one engine);
+    one that answers anything but a 2xx, 404 or 410 counts as not there."""
+    import asyncio
+
+    from refmount.errors import FetchError
+
+    async def ask(backend):
+        gate, there = asyncio.Semaphore(at_once), set()
+
+        async def one(url):
+            async with gate:
+                try:
+                    await backend.size(url)
+                except FetchError:
+                    return
+                there.add(url)
+
+        await asyncio.gather(*(one(u) for u in urls))
+        return there
+
+    return _on_engine(remote_options, ask) if urls else set()

@@ -395,6 +395,8 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
         from refmount.refs.scan.idxscan import from_idx
 
         return await from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size)
+    if entry.sidecar and entry.sidecar == entry.url and entry.url.split("?")[0].endswith(".json"):
+        return await _from_reference_asset(fetcher, entry, read, lookups, max_refs_size)
     if entry.sidecar:
         return await _from_sidecar(fetcher, entry, lookups, store, max_refs_size, pool, dmrpp_limits)
     async with lookups:
@@ -421,6 +423,45 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
     if version:
         store.put(entry.url, version, {"format": fmt, "refs": refs, "refused": refused})
     return Scanned(entry.name, entry.url, fmt, refs, [str(r) for r in refused], version)
+
+
+async def _from_reference_asset(fetcher, entry: Entry, read, lookups, max_refs_size: int) -> Scanned:
+    """A dataset's kerchunk references as a catalog lists them (a STAC item's reference asset): a JSON
+    reference set of version 0 or 1, its plain templates ({{u}}) filled in and its relative urls resolved
+    against the asset's own url. Its targets are checked as a scanned file's (check_scanned)."""
+    import re
+
+    from refmount.refs.relative import base_of, is_relative, resolve
+    from refmount.refs.scan.pool import ScanFailed
+
+    async with lookups:
+        size, version = await _identify(fetcher, entry)
+    if size > max_refs_size:
+        raise ScanFailed(f"its references are larger than --max-refs-size ({max_refs_size} bytes)")
+    try:
+        doc = orjson.loads(bytes(await read(entry.url, 0, size)) if size else b"")
+    except orjson.JSONDecodeError:
+        raise ScanFailed("is a reference asset that is not JSON") from None
+    refs = doc.get("refs") if isinstance(doc, dict) and doc.get("version") == 1 else doc
+    templates = doc.get("templates") if isinstance(doc, dict) and doc.get("version") == 1 else None
+    if not isinstance(refs, dict) or "gen" in doc and doc.get("version") == 1:
+        raise ScanFailed("is not a kerchunk reference set (version 0 or 1, without 'gen')")
+    templates = templates if isinstance(templates, dict) else {}
+
+    def target(url):
+        if not isinstance(url, str):
+            raise ScanFailed("names a target that is not a string")
+        url = re.sub(r"{{\s*(\w+)\s*}}", lambda m: str(templates.get(m.group(1), m.group(0))), url)
+        return resolve(url, base_of(entry.url)) if is_relative(url) else url
+
+    out = {}
+    for key, value in refs.items():
+        if isinstance(value, list) and value:
+            value = [target(value[0]), *value[1:]]
+        elif not isinstance(value, str):
+            raise ScanFailed(f"has a value of key {key!r} that is neither a string nor a list")
+        out[key] = value
+    return Scanned(entry.name, entry.url, "kerchunk", out, [], version)
 
 
 def small_array_chunks(url: str, refs: dict):

@@ -1,6 +1,6 @@
 """SOURCE -> the data files it names: one file, a glob (local, s3://, or http(s):// through the server's
-HTML index, nginx's or Apache's autoindex), a directory or s3:// prefix (every file below it), or @FILE
-(a text file of paths or urls, one a line).
+HTML index, nginx's or Apache's autoindex), a directory or s3:// prefix (every file below it), @FILE
+(a text file of paths or urls, one a line), or a catalog (STAC, THREDDS, CMR: catalogs.py).
 
 An http(s) listing follows only links on the same origin and under the listed directory's path, and
 reads at most MAX_INDEX_BYTES of each index page and MAX_ENTRIES entries in all.
@@ -82,10 +82,14 @@ def looks_like_many(location: str, remote_options: dict | None = None) -> bool:
     """A source that names several files by its form alone: @FILE, a glob, an s3:// prefix, a local
     directory that is no reference set, Zarr store or Icechunk repository, an http(s) directory
     (`http://host/dir/`) that is neither a Parquet set (its `.zmetadata`, asked once: refs/source.py)
-    nor an Icechunk repository (refs/icechunk.py asks)."""
+    nor an Icechunk repository (refs/icechunk.py asks), a catalog (refs/scan/catalogs.py: STAC, THREDDS, CMR)."""
     if location.startswith("@"):
         return True
     if has_glob(location):
+        return True
+    from refmount.refs.scan.catalogs import catalog_kind
+
+    if catalog_kind(location) is not None:  # a STAC, THREDDS or CMR catalog, told by its url alone
         return True
     if protocol_of(location) in ("s3", "s3a") and location.endswith("/"):
         return True
@@ -157,8 +161,12 @@ def list_sources(location: str, remote_options: dict | None = None, headers: dic
     """The data files `location` names, in a stable (sorted) order, each under a name checked by
     name_problem. `sidecars`: a glob also lists the DMR++ `X.dmrpp` of each `X` it matches (`*.nc` names
     the data files; their sidecars sit beside them), and each is paired with its file (pair_sidecars)."""
+    from refmount.refs.scan.catalogs import catalog_kind, list_catalog
+
     if location.startswith("@"):
         found = _list_file_of_paths(location[1:])
+    elif catalog_kind(location) is not None:
+        found = list_catalog(location, headers or {})
     elif protocol_of(location) in ("http", "https"):
         found = _list_http(location, headers or {}, sidecars)
     elif protocol_of(location) in ("s3", "s3a"):
