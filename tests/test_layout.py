@@ -15,7 +15,7 @@ from pathlib import Path
 import refmount
 
 PACKAGE = Path(refmount.__file__).parent
-LAYERS = ["fuse", "view", "refs", "cache", "fetch"]  # each may import only those after it
+LAYERS = ["fuse", "view", "refs", "readahead", "cache", "fetch"]  # each may import only those after it
 FRONT_DOORS = {"refmount", "refmount.__main__", "refmount.cli", "refmount.api", "refmount.dask", "refmount.fstab"}
 SHARED = {"refmount.errors"}
 

@@ -213,7 +213,7 @@ def test_stats_and_metrics_print_the_same_registry():
     """`refmount stats` and --metrics show the same families (each registered once by its component,
     with its kind and help) and the same samples; a family is registered once, typed."""
     from refmount.fuse.metrics import exposition
-    from refmount.fuse.registry import REGISTRY, at, load_components, register, text
+    from refmount.fetch.registry import REGISTRY, at, load_components, register, text
 
     stats = {"mountpoint": "/m", "keys": 7, "served": {"reader_bytes": 5, "reader_reads": 1, "bytes": 4},
              "hosts": {"h:1": {"requests": 3, "bytes": 9, "retries": 0, "errors": {"http_5xx": 1}, "in_flight": 0,

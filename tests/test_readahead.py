@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from refmount.cache.budget import MemoryBudget
-from refmount.readahead.budget import AheadBudget
+from refmount.cache.reservations import AheadBudget
 from refmount.readahead.planner import GridPlanner
 
 GRID = (365, 8, 8)

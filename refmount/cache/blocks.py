@@ -504,9 +504,9 @@ def _runs(indexes: list[int], max_len: int) -> list[tuple[int, int]]:
 
 
 def _register_metrics() -> None:
-    """The block caches (fuse/registry.py): the memory one ("cache") and the disk one ("disk", cache/disk.py
+    """The block caches (fetch/registry.py): the memory one ("cache") and the disk one ("disk", cache/disk.py
     reports the same figures), labelled by cache."""
-    from refmount.fuse.registry import register
+    from refmount.fetch.registry import register
 
     def of(key: str):
         def collect(stats: dict):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import trio
 
-from refmount.readahead.budget import AheadBudget
+from refmount.cache.reservations import AheadBudget
 
 
 class MemoryBudget:
@@ -40,7 +40,7 @@ class MemoryBudget:
 
     @property
     def ahead(self) -> int:
-        """Bytes read-ahead holds (read only: reservations change it, refmount/readahead/budget.py)."""
+        """Bytes read-ahead holds (read only: reservations change it, refmount/cache/reservations.py)."""
         return self.reservations.held
 
     @property
@@ -113,8 +113,8 @@ class ScratchLimiter:
 
 
 def _register_metrics() -> None:
-    """The memory budget of fetched and read-ahead bytes (fuse/registry.py)."""
-    from refmount.fuse.registry import at, register
+    """The memory budget of fetched and read-ahead bytes (fetch/registry.py)."""
+    from refmount.fetch.registry import at, register
 
     for key, kind, what in (("budget", "gauge", "The memory budget of blocks held and in flight."),
                             ("used", "gauge", "Bytes of the budget in use now."),

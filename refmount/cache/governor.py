@@ -100,8 +100,8 @@ def _vm_hwm() -> int:
 
 
 def _register_metrics() -> None:
-    """The daemon's memory against its target (fuse/registry.py)."""
-    from refmount.fuse.registry import at, register
+    """The daemon's memory against its target (fetch/registry.py)."""
+    from refmount.fetch.registry import at, register
 
     register("refmount_memory_rss_bytes", "gauge", "Resident memory of the daemon.", collect=at("memory", "rss"),
              component="cache.governor")

@@ -166,8 +166,8 @@ class HostPacer:
 
 
 def _register_metrics() -> None:
-    """The read-ahead's pace per host (fuse/registry.py)."""
-    from refmount.fuse.registry import per, register
+    """The read-ahead's pace per host (fetch/registry.py)."""
+    from refmount.fetch.registry import per, register
 
     register("refmount_host_in_flight_requests", "gauge", "Read-ahead requests to the host in flight now.", ("host",),
              collect=per("hosts", "host", "in_flight"), component="cache.pacer")

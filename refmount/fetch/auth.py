@@ -346,8 +346,8 @@ def active() -> Logins:
 
 
 def _register_metrics() -> None:
-    """Logins and credentials, each by host (fuse/registry.py); the cookies the jar holds."""
-    from refmount.fuse.registry import at, register
+    """Logins and credentials, each by host (fetch/registry.py); the cookies the jar holds."""
+    from refmount.fetch.registry import at, register
 
     def by_host(key: str):
         def collect(stats: dict):

@@ -186,8 +186,8 @@ _KINDS = {"http_4xx", "http_5xx", "timeout", "connection", "tls", "protocol", "c
 
 
 def _register_metrics() -> None:
-    """Per host (fuse/registry.py): requests, bytes, retries, final errors by kind, and latency."""
-    from refmount.fuse.registry import per, register
+    """Per host (fetch/registry.py): requests, bytes, retries, final errors by kind, and latency."""
+    from refmount.fetch.registry import per, register
 
     def errors(stats: dict):
         for host, h in (stats.get("hosts") or {}).items():

@@ -1,6 +1,6 @@
 """`--metrics ADDR:PORT`: the mount's counters in Prometheus's text format, at GET /metrics.
 
-The families are the registry's (fuse/registry.py: each component registers its own, with name, kind,
+The families are the registry's (fetch/registry.py: each component registers its own, with name, kind,
 help and labels), the samples those of the mount's stats dict (the `stats()` of fuse/assemble.py),
 made on the trio thread: `refmount stats` shows the same registry, so both always agree. The
 responder is a few lines of trio on the daemon's own loop (a scrape is one short request): no
@@ -149,7 +149,7 @@ def _number(value) -> str:
 def exposition(stats: dict) -> str:
     """The Prometheus text exposition of the registry's families with a mount's `stats()` samples,
     each labelled with the mountpoint."""
-    from refmount.fuse.registry import REGISTRY
+    from refmount.fetch.registry import REGISTRY
 
     out = _Families()
     mount = {"mountpoint": stats.get("mountpoint", "")}

@@ -1,10 +1,10 @@
 """The metric families of what the mount served: readers' reads, the raw view's remote bytes, the
-decoded view's chunks, the read-ahead's sections and the reference set's keys (fuse/registry.py).
+decoded view's chunks, the read-ahead's sections and the reference set's keys (fetch/registry.py).
 Registered here, a light module, rather than in the views (which `refmount stats` need not import)."""
 
 from __future__ import annotations
 
-from refmount.fuse.registry import REGISTRY, at, register
+from refmount.fetch.registry import REGISTRY, at, register
 
 register("refmount_served_bytes_total", "counter", "Bytes readers got from the mount (every file).",
          collect=at("served", "reader_bytes"), component="fuse")

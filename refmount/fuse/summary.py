@@ -145,9 +145,9 @@ def print_list(as_json: bool = False) -> int:
 
 
 def print_stats(mountpoint: str, as_json: bool = False) -> int:
-    """The mount's metrics as the registry has them (the families --metrics exports, fuse/registry.py),
+    """The mount's metrics as the registry has them (the families --metrics exports, fetch/registry.py),
     or with `as_json` every figure the daemon keeps (its stats dict)."""
-    from refmount.fuse.registry import text
+    from refmount.fetch.registry import text
 
     stats = read_stats(mountpoint)
     if as_json:

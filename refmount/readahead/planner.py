@@ -29,7 +29,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
-from refmount.readahead.budget import AheadBudget, Reservation
+from refmount.cache.reservations import AheadBudget, Reservation
 from refmount.readahead.walk import Walk
 
 log = logging.getLogger("refmount")

@@ -1,6 +1,6 @@
 """Sequential read-ahead of remote files' bytes (the byte streams), per reader.
 
-Each stream holds a reservation of the read-ahead budget (refmount/readahead/budget.py) for its
+Each stream holds a reservation of the read-ahead budget (refmount/cache/reservations.py) for its
 lead, the bytes it asked for ahead of its reader: resized as the reader goes on and the stream asks
 for more, released when the stream is replaced or forgotten. A read goes on only with a stream of
 its own reader (the pid of the process whose open it goes through: refmount.readahead.READER), so

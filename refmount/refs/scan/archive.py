@@ -394,7 +394,8 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
     if entry.sidecar and entry.sidecar.endswith(IDX_SUFFIX) and entry.sidecar != entry.url:
         from refmount.refs.scan.idxscan import from_idx
 
-        return await from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size)
+        return await from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size, scan_entry=scan_entry,
+                              identify=_identify, scanned_as=Scanned)
     if entry.sidecar and entry.sidecar == entry.url and entry.url.split("?")[0].endswith(".json"):
         return await _from_reference_asset(fetcher, entry, read, lookups, max_refs_size)
     if entry.sidecar:

@@ -180,7 +180,7 @@ def asset_kind(key: str, asset: dict) -> str | None:
 
 class _Stac(_Walk):
     def list(self) -> list:
-        from refmount.refs.scan.sources import Entry
+        from refmount.refs.scan.entry import Entry
 
         self.entries: list = []
         self.seen.add(self.location)
@@ -231,7 +231,7 @@ class _Stac(_Walk):
                                    f"(type {str(kind)[:40]!r})")
 
     def _item(self, base: str, item: dict) -> None:
-        from refmount.refs.scan.sources import Entry
+        from refmount.refs.scan.entry import Entry
 
         self.counted()
         ident = item.get("id")
@@ -280,7 +280,7 @@ def parse_xml(url: str, body: bytes):
 
 class _Thredds(_Walk):
     def list(self) -> list:
-        from refmount.refs.scan.sources import Entry
+        from refmount.refs.scan.entry import Entry
 
         found = []
         self.seen.add(self.location)
@@ -331,7 +331,7 @@ class _Thredds(_Walk):
 class _Cmr(_Walk):
     def list(self) -> list:
         from refmount.fetch.pages import which_exist
-        from refmount.refs.scan.sources import Entry
+        from refmount.refs.scan.entry import Entry
 
         found, after, unlisted = [], None, set()
         while True:

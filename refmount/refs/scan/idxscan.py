@@ -27,18 +27,20 @@ _kind_locks: weakref.WeakKeyDictionary[object, dict[str, trio.Lock]] = weakref.W
 _mappings: weakref.WeakKeyDictionary[object, dict[str, dict]] = weakref.WeakKeyDictionary()
 
 
-async def from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size: int):
-    """`entry`'s Scanned from its idx (entry.sidecar). ScanFailed naming the idx when it is refused."""
-    from refmount.refs.scan.archive import Scanned, _identify, scan_entry
+async def from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size: int, *, scan_entry, identify,
+                   scanned_as):
+    """`entry`'s Scanned from its idx (entry.sidecar). ScanFailed naming the idx when it is refused.
+    `scan_entry`, `identify` and `scanned_as` (Scanned) are the archive's, handed down (refs/scan/archive.py
+    calls this module: no import back)."""
     from refmount.refs.scan.pool import ScanFailed
 
     idx_url = entry.sidecar
     async with lookups:
-        idx_size, idx_version = await _identify(fetcher, replace(entry, url=idx_url, size=None, version=None))
+        idx_size, idx_version = await identify(fetcher, replace(entry, url=idx_url, size=None, version=None))
     version = f"idx {idx_version}" if idx_version else None
     kept = store.get(idx_url, version, max_refs_size) if version else None
     if kept is not None:
-        return Scanned(entry.name, entry.url, "grib", kept["refs"], kept.get("refused", []), version)
+        return scanned_as(entry.name, entry.url, "grib", kept["refs"], kept.get("refused", []), version)
 
     def refused(why: str) -> ScanFailed:
         return ScanFailed(f"its index {redact(idx_url)} is refused: {why}")
@@ -80,7 +82,7 @@ async def from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size: in
         raise refused(str(e)) from None
     if version:
         store.put(idx_url, version, {"format": "grib", "refs": refs, "refused": []})
-    return Scanned(entry.name, entry.url, "grib", refs, [], version)
+    return scanned_as(entry.name, entry.url, "grib", refs, [], version)
 
 
 async def _place_inline(refs: dict, rows, url: str, grib_size: int, read) -> dict[str, int]:

@@ -14,13 +14,13 @@ import logging
 import os
 import re
 import time
-from dataclasses import dataclass
 from html.parser import HTMLParser
 from urllib.parse import unquote, urljoin, urlsplit
 
 from refmount.errors import RefmountError, quote
 from refmount.fetch.protocols import is_remote, local_path, protocol_of
 from refmount.fetch.stats import redact
+from refmount.refs.scan.entry import Entry  # noqa: F401 (the listings' unit, imported from here too)
 from refmount.refs.model import name_problem
 
 log = logging.getLogger("refmount")
@@ -30,18 +30,6 @@ MAX_ENTRIES = 1_000_000
 MAX_DEPTH = 16
 REFERENCE_SUFFIXES = (".dmrpp", ".json", ".json.gz", ".json.bz2", ".json.xz", ".json.zst", ".json.zstd", ".parq", ".parquet",
                       ".gz", ".bz2", ".xz", ".zst", ".zstd")
-
-
-@dataclass
-class Entry:
-    """One data file: its name in the mount, its url (or local path), and what a listing told about it."""
-
-    name: str
-    url: str
-    size: int | None = None
-    version: str | None = None  # a validator from the listing (S3's ETag, an index page's date), if any
-    sidecar: str | None = None  # the url of its DMR++ (X.dmrpp beside X), read instead of scanning X
-    sidecar_listed: tuple = ()  # (size, version) of that DMR++ from the listing, if it gave them
 
 
 DMRPP_SUFFIX = ".dmrpp"

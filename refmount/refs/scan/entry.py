@@ -1,0 +1,17 @@
+"""One data file a source names: the unit of every listing (sources.py, catalogs.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Entry:
+    """One data file: its name in the mount, its url (or local path), and what a listing told about it."""
+
+    name: str
+    url: str
+    size: int | None = None
+    version: str | None = None  # a validator from the listing (S3's ETag, an index page's date), if any
+    sidecar: str | None = None  # the url of its DMR++ (X.dmrpp beside X), read instead of scanning X
+    sidecar_listed: tuple = ()  # (size, version) of that DMR++ from the listing, if it gave them
