@@ -23,7 +23,7 @@ from tests.support.clients import NCDUMP, ncdump, nczarr_url
 from tests.support.daily import make_daily
 from tests.support.moto import moto_server
 
-AIR = Path("/work/shared/data/air.nc")
+AIR = Path(__file__).parent / "data" / "air.nc"  # (the NCEP sample of shared/data)
 if not AIR.exists():
     AIR = Path(__file__).parent / "data" / "air.nc"
 GRIB = Path(__file__).parent / "data" / "cfgrib" / "regular_ll_sfc.grib"

@@ -29,7 +29,7 @@ from tests.support.clients import NCDUMP, nczarr_url
 from tests.support.daily import make_daily
 from tests.support.nginx import Nginx
 
-AIR = Path("/work/shared/data/air.nc")
+AIR = Path(__file__).parent / "data" / "air.nc"  # (the NCEP sample of shared/data)
 if not AIR.exists():
     AIR = Path(__file__).parent / "data" / "air.nc"
 LOG_FORMAT = '$request_method $uri "$http_range" $status'
