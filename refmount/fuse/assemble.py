@@ -55,11 +55,11 @@ def check_targets(refset, opts, root=None) -> None:
 def warn_raw_view(refset) -> None:
     """The raw view shows compressed chunks as they are: say so, since netCDF-C without filter
     plugins (Debian's ncdump) would print garbage for them without any error."""
-    from refmount.view.arrays import listed, scan_arrays
+    from refmount.view.arrays import compressed_arrays
 
-    compressed = [a.name for a in scan_arrays(refset) if a.codecs]
+    compressed = compressed_arrays(refset)  # (one line, whatever their number: issue 38 row 5)
     if compressed:
-        shown = listed(compressed)
+        shown = str(compressed)
         log.warning("raw view: arrays %s are compressed or filtered; netCDF-C without filter plugins (e.g. "
                     "Debian's ncdump) reads garbage from them - mount with --view decoded for ncdump", shown)
 
