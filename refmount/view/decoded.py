@@ -116,8 +116,8 @@ def check_decoded_view_fits(refset, what: str, target: int | None) -> None:
     def room(t: int) -> int:
         return t - held - scratch_for(t, True) - reserve_for(t) - 2 * MIN_CACHE
 
-    if need <= room(target):
-        return
+    if need <= room(target) or need < 16 * MiB:
+        return  # (a target too small for a few arrays is too small for the daemon: plan_memory's line says so)
     least = -(-(held + need) // MiB)
     while room(least * MiB) < need:
         least += 64
