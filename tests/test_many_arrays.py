@@ -92,7 +92,7 @@ def test_300000_arrays_mount_in_the_raw_view_under_the_memory_target(many, slow_
     with open(m.path / ".zmetadata", "rb") as f:
         consolidated = json.load(f)["metadata"]
     read_took = time.monotonic() - started
-    assert len(consolidated) == 2 * ARRAYS + 2  # (.zarray and .zattrs each; the root's .zgroup and .zattrs)
+    assert sum(key.endswith("/.zarray") for key in consolidated) == ARRAYS and ".zgroup" in consolidated
     assert consolidated["v299999/.zarray"]["dtype"] == "<i4"
     assert consolidated["v001000/.zarray"]["filters"] or consolidated["v001000/.zarray"]["compressor"]
     del consolidated
