@@ -55,11 +55,11 @@ def check_targets(refset, opts, root=None) -> None:
 def warn_raw_view(refset) -> None:
     """The raw view shows compressed chunks as they are: say so, since netCDF-C without filter
     plugins (Debian's ncdump) would print garbage for them without any error."""
-    from refmount.view.arrays import listed, scan_arrays
+    from refmount.view.arrays import compressed_arrays
 
-    compressed = [a.name for a in scan_arrays(refset) if a.codecs]
+    compressed = compressed_arrays(refset)  # (one line, whatever their number: issue 38 row 5)
     if compressed:
-        shown = listed(compressed)
+        shown = str(compressed)
         log.warning("raw view: arrays %s are compressed or filtered; netCDF-C without filter plugins (e.g. "
                     "Debian's ncdump) reads garbage from them - mount with --view decoded for ncdump", shown)
 
@@ -217,9 +217,11 @@ def build_filesystem(opts):
     readers = None  # who reads which metadata form (the decoded view's)
     scratch = None
     if opts.view == "decoded":
-        from refmount.view.decoded import DecodedView
+        from refmount.view.decoded import DecodedView, check_decoded_view_fits
 
         view = raw = v2_view(raw)  # (a Zarr v3 set is shown through its v2 form)
+        if opts.memory_target is not None or (opts.cache_size is None and opts.decoded_cache_size is None):
+            check_decoded_view_fits(raw.refset, opts.refs, opts.memory_target)  # (before it is built, not after)
         scratch = ScratchLimiter(0, os.cpu_count() or 2)
         view = DecodedView(raw, cache_size=0, chars=opts.chars, form=opts.form, scratch=scratch, pool=pool)
         refset = view.refset

@@ -91,6 +91,68 @@ def _is_zlib(data) -> bool:
     return len(head) == 2 and head[0] & 0x0F == 8 and (head[0] << 8 | head[1]) % 31 == 0
 
 
+# What building the decoded view takes per array at its peak (each array's plan, its metadata in every
+# reader's form, as JSON values then bytes): measured 23 KiB at 10,000 arrays and 25 KiB at 30,000.
+DECODED_BYTES_PER_ARRAY = 25 << 10
+
+
+def count_arrays(refset) -> int:
+    """How many arrays (directories with a .zarray) the set has: a lookup per directory, no JSON read."""
+    return sum(1 for path in refset.dirs.paths if refset.find(f"{path}/.zarray" if path else ".zarray") >= 0)
+
+
+def check_decoded_view_fits(refset, what: str, target: int | None) -> None:
+    """Refuse, before building it, a decoded view that would take the daemon past its memory target
+    (`target`: --memory-target, None for the default): one line naming `what` (the reference file)
+    and the target that would do. A set of 300,000 arrays would need about 7 GiB (issue 38 row 5)."""
+    from refmount.cache.target import DEFAULT_TARGET, MIN_CACHE, MiB, reserve_for, resident_bytes, scratch_for
+
+    arrays = count_arrays(refset)
+    need = arrays * DECODED_BYTES_PER_ARRAY
+    given = target is not None
+    target = DEFAULT_TARGET if target is None else target
+    held = resident_bytes()
+
+    def room(t: int) -> int:
+        return t - held - scratch_for(t, True) - reserve_for(t) - 2 * MIN_CACHE
+
+    if need <= room(target) or need < 16 * MiB:
+        return  # (a target too small for a few arrays is too small for the daemon: plan_memory's line says so)
+    least = -(-(held + need) // MiB)
+    while room(least * MiB) < need:
+        least += 64
+    name = "--memory-target" if given else "the default memory target"
+    raise RefmountError(
+        f"{what}: its {arrays:,} arrays would take the decoded view about {need // MiB:,} MiB to build, more than "
+        f"{name} {target // MiB:,} MiB leaves ({max(room(target), 0) // MiB:,} MiB beside the {held // MiB:,} MiB "
+        f"the daemon holds): mount with --view raw, or give --memory-target {least}M or more")
+
+
+MAX_ARRAY_LINES = 20  # log lines of one kind about single arrays, per mount; the rest are counted
+
+
+class ArrayLines:
+    """Log lines about single arrays, capped per kind: a set of 300,000 arrays logged one line each
+    and took minutes to mount (issue 38 row 5); past MAX_ARRAY_LINES one line says how many more."""
+
+    def __init__(self, cap: int = MAX_ARRAY_LINES) -> None:
+        self.cap = cap
+        self.counts: dict[str, list] = {}  # kind -> [lines, level]
+
+    def say(self, level: int, kind: str, message: str, *args) -> None:
+        seen = self.counts.setdefault(kind, [0, level])
+        seen[0] += 1
+        if seen[0] <= self.cap:
+            log.log(level, message, *args)
+
+    def summarise(self) -> None:
+        what = {"hidden": "arrays hidden", "notes": "arrays served changed", "fills": "fill values kept"}
+        for kind, (count, level) in self.counts.items():
+            if count > self.cap:
+                log.log(level, "decoded view: %s more %s (not logged one by one)", f"{count - self.cap:,}",
+                        what.get(kind, kind))
+
+
 class DecodeError(RefmountError):
     """A chunk could not be decoded into exactly its expected bytes."""
 
@@ -168,18 +230,19 @@ class DecodedView:
         chars_with_dimension = any(f.chars in ("char", "ubyte", "nczarr") for f in self.forms)
         nczarr = [n for n, f in enumerate(self.forms) if f.nczarr]  # forms with NCZarr's own metadata
         nczarr_arrays = {n: [] for n in nczarr}  # (info, .zarray, .zattrs) of each visible array in each of them
+        lines = ArrayLines()
         for info in self.arrays:
             if info.strlen and getattr(self.refset, "lazy", False):
                 info.hidden_reason = "strings served as characters need their chunk keys renamed, not done for Parquet sets"
             if info.hidden_reason:
-                log.warning("decoded view: hiding array %s: %s", info.name, info.hidden_reason)
+                lines.say(logging.WARNING, "hidden", "decoded view: hiding array %s: %s", info.name, info.hidden_reason)
                 self._hide_tree(info.dir_id)
                 continue
             if info.notes:
-                log.info("decoded view: array %s: %s", info.name, "; ".join(info.notes))
+                lines.say(logging.INFO, "notes", "decoded view: array %s: %s", info.name, "; ".join(info.notes))
             prefix = f"{info.path}/" if info.path else ""
             forms = [served_array(info, form) for form in self.forms]
-            filled = self._fill_missing_chunks(info, [z for z, _ in forms], fill_keys)
+            filled = self._fill_missing_chunks(info, [z for z, _ in forms], fill_keys, lines)
             served[prefix + ".zarray"] = [z for z, _ in forms]
             if info.zattrs or self.refset.find(prefix + ".zattrs") >= 0 or nczarr:  # (NCZarr needs one)
                 served[prefix + ".zattrs"] = [a for _, a in forms]
@@ -223,6 +286,7 @@ class DecodedView:
                     value = self._plain(i, name, prefix, trees)
                     if value is not None:
                         served[key] = value
+        lines.summarise()
         renames.update(strlen_renames)
         chars = [a.name for a in self.arrays if not a.hidden_reason and a.out_zarray["dtype"] == CHAR_DTYPE_49]
         if chars and len(self.forms) > 1:
@@ -298,7 +362,8 @@ class DecodedView:
                     names[f"{prefix}{name}{info.separator}0"] = i
         return names
 
-    def _fill_missing_chunks(self, info: ArrayInfo, zarrays: list[dict], fill_keys: dict) -> list[str]:
+    def _fill_missing_chunks(self, info: ArrayInfo, zarrays: list[dict], fill_keys: dict,
+                             lines: ArrayLines | None = None) -> list[str]:
         """A form whose fill_value is not the one the array's missing chunks read as (GDAL's nodata,
         refmount.view.forms) gets them as files of that fill instead, so that every form reads the
         same values; where that cannot be (a Parquet set, the "/" separator, more than
@@ -324,8 +389,8 @@ class DecodedView:
         if base is None or missing is None or len(fill_keys) + len(missing) > MAX_FILL_CHUNKS:
             for z in differ:
                 z["fill_value"] = base
-            log.info("decoded view: array %s: fill_value %r kept in every form (its missing chunks cannot be "
-                     "served as files)", info.name, base)
+            (lines or ArrayLines()).say(logging.INFO, "fills", "decoded view: array %s: fill_value %r kept in every "
+                                        "form (its missing chunks cannot be served as files)", info.name, base)
             return []
         for name in missing:
             fill_keys[prefix + name] = info
