@@ -28,7 +28,8 @@ from refmount.refs import INLINE, WHOLE_FILE
 
 MAX_GROUP = 8 << 20  # bytes one coalesced request may span
 GAP_UNMEASURED = 64 << 10  # the largest gap worth fetching before the link is measured
-GAP_SHARE = 0.25  # gaps may add at most this fraction of a coalesced request's wanted bytes
+GAP_SHARE = 0.2  # gaps may add at most this fraction of a coalesced request's wanted bytes (the rest of
+                 # the 1.25x bytes target is for predictions past a selection's end)
 
 
 def coalesce(ranges: list[tuple[int, int]], max_gap: int, max_span: int = MAX_GROUP,
