@@ -107,10 +107,11 @@ def test_coalesce_near_ranges_within_the_gap_and_the_share():
     assert coalesce([(20, 30), (0, 10), (10, 20)], max_gap=64) == [[(0, 10), (10, 20), (20, 30)]]
     # a gap wider than what a round trip carries: two requests
     assert coalesce([(0, 100), (300, 400)], max_gap=150) == [[(0, 100)], [(300, 400)]]
-    # gaps may add at most a quarter of the wanted bytes (a metered store bills them)
+    # gaps may add at most a fifth of the wanted bytes (a metered store bills them)
     assert coalesce([(0, 100), (160, 260)], max_gap=1000) == [[(0, 100)], [(160, 260)]]
     assert coalesce([(0, 100), (160, 260), (260, 420)], max_gap=1000) == [[(0, 100)], [(160, 260), (260, 420)]]
-    assert coalesce([(0, 100), (150, 250)], max_gap=1000) == [[(0, 100), (150, 250)]]
+    assert coalesce([(0, 100), (140, 240)], max_gap=1000) == [[(0, 100), (140, 240)]]
+    assert coalesce([(0, 100), (150, 250)], max_gap=1000) == [[(0, 100)], [(150, 250)]]
     # and a request stays within its span
     assert coalesce([(0, 10), (10, 20)], max_gap=64, max_span=15) == [[(0, 10)], [(10, 20)]]
 
