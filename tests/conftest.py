@@ -184,6 +184,21 @@ def mount(tmp_path):
         m.stop()
 
 
+@pytest.fixture
+def slow_mount(tmp_path):
+    """As `mount`, with room for a big reference set's mount on a loaded machine (15 minutes)."""
+    mounts: list[Mount] = []
+
+    def make(refs, *args) -> Mount:
+        m = Mount(refs, tmp_path / f"slow-mnt{len(mounts)}", args)
+        mounts.append(m)
+        return m.start(timeout=900)
+
+    yield make
+    for m in mounts:
+        m.stop()
+
+
 def run_refmount(*args, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([*REFMOUNT, *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
 

@@ -66,23 +66,6 @@ def _scans_of_their_own(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 
-@pytest.fixture
-def slow_mount(tmp_path):
-    """As conftest's `mount`, with room for a big file's mount on a loaded machine."""
-    from tests.conftest import Mount
-
-    mounts = []
-
-    def make(refs, *args) -> Mount:
-        m = Mount(refs, tmp_path / f"big-mnt{len(mounts)}", args)
-        mounts.append(m)
-        return m.start(timeout=600)
-
-    yield make
-    for m in mounts:
-        m.stop()
-
-
 def _status_mib(pid: int, key: str) -> float:
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(key + ":")) / 1024

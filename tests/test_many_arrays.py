@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_refmount
-from tests.test_dmrpp_scan import _dmrpp, _status_mib
+from tests.test_dmrpp_scan import _dmrpp, _scans_of_their_own, _status_mib  # noqa: F401 (an autouse fixture)
 
 ARRAYS = 300_000
 TARGET_MIB = 1024  # the default --memory-target
@@ -55,27 +55,6 @@ def many(tmp_path_factory) -> Path:
     path = root / "many.h5.dmrpp"
     path.write_bytes(scalars_dmrpp(ARRAYS))
     return path
-
-
-@pytest.fixture(autouse=True)
-def _scans_of_their_own(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
-
-
-@pytest.fixture
-def slow_mount(tmp_path):
-    from tests.conftest import Mount
-
-    mounts = []
-
-    def make(refs, *args) -> Mount:
-        m = Mount(refs, tmp_path / f"many-mnt{len(mounts)}", args)
-        mounts.append(m)
-        return m.start(timeout=900)
-
-    yield make
-    for m in mounts:
-        m.stop()
 
 
 def test_300000_arrays_mount_in_the_raw_view_under_the_memory_target(many, slow_mount):

@@ -29,13 +29,11 @@ def consolidated_metadata(refset, served_json) -> bytes:
     return dump_json(value) if value is not None else b""
 
 
-def consolidated_value(refset, served_json, quiet: bool = False) -> dict | None:
-    """The JSON value of `consolidated_metadata` (None: no .zmetadata). `quiet`: say nothing of
-    metadata stored remotely (a view building one per reader's form says it once)."""
-    entries = {}
-    unread = []
+def _metadata(refset):
+    """(key, index) of each .zgroup, .zattrs and .zarray of the set, directory by directory; none inside
+    an array (a chunk subdirectory with the "/" separator)."""
     dirs = refset.dirs
-    in_array = [False] * len(dirs.paths)  # inside an array: a chunk subdirectory ("/" separator)
+    in_array = [False] * len(dirs.paths)
     for d, path in enumerate(dirs.paths):  # (a directory's parent comes before it)
         if d and in_array[dirs.parent[d]]:
             in_array[d] = True
@@ -44,14 +42,22 @@ def consolidated_value(refset, served_json, quiet: bool = False) -> dict | None:
         in_array[d] = refset.find(prefix + ".zarray") >= 0
         for name in METADATA_NAMES:
             i = refset.find(prefix + name)
-            if i < 0:
-                continue
-            value = served_json(i)
-            if value is None:
-                if refset.inline_data(i) is None:
-                    unread.append(prefix + name)
-                continue
-            entries[prefix + name] = value
+            if i >= 0:
+                yield prefix + name, i
+
+
+def consolidated_value(refset, served_json, quiet: bool = False) -> dict | None:
+    """The JSON value of `consolidated_metadata` (None: no .zmetadata). `quiet`: say nothing of
+    metadata stored remotely (a view building one per reader's form says it once)."""
+    entries = {}
+    unread = []
+    for key, i in _metadata(refset):
+        value = served_json(i)
+        if value is None:
+            if refset.inline_data(i) is None:
+                unread.append(key)
+            continue
+        entries[key] = value
     if unread:
         if quiet:
             return None
@@ -74,20 +80,10 @@ def metadata_keys(refset) -> np.ndarray | None:
     when one is stored remotely (said once: no .zmetadata then), or there is none. No JSON is read."""
     found = []
     unread = []
-    dirs = refset.dirs
-    in_array = [False] * len(dirs.paths)  # inside an array: a chunk subdirectory ("/" separator)
-    for d, path in enumerate(dirs.paths):  # (a directory's parent comes before it)
-        if d and in_array[dirs.parent[d]]:
-            in_array[d] = True
-            continue  # no metadata lives there (an array's name may be digits: kerchunk's TIFF levels 0, 1, 2)
-        prefix = f"{path}/" if path else ""
-        in_array[d] = refset.find(prefix + ".zarray") >= 0
-        for name in METADATA_NAMES:
-            i = refset.find(prefix + name)
-            if i >= 0:
-                found.append(i)
-                if refset.inline_data(i) is None and len(unread) < 1:
-                    unread.append(prefix + name)
+    for key, i in _metadata(refset):
+        found.append(i)
+        if refset.inline_data(i) is None and len(unread) < 1:
+            unread.append(key)
     if unread:
         count = sum(refset.inline_data(i) is None for i in found)
         log.warning("no consolidated metadata: %s and %d more metadata keys are stored remotely", unread[0], count - 1)
