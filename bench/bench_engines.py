@@ -8,7 +8,7 @@ their engines. --latency N measures N random 64 KiB ranges one at a time instead
 request). --baseline TREE adds the engine "direct-baseline": "direct" with refmount's code from TREE
 (another commit's checkout; before issue 26 small ranges took fastget.py there).
 
-Serves a random file from tmpfs through a loopback nginx (bench_speed.py's configuration) and fetches
+Serves a random file from tmpfs through a loopback nginx (bench/harness/servers.py) and fetches
 all of it as ranges of each size (MiB), `parallel` ranges in flight, from trio tasks (as the daemon's
 read-ahead does), into 1 MiB blocks that are kept (a cold cache fill; `--cache-mb N` keeps only the
 last N MiB, an LRU at capacity). Each engine runs in a fresh child process; engines alternate within
@@ -54,8 +54,14 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from harness.engines import BLOCK, Sink, curl_run, pieces_of, thread_cpu, trio_shim
+from harness.mounts import code_env
+from harness.record import Record
+from harness.servers import nginx_serving, write_certificates
+from harness.inputs import write_big
+from harness.system import percentile
+
 HERE = Path(__file__).resolve().parent
-BLOCK = 1 << 20
 ARENA = 64 << 20
 ENGINES = ["direct", "aiohttp", "obstore-thread", "obstore-asyncio", "obstore-trio", "obstore-checked",
            "pycurl", "recvinto", "recvinto-thp", "curl"]
@@ -63,43 +69,7 @@ ENGINES = ["direct", "aiohttp", "obstore-thread", "obstore-asyncio", "obstore-tr
 
 # -- the cache the engines fill ---------------------------------------------------------------------
 
-class Sink:
-    """Keeps every block (capacity 0) or the last `capacity` bytes of them (oldest evicted first);
-    evicted buffers go back to `recycle` when the engine has a pool."""
-
-    def __init__(self, capacity: int, recycle=None) -> None:
-        self.capacity, self.recycle = capacity, recycle
-        self.blocks: collections.OrderedDict = collections.OrderedDict()
-        self.size = 0
-        self.bytes = 0
-
-    def put(self, start: int, pieces) -> None:
-        for piece in pieces:
-            n = len(piece) if not isinstance(piece, memoryview) else piece.nbytes
-            self.blocks[start] = piece
-            self.size += n
-            self.bytes += n
-            start += n
-            while self.capacity and self.size > self.capacity:
-                _, old = self.blocks.popitem(last=False)
-                self.size -= len(old) if not isinstance(old, memoryview) else old.nbytes
-                if self.recycle is not None:
-                    self.recycle(old)
-
-
 # -- engines (each: `async fetch(start, end) -> pieces`, `async warm()`, `close()`) ----------------
-
-def pieces_of(buffer, start: int, length: int | None = None):
-    """Zero-copy 1 MiB views of `buffer` holding the bytes from `start`."""
-    view = memoryview(buffer)
-    n = view.nbytes if length is None else length
-    out, pos = [], 0
-    while pos < n:
-        step = min(BLOCK - (start + pos) % BLOCK, n - pos)
-        out.append(view[pos:pos + step])
-        pos += step
-    return out
-
 
 class FetcherEngine:
     def __init__(self, url: str, client: str, conns: int) -> None:
@@ -174,99 +144,6 @@ class ObstoreEngine:
 
     async def aclose(self) -> None:
         pass
-
-
-class trio_shim:
-    """Resolve a pyo3-async-runtimes awaitable (obstore's *_async) on the trio loop, with no asyncio
-    loop thread: pyo3 asks `asyncio.get_running_loop()` for `create_future()` and completes the
-    future with `loop.call_soon_threadsafe(...)` from a tokio thread. This loop stand-in makes a
-    future whose completion is a trio `run_sync_soon`: one wake-up of the trio thread per request."""
-
-    class Future:
-        def __init__(self) -> None:
-            import trio
-
-            self.event = trio.Event()
-            self._result = self._exception = None
-            self._callbacks = []
-            self._done = self._cancelled = False
-
-        def set_result(self, value) -> None:
-            self._result, self._done = value, True
-            self.event.set()
-
-        def set_exception(self, error) -> None:
-            self._exception, self._done = error, True
-            self.event.set()
-
-        def done(self) -> bool:
-            return self._done
-
-        def cancelled(self) -> bool:
-            return self._cancelled
-
-        def cancel(self, *args) -> bool:
-            if self._done:
-                return False
-            self._cancelled = self._done = True
-            for callback in self._callbacks:
-                callback(self)
-            self.event.set()
-            return True
-
-        def add_done_callback(self, callback, *, context=None) -> None:
-            self._callbacks.append(callback)
-
-        def get_loop(self):
-            return trio_shim.loop
-
-        def __await__(self):  # pyo3 awaits nothing; present for asyncio.isfuture-like checks
-            raise RuntimeError("not awaitable")
-
-        _asyncio_future_blocking = False
-
-    class Loop:
-        def __init__(self, token) -> None:
-            self.token = token
-
-        def create_future(self):
-            return trio_shim.Future()
-
-        def call_soon_threadsafe(self, callback, *args, context=None):
-            if context is not None:
-                self.token.run_sync_soon(lambda: context.run(callback, *args))
-            else:
-                self.token.run_sync_soon(callback, *args)
-
-        def is_closed(self) -> bool:
-            return False
-
-        def is_running(self) -> bool:
-            return True
-
-    loop = None
-
-    @classmethod
-    async def awaiting(cls, make):
-        """`make()` builds the pyo3 awaitable (under the stand-in loop); wait for its result."""
-        import asyncio.events
-        import trio
-
-        if cls.loop is None:
-            cls.loop = cls.Loop(trio.lowlevel.current_trio_token())
-        asyncio.events._set_running_loop(cls.loop)
-        try:
-            future = make()
-        finally:
-            asyncio.events._set_running_loop(None)
-        try:
-            await future.event.wait()
-        except BaseException:
-            future.cancel()
-            raise
-        if future._exception is not None:
-            raise future._exception
-        return future._result
 
 
 class CurlEngine:
@@ -518,21 +395,6 @@ class RecvIntoEngine:
 
 # -- the child: one engine, one configuration ---------------------------------------------------------
 
-def thread_cpu() -> dict:
-    """CPU seconds of this process's threads, by role: tokio workers by name, the rest by native id."""
-    out = collections.Counter()
-    main = threading.main_thread().native_id
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            comm = (task / "comm").read_text().strip()
-            cpu = int((task / "schedstat").read_text().split()[0]) / 1e9  # ns on a CPU (finer than stat's ticks)
-        except OSError:
-            continue
-        role = "trio" if int(task.name) == main else "tokio" if comm.startswith("tokio") else "other"
-        out[role] += cpu
-    return out
-
-
 async def latency(engine, size: int, count: int, result: dict) -> None:
     """`count` random 64 KiB ranges one after the other: seconds of each, CPU per request."""
     rng = random.Random(7)
@@ -605,57 +467,6 @@ def child(args) -> dict:
     return result
 
 
-def write_certificates(folder: Path) -> Path:
-    """A private CA and a leaf certificate for 127.0.0.1 (leaf.pem holds leaf + CA, key.pem its key);
-    returns the CA's file."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    now = datetime.datetime.now(datetime.timezone.utc)
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench CA")])
-    valid = dict(not_valid_before=now - datetime.timedelta(hours=1), not_valid_after=now + datetime.timedelta(days=1))
-    ca = (x509.CertificateBuilder(subject_name=ca_name, issuer_name=ca_name, public_key=ca_key.public_key(),
-                                  serial_number=x509.random_serial_number(), **valid)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .add_extension(x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True)
-          .sign(ca_key, hashes.SHA256()))
-    leaf = (x509.CertificateBuilder(subject_name=x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]),
-                                    issuer_name=ca_name, public_key=key.public_key(),
-                                    serial_number=x509.random_serial_number(), **valid)
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    pem = serialization.Encoding.PEM
-    (folder / "ca.pem").write_bytes(ca.public_bytes(pem))
-    (folder / "leaf.pem").write_bytes(leaf.public_bytes(pem) + ca.public_bytes(pem))
-    (folder / "key.pem").write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                                                       serialization.NoEncryption()))
-    return folder / "ca.pem"
-
-
-def curl_run(url: str, size: int, range_mib: int, par: int, run_dir: Path) -> dict:
-    span = range_mib << 20
-    config = run_dir / f"curl-{range_mib}-{par}.conf"
-    config.write_text("".join(f'url = "{url}"\nrange = "{s}-{min(s + span, size) - 1}"\noutput = "/dev/null"\n'
-                              for s in range(0, size, span)))
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    cmd = ["curl", "-s", "--no-progress-meter", "-f", "-K", str(config)] + (["--parallel", "--parallel-max", str(par)] if par > 1 else [])
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    seconds = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"seconds": seconds, "cpu": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
-            "minflt": after.ru_minflt - before.ru_minflt, "threads": {}}
-
-
 BASELINE: Path | None = None  # --baseline: the "direct-baseline" engine runs refmount's code from this tree
 
 
@@ -663,7 +474,7 @@ def run_child(engine: str, url: str, size: int, range_mib: int, par: int, file: 
               latency: int = 0) -> dict:
     env = None
     if engine == "direct-baseline":
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BASELINE), os.environ.get("PYTHONPATH", "")])}
+        env = code_env(BASELINE)
         engine_arg = "direct"
     else:
         engine_arg = engine
@@ -701,9 +512,6 @@ def main() -> int:
         print(json.dumps(child(args)))
         return 0
 
-    sys.path.insert(0, str(HERE))
-    import bench_speed as bs
-
     global BASELINE
     BASELINE = args.baseline
     engines = args.engines.split(",")
@@ -713,22 +521,20 @@ def main() -> int:
     pars = [int(s) for s in args.parallel.split(",")]
     size = args.mb << 20
     results: dict = collections.defaultdict(list)
+    record = Record("engines")
     load = [os.getloadavg()[0]]
     with ExitStack() as stack:
         run_dir = Path(tempfile.mkdtemp(prefix="refmount-engines-run."))
         serve = Path(tempfile.mkdtemp(prefix="refmount-engines-data.", dir="/dev/shm"))
         stack.callback(shutil.rmtree, serve, True)
         stack.callback(shutil.rmtree, run_dir, True)
-        bs.write_big(serve / "big.bin", size)
+        write_big(serve / "big.bin", size)
         serve.chmod(0o755)
         if args.tls:  # nginx with a private CA's certificate; every client trusts that CA through the environment
             ca = write_certificates(run_dir)
             for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
                 os.environ[name] = str(ca)
-            bs.NGINX_CONF = bs.NGINX_CONF.replace(
-                "listen 127.0.0.1:{port};", "listen 127.0.0.1:{port} ssl; ssl_certificate {run}/leaf.pem; "
-                "ssl_certificate_key {run}/key.pem; ssl_session_cache shared:SSL:1m;")
-        base = stack.enter_context(bs.nginx_serving(serve, run_dir))
+        base = stack.enter_context(nginx_serving(serve, run_dir, tls=args.tls))
         if args.tls:
             base = base.replace("http://", "https://")
         url = base + "big.bin"
@@ -737,7 +543,7 @@ def main() -> int:
             for engine in order:
                 r = run_child(engine, url, size, 1, 1, serve / "big.bin", 0, args.latency)
                 results[("lat", engine)].append(r)
-                print(f"# round {rnd + 1} {engine}: p50 {bs.percentile(r['times'], 0.5) * 1e3:.2f} ms",
+                print(f"# round {rnd + 1} {engine}: p50 {percentile(r['times'], 0.5) * 1e3:.2f} ms",
                       file=sys.stderr, flush=True)
         for rnd in range(0 if args.latency else args.rounds):
             for rmib in sizes:
@@ -754,22 +560,26 @@ def main() -> int:
                               f"{r['cpu'] / (size / 1e9):.2f} CPU-s/GB", file=sys.stderr, flush=True)
             load.append(os.getloadavg()[0])
     if args.latency:
-        print(f"\nrandom 64 KiB ranges one at a time, {args.latency} per run, {args.rounds} rounds (medians); "
-              f"load average {', '.join(f'{x:.1f}' for x in load)}\n")
-        print("| engine | p50 ms | p90 ms | CPU ms per request |")
-        print("|---|---|---|---|")
+        title = (f"random 64 KiB ranges one at a time, {args.latency} per run, {args.rounds} rounds (medians); "
+                 f"load average {', '.join(f'{x:.1f}' for x in load)}")
+        print(f"\n{title}\n")
+        lines = ["| engine | p50 ms | p90 ms | CPU ms per request |", "|---|---|---|---|"]
         for engine in engines:
             runs = results[("lat", engine)]
-            p50 = statistics.median(bs.percentile(r["times"], 0.5) * 1e3 for r in runs)
-            p90 = statistics.median(bs.percentile(r["times"], 0.9) * 1e3 for r in runs)
+            p50 = statistics.median(percentile(r["times"], 0.5) * 1e3 for r in runs)
+            p90 = statistics.median(percentile(r["times"], 0.9) * 1e3 for r in runs)
             cpu = statistics.median(r["cpu"] / args.latency * 1e3 for r in runs)
-            print(f"| {engine} | {p50:.2f} | {p90:.2f} | {cpu:.3f} |")
+            lines.append(f"| {engine} | {p50:.2f} | {p90:.2f} | {cpu:.3f} |")
+        print("\n".join(lines))
+        if args.json:
+            record.write(args.json, {title: "\n".join(lines)}, runs=[r for runs in results.values() for r in runs])
         return 0
     gb = size / 1e9
-    print(f"\n{args.mb} MiB, {args.rounds} rounds (medians), cache {'all' if not args.cache_mb else args.cache_mb}"
-          f" MiB; load average {', '.join(f'{x:.1f}' for x in load)}\n")
-    print("| ranges | engine | MB/s | CPU-s/GB | trio / tokio / other CPU-s/GB | faults/GB | MB/s ÷ curl | CPU ÷ curl |")
-    print("|---|---|---|---|---|---|---|---|")
+    title = (f"{args.mb} MiB, {args.rounds} rounds (medians), cache {'all' if not args.cache_mb else args.cache_mb}"
+             f" MiB; load average {', '.join(f'{x:.1f}' for x in load)}")
+    print(f"\n{title}\n")
+    lines = ["| ranges | engine | MB/s | CPU-s/GB | trio / tokio / other CPU-s/GB | faults/GB | MB/s ÷ curl | CPU ÷ curl |",
+             "|---|---|---|---|---|---|---|---|"]
     for rmib in sizes:
         for par in pars:
             curl = results.get((rmib, par, "curl"))
@@ -787,9 +597,11 @@ def main() -> int:
                     ratios = f"{rate:.2f} | {cpur:.2f}"
                 else:
                     ratios = "— | —"
-                print(f"| {rmib} MiB x{par} | {engine} | {mbps:.0f} | {cpu:.2f} | {split} | {faults:.0f} | {ratios} |")
+                lines.append(f"| {rmib} MiB x{par} | {engine} | {mbps:.0f} | {cpu:.2f} | {split} | {faults:.0f} | "
+                             f"{ratios} |")
+    print("\n".join(lines))
     if args.json:
-        args.json.write_text(json.dumps([r for runs in results.values() for r in runs], indent=1))
+        record.write(args.json, {title: "\n".join(lines)}, runs=[r for runs in results.values() for r in runs])
     return 0
 
 

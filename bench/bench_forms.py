@@ -23,10 +23,11 @@ import sys
 import time
 from pathlib import Path
 
+from harness.mounts import refmount_foreground
+from harness.record import Record
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 OUT = HERE / "out" / "forms.json"
-sys.path.insert(0, str(ROOT))
 
 
 def make_refs(workdir: Path, n: int) -> Path:
@@ -52,19 +53,11 @@ def timed(cmd: list[str]) -> float:
 
 
 def probe(refs: Path, mnt: Path, form: str) -> dict:
-    from tests.conftest import Mount
-
-    m = Mount(refs, mnt, ["--form", form], log_path=mnt.with_suffix(".log"))
-    t0 = time.perf_counter()
-    m.start()
-    try:
-        start = time.perf_counter() - t0
+    with refmount_foreground(refs, mnt, ["--form", form], log_path=mnt.with_suffix(".log")) as m:
         url = f"file://{mnt}#mode=zarr,file"
         cold = timed(["/usr/bin/ncdump", "-h", url])
         warm = timed(["/usr/bin/ncdump", "-h", url])
-    finally:
-        m.stop()
-    return {"mount_s": start, "ncdump_h_s": cold, "ncdump_h_warm_s": warm}
+    return {"mount_s": m.seconds, "ncdump_h_s": cold, "ncdump_h_warm_s": warm}
 
 
 def main() -> int:
@@ -75,6 +68,7 @@ def main() -> int:
     args = ap.parse_args()
     args.workdir.mkdir(parents=True, exist_ok=True)
     refs = make_refs(args.workdir, args.arrays)
+    record = Record("forms")
     runs = {"auto": [], "nc49": []}
     for r in range(args.runs):
         for form in (("auto", "nc49") if r % 2 == 0 else ("nc49", "auto")):
@@ -82,16 +76,16 @@ def main() -> int:
     keys = runs["auto"][0].keys()
     result = {"arrays": args.arrays, "runs": args.runs, "median": {}, "ratio_auto_to_nc49": {}}
     print(f"{args.arrays} arrays + {args.arrays} char arrays, {args.runs} alternating runs\n")
-    print("| probe | auto (s) | nc49 (s) | auto/nc49 (median of paired ratios) |\n|---|---|---|---|")
+    lines = ["| probe | auto (s) | nc49 (s) | auto/nc49 (median of paired ratios) |", "|---|---|---|---|"]
     for k in keys:
         a = statistics.median(x[k] for x in runs["auto"])
         b = statistics.median(x[k] for x in runs["nc49"])
         ratio = statistics.median(x[k] / y[k] for x, y in zip(runs["auto"], runs["nc49"]))
         result["median"][k] = {"auto": a, "nc49": b}
         result["ratio_auto_to_nc49"][k] = ratio
-        print(f"| {k} | {a:.3f} | {b:.3f} | {ratio:.2f} |")
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps({**result, "runs_raw": runs}, indent=1))
+        lines.append(f"| {k} | {a:.3f} | {b:.3f} | {ratio:.2f} |")
+    print("\n".join(lines))
+    record.write(OUT, "\n".join(lines), **result, runs_raw=runs)
     return 0
 
 

@@ -27,7 +27,6 @@ import json
 import mmap
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -36,9 +35,11 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_engines as be  # noqa: E402
+from harness import engines as be
+from harness.inputs import write_big
+from harness.mounts import cold_read, refmount_mounted, remove_scratch
+from harness.record import Record
+from harness.servers import nginx_serving
 
 KEY, SECRET = "AKIAFAKEFAKEFAKE0000", "fake/secret/fake/secret/fake/secret/0000"
 CONTENDERS = ["curl", "s3fs", "refmount-fetch", "obstore", "mount"]
@@ -149,20 +150,12 @@ def child(args) -> dict:
 
 def mount_run(endpoint: str, size: int, run_dir: Path, par: int, code: Path | None = None) -> dict:
     """A cold `dd` through `refmount mount` of the s3:// object: daemon CPU, dd's MB/s."""
-    import bench_speed as bs
-    from bench_wan import dd_bytes, proc_minflt, timed
-
     refs = run_dir / "s3.json"
     refs.write_text(json.dumps({"big": ["s3://bucket/big.bin"]}))
-    with bs.refmount_mounted(refs, run_dir / "mnt-s3", ["--view", "raw", "--connections", str(par),
-                                                         "--remote-options", json.dumps(s3_options(endpoint))],
-                            code) as m:
-        bs.drop_caches()
-        faults = proc_minflt(m.pid)
-        seconds, cpu, out = timed(f"dd if={m.path / 'big'} of=/dev/null bs=1M", lambda: m.pid)
-        if dd_bytes(out) != size:
-            raise RuntimeError(f"dd read {dd_bytes(out)} of {size} bytes")
-        return {"seconds": seconds, "cpu": cpu, "minflt": proc_minflt(m.pid) - faults, "threads": {}}
+    with refmount_mounted(refs, run_dir / "mnt-s3", ["--view", "raw", "--connections", str(par),
+                                                      "--remote-options", json.dumps(s3_options(endpoint))],
+                          code) as m:
+        return {**cold_read(m, "big", size), "threads": {}}
 
 
 def run_child(name: str, endpoint: str, size: int, range_mib: int, par: int, file: Path) -> dict:
@@ -194,25 +187,24 @@ def main() -> int:
         print(json.dumps(child(args)))
         return 0
 
-    import bench_speed as bs
-
     names = [c for c in args.contenders.split(",") if not (args.no_mount and c == "mount")]
     if args.baseline and not args.no_mount:
         names.append("mount-baseline")
     size = args.mb << 20
     results = collections.defaultdict(list)
+    record = Record("s3")
     load = [os.getloadavg()[0]]
     with ExitStack() as stack:
         run_dir = Path(tempfile.mkdtemp(prefix="refmount-s3-run."))
         serve = Path(tempfile.mkdtemp(prefix="refmount-s3-data.", dir="/dev/shm"))
-        stack.callback(bs.remove_scratch, serve)
-        stack.callback(bs.remove_scratch, run_dir)
+        stack.callback(remove_scratch, serve)
+        stack.callback(remove_scratch, run_dir)
         (serve / "bucket").mkdir()
         obj = serve / "bucket" / "big.bin"
-        bs.write_big(obj, size)
+        write_big(obj, size)
         for path in (serve, serve / "bucket"):
             path.chmod(0o755)
-        endpoint = stack.enter_context(bs.nginx_serving(serve, run_dir)).rstrip("/")
+        endpoint = stack.enter_context(nginx_serving(serve, run_dir)).rstrip("/")
         for rnd in range(args.rounds):
             order = names[rnd % len(names):] + names[:rnd % len(names)]
             for name in order:
@@ -228,11 +220,11 @@ def main() -> int:
                       f"{r['cpu'] / (size / 1e9):.2f} CPU-s/GB", file=sys.stderr, flush=True)
             load.append(os.getloadavg()[0])
     gb = size / 1e9
-    print(f"\nS3 over loopback nginx: {args.mb} MiB object, {args.range_mib} MiB ranges, {args.parallel} at once; "
-          f"{args.rounds} rounds (medians; ratios are medians of paired runs); load average "
-          f"{', '.join(f'{x:.1f}' for x in load)}\n")
-    print("| contender | MB/s | CPU-s/GB | faults/GB | MB/s ÷ curl | MB/s ÷ s3fs | CPU ÷ curl |")
-    print("|---|---|---|---|---|---|---|")
+    title = (f"S3 over loopback nginx: {args.mb} MiB object, {args.range_mib} MiB ranges, {args.parallel} at once; "
+             f"{args.rounds} rounds (medians; ratios are medians of paired runs); load average "
+             f"{', '.join(f'{x:.1f}' for x in load)}")
+    print(f"\n{title}\n")
+    lines = ["| contender | MB/s | CPU-s/GB | faults/GB | MB/s ÷ curl | MB/s ÷ s3fs | CPU ÷ curl |", "|---|---|---|---|---|---|---|"]
     for name in names:
         runs = results[name]
 
@@ -241,14 +233,15 @@ def main() -> int:
                 return "—"
             return f"{statistics.median(f(r, o) for r, o in zip(runs, results[other])):.2f}"
 
-        print(f"| {name} | {statistics.median(size / r['seconds'] / 1e6 for r in runs):.0f} "
-              f"| {statistics.median(r['cpu'] / gb for r in runs):.2f} "
-              f"| {statistics.median(r['minflt'] / gb for r in runs):.0f} "
-              f"| {paired('curl', lambda r, o: o['seconds'] / r['seconds'])} "
-              f"| {paired('s3fs', lambda r, o: o['seconds'] / r['seconds'])} "
-              f"| {paired('curl', lambda r, o: r['cpu'] / o['cpu'])} |")
+        lines.append(f"| {name} | {statistics.median(size / r['seconds'] / 1e6 for r in runs):.0f} "
+                     f"| {statistics.median(r['cpu'] / gb for r in runs):.2f} "
+                     f"| {statistics.median(r['minflt'] / gb for r in runs):.0f} "
+                     f"| {paired('curl', lambda r, o: o['seconds'] / r['seconds'])} "
+                     f"| {paired('s3fs', lambda r, o: o['seconds'] / r['seconds'])} "
+                     f"| {paired('curl', lambda r, o: r['cpu'] / o['cpu'])} |")
+    print("\n".join(lines))
     if args.json:
-        args.json.write_text(json.dumps([r for runs in results.values() for r in runs], indent=1))
+        record.write(args.json, {title: "\n".join(lines)}, runs=[r for runs in results.values() for r in runs])
     return 0
 
 

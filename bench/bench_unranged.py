@@ -15,16 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.conftest import Mount, force_unmount  # noqa: E402
-from tests.support.rangeserver import RangeServer  # noqa: E402
+from harness.mounts import refmount_foreground
+from harness.servers import range_server
 
 
 def main() -> int:
@@ -43,15 +39,13 @@ def main() -> int:
             for _ in range(args.mib):
                 f.write(rng.randbytes(1 << 20))
         data = (www / "big.bin").read_bytes()
-        with RangeServer(www) as server:
+        with range_server(www) as server:
             server.ignore_range = True
             url = server.url_for("big.bin")
             offsets = [size - (9 - n) * (1 << 20) + 123 for n in range(8)]
             (tmp / "refs.json").write_text(json.dumps({f"k{n}": [url, o, 4096] for n, o in enumerate(offsets)}))
-            m = Mount(tmp / "refs.json", tmp / "mnt", ["--view", "raw", *args.refmount_options.split()],
-                      log_path=tmp / "mount.log")
-            m.start()
-            try:
+            with refmount_foreground(tmp / "refs.json", tmp / "mnt", ["--view", "raw", *args.refmount_options.split()],
+                                     log_path=tmp / "mount.log") as m:
                 keys = list(range(8))
                 if args.order == "backward":
                     keys.reverse()
@@ -62,9 +56,6 @@ def main() -> int:
                 for n in keys:
                     wrong += (m.path / f"k{n}").read_bytes() != data[offsets[n]:offsets[n] + 4096]
                 seconds = time.monotonic() - t0
-            finally:
-                m.stop()
-                force_unmount(m.path)
             sent = server.stats["bytes_sent"]
             print(f"{args.mib} MiB object, 8 reads of 4 KiB near its end ({args.order}) "
                   f"{args.refmount_options}".rstrip())

@@ -5,7 +5,7 @@
 
 Needs root. Builds its own network namespace and veth pair (addresses only inside one /30 of its own),
 adds `tc netem delay RTT/2 rate 1gbit` on both ends, and serves a random file and a kerchunked,
-uncompressed netCDF-4 file (one chunk per time step; inputs from bench_speed.py's helpers) from an nginx
+uncompressed netCDF-4 file (one chunk per time step; inputs from bench/harness) from an nginx
 started INSIDE the namespace. From the host, at each RTT, with the contenders alternating in each run:
 
 - refmount dd: cold `dd bs=1M` of a whole-file reference, 1 reader;
@@ -49,181 +49,37 @@ import argparse
 import json
 import os
 import re
-import resource
 import shlex
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import http.client
 import random
 from urllib.parse import urlsplit
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
+from harness.inputs import big_file, chunks_file
+from harness.links import (Link, NfqLink, connect_ms, delay_proxy, link_up, nfq_delay, build_nfqdelay,
+                           pick_link)
+from harness.mounts import refmount_mounted, remove_scratch
+from harness.peers import chunk_keys, curl_parallel, curl_whole, fsspec_cat, kerchunk_refs, rclone_mounted
+from harness.record import Record
+from harness.servers import DIRECT_PORT, nginx_in
+from harness.system import (children_cpu_s, dd_bytes, drop_caches, exit_on_signals, log, percentile,
+                            timed)
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_speed as bs  # noqa: E402  (inputs, kerchunk, mounts, nginx config)
 
 MB = 1e6
-PORT = 8080
-DIRECT_PORT = 8081  # proxy mode: nginx also listens here on the server address, for the proxy's ceiling
 LATENCY_READS = 20
-TICKS = os.sysconf("SC_CLK_TCK")
 FULL = dict(big_mb=256, chunk_steps=400)  # chunk: 640 kB per time step
 QUICK = dict(big_mb=64, chunk_steps=100)
-STEP_TIMEOUT_S = 300  # no single measurement may take longer
 
 
-def log(message: str) -> None:
-    print(f"# {message}", file=sys.stderr, flush=True)
-
-
-def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=60)
-
-
-# -- the emulated link -------------------------------------------------------------------------------
-
-
-class Link:
-    """Namespace `ns` with veth `inner` (server side) paired with `outer` on the host, in one /30."""
-
-    def __init__(self, tag: str, subnet: int) -> None:
-        self.ns = f"rmwan{tag}"
-        self.outer, self.inner = f"rmw{tag}h", f"rmw{tag}n"
-        self.host_ip, self.server_ip = f"10.213.{subnet}.1", f"10.213.{subnet}.2"
-
-    def up(self) -> None:
-        sh("ip", "netns", "add", self.ns)
-        sh("ip", "link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
-        sh("ip", "link", "set", self.inner, "netns", self.ns)
-        sh("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.outer)
-        sh("ip", "link", "set", self.outer, "up")
-        self.exec("ip", "addr", "add", f"{self.server_ip}/30", "dev", self.inner)
-        self.exec("ip", "link", "set", self.inner, "up")
-        self.exec("ip", "link", "set", "lo", "up")
-
-    def exec(self, *cmd: str) -> subprocess.CompletedProcess:
-        return sh("ip", "netns", "exec", self.ns, *cmd)
-
-    def netem_available(self) -> bool:
-        """Whether this kernel has sch_netem (some minimal kernels are built without it)."""
-        done = sh("tc", "qdisc", "replace", "dev", self.outer, "root", "netem", "delay", "0ms", check=False)
-        return done.returncode == 0
-
-    def set_rtt(self, rtt_ms: float) -> None:
-        """Both ends: netem with half the delay each way and a 1 Gbit/s rate (a queue deep enough for it)."""
-        shape = ["netem", "delay", f"{rtt_ms / 2:g}ms", "rate", "1gbit", "limit", "100000"]
-        sh("tc", "qdisc", "replace", "dev", self.outer, "root", *shape)
-        self.exec("tc", "qdisc", "replace", "dev", self.inner, "root", *shape)
-
-    def down(self) -> None:
-        sh("ip", "link", "del", self.outer, check=False)  # deletes the pair
-        sh("ip", "netns", "del", self.ns, check=False)
-
-
-class NfqLink(Link):
-    """Kernel TCP through a delay line (--link nfqueue): the host's veth `outer` joins a router namespace,
-    whose second veth joins the server namespace `ns` (nginx). Two /30s of 10.214.<subnet>.0/29; the
-    host reaches the server by a route via the router (removed with the veth). In the router, iptables
-    (legacy: this kernel has xt_NFQUEUE but no nft queue) sends every packet arriving from the host to
-    NFQUEUE 0 and every packet arriving from the server to NFQUEUE 1, where bench/nfqdelay holds it.
-    Packets are held in the middle, after they left their sender's namespace (the skb is orphaned
-    there), so the sender's TCP small-queues limit does not count them, as on a real path."""
-
-    def __init__(self, tag: str, subnet: int) -> None:
-        self.ns, self.router = f"rmkS{tag}", f"rmkR{tag}"
-        self.outer, self.router_host = f"rmk{tag}h", f"rmk{tag}a"
-        self.router_server, self.inner = f"rmk{tag}b", f"rmk{tag}n"
-        base = f"10.214.{subnet}"
-        self.host_ip, self.router_host_ip = f"{base}.1", f"{base}.2"
-        self.router_server_ip, self.server_ip = f"{base}.5", f"{base}.6"
-        self.server_net = f"{base}.4/30"
-
-    def up(self) -> None:
-        for ns in (self.router, self.ns):
-            sh("ip", "netns", "add", ns)
-        sh("ip", "link", "add", self.outer, "type", "veth", "peer", "name", self.router_host)
-        sh("ip", "link", "add", self.router_server, "type", "veth", "peer", "name", self.inner)
-        for dev in (self.router_host, self.router_server):
-            sh("ip", "link", "set", dev, "netns", self.router)
-        sh("ip", "link", "set", self.inner, "netns", self.ns)
-        sh("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.outer)
-        sh("ip", "link", "set", self.outer, "up")
-        sh("ip", "route", "add", self.server_net, "via", self.router_host_ip, "dev", self.outer)
-        r = self.in_router
-        r("ip", "addr", "add", f"{self.router_host_ip}/30", "dev", self.router_host)
-        r("ip", "addr", "add", f"{self.router_server_ip}/30", "dev", self.router_server)
-        for dev in (self.router_host, self.router_server, "lo"):
-            r("ip", "link", "set", dev, "up")
-        r("sysctl", "-qw", "net.ipv4.ip_forward=1")
-        self.exec("ip", "addr", "add", f"{self.server_ip}/30", "dev", self.inner)
-        self.exec("ip", "link", "set", self.inner, "up")
-        self.exec("ip", "link", "set", "lo", "up")
-        self.exec("ip", "route", "add", "default", "via", self.router_server_ip)
-
-    def in_router(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
-        return sh("ip", "netns", "exec", self.router, *cmd, check=check)
-
-    def queue(self, on: bool) -> None:
-        """Send the packets crossing the router to the delay line's queues (on), or let them pass (off)."""
-        for dev, num in ((self.router_host, 0), (self.router_server, 1)):
-            self.in_router("iptables-legacy", "-t", "mangle", "-A" if on else "-D", "PREROUTING", "-i", dev,
-                           "-j", "NFQUEUE", "--queue-num", str(num), check=on)
-
-    def tcp_settings(self) -> str:
-        """The TCP sysctls both ends run with (the server's namespace starts from the kernel defaults)."""
-        keys = ["net.ipv4.tcp_congestion_control", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem"]
-        host = sh("sysctl", "-n", *keys).stdout.split("\n")
-        server = self.exec("sysctl", "-n", *keys).stdout.split("\n")
-        return "; ".join(f"{k.rsplit('.', 1)[1]} host {h.split()} server {s.split()}".replace("'", "")
-                         for k, h, s in zip(keys, host, server))
-
-    def down(self) -> None:
-        sh("ip", "link", "del", self.outer, check=False)  # deletes the pair and the host's route
-        for ns in (self.router, self.ns):  # the router's rules and its other veth go with it
-            sh("ip", "netns", "del", ns, check=False)
-
-
-def nfqueue_missing() -> list[str]:
-    """What --link nfqueue needs and this machine lacks (bench_wan.sh installs them)."""
-    need = {"iptables-legacy": shutil.which("iptables-legacy"), "gcc": shutil.which("gcc"),
-            "libnetfilter-queue-dev": Path("/usr/include/libnetfilter_queue/libnetfilter_queue.h").exists()}
-    return [name for name, present in need.items() if not present]
-
-
-def build_nfqdelay(run_dir: Path) -> Path:
-    binary = run_dir / "nfqdelay"
-    done = subprocess.run(["gcc", "-O2", "-Wall", "-o", str(binary), str(HERE / "nfqdelay.c"), "-lnetfilter_queue",
-                           "-lnfnetlink"], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"cannot build bench/nfqdelay.c: {done.stderr.strip()[-400:]}")
-    return binary
-
-
-@contextmanager
-def nfq_delay(link: NfqLink, run_dir: Path, binary: Path, rtt_ms: float, rate_mbit: float = 1000):
-    """bench/nfqdelay in the router namespace, holding each packet RTT/2 per direction (after a
-    `rate_mbit` bottleneck; 0: none); logs its counters when stopped."""
-    cmd = ["ip", "netns", "exec", link.router, str(binary), "--delay-ms", f"{rtt_ms / 2:g}",
-           "--rate-mbit", f"{rate_mbit:g}", "0", "1"]
-    with delay_process(cmd, run_dir, "nfqdelay", f"nfqdelay (RTT {rtt_ms:g} ms, {rate_mbit:g} Mbit/s)") as proc:
-        yield proc
-
-
-def connect_ms(url: str, times: int = 5) -> float:
-    """Median TCP connect time to the server (one round trip): checks the delay line's RTT."""
-    out = []
-    for _ in range(times):
-        done = subprocess.run(["curl", "-s", "-o", "/dev/null", "-m", "10", "-w", "%{time_connect}", "-r", "0-0",
-                               url + "big.bin"], capture_output=True, text=True)
-        out.append(float(done.stdout or "nan") * 1000)
-    return statistics.median(out)
+# -- the link's ceiling --------------------------------------------------------------------------------
 
 
 def nfq_ceiling(bench: "Bench", link: NfqLink, run_dir: Path, binary: Path) -> str:
@@ -244,108 +100,6 @@ def nfq_ceiling(bench: "Bench", link: NfqLink, run_dir: Path, binary: Path) -> s
     return "delay line ceiling (0 ms, unlimited; best of 2): " + ", ".join(
         f"{name} {max(r['line']):.0f} MB/s through the queue vs {max(r['direct']):.0f} without it"
         for name, r in rows.items())
-
-
-@contextmanager
-def nginx_in(link: Link, data: Path, run_dir: Path, proxied: bool):
-    """nginx in the namespace on the server address, or (proxied) on the namespace's loopback behind the
-    delay proxy plus on the server address's DIRECT_PORT; yields the url the contenders use."""
-    conf = run_dir / "nginx.conf"
-    (run_dir / "nginx-tmp").mkdir(exist_ok=True)
-    listen = (f"listen 127.0.0.1:{PORT}; listen {link.server_ip}:{DIRECT_PORT}" if proxied
-              else f"listen {link.server_ip}:{PORT}")
-    conf.write_text(bs.NGINX_CONF.format(run=run_dir, port=PORT, data=data)
-                    .replace(f"listen 127.0.0.1:{PORT}", listen))
-    proc = subprocess.Popen(["ip", "netns", "exec", link.ns, "nginx", "-p", str(run_dir), "-c", str(conf),
-                             "-e", str(run_dir / "nginx-error.log")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://{link.server_ip}:{PORT}/"
-    probe = f"http://{link.server_ip}:{DIRECT_PORT}/" if proxied else url
-    try:
-        bs.wait_for(lambda: proc.poll() is not None or curl_ok(probe + "big.bin"), "nginx in the namespace", 15)
-        if proc.poll() is not None:
-            raise RuntimeError(f"nginx exited: {(run_dir / 'nginx-error.log').read_text()}")
-        yield url
-    finally:
-        bs.stop(proc)
-
-
-@contextmanager
-def delay_proxy(link: Link, run_dir: Path, rtt_ms: float, window: int, rate_mbit: float = 1000,
-                init_window: int | None = None):
-    """bench/delayproxy.py in the namespace, on the server address in front of nginx; logs its counters
-    (connections, bytes, its own CPU) when stopped."""
-    cmd = ["ip", "netns", "exec", link.ns, sys.executable, str(HERE / "delayproxy.py"),
-           "--listen", f"{link.server_ip}:{PORT}", "--upstream", f"127.0.0.1:{PORT}", "--rtt-ms", f"{rtt_ms:g}",
-           "--rate-mbit", f"{rate_mbit:g}", "--window", str(window)]
-    if init_window is not None:
-        cmd += ["--init-window", str(init_window)]
-    with delay_process(cmd, run_dir, "proxy", f"delay proxy (RTT {rtt_ms:g} ms, {rate_mbit:g} Mbit/s)") as proc:
-        yield proc
-
-
-@contextmanager
-def delay_process(cmd: list[str], run_dir: Path, name: str, title: str):
-    """Start a delay line (`cmd`, run through `ip netns exec`, which execs: its pid is the line's) and
-    wait for its "ready" line; stop it at the end and log the counters it prints on stderr."""
-    err = open(run_dir / f"{name}.err", "w+")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    (run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
-    try:
-        ready = [None]
-        reader = threading.Thread(target=lambda: ready.__setitem__(0, proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(15)
-        if ready[0] != "ready\n":
-            raise RuntimeError(f"{title.split(' (')[0]} did not start: {Path(err.name).read_text().strip()[-400:]}")
-        yield proc
-    finally:
-        bs.stop(proc)
-        err.seek(0)
-        lines = err.read().strip().splitlines()
-        log(f"  {title}: {lines[-1] if lines else 'no counters'}")
-        err.close()
-        (run_dir / f"{name}.pid").unlink(missing_ok=True)
-
-
-def curl_ok(url: str) -> bool:
-    return subprocess.run(["curl", "-sfI", "-m", "2", url], capture_output=True).returncode == 0
-
-
-# -- CPU accounting ----------------------------------------------------------------------------------
-
-
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
-
-
-def proc_minflt(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
-
-
-def children_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def timed(cmd: str, cpu_of=None) -> tuple[float, float, str]:
-    """(seconds, CPU seconds, stdout+stderr) of a shell pipeline; CPU of `cpu_of()`'s pid if given (a
-    daemon), else of the pipeline's own processes."""
-    pid = cpu_of() if cpu_of else None
-    before = proc_cpu_s(pid) if pid else children_cpu_s()
-    t0 = time.perf_counter()
-    done = subprocess.run(["bash", "-c", "set -o pipefail; " + cmd], capture_output=True, text=True,
-                          timeout=STEP_TIMEOUT_S)
-    seconds = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise RuntimeError(f"{cmd!r} failed: {done.stderr.strip()[-400:]}")
-    cpu = (proc_cpu_s(pid) if pid else children_cpu_s()) - before
-    return seconds, cpu, done.stdout + done.stderr
-
-
-def dd_bytes(output: str) -> int:
-    return sum(int(n) for n in re.findall(r"^(\d+) bytes", output, re.M))
 
 
 def note_requests(m) -> None:
@@ -375,7 +129,7 @@ class Bench:
         return {"mbps": nbytes / seconds / MB, "cpu_s_per_gb": cpu / (nbytes / 1e9)}
 
     def mounted(self, refs: str):
-        return bs.refmount_mounted(self.refs[refs], self.run_dir / "mnt-refmount", ["--view", "raw", *self.options],
+        return refmount_mounted(self.refs[refs], self.run_dir / "mnt-refmount", ["--view", "raw", *self.options],
                                    self.code)
 
     def with_baseline(self, method: str) -> dict:
@@ -387,7 +141,7 @@ class Bench:
 
     def refmount_dd(self) -> dict:
         with self.mounted("big") as m:
-            bs.drop_caches()
+            drop_caches()
             seconds, cpu, out = timed(f"dd if={m.path / 'big'} of=/dev/null bs=1M", lambda: m.pid)
             note_requests(m)
             return self.result(dd_bytes(out), seconds, cpu, self.big_size)
@@ -395,7 +149,7 @@ class Bench:
     def refmount_4(self) -> dict:
         quarter_mib = -(-self.big_size // 4 // (1 << 20))
         with self.mounted("big") as m:
-            bs.drop_caches()
+            drop_caches()
             cmd = " & ".join(f"dd if={m.path / 'big'} of=/dev/null bs=1M skip={k * quarter_mib} "
                              f"count={quarter_mib}" for k in range(4)) + " & wait"
             seconds, cpu, out = timed(cmd, lambda: m.pid)
@@ -406,7 +160,7 @@ class Bench:
         with self.mounted("chunks") as m:
             listing = self.run_dir / "chunk-files"
             listing.write_text("\0".join(str(m.path / key) for key in self.chunks))
-            bs.drop_caches()
+            drop_caches()
             seconds, cpu, out = timed(f"xargs -0 -n 1000 cat < {listing} | wc -c", lambda: m.pid)
             note_requests(m)
             return self.result(int(out.split()[0]), seconds, cpu, self.chunk_bytes)
@@ -420,53 +174,34 @@ class Bench:
                 listing = self.run_dir / f"chunk-files-{k}"
                 listing.write_text("\0".join(str(m.path / key) for key in self.chunks[k * quarter:(k + 1) * quarter]))
                 lists.append(listing)
-            bs.drop_caches()
+            drop_caches()
             cmd = " & ".join(f"(xargs -0 -n 1000 cat < {listing} | wc -c)" for listing in lists) + " & wait"
             seconds, cpu, out = timed(cmd, lambda: m.pid)
             note_requests(m)
             return self.result(sum(map(int, out.split())), seconds, cpu, self.chunk_bytes)
 
     def rclone_dd(self) -> dict:
-        mnt = self.run_dir / "mnt-rclone"
-        log_path = self.run_dir / "rclone.log"
-        mnt.mkdir(exist_ok=True)
-        with open(log_path, "ab") as logf:
-            proc = subprocess.Popen(["rclone", "mount", ":http:", str(mnt), "--http-url", self.url, "--read-only",
-                                     "--vfs-cache-mode", "off"], stdout=logf, stderr=logf)
-        try:
-            bs.wait_for(lambda: proc.poll() is not None or (mnt / "big.bin").exists(), "rclone mount", 30)
-            bs.drop_caches()
-            seconds, cpu, out = timed(f"dd if={mnt / 'big.bin'} of=/dev/null bs=1M", lambda: proc.pid)
+        with rclone_mounted(self.url, self.run_dir / "mnt-rclone", "big.bin", self.run_dir / "rclone.log") as m:
+            drop_caches()
+            seconds, cpu, out = timed(f"dd if={m.path / 'big.bin'} of=/dev/null bs=1M", lambda: m.pid)
             return self.result(dd_bytes(out), seconds, cpu, self.big_size)
-        finally:
-            bs.unmount_if_mounted(mnt)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                bs.stop(proc)
 
     def fsspec_cat(self) -> dict:
         seconds_cpu = children_cpu_s()
-        child = [sys.executable, str(HERE / "bench_speed.py"), "--fsspec-child", str(self.refs["chunks"])]
-        done = subprocess.run(child, capture_output=True, text=True, timeout=STEP_TIMEOUT_S, check=True)
+        result = fsspec_cat(self.refs["chunks"])
         cpu = children_cpu_s() - seconds_cpu  # includes the interpreter's start and imports: a little high
-        result = json.loads(done.stdout.strip().splitlines()[-1])
         return self.result(result["bytes"], result["seconds"], cpu, self.chunk_bytes)
 
     def curl_1(self) -> dict:
-        seconds, cpu, out = timed(f"curl -s -o /dev/null -w '%{{size_download}}' {self.url}big.bin")
+        seconds, cpu, out = timed(curl_whole(self.url + "big.bin"))
         return self.result(int(out), seconds, cpu, self.big_size)
 
     def curl_8(self, url: str | None = None) -> dict:
-        part = -(-self.big_size // 8)
-        ranges = [(k * part, min((k + 1) * part, self.big_size) - 1) for k in range(8)]
-        cmd = " & ".join(f"curl -s -o /dev/null -w '%{{size_download}}\\n' -r {a}-{b} {url or self.url}big.bin"
-                         for a, b in ranges) + " & wait"
-        seconds, cpu, out = timed(cmd)
+        seconds, cpu, out = timed(curl_parallel((url or self.url) + "big.bin", self.big_size, 8))
         return self.result(sum(map(int, out.split())), seconds, cpu, self.big_size)
 
     def curl_1_at(self, url: str) -> dict:
-        seconds, cpu, out = timed(f"curl -s -o /dev/null -w '%{{size_download}}' {url}big.bin")
+        seconds, cpu, out = timed(curl_whole(url + "big.bin"))
         return self.result(int(out), seconds, cpu, self.big_size)
 
     def random_offsets(self, seed: int) -> list[int]:
@@ -481,7 +216,7 @@ class Bench:
         offsets = self.random_offsets(13)
         mount_ms = []
         with self.mounted("big") as m:
-            bs.drop_caches()
+            drop_caches()
             fd = os.open(m.path / "big", os.O_RDONLY)
             try:
                 for k, offset in enumerate(offsets):
@@ -510,7 +245,7 @@ class Bench:
                         times.append((time.perf_counter() - t0) * 1000)
         finally:
             conn.close()
-        return {"refmount_p50_ms": statistics.median(mount_ms), "refmount_p90_ms": bs.percentile(mount_ms, 0.9),
+        return {"refmount_p50_ms": statistics.median(mount_ms), "refmount_p90_ms": percentile(mount_ms, 0.9),
                 "get_p50_ms": statistics.median(get_ms), "round_trip_p50_ms": statistics.median(rtt_ms)}
 
 
@@ -594,26 +329,6 @@ def table(rtt_results: dict[float, dict[str, list[dict]]]) -> str:
     return "\n".join(lines)
 
 
-def pick_link(wanted: str, tag: str, subnet: int) -> str:
-    """netem, nfqueue or proxy: what --link asks for, or (auto) the first this machine can do."""
-    if wanted in ("auto", "netem"):
-        probe = Link(tag, subnet)
-        try:
-            probe.up()
-            if probe.netem_available():
-                return "netem"
-        finally:
-            probe.down()
-        if wanted == "netem":
-            sys.exit("bench_wan.py: --link netem, but this kernel has no sch_netem")
-    missing = nfqueue_missing()
-    if wanted == "nfqueue" and missing:
-        sys.exit(f"bench_wan.py: --link nfqueue needs {', '.join(missing)} (bench/bench_wan.sh installs them)")
-    if wanted == "auto":
-        return "proxy" if missing else "nfqueue"
-    return wanted
-
-
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="smaller files, 2 runs")
@@ -646,17 +361,14 @@ def main(argv=None) -> int:
     for tool in ("ip", "tc", "nginx", "curl", "rclone"):
         if shutil.which(tool) is None:
             sys.exit(f"bench_wan.py: {tool} is missing (bench/bench_wan.sh installs it)")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    signal.signal(signal.SIGHUP, lambda *_: sys.exit(129))
+    exit_on_signals()
+    record = Record("wan", args.quick)
     sizes = QUICK if args.quick else FULL
     runs = args.runs or (2 if args.quick else 3)
     rtts = [float(x) for x in args.rtt.split(",")]
     deadline = time.monotonic() + args.max_minutes * 60
-    args.workdir.mkdir(parents=True, exist_ok=True)
-    big = bs.generated(args.workdir / f"big_{sizes['big_mb']}MB.bin",
-                       lambda p: bs.write_big(p, sizes["big_mb"] * 1_000_000))
-    chunks_nc = bs.generated(args.workdir / f"chunks_{sizes['chunk_steps']}.nc",
-                             lambda p: bs.write_netcdf(p, sizes["chunk_steps"], 400, zlib=False))
+    big = big_file(args.workdir, sizes["big_mb"])
+    chunks_nc = chunks_file(args.workdir, sizes["chunk_steps"])
     tag = str(os.getpid() % 100000)
     kind = pick_link(args.link, tag, os.getpid() % 250)
     link = NfqLink(tag, os.getpid() % 250) if kind == "nfqueue" else Link(tag, os.getpid() % 250)
@@ -667,11 +379,8 @@ def main(argv=None) -> int:
         run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="refmount-wan-run."))
         serve = args.serve_dir or Path(tempfile.mkdtemp(prefix="refmount-wan-data.", dir="/dev/shm"))
         stack.callback(shutil.rmtree, serve, ignore_errors=True)
-        stack.callback(bs.remove_scratch, run_dir)  # unmounts mnt-* first
-        stack.callback(link.down)
-        # for bench_wan.sh's trap: namespace, veth, and the router namespace (nfqueue)
-        (run_dir / "link").write_text(f"{link.ns} {link.outer} {getattr(link, 'router', '')}\n")
-        link.up()
+        stack.callback(remove_scratch, run_dir)  # unmounts mnt-* first
+        link_up(stack, link, run_dir)
         log(f"namespace {link.ns}: server {link.server_ip}, host {link.host_ip}"
             + (f", router namespace {link.router}" if nfqueue else ""))
         shutil.copyfile(big, serve / "big.bin")
@@ -688,9 +397,9 @@ def main(argv=None) -> int:
         url = stack.enter_context(nginx_in(link, serve, run_dir, proxied=proxied))
         refs = {"big": run_dir / "big.json", "chunks": run_dir / "chunks.json"}
         refs["big"].write_text(json.dumps({"big": [url + "big.bin"]}))
-        kerchunked = bs.kerchunk_refs(chunks_nc, url + "chunks.nc")
+        kerchunked = kerchunk_refs(chunks_nc, url + "chunks.nc")
         refs["chunks"].write_text(json.dumps(kerchunked))
-        lengths = bs.chunk_keys(kerchunked)
+        lengths = chunk_keys(kerchunked)
         order = sorted(lengths, key=lambda k: [int(p) if p.isdigit() else p for p in re.split(r"[/.]", k)])
         bench = Bench(url, run_dir, refs, big.stat().st_size, order, sum(lengths.values()),
                       shlex.split(args.refmount_options), args.baseline)
@@ -733,10 +442,10 @@ def main(argv=None) -> int:
         print("\n" + latency_table(latencies))
     print(f"\n{'quick' if args.quick else 'full'}: {sizes}, {runs} runs, load average {os.getloadavg()[0]:.1f} "
           f"at the end (2 shared cores: noisy)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"sizes": sizes, "runs": runs, "link": link_kind, "table": out,
-                                    "latency": {str(k): v for k, v in latencies.items()},
-                                    "results": {str(k): v for k, v in results.items()}}, indent=1))
+    tables = {"MB/s by RTT": out, **({"random 64 KiB reads": latency_table(latencies)} if latencies else {})}
+    record.write(args.out, tables, notes=[f"link: {link_kind}", f"{sizes}, {runs} runs"], sizes=sizes, runs=runs,
+                 link=link_kind, table=out, latency={str(k): v for k, v in latencies.items()},
+                 results={str(k): v for k, v in results.items()})
     return 0
 
 
