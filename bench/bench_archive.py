@@ -29,10 +29,7 @@ file, then parse_grib_idx + map_from_index for each).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,33 +37,16 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from harness.links import NfqLink, build_nfqdelay, connect_ms, need_nfqueue, nfq_line
+from harness.mounts import refmount, remove_scratch, unmount_if_mounted
+from harness.peers import kerchunk_grib, kerchunk_scan
+from harness.record import Record
+from harness.servers import nginx_in, nginx_serving
+from harness.system import ensure_installed, exit_on_signals, log
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(ROOT))
-import bench_wan as bw  # noqa: E402  (the link, nginx in its namespace)
-
-PY = sys.executable
-
-
-def log(message: str) -> None:
-    print(f"# {message}", file=sys.stderr, flush=True)
-
-
-def refmount(*args: str, env: dict) -> subprocess.CompletedProcess:
-    """`refmount ARGS`, its stderr in a file: the daemon a mount leaves running keeps what it inherited open."""
-    with tempfile.TemporaryFile("w+") as err:
-        done = subprocess.run([PY, "-m", "refmount", *args], stdout=subprocess.DEVNULL, stderr=err, text=True,
-                              env=env, timeout=900)
-        err.seek(0)
-        done.stderr = err.read()
-    return done
-
-
-def daemon_pid(mountpoint: Path) -> int | None:
-    stats = json.loads(os.getxattr(mountpoint, "user.refmount.stats"))
-    return stats.get("pid")
-
+sys.path.insert(0, str(ROOT))  # (tests/support's file makers)
 
 def mount_and_dump(url: str, mnt: Path, env: dict, lazy: bool = False, expect: str = "tas(time, lat, lon)") \
         -> tuple[float, float, str]:
@@ -77,19 +57,22 @@ def mount_and_dump(url: str, mnt: Path, env: dict, lazy: bool = False, expect: s
     mounted = time.monotonic() - t0
     if done.returncode != 0:
         raise RuntimeError(f"mount failed: {done.stderr.strip()}")
-    dataset = mnt / sorted(os.listdir(mnt))[0] if lazy else mnt
-    header = subprocess.run(["ncdump", "-h", f"file://{dataset}#mode=zarr,file"], capture_output=True, text=True)
-    total = time.monotonic() - t0
-    if header.returncode != 0 or expect not in header.stdout:
-        raise RuntimeError(f"ncdump -h failed: {header.stderr.strip()} {header.stdout[:300]}")
-    hwm = ""
-    for line in subprocess.run(["pgrep", "-f", f"refmount mount .*{mnt}"], capture_output=True,
-                               text=True).stdout.split():
-        try:
-            hwm = next(x for x in Path(f"/proc/{line}/status").read_text().splitlines() if x.startswith("VmHWM"))
-        except (OSError, StopIteration):
-            pass
-    refmount("umount", str(mnt), env=env)
+    try:
+        dataset = mnt / sorted(os.listdir(mnt))[0] if lazy else mnt
+        header = subprocess.run(["ncdump", "-h", f"file://{dataset}#mode=zarr,file"], capture_output=True, text=True)
+        total = time.monotonic() - t0
+        if header.returncode != 0 or expect not in header.stdout:
+            raise RuntimeError(f"ncdump -h failed: {header.stderr.strip()} {header.stdout[:300]}")
+        hwm = ""
+        for line in subprocess.run(["pgrep", "-f", f"refmount mount .*{mnt}"], capture_output=True,
+                                   text=True).stdout.split():
+            try:
+                hwm = next(x for x in Path(f"/proc/{line}/status").read_text().splitlines() if x.startswith("VmHWM"))
+            except (OSError, StopIteration):
+                pass
+    finally:
+        if refmount("umount", str(mnt), env=env).returncode != 0:
+            unmount_if_mounted(mnt)
     return mounted, total, hwm
 
 
@@ -129,65 +112,6 @@ def counted(access_log: Path | None, step):
     return result, request_kinds(lines)
 
 
-def kerchunk_scan(urls: list[str], threads: int) -> float:
-    code = f"""
-import time, fsspec
-from concurrent.futures import ThreadPoolExecutor
-from kerchunk.hdf import SingleHdf5ToZarr
-urls = {urls!r}
-def one(u):
-    with fsspec.open(u, "rb") as f:
-        return SingleHdf5ToZarr(f, u).translate()
-t0 = time.monotonic()
-with ThreadPoolExecutor({threads}) as pool:
-    refs = list(pool.map(one, urls))
-print(time.monotonic() - t0)
-"""
-    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"kerchunk x{threads}: {done.stderr.strip()[-400:]}")
-    return float(done.stdout.strip().splitlines()[-1])
-
-
-def kerchunk_grib(urls: list[str], threads: int, idx: bool, first: str = "") -> float:
-    """kerchunk on the GRIB files over fsspec's HTTP: scan_grib of every file, or its idx path (the
-    mapping built from `first`, the first file's local copy: build_idx_grib_mapping over HTTP fails with
-    fsspec 2026.9, "Reference-FS's target filesystem must have same value of asynchronous")."""
-    code = f"""
-import time, warnings, logging
-warnings.simplefilter("ignore"); logging.disable(logging.CRITICAL)
-import pandas as pd
-from concurrent.futures import ThreadPoolExecutor
-from kerchunk.grib2 import scan_grib, build_idx_grib_mapping, parse_grib_idx, map_from_index
-urls = {urls!r}
-t0 = time.monotonic()
-if {idx!r}:
-    try:
-        mapping = build_idx_grib_mapping({first!r})
-        print("mapping", time.monotonic() - t0)
-    except ValueError as e:  # (see NOTES.md, issue 40: its datatrees come out empty here)
-        print("mapping failed:", e, "- timing parse_grib_idx alone")
-        mapping = None
-    t0 = time.monotonic()
-    def one(u):
-        run = pd.to_datetime(u.rsplit("/", 1)[-1].split(".")[1], format="%Y%m%d%H")
-        idx = parse_grib_idx(u)
-        return idx if mapping is None else map_from_index(run, mapping, idx)
-else:
-    def one(u):
-        return scan_grib(u)
-with ThreadPoolExecutor({threads}) as pool:
-    refs = list(pool.map(one, urls))
-print(time.monotonic() - t0)
-"""
-    done = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(f"kerchunk grib: {done.stderr.strip()[-400:]}")
-    for line in done.stdout.splitlines()[:-1]:
-        log(f"kerchunk idx path: {line} s")
-    return float(done.stdout.strip().splitlines()[-1])
-
-
 def make_grib(directory: Path, n: int, nlat: int, nlon: int) -> list[Path]:
     """n successive 6-hourly cycles of forecast hour 6, named gfs.YYYYMMDDHH.pgrb2.f006, with their .idx."""
     import datetime as dt
@@ -215,14 +139,20 @@ def main() -> int:
     parser.add_argument("--lazy", action="store_true",
                         help="also mount without --concat (lazy: each file scanned at its first lookup), cold "
                              "and warm, and ncdump -h one file")
+    parser.add_argument("--quick", action="store_true", help="8 files of 91 x 180 (as --files 8 --grid 91x180)")
+    parser.add_argument("--out", type=Path, default=HERE / "out" / "archive.json", help="the run's JSON")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that everything made is removed
+    if args.quick:
+        args.files, args.grid = min(args.files, 8), "91x180"
+    exit_on_signals()  # so that everything made is removed
+    ensure_installed({"nginx": "nginx-light", "curl": "curl", "ncdump": "netcdf-bin", "fusermount3": "fuse3"})
+    record = Record("archive", args.quick)
     nlat, nlon = map(int, args.grid.split("x"))
     from tests.support.daily import make_daily
 
     with ExitStack() as stack:
         run = Path(tempfile.mkdtemp(prefix="bench-archive-"))
-        stack.callback(shutil.rmtree, run, True)
+        stack.callback(remove_scratch, run)  # unmounts run/mnt first, should a step have failed
         os.chmod(run, 0o755)  # (nginx's workers run as another user)
         data = run / "data"
         if args.grib:
@@ -238,29 +168,17 @@ def main() -> int:
         (data / "big.bin").write_bytes(b"x" * 4096)  # (what bench_wan probes nginx with)
         log(f"{sum(f.stat().st_size for f in files) / args.files / 1e6:.1f} MB a file")
         if args.link == "nfqueue":
-            missing = bw.nfqueue_missing()
-            if missing:
-                raise SystemExit(f"--link nfqueue needs {', '.join(missing)}")
-            link = bw.NfqLink("A", os.getpid() % 250)
+            need_nfqueue()
+            link = NfqLink("A", os.getpid() % 250)
             stack.callback(link.down)
             link.up()
-            binary = bw.build_nfqdelay(run)
-            base = stack.enter_context(bw.nginx_in(link, data, run, proxied=False))
-            link.queue(True)
-            stack.callback(link.queue, False)
-            stack.enter_context(bw.nfq_delay(link, run, binary, args.rtt))
-            log(f"TCP connect through the line: {bw.connect_ms(base):.0f} ms")
+            binary = build_nfqdelay(run)
+            base = stack.enter_context(nginx_in(link, data, run, proxied=False))
+            stack.enter_context(nfq_line(link, run, binary, args.rtt))
+            log(f"TCP connect through the line: {connect_ms(base):.0f} ms")
         else:
-            import bench_speed as bs
-
-            port = bs.free_port()
-            (run / "nginx-tmp").mkdir()
             access_log = run / "access.log" if args.requests else None
-            proc = bs.start_nginx(data, run, port, access_log)
-            if proc is None:
-                raise SystemExit("nginx did not start")
-            stack.callback(bs.stop, proc)
-            base = f"http://127.0.0.1:{port}/"
+            base = stack.enter_context(nginx_serving(data, run, access_log))
         url = base + ("tas/*.f006" if args.grib else "tas/*.nc")
         expect = {"expect": "t2m(time, step, latitude, longitude)"} if args.grib else {}
         urls = [base + "tas/" + f.name for f in files]
@@ -292,6 +210,9 @@ def main() -> int:
         print(f"{args.files} files, RTT {args.rtt:g} ms ({args.link}):")
         for name, seconds in rows.items():
             print(f"  {name:<40} {seconds:7.2f} s")
+    lines = ["| step | seconds |", "|---|---|"] + [f"| {name} | {seconds:.2f} |" for name, seconds in rows.items()]
+    record.write(args.out, {f"{args.files} files of {args.grid}, RTT {args.rtt:g} ms ({args.link})": "\n".join(lines)},
+                 files=args.files, grid=args.grid, rtt_ms=args.rtt, link=args.link, grib=args.grib, seconds=rows)
     return 0
 
 

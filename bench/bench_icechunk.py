@@ -20,13 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from harness.mounts import refmount_foreground
+from harness.record import Record
 
 PYTHON = sys.executable
 HERE = Path(__file__).resolve().parent
@@ -82,62 +82,10 @@ def make_inputs(workdir: Path, n: int) -> tuple[Path, Path]:
     return repo_path, json_path
 
 
-def is_mounted(path: Path) -> bool:
-    target = str(path.resolve())
-    with open("/proc/self/mountinfo") as f:
-        return any(line.split()[4] == target for line in f)
-
-
-def answers(path: Path) -> bool:
-    """Mounted and serving (the daemon has answered its own readiness stat too: a SIGTERM while that
-    stat is pending can leave the daemon stuck on it)."""
-    if not is_mounted(path):
-        return False
-    try:
-        return os.stat(path).st_ino == 1
-    except OSError:
-        return False
-
-
-def memory(pid: int) -> dict:
-    out = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(("VmHWM:", "VmRSS:")):
-                out[line.split(":")[0]] = int(line.split()[1]) / 1024
-    return out
-
-
 def probe(source: Path, mnt: Path, args: list[str]) -> dict:
-    mnt.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
-    t0 = time.monotonic()
-    log = open(mnt.with_name("mount.log"), "wb")  # (a pipe nobody reads could fill and stall the daemon)
-    proc = subprocess.Popen([PYTHON, "-m", "refmount", "mount", "--foreground", *args, str(source), str(mnt)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = t0 + 600
-        while not answers(mnt):
-            if proc.poll() is not None:
-                raise RuntimeError(f"mount failed: {mnt.with_name('mount.log').read_text()[-2000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("mount did not become ready in 600 s")
-            time.sleep(0.01)
-        elapsed = time.monotonic() - t0
+    with refmount_foreground(source, mnt, args, log_path=mnt.with_name("mount.log"), timeout=600) as m:
         time.sleep(1)  # (let the daemon finish starting up before it is stopped)
-        mem = memory(proc.pid)
-        return {"mount_s": elapsed, "peak_mb": mem["VmHWM"], "rss_mb": mem["VmRSS"]}
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if is_mounted(mnt):
-            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
-        log.close()
+        return {"mount_s": m.seconds, "peak_mb": m.peak_rss_mib(), "rss_mb": m.rss_mib()}
 
 
 def main() -> int:
@@ -146,6 +94,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workdir", default="/tmp/refmount-bench-icechunk")
     args = parser.parse_args()
+    record = Record("icechunk")
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     repo, refs = make_inputs(workdir, args.chunks)
@@ -164,17 +113,16 @@ def main() -> int:
         results[name] = {key: statistics.median(r[key] for r in measured) for key in measured[0]} | {"runs": measured}
     n = math.isqrt(args.chunks) ** 2
     print(f"\n{n:,} chunk references ({args.runs} runs, median)\n")
-    print("| source | mount time (s) | peak RSS (MB) | RSS when mounted (MB) |")
-    print("|---|---:|---:|---:|")
-    for name, r in results.items():
-        print(f"| {name} | {r['mount_s']:.2f} | {r['peak_mb']:.0f} | {r['rss_mb']:.0f} |")
+    lines = ["| source | mount time (s) | peak RSS (MB) | RSS when mounted (MB) |", "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {r['mount_s']:.2f} | {r['peak_mb']:.0f} | {r['rss_mb']:.0f} |" for name, r in results.items()]
+    print("\n".join(lines))
     print("\nicechunk / JSON:")
     for view in ("raw", "decoded"):
         ice, js = results[f"icechunk (spec {spec}), {view} view"], results[f"kerchunk JSON (v3 keys), {view} view"]
         print(f"  {view} view: mount time {ice['mount_s'] / js['mount_s']:.2f}x, peak RSS "
               f"{ice['peak_mb'] / js['peak_mb']:.2f}x")
-    OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps({"chunks": n, "spec": spec, "results": results}, indent=2))
+    record.write(OUT, {f"{n:,} chunk references ({args.runs} runs, median)": "\n".join(lines)}, chunks=n, spec=spec,
+                 results=results)
     return 0
 
 

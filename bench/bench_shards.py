@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from harness.mounts import refmount_foreground
+
 PYTHON = sys.executable
 HERE = Path(__file__).resolve().parent
 SHAPE, SHARD, INNER = (4000, 4000), (1000, 1000), (100, 100)
@@ -61,30 +63,13 @@ def make_inputs(workdir: Path) -> Path:
 
 
 def probe(code: Path, refs: Path, mnt: Path, snippet: str) -> dict:
-    mnt.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(code)}
-    proc = subprocess.Popen([PYTHON, "-m", "refmount", "mount", "--foreground", str(refs), str(mnt)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=code)
-    try:
-        deadline = time.monotonic() + 60
-        while not os.path.ismount(mnt):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mount with {code} failed")
-            time.sleep(0.05)
+    with refmount_foreground(refs, mnt, [], code=code) as m:
         url = f"file://{mnt}#mode=zarr,file"
         began = time.perf_counter()
         subprocess.run([PYTHON, "-c", f"MNT = {str(mnt)!r}; URL = {url!r}\n{snippet}"], check=True)
         seconds = time.perf_counter() - began
-        stats = json.loads(os.getxattr(mnt, "user.refmount.stats"))
+        stats = m.stats()
         return {"seconds": seconds, "bytes": stats["fetch"]["bytes"], "requests": stats["fetch"]["requests"]}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
 
 
 def main() -> int:

@@ -24,17 +24,13 @@ import json
 import mmap
 import os
 import random
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.support.rangeserver import RangeServer  # noqa: E402
+from harness.mounts import refmount_foreground
+from harness.servers import range_server
 
 KEYS = 8192
 
@@ -82,34 +78,16 @@ def main() -> int:
             for _ in range(size >> 20):
                 f.write(rng.randbytes(1 << 20))
         source = mmap.mmap(os.open(data_path, os.O_RDONLY), 0, prot=mmap.PROT_READ)
-        with RangeServer(tmp) as server:
+        with range_server(tmp) as server:
             server.set_faults(rate=args.faults, kinds=("503", "429", "reset", "stall", "truncate", "bad_range"),
                               seed=7)
             refs = make_refs(server.url_for("data.bin"), size, rng)
             (tmp / "refs.json").write_text(json.dumps(refs))
-            mnt = tmp / "mnt"
-            mnt.mkdir()
-            log = open(tmp / "mount.log", "wb")
-            cmd = [sys.executable, "-m", "refmount", "mount", "--foreground", "--view", "raw",
-                   "--cache-size", args.cache_size, *args.refmount_options.split(), str(tmp / "refs.json"), str(mnt)]
-            daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                      cwd=args.code or ROOT)  # `-m refmount` imports from the cwd first
-            try:
-                deadline = time.monotonic() + 60
-                while not os.path.ismount(mnt):
-                    if daemon.poll() is not None or time.monotonic() > deadline:
-                        raise SystemExit(f"mount failed: {(tmp / 'mount.log').read_text()}")
-                    time.sleep(0.05)
-                result = soak(mnt, refs, source, args.readers, minutes * 60, daemon.pid, args.pattern)
-                stats = json.loads(os.getxattr(mnt, "user.refmount.stats"))
-            finally:
-                daemon.terminate()
-                try:
-                    daemon.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    daemon.kill()
-                subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
-                log.close()
+            options = ["--view", "raw", "--cache-size", args.cache_size, *args.refmount_options.split()]
+            with refmount_foreground(tmp / "refs.json", tmp / "mnt", options, code=args.code and Path(args.code),
+                                     log_path=tmp / "mount.log") as m:
+                result = soak(m.path, refs, source, args.readers, minutes * 60, m.pid, args.pattern)
+                stats = m.stats()
         fetched = stats["fetch"]["bytes"]
         print(f"soak: {args.readers} readers ({args.pattern}), {minutes:g} min, faults {args.faults:.3%}, "
               f"--cache-size {args.cache_size} {args.refmount_options}".rstrip())

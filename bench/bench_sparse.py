@@ -3,9 +3,9 @@
     PYTHONPATH=$PWD python bench/bench_sparse.py [--quick] [--runs N] [--links 80:1000,20:100] [--files ...]
                                                  [--baseline TREE] [--only zarr,fsspec,...]
 
-Needs root. Builds bench_wan.py's kernel-TCP link (`--link nfqueue`: a router namespace between the
+Needs root. Builds bench/harness's kernel-TCP link (`--link nfqueue`: a router namespace between the
 host and the server's namespace, every packet held RTT/2 per direction behind a rate limit by
-bench/nfqdelay.c; needs iptables-legacy, gcc and libnetfilter-queue-dev: bench_wan.sh installs them)
+bench/nfqdelay.c; needs iptables-legacy, gcc, libnetfilter-queue-dev and nco: installed if missing)
 and serves, from an nginx inside the server's namespace that logs every request with its Range and
 the bytes it sent:
 
@@ -46,8 +46,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
+
+from harness.inputs import generated
+from harness.links import NfqLink, build_nfqdelay, connect_ms, need_nfqueue, nfq_delay
+from harness.mounts import refmount_mounted, remove_scratch
+from harness.peers import kerchunk_refs
+from harness.servers import BYTES_LOG, nginx_in
+from harness.record import Record
+from harness.system import STEP_TIMEOUT_S, ensure_installed, exit_on_signals, log
 
 HERE = Path(__file__).resolve().parent
 STEPS, SIDE = 365, 512
@@ -58,14 +66,6 @@ SELECTIONS = {  # name -> [(start, stop) per axis]; ncks takes the same as -d na
     "cube 3x3x24": [(100, 124), (192, 384), (192, 384)],
 }
 DIMS = ("time", "lat", "lon")
-STEP_TIMEOUT_S = 300
-ACCESS_LOG = "log_format sparse '$request_method $uri \"$http_range\" $status $body_bytes_sent';"
-
-
-def log(message: str) -> None:
-    print(f"# {message}", file=sys.stderr, flush=True)
-
-
 # -- the child: one reader in a fresh process (also runs on the newer Python, so stdlib imports only) --
 
 def digest(values) -> str:
@@ -149,31 +149,6 @@ def needed_bytes(refs: dict, chunks, sel) -> tuple[int, int]:
     return len(keys), sum(refs["refs"][k][2] for k in keys if k in refs["refs"])
 
 
-# -- nginx with an access log -----------------------------------------------------------------------
-
-@contextmanager
-def nginx_logging(bw, link, data: Path, run_dir: Path):
-    """bench_wan's nginx in the server's namespace, logging method, path, Range, status and bytes."""
-    conf = run_dir / "nginx.conf"
-    (run_dir / "nginx-tmp").mkdir(exist_ok=True)
-    text = bw.bs.NGINX_CONF.format(run=run_dir, port=bw.PORT, data=data)
-    text = text.replace(f"listen 127.0.0.1:{bw.PORT}", f"listen {link.server_ip}:{bw.PORT}")
-    text = text.replace("access_log off;", f"{ACCESS_LOG}\n    access_log {run_dir}/access.log sparse;")
-    text = text.replace("worker_connections 256", "worker_connections 1024")
-    conf.write_text(text)
-    proc = subprocess.Popen(["ip", "netns", "exec", link.ns, "nginx", "-p", str(run_dir), "-c", str(conf),
-                             "-e", str(run_dir / "nginx-error.log")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    url = f"http://{link.server_ip}:{bw.PORT}/"
-    try:
-        bw.bs.wait_for(lambda: proc.poll() is not None or bw.curl_ok(url + "big.bin"), "nginx in the namespace", 15)
-        if proc.poll() is not None:
-            raise RuntimeError(f"nginx exited: {(run_dir / 'nginx-error.log').read_text()}")
-        yield url
-    finally:
-        bw.bs.stop(proc)
-
-
 class AccessLog:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -199,9 +174,9 @@ class AccessLog:
 # -- contenders ----------------------------------------------------------------------------------------
 
 class Sparse:
-    def __init__(self, bw, run_dir: Path, url: str, refs: dict[str, Path], sources: dict[str, Path],
+    def __init__(self, run_dir: Path, url: str, refs: dict[str, Path], sources: dict[str, Path],
                  access: AccessLog, options: list[str], vz_python: str | None, baseline: Path | None) -> None:
-        self.bw, self.run_dir, self.url, self.refs, self.sources = bw, run_dir, url, refs, sources
+        self.run_dir, self.url, self.refs, self.sources = run_dir, url, refs, sources
         self.access, self.options, self.vz_python, self.baseline = access, options, vz_python, baseline
 
     def contenders(self) -> dict:
@@ -230,8 +205,8 @@ class Sparse:
         return result["seconds"], result["digest"]
 
     def mounted_child(self, file: str, sel, kind: str, code) -> tuple[float, str]:
-        with self.bw.bs.refmount_mounted(self.refs[file], self.run_dir / "mnt", ["--view", "raw", *self.options],
-                                         code) as m:
+        with refmount_mounted(self.refs[file], self.run_dir / "mnt", ["--view", "raw", *self.options],
+                              code) as m:
             out = self._child(sys.executable, {"kind": kind, "path": str(m.path), "sel": sel})
             self.note(m)
             return out
@@ -243,8 +218,8 @@ class Sparse:
     def ncks(self, file: str, sel, kind, code) -> tuple[float, str]:
         out = self.run_dir / "ncks-out.nc"
         out.unlink(missing_ok=True)
-        with self.bw.bs.refmount_mounted(self.refs[file], self.run_dir / "mnt", ["--view", "decoded", *self.options],
-                                         code) as m:
+        with refmount_mounted(self.refs[file], self.run_dir / "mnt", ["--view", "decoded", *self.options],
+                              code) as m:
             cuts = [arg for d, (a, b) in zip(DIMS, sel) for arg in ("-d", f"{d},{a},{b - 1}")]
             t0 = time.perf_counter()
             done = subprocess.run(["ncks", "-O", *cuts, "-v", "tas", f"file://{m.path}#mode=zarr,file", str(out)],
@@ -362,14 +337,12 @@ def main(argv=None) -> int:
         return 0
     import shlex
 
-    import bench_wan as bw
-
     if os.geteuid() != 0:
         sys.exit("bench_sparse.py needs root (network namespaces, FUSE mounts)")
-    missing = bw.nfqueue_missing() + [t for t in ("ip", "nginx", "curl", "ncks") if shutil.which(t) is None]
-    if missing:
-        sys.exit(f"bench_sparse.py: {', '.join(missing)} missing (apt-get install iptables gcc "
-                 "libnetfilter-queue-dev nginx-light curl nco)")
+    need_nfqueue()  # installs what is missing, as run-speed.sh does
+    ensure_installed({"nginx": "nginx-light", "curl": "curl", "ncks": "nco", "fusermount3": "fuse3"})
+    exit_on_signals()
+    record = Record("sparse", args.quick)
     vz = vz_python(args.vz_python)
     if vz is None:
         log("VirtualiZarr 2.8 needs Python >= 3.12 with virtualizarr, obstore: none found (--vz-python), skipped")
@@ -381,39 +354,40 @@ def main(argv=None) -> int:
     sources = {}
     for name in files:
         c = FILES[name]
-        sources[name] = bw.bs.generated(args.workdir / f"{name[:-3]}_{STEPS}x{SIDE}_{'x'.join(map(str, c))}.nc",
+        sources[name] = generated(args.workdir / f"{name[:-3]}_{STEPS}x{SIDE}_{'x'.join(map(str, c))}.nc",
                                         lambda p, c=c: write_file(p, c))
     tag = str(os.getpid() % 100000)
-    link = bw.NfqLink(tag, os.getpid() % 250)
+    link = NfqLink(tag, os.getpid() % 250)
     all_results: list[tuple] = []
     with ExitStack() as stack:
         run_dir = Path(tempfile.mkdtemp(prefix="refmount-sparse-run."))
         serve = Path(tempfile.mkdtemp(prefix="refmount-sparse-data.", dir="/dev/shm"))
         stack.callback(shutil.rmtree, serve, ignore_errors=True)
-        stack.callback(bw.bs.remove_scratch, run_dir)
+        stack.callback(remove_scratch, run_dir)
         stack.callback(link.down)
         link.up()
         for name, path in sources.items():
             shutil.copyfile(path, serve / name)
         (serve / "big.bin").write_bytes(bytes(4096))  # (nginx's readiness probe, the connect-time check)
         serve.chmod(0o755)
-        binary = bw.build_nfqdelay(run_dir)
-        url = stack.enter_context(nginx_logging(bw, link, serve, run_dir))
+        binary = build_nfqdelay(run_dir)
+        url = stack.enter_context(nginx_in(link, serve, run_dir, access_log=run_dir / "access.log",
+                                           log_format=BYTES_LOG))
         refs, kerchunked = {}, {}
         for name in files:
-            kerchunked[name] = bw.bs.kerchunk_refs(sources[name], url + name)
+            kerchunked[name] = kerchunk_refs(sources[name], url + name)
             refs[name] = run_dir / f"{name}.json"
             refs[name].write_text(json.dumps(kerchunked[name]))
-        bench = Sparse(bw, run_dir, url, refs, sources, AccessLog(run_dir / "access.log"),
+        bench = Sparse(run_dir, url, refs, sources, AccessLog(run_dir / "access.log"),
                        shlex.split(args.refmount_options), vz, args.baseline)
         names = [n for n in bench.contenders() if not args.only or n.split()[-1] in args.only.split(",")]
         for rtt, mbit in links:
             label = f"{rtt:g} ms / {mbit:g} Mbit/s"
             with ExitStack() as shaping:
-                shaping.enter_context(bw.nfq_delay(link, run_dir, binary, rtt, rate_mbit=mbit))
+                shaping.enter_context(nfq_delay(link, run_dir, binary, rtt, rate_mbit=mbit))
                 link.queue(True)
                 shaping.callback(link.queue, False)
-                log(f"{label}: TCP connect p50 {bw.connect_ms(url):.1f} ms")
+                log(f"{label}: TCP connect p50 {connect_ms(url):.1f} ms")
                 for file in files:
                     for sel_name, sel in selections.items():
                         need = needed_bytes(kerchunked[file], FILES[file], sel)
@@ -428,9 +402,8 @@ def main(argv=None) -> int:
     print("\n".join(checks))
     print(f"\n{args.runs} runs, contenders in turn; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} at the end "
           "(2 shared cores: noisy)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"table": out, "checks": checks, "runs": args.runs, "load": load,
-                                    "results": [[a, b, c, list(d), e] for a, b, c, d, e in all_results]}, indent=1))
+    record.write(args.out, out, notes=checks + [f"{args.runs} runs, contenders in turn"], table=out, checks=checks,
+                 runs=args.runs, results=[[a, b, c, list(d), e] for a, b, c, d, e in all_results])
     return 0
 
 

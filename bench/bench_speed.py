@@ -41,24 +41,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import re
 import shlex
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.inputs import generated, write_big, write_netcdf
+from harness.mounts import refmount_mounted, scratch_dir
+from harness.peers import chunk_keys, fsspec_cat, kerchunk_refs, rclone_mounted
+from harness.record import Record
+from harness.servers import nginx_serving
+from harness.system import (drop_caches, exit_on_signals, log, machine_line, percentile, run, timed_run,
+                            wait_for)
+
 PYTHON = sys.executable
-REFMOUNT = str(Path(PYTHON).with_name("refmount"))
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "speed"
 NCDUMP_TIMEOUT_S = 240
@@ -71,110 +73,8 @@ QUICK = dict(big_mb=64, chunk_steps=100, ncdump_steps=20, hit_reads=200, cold_re
 
 
 # ---------------------------------------------------------------------------------------------------
-# Small helpers
+# Inputs: generated once under --workdir (bench/harness/inputs.py), copied to tmpfs for serving
 # ---------------------------------------------------------------------------------------------------
-
-def log(message: str) -> None:
-    print(f"# {message}", file=sys.stderr, flush=True)
-
-
-def run(cmd: list[str] | str, timeout: float | None = None, **kwargs) -> subprocess.CompletedProcess:
-    if isinstance(cmd, str):
-        cmd = ["bash", "-c", "set -o pipefail; " + cmd]
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout, **kwargs)
-
-
-def timed_run(cmd: list[str] | str, timeout: float | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    t0 = time.perf_counter()
-    done = run(cmd, timeout)
-    return done, time.perf_counter() - t0
-
-
-def drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
-
-
-def vmhwm_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise KeyError("VmHWM")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    ram = int(Path("/proc/meminfo").read_text().split()[1]) / 2**20
-    versions = {}
-    for name, cmd in {"rclone": "rclone version | head -1", "nginx": "nginx -v 2>&1",
-                      "curl": "curl --version | head -1", "ncdump": "ncdump 2>&1 | tail -1",
-                      "refmount": f"{REFMOUNT} --version"}.items():
-        versions[name] = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True).stdout.strip()
-    return {"nproc": os.cpu_count(), "cpu": cpu, "kernel": platform.release(), "ram_gib": round(ram, 1),
-            "loadavg_start": os.getloadavg()[0], "versions": versions}
-
-
-# ---------------------------------------------------------------------------------------------------
-# Inputs: generated once under --workdir (atomically), copied to tmpfs for serving
-# ---------------------------------------------------------------------------------------------------
-
-def write_big(path: Path, size: int) -> None:
-    import numpy as np
-
-    rng = np.random.default_rng(1)
-    with open(path, "wb") as f:
-        for start in range(0, size, 16 << 20):
-            f.write(rng.bytes(min(16 << 20, size - start)))
-
-
-def write_netcdf(path: Path, steps: int, side: int, zlib: bool) -> None:
-    """One float32 variable `air(time, lat, lon)`, one chunk per time step. Smooth field plus noise rounded
-    to 0.1 K, so zlib has something to do (about 3:1) without being trivial."""
-    import netCDF4
-    import numpy as np
-
-    rng = np.random.default_rng(2)
-    y, x = np.mgrid[0:side, 0:side]
-    base = (280 + 20 * np.sin(y / 80) * np.cos(x / 60)).astype("f4")
-    with netCDF4.Dataset(path, "w") as ds:
-        for name, n in (("time", steps), ("lat", side), ("lon", side)):
-            ds.createDimension(name, n)
-        var = ds.createVariable("air", "f4", ("time", "lat", "lon"), chunksizes=(1, side, side),
-                                zlib=zlib, complevel=4 if zlib else None, shuffle=False)
-        var.units = "K"
-        for t in range(steps):
-            var[t] = np.round(base + rng.normal(0, 1, base.shape).astype("f4"), 1)
-
-
-def generated(path: Path, make) -> Path:
-    if not path.exists():
-        tmp = path.with_name(path.name + ".tmp")
-        t0 = time.perf_counter()
-        make(tmp)
-        tmp.rename(path)
-        log(f"generated {path} in {time.perf_counter() - t0:.1f} s")
-    return path
-
 
 @dataclass
 class Inputs:
@@ -190,163 +90,6 @@ def ensure_inputs(work: Path, sizes: dict) -> Inputs:
         big=generated(work / f"big_{big_mb}MB.bin", lambda p: write_big(p, big_mb * 1_000_000)),
         chunks_nc=generated(work / f"chunks_{cs}.nc", lambda p: write_netcdf(p, cs, 400, zlib=False)),
         zlib_nc=generated(work / f"zlib_{ns}.nc", lambda p: write_netcdf(p, ns, 500, zlib=True)))
-
-
-def kerchunk_refs(local: Path, url: str) -> dict:
-    from kerchunk.hdf import SingleHdf5ToZarr
-
-    with open(local, "rb") as f:
-        return SingleHdf5ToZarr(f, url=url, inline_threshold=0).translate()
-
-
-def chunk_keys(refs: dict) -> dict[str, int]:
-    """Chunk keys (not metadata) and their lengths."""
-    return {key: ref[2] for key, ref in refs["refs"].items()
-            if isinstance(ref, list) and not key.rsplit("/", 1)[-1].startswith(".")}
-
-
-# ---------------------------------------------------------------------------------------------------
-# Services: nginx, refmount and rclone mounts (each a context manager that cleans up after itself)
-# ---------------------------------------------------------------------------------------------------
-
-NGINX_CONF = """\
-worker_processes 2;
-pid {run}/nginx.pid;
-error_log {run}/nginx-error.log warn;
-daemon off;
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-    sendfile on;
-    tcp_nopush on;
-    keepalive_requests 100000;
-    client_body_temp_path {run}/nginx-tmp/body;
-    proxy_temp_path {run}/nginx-tmp/proxy;
-    fastcgi_temp_path {run}/nginx-tmp/fastcgi;
-    uwsgi_temp_path {run}/nginx-tmp/uwsgi;
-    scgi_temp_path {run}/nginx-tmp/scgi;
-    types {{ application/octet-stream bin nc; }}
-    server {{
-        listen 127.0.0.1:{port};
-        root {data};
-        autoindex on;
-    }}
-}}
-"""
-
-
-def start_nginx(data: Path, run_dir: Path, port: int, access_log: Path | None = None) -> subprocess.Popen | None:
-    """Our own nginx master (foreground, so we hold its pid) on `port`, or None if it did not come up.
-    `access_log`: each request a line "METHOD URI RANGE STATUS" there (bench_archive's request counts)."""
-    conf = run_dir / "nginx.conf"
-    text = NGINX_CONF.format(run=run_dir, port=port, data=data)
-    if access_log:
-        text = text.replace("access_log off;", "log_format requests '$request_method $uri $http_range $status';\n"
-                                               f"    access_log {access_log} requests;")
-    conf.write_text(text)
-    proc = subprocess.Popen(["nginx", "-p", str(run_dir), "-c", str(conf), "-e", str(run_dir / "nginx-error.log")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_for(lambda: proc.poll() is not None or port_open(port), "nginx", 10)
-    except RuntimeError:
-        stop(proc)
-    if proc.poll() is None:
-        return proc
-    log(f"nginx did not start on port {port}: {proc.stderr.read().decode().strip()}")
-    return None
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Stop a child we started (by its pid): SIGTERM, then SIGKILL after 10 s."""
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-@contextmanager
-def nginx_serving(data: Path, run_dir: Path):
-    """A private nginx on a free loopback port serving `data`; yields its base url."""
-    (run_dir / "nginx-tmp").mkdir(exist_ok=True)
-    for _ in range(5):  # a free port can be taken between our probe and nginx's bind
-        port = free_port()
-        proc = start_nginx(data, run_dir, port)
-        if proc is not None:
-            break
-    else:
-        raise RuntimeError("could not start nginx")
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        stop(proc)  # the master stops its workers
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
-
-
-@dataclass
-class Mount:
-    path: Path
-    pid: int
-
-    def peak_rss_mib(self) -> float:
-        return vmhwm_mib(self.pid)
-
-    def stats(self) -> dict:
-        return json.loads(os.getxattr(self.path, "user.refmount.stats"))
-
-    def remote_requests(self) -> int:
-        return self.stats()["fetch"]["requests"]
-
-
-def unmount_if_mounted(path: Path) -> None:
-    if os.path.ismount(path):
-        subprocess.run(["fusermount3", "-u", "-z", str(path)], capture_output=True)
-
-
-@contextmanager
-def refmount_mounted(refs: Path, mnt: Path, options: list[str], code: Path | None = None):
-    """A mount of `refs` (with refmount's code from the tree `code`, if given)."""
-    mnt.mkdir(exist_ok=True)
-    unmount_if_mounted(mnt)
-    env = None
-    if code is not None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    done = subprocess.run([REFMOUNT, "mount", *options, str(refs), str(mnt)], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        raise RuntimeError(f"refmount mount {' '.join(options)} failed: {done.stderr.strip()}")
-    pid = int(os.getxattr(mnt, "user.refmount.pid"))
-    try:
-        yield Mount(mnt, pid)
-    finally:
-        if subprocess.run([REFMOUNT, "umount", str(mnt)], capture_output=True).returncode != 0:
-            unmount_if_mounted(mnt)
-
-
-@contextmanager
-def rclone_mounted(base_url: str, mnt: Path, visible: str, log_path: Path):
-    """`rclone mount :http:` without VFS cache, as a foreground child (so we know its pid)."""
-    mnt.mkdir(exist_ok=True)
-    unmount_if_mounted(mnt)
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(["rclone", "mount", ":http:", str(mnt), "--http-url", base_url, "--read-only",
-                                 "--vfs-cache-mode", "off"], stdout=logf, stderr=logf)
-    try:
-        wait_for(lambda: proc.poll() is not None or (mnt / visible).exists(), "rclone mount", 30)
-        if proc.poll() is not None:
-            raise RuntimeError(f"rclone mount exited with status {proc.returncode}; see {log_path}")
-        yield mnt
-    finally:
-        unmount_if_mounted(mnt)  # rclone exits when unmounted; stop() only if it does not
-        if proc.poll() is None:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                stop(proc)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -412,20 +155,6 @@ def pread_latencies_ms(path: Path, plan: list[tuple[int, int]]) -> list[float]:
 def latency_summary(latencies: list[float], prefix: str) -> dict:
     return {f"{prefix}_p50_ms": percentile(latencies, 0.5), f"{prefix}_p99_ms": percentile(latencies, 0.99),
             f"{prefix}_max_ms": max(latencies)}
-
-
-def fsspec_child(refs_path: str) -> None:
-    """Runs in a fresh process: fsspec's cat of every chunk key over http."""
-    from fsspec.implementations.reference import ReferenceFileSystem
-
-    refs = json.loads(Path(refs_path).read_text())
-    keys = list(chunk_keys(refs))
-    fs = ReferenceFileSystem(fo=refs, remote_protocol="http")
-    t0 = time.perf_counter()
-    out = fs.cat(keys)
-    seconds = time.perf_counter() - t0
-    nbytes = sum(len(v) for v in out.values())
-    print(json.dumps({"seconds": seconds, "bytes": nbytes, "peak_rss_mib": vmhwm_mib(os.getpid())}))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -557,7 +286,7 @@ def measure_sequential(ctx: Context) -> list[Row]:
 
     def rclone_run() -> dict:
         with rclone_mounted(ctx.base_url, ctx.run_dir / "mnt-rclone", "big.bin", ctx.run_dir / "rclone.log") as mnt:
-            return {"mbps": cold_dd(mnt / "big.bin", size)}
+            return {"mbps": cold_dd(mnt.path / "big.bin", size)}
 
     def baseline_run() -> dict:
         with ctx.mount("big", "--view", "raw", code=ctx.baseline) as m:
@@ -598,8 +327,7 @@ def measure_chunks(ctx: Context) -> list[Row]:
 
     def fsspec_run() -> dict:
         drop_caches()
-        done = run([PYTHON, __file__, "--fsspec-child", str(ctx.refs["chunks"])])
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+        result = fsspec_cat(ctx.refs["chunks"])
         if result["bytes"] != nbytes:
             raise RuntimeError(f"fsspec read {result['bytes']} bytes, expected {nbytes}")
         return {"mbps": nbytes / result["seconds"] / MB, "peak_rss_mib": result["peak_rss_mib"]}
@@ -741,11 +469,6 @@ MEASUREMENTS = {"sequential": measure_sequential, "chunks": measure_chunks, "mem
 # Output: one markdown table, JSON, PNG chart
 # ---------------------------------------------------------------------------------------------------
 
-def machine_line(m: dict) -> str:
-    return (f"machine: {m['nproc']} CPUs ({m['cpu']}), kernel {m['kernel']}, {m['ram_gib']:.0f} GiB RAM; "
-            f"load average {m['loadavg_start']:.1f} at start, {m.get('loadavg_end', float('nan')):.1f} at end")
-
-
 def markdown(rows: list[Row], m: dict, runs: int) -> str:
     header = ["measurement", "refmount", "compared with", "ratio", "target", "result", "refmount peak RSS"]
     lines = [f"{machine_line(m)}; medians of {runs} run(s)", "",
@@ -841,19 +564,6 @@ def parse_args(argv):
     return args
 
 
-def scratch_dir(stack: ExitStack, given: Path | None, parent: str, prefix: str) -> Path:
-    path = given or Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
-    path.mkdir(parents=True, exist_ok=True)
-    stack.callback(remove_scratch, path)
-    return path
-
-
-def remove_scratch(path: Path) -> None:
-    for mnt in path.glob("mnt-*"):
-        unmount_if_mounted(mnt)
-    shutil.rmtree(path, ignore_errors=True)
-
-
 def serve_copies(inputs: Inputs, serve: Path) -> None:
     for src, name in ((inputs.big, "big.bin"), (inputs.chunks_nc, "chunks.nc"), (inputs.zlib_nc, "zlib.nc")):
         shutil.copyfile(src, serve / name)
@@ -889,12 +599,12 @@ def main(argv=None) -> int:
         return 0
     if os.geteuid() != 0:
         sys.exit("bench_speed.py needs root (FUSE mounts and drop_caches)")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    signal.signal(signal.SIGHUP, lambda *_: sys.exit(129))
+    exit_on_signals()
     started = time.perf_counter()
     sizes = QUICK if args.quick else FULL
     runs = args.runs or (1 if args.quick else 3)
-    info = machine()
+    record = Record("speed", args.quick)
+    info = record.machine
     inputs = ensure_inputs(args.workdir, sizes)
     rows: list[Row] = []
     with ExitStack() as stack:
@@ -915,17 +625,13 @@ def main(argv=None) -> int:
     options = f", refmount options {args.refmount_options!r}" if args.refmount_options else ""
     print(f"\n{'quick' if args.quick else 'full'} run{options}: {runtime:.0f} s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps({
-        "mode": "quick" if args.quick else "full", "runs": runs, "sizes": sizes, "machine": info,
-        "refmount_options": args.refmount_options, "runtime_s": runtime, "table_markdown": table,
-        "rows": [r.to_json() for r in rows], "raw": raw}, indent=1, ensure_ascii=False))
+    record.write(args.out.with_suffix(".json"), table, runs=runs, sizes=sizes,
+                 refmount_options=args.refmount_options, runtime_s=runtime, table_markdown=table,
+                 rows=[r.to_json() for r in rows], raw=raw)
     chart(rows, info, runs, args.out.with_suffix(".png"))
     log(f"wrote {args.out.with_suffix('.json')} and {args.out.with_suffix('.png')}")
     return 0
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--fsspec-child":
-        fsspec_child(sys.argv[2])
-    else:
-        sys.exit(main())
+    sys.exit(main())

@@ -69,6 +69,7 @@ trap 'on_signal 130' INT
 trap 'on_signal 143' TERM
 trap 'on_signal 129' HUP
 
+export BENCH_COMMAND="bench/bench_wan.sh $*"  # the command line the run's JSON records
 "$python" "$here/bench_wan.py" --run-dir "$run_dir" --serve-dir "$serve_dir" "$@" &
 pypid=$!
 wait "$pypid"

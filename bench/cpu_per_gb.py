@@ -1,11 +1,12 @@
 """The daemon's CPU per GB on a cold sequential read from a loopback nginx, optionally profiled.
 
     python bench/cpu_per_gb.py [--mb 256] [--runs 3] [--profile OUT.txt] [--refmount-options='...']
-        [--baseline TREE] [--gil-share]
+        [--baseline TREE] [--gil-share] [--quick] [--out JSON]
 
-Needs root (FUSE mounts, drop_caches). Starts its own nginx (bench_speed.py's), mounts a whole-file
+Needs root (FUSE mounts, drop_caches). Starts its own nginx (bench/harness), mounts a whole-file
 reference with --view raw, reads it with `dd bs=1M` after dropping the page cache, and prints MB/s
-and the daemon's CPU seconds per GB (utime + stime from /proc/PID/stat). With --profile, py-spy
+and the daemon's CPU seconds per GB (utime + stime from /proc/PID/stat), beside curl's for the same file in
+the same run; writes the medians to --out (bench/out/cpu_per_gb.json). With --profile, py-spy
 (`pip install py-spy`) samples the daemon during the last run and the top functions by own time and
 by total time are printed (the collapsed stacks are kept in OUT.txt). With --baseline TREE each run
 also mounts refmount's code from TREE (another commit's checkout, first on the daemon's PYTHONPATH),
@@ -31,10 +32,14 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from harness.inputs import big_file
+from harness.mounts import refmount_mounted, remove_scratch
+from harness.peers import curl_whole
+from harness.record import Record
+from harness.servers import nginx_serving
+from harness.system import TICKS, dd_bytes, drop_caches, exit_on_signals, proc_minflt, timed
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import bench_speed as bs  # noqa: E402
-from bench_wan import TICKS, dd_bytes, proc_minflt, timed  # noqa: E402
 
 
 def main_thread_cpu_s(pid: int) -> float:
@@ -125,27 +130,32 @@ def main() -> int:
     p.add_argument("--baseline", type=Path, metavar="TREE", help="also run refmount's code from TREE, alternating")
     p.add_argument("--gil-share", action="store_true", help="py-spy --idle and --gil in every run: the FUSE "
                    "thread's share of samples holding the GIL")
+    p.add_argument("--quick", action="store_true", help="a 64 MB file, 1 run (as --mb 64 --runs 1)")
+    p.add_argument("--out", type=Path, default=HERE / "out" / "cpu_per_gb.json", help="the run's JSON")
     args = p.parse_args()
-    big = bs.generated(Path("/tmp/refmount-speed") / f"big_{args.mb}MB.bin",
-                       lambda path: bs.write_big(path, args.mb * 1_000_000))
+    if args.quick:
+        args.mb, args.runs = 64, 1
+    exit_on_signals()
+    record = Record("cpu_per_gb", args.quick)
+    big = big_file(Path("/tmp/refmount-speed"), args.mb)
     size = big.stat().st_size
     with ExitStack() as stack:
         run_dir = Path(tempfile.mkdtemp(prefix="refmount-cpu-run."))
         serve = Path(tempfile.mkdtemp(prefix="refmount-cpu-data.", dir="/dev/shm"))
-        stack.callback(bs.remove_scratch, serve)
-        stack.callback(bs.remove_scratch, run_dir)
+        stack.callback(remove_scratch, serve)
+        stack.callback(remove_scratch, run_dir)
         shutil.copyfile(big, serve / "big.bin")
         serve.chmod(0o755)
-        url = stack.enter_context(bs.nginx_serving(serve, run_dir))
+        url = stack.enter_context(nginx_serving(serve, run_dir))
         refs = run_dir / "big.json"
         refs.write_text('{"big": ["%sbig.bin"]}' % url)
         codes = {"this": None, **({"baseline": args.baseline} if args.baseline else {})}
         rates, cpus, trio_cpus = {who: [] for who in codes}, {who: [] for who in codes}, {who: [] for who in codes}
         gils, replies = {who: [] for who in codes}, {who: [] for who in codes}
         for n, who in ((n, who) for n in range(args.runs) for who in (list(codes) if n % 2 == 0 else list(codes)[::-1])):
-            with bs.refmount_mounted(refs, run_dir / "mnt-refmount",
-                                     ["--view", "raw", *shlex.split(args.refmount_options)], codes[who]) as m:
-                bs.drop_caches()
+            with refmount_mounted(refs, run_dir / "mnt-refmount",
+                                  ["--view", "raw", *shlex.split(args.refmount_options)], codes[who]) as m:
+                drop_caches()
                 spy = None
                 if args.profile and n == args.runs - 1 and who == "this":
                     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
@@ -195,6 +205,7 @@ def main() -> int:
                       f"(trio thread {trio_cpus[who][-1]:.2f}), "
                       f"{faults / (size / 1e9):.0f} minor page faults/GB, load average {os.getloadavg()[0]:.1f}",
                       flush=True)
+        curl = curl_cpu(url + "big.bin", size, args.runs)  # the wire's own cost, in the same run
     for who in codes:
         print(f"median ({who}): {statistics.median(rates[who]):.0f} MB/s, {statistics.median(cpus[who]):.2f} CPU-s/GB "
               f"(trio thread {statistics.median(trio_cpus[who]):.2f})")
@@ -209,7 +220,30 @@ def main() -> int:
         print(f"paired ratios this / baseline: speed {speed:.2f}, CPU per GB {cpu:.2f} (trio thread {trio:.2f})")
     if args.profile and args.profile.exists():
         print(top(args.profile))
+    print(f"median (curl): {statistics.median(curl['mbps']):.0f} MB/s, {statistics.median(curl['cpu']):.2f} CPU-s/GB")
+    lines = ["| reader | MB/s | CPU-s/GB | trio thread CPU-s/GB | FUSE thread holds the GIL |", "|---|---|---|---|---|"]
+    for who in codes:
+        gil = f"{statistics.median(gils[who]):.1%}" if gils[who] else "—"
+        lines.append(f"| refmount ({who}) | {statistics.median(rates[who]):.0f} | {statistics.median(cpus[who]):.2f} "
+                     f"| {statistics.median(trio_cpus[who]):.2f} | {gil} |")
+    lines.append(f"| curl | {statistics.median(curl['mbps']):.0f} | {statistics.median(curl['cpu']):.2f} | — | — |")
+    record.write(args.out, {f"cold `dd bs=1M` of {args.mb} MB, medians of {args.runs}": "\n".join(lines)},
+                 mb=args.mb, runs=args.runs, rates=rates, cpus=cpus, trio_cpus=trio_cpus, gil_shares=gils,
+                 curl=curl)
     return 0
+
+
+def curl_cpu(url: str, size: int, runs: int) -> dict:
+    """curl's MB/s and CPU-s per GB (its own process) for the same file, `runs` times."""
+    out = {"mbps": [], "cpu": []}
+    for _ in range(runs):
+        drop_caches()
+        seconds, cpu, got = timed(curl_whole(url))
+        if int(got) != size:
+            raise RuntimeError(f"curl got {got} of {size} bytes")
+        out["mbps"].append(size / seconds / 1e6)
+        out["cpu"].append(cpu / (size / 1e9))
+    return out
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ trap 'on_signal 143' TERM
 trap 'on_signal 129' HUP
 
 # In the background so that a signal reaches the trap at once rather than after the benchmark ends.
+export BENCH_COMMAND="bench/run-speed.sh $*"  # the command line the run's JSON records
 "$python" "$here/bench_speed.py" --run-dir "$run_dir" --serve-dir "$serve_dir" "$@" &
 pypid=$!
 wait "$pypid"

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from harness.servers import PORT
-from harness.system import log, sh, stop
+from harness.system import ensure_installed, log, sh, stop
 
 BENCH = Path(__file__).resolve().parent.parent
 # What --link nfqueue needs, as Debian packages (the bench scripts' shell wrappers install them).
@@ -131,6 +131,12 @@ def link_up(stack, link: Link, run_dir: Path) -> Link:
     (run_dir / "link").write_text(f"{link.ns} {link.outer} {getattr(link, 'router', '')}\n")
     link.up()
     return link
+
+
+def need_nfqueue() -> None:
+    """Install what --link nfqueue needs (iptables-legacy, gcc, libnetfilter_queue's header) if missing."""
+    ensure_installed({"iptables-legacy": "iptables", "gcc": "gcc", "ip": "iproute2"},
+         {"/usr/include/libnetfilter_queue/libnetfilter_queue.h": "libnetfilter-queue-dev"})
 
 
 def nfqueue_missing() -> list[str]:

@@ -11,8 +11,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness.mounts import unmount_if_mounted
-from harness.system import STEP_TIMEOUT_S, stop, vmhwm_mib, wait_for
+from harness.mounts import Mount, unmount_if_mounted
+from harness.system import STEP_TIMEOUT_S, log, stop, vmhwm_mib, wait_for
 
 BENCH = Path(__file__).resolve().parent.parent
 
@@ -83,8 +83,8 @@ def curl_parallel(url: str, size: int, parts: int = 8) -> str:
 
 @contextmanager
 def rclone_mounted(base_url: str, mnt: Path, visible: str, log_path: Path):
-    """`rclone mount :http:` without VFS cache, as a foreground child (so we know its pid); yields the
-    process once `visible` (a file under the url) shows in the mount."""
+    """`rclone mount :http:` without VFS cache, as a foreground child (so we know its pid); yields a Mount
+    (path, rclone's pid) once `visible` (a file under the url) shows in it."""
     mnt.mkdir(exist_ok=True)
     unmount_if_mounted(mnt)
     with open(log_path, "ab") as logf:
@@ -94,7 +94,7 @@ def rclone_mounted(base_url: str, mnt: Path, visible: str, log_path: Path):
         wait_for(lambda: proc.poll() is not None or (mnt / visible).exists(), "rclone mount", 30)
         if proc.poll() is not None:
             raise RuntimeError(f"rclone mount exited with status {proc.returncode}; see {log_path}")
-        yield proc
+        yield Mount(mnt, proc.pid)
     finally:
         unmount_if_mounted(mnt)  # rclone exits when unmounted; stop() only if it does not
         if proc.poll() is None:
@@ -102,3 +102,64 @@ def rclone_mounted(base_url: str, mnt: Path, visible: str, log_path: Path):
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 stop(proc)
+
+
+def kerchunk_scan(urls: list[str], threads: int) -> float:
+    """Seconds for kerchunk's SingleHdf5ToZarr to scan every url over fsspec's HTTP, `threads` at once,
+    in a fresh Python."""
+    code = f"""
+import time, fsspec
+from concurrent.futures import ThreadPoolExecutor
+from kerchunk.hdf import SingleHdf5ToZarr
+urls = {urls!r}
+def one(u):
+    with fsspec.open(u, "rb") as f:
+        return SingleHdf5ToZarr(f, u).translate()
+t0 = time.monotonic()
+with ThreadPoolExecutor({threads}) as pool:
+    refs = list(pool.map(one, urls))
+print(time.monotonic() - t0)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"kerchunk x{threads}: {done.stderr.strip()[-400:]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def kerchunk_grib(urls: list[str], threads: int, idx: bool, first: str = "") -> float:
+    """kerchunk on the GRIB files over fsspec's HTTP: scan_grib of every file, or its idx path (the
+    mapping built from `first`, the first file's local copy: build_idx_grib_mapping over HTTP fails with
+    fsspec 2026.9, "Reference-FS's target filesystem must have same value of asynchronous")."""
+    code = f"""
+import time, warnings, logging
+warnings.simplefilter("ignore"); logging.disable(logging.CRITICAL)
+import pandas as pd
+from concurrent.futures import ThreadPoolExecutor
+from kerchunk.grib2 import scan_grib, build_idx_grib_mapping, parse_grib_idx, map_from_index
+urls = {urls!r}
+t0 = time.monotonic()
+if {idx!r}:
+    try:
+        mapping = build_idx_grib_mapping({first!r})
+        print("mapping", time.monotonic() - t0)
+    except ValueError as e:  # (see NOTES.md, issue 40: its datatrees come out empty here)
+        print("mapping failed:", e, "- timing parse_grib_idx alone")
+        mapping = None
+    t0 = time.monotonic()
+    def one(u):
+        run = pd.to_datetime(u.rsplit("/", 1)[-1].split(".")[1], format="%Y%m%d%H")
+        idx = parse_grib_idx(u)
+        return idx if mapping is None else map_from_index(run, mapping, idx)
+else:
+    def one(u):
+        return scan_grib(u)
+with ThreadPoolExecutor({threads}) as pool:
+    refs = list(pool.map(one, urls))
+print(time.monotonic() - t0)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"kerchunk grib: {done.stderr.strip()[-400:]}")
+    for line in done.stdout.splitlines()[:-1]:
+        log(f"kerchunk idx path: {line} s")
+    return float(done.stdout.strip().splitlines()[-1])

@@ -165,3 +165,23 @@ def machine(tools: dict[str, str] | None = None) -> dict:
 def machine_line(m: dict) -> str:
     return (f"machine: {m['nproc']} CPUs ({m['cpu']}), kernel {m['kernel']}, {m['ram_gib']:.0f} GiB RAM; "
             f"load average {m['loadavg_start']:.1f} at start, {m.get('loadavg_end', float('nan')):.1f} at end")
+
+
+def ensure_installed(commands: dict[str, str], files: dict[str, str] | None = None) -> None:
+    """Install from Debian what this bench needs and the machine lacks: `commands` {command: package},
+    `files` {path: package} (headers). As root, `apt-get install -y` the missing packages (as the shell
+    wrappers do); otherwise exit naming them."""
+    import shutil
+
+    missing = sorted({pkg for cmd, pkg in commands.items() if shutil.which(cmd) is None}
+                     | {pkg for path, pkg in (files or {}).items() if not Path(path).exists()})
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise SystemExit(f"{Path(sys.argv[0]).name}: needs {' '.join(missing)} (apt-get install -y {' '.join(missing)})")
+    log(f"installing {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=False, env=env, stdout=subprocess.DEVNULL)
+    done = subprocess.run(["apt-get", "install", "-y", "-qq", *missing], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"apt-get install {' '.join(missing)} failed: {done.stderr.strip()[-400:]}")
