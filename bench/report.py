@@ -45,9 +45,9 @@ def render(data: dict) -> str:
     """One run as markdown: what ran, when, where and under what load, then its tables and notes."""
     load = data["load"]
     date = data["date"].replace("T", " ").replace("Z", " UTC")
-    mode = ("quick run (smaller inputs, fewer runs: a check that the bench works, not figures of record)"
-            if data["mode"] == "quick" else "full run")
-    lines = [f"- **Command:** `{data['command']}` ({mode})",
+    mode = ("a quick run: smaller inputs, fewer runs; it shows the bench works, its figures are not the ones "
+            "of record" if data["mode"] == "quick" else "a full run")
+    lines = [f"- **Command:** `{data['command']}`, {mode}",
              f"- **Date:** {date}, {data['seconds']:.0f} s",
              f"- **Machine:** {machine_text(data['machine'])}",
              f"- **Load average** (1, 5, 15 min): {', '.join(f'{v:.1f}' for v in load['start'])} at the start, "

@@ -58,7 +58,7 @@ def test_report_renders_a_run(harness, report, tmp_path):
     data = json.loads(sample(harness, tmp_path).read_text())
     assert data["command"].startswith("python ") and data["load"]["end"] and data["machine"]["kernel"]
     text = report.render(report.load_record(tmp_path / "out" / "sample.json"))
-    assert f"`{data['command']}` (quick run" in text
+    assert f"`{data['command']}`, a quick run" in text
     assert data["date"][:10] in text and data["machine"]["cpu"] in text and "at the start" in text
     assert "| refmount | 512 |" in text and "- ratio 0.50" in text
 

@@ -120,10 +120,7 @@ with ThreadPoolExecutor({threads}) as pool:
     refs = list(pool.map(one, urls))
 print(time.monotonic() - t0)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"kerchunk x{threads}: {done.stderr.strip()[-400:]}")
-    return float(done.stdout.strip().splitlines()[-1])
+    return float(snippet(code, f"kerchunk x{threads}", 1800)[-1])
 
 
 def kerchunk_grib(urls: list[str], threads: int, idx: bool, first: str = "") -> float:
@@ -157,9 +154,15 @@ with ThreadPoolExecutor({threads}) as pool:
     refs = list(pool.map(one, urls))
 print(time.monotonic() - t0)
 """
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(f"kerchunk grib: {done.stderr.strip()[-400:]}")
-    for line in done.stdout.splitlines()[:-1]:
+    lines = snippet(code, "kerchunk grib", 3600)
+    for line in lines[:-1]:
         log(f"kerchunk idx path: {line} s")
-    return float(done.stdout.strip().splitlines()[-1])
+    return float(lines[-1])
+
+
+def snippet(code: str, what: str, timeout: float) -> list[str]:
+    """Run `code` in a fresh Python (a peer's imports and threads stay out of the bench); its output lines."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what}: {done.stderr.strip()[-400:]}")
+    return done.stdout.strip().splitlines()

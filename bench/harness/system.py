@@ -145,8 +145,9 @@ def load() -> list[float]:
 
 
 # The peers' versions, and refmount's (this checkout's), for the record of a run.
-TOOLS = {"rclone": "rclone version | head -1", "nginx": "nginx -v 2>&1", "curl": "curl --version | head -1",
-         "ncdump": "ncdump 2>&1 | tail -1",
+TOOLS = {"rclone": "rclone version | head -1", "nginx": "nginx -v 2>&1 | sed 's/^nginx version: //'",
+         "curl": "curl --version | head -1 | cut -d' ' -f1,2",
+         "ncdump": "ncdump 2>&1 | tail -1 | sed 's/^netcdf library version \\([^ ]*\\).*/netCDF-C \\1/'",
          "refmount": f"PYTHONPATH={Path(__file__).resolve().parent.parent.parent} {sys.executable} -m refmount --version"}
 
 
