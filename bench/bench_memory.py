@@ -31,8 +31,6 @@ import mmap
 import multiprocessing
 import os
 import random
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -40,10 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.support.nginx import Nginx  # noqa: E402
+from harness.mounts import refmount_foreground
+from harness.servers import nginx_serving
 
 MiB = 1 << 20
 # name: (dtype, shape, chunks, filters, compressor)
@@ -209,25 +205,15 @@ def memory_options(args) -> list[str]:
 def run_once(args, mode: str, layout: dict, data_dir: Path, tmp: Path, url: str) -> dict:
     refs = make_refs(layout, url)
     (tmp / "refs.json").write_text(json.dumps(refs))
-    mnt = tmp / "mnt"
-    mnt.mkdir(exist_ok=True)
     log_path = tmp / f"mount-{mode}.log"
-    log = open(log_path, "wb")
-    launcher = [args.launcher] if args.launcher else ["-m", "refmount"]
-    cmd = [sys.executable, *launcher, "mount", "--foreground", *memory_options(args), *args.refmount_options.split(),
-           str(tmp / "refs.json"), str(mnt)]
     env = {**os.environ, **dict(e.split("=", 1) for e in args.env)}
-    code = Path(args.code) if args.code else ROOT  # `-m refmount` imports the package from the cwd first
-    daemon = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=code, env=env)
     processes, threads = args.processes, args.threads
     if mode == "sequential" and not args.processes_given:
         processes, threads = 8, 8
-    try:
-        deadline = time.monotonic() + 60
-        while not os.path.ismount(mnt):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"mount failed: {log_path.read_text()}")
-            time.sleep(0.05)
+    with refmount_foreground(tmp / "refs.json", tmp / "mnt", [*memory_options(args), *args.refmount_options.split()],
+                             code=Path(args.code) if args.code else None, log_path=log_path, env=env,
+                             launcher=[args.launcher] if args.launcher else None) as daemon:
+        mnt = daemon.path
         oracle = data_dir / ("decoded.bin" if mode == "random" else "data.bin")
         ctx = multiprocessing.get_context("fork")
         results = ctx.Queue()
@@ -261,14 +247,6 @@ def run_once(args, mode: str, layout: dict, data_dir: Path, tmp: Path, url: str)
         cpu, faults = cpu - cpu0, faults - faults0
         status = proc_status(daemon.pid)
         stats = json.loads(os.getxattr(mnt, "user.refmount.stats"))
-    finally:
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
-        log.close()
     if args.samples:
         Path(args.samples).write_text(json.dumps(samples))
     return {"mode": mode, "processes": processes, "threads": threads, **totals, "vmhwm_kib": status.get("VmHWM", 0),
@@ -335,13 +313,15 @@ def main() -> int:
     modes = ("random", "sequential") if args.mode == "both" else (args.mode,)
     with tempfile.TemporaryDirectory(prefix="refmount-memory-") as tmp:
         tmp = Path(tmp)
+        tmp.chmod(0o755)  # (nginx's workers run as another user)
         data_dir = Path(args.data_dir) if args.data_dir else tmp / "data"
         layout = build_dataset(data_dir)
         status = 0
-        with Nginx(tmp / "nginx", f"location / {{ root {data_dir}; }}") as nginx:
+        (tmp / "nginx").mkdir()
+        with nginx_serving(data_dir, tmp / "nginx") as base:
             for _ in range(args.runs):
                 for mode in modes:
-                    result = run_once(args, mode, layout, data_dir, tmp, f"{nginx.url}/data.bin")
+                    result = run_once(args, mode, layout, data_dir, tmp, base + "data.bin")
                     report(args, result)
                     if args.json:
                         print(json.dumps({k: v for k, v in result.items() if k != "log_tail"}))

@@ -104,17 +104,20 @@ def refmount_mounted(refs: Path, mnt: Path, options: list[str], code: Path | Non
 
 @contextmanager
 def refmount_foreground(source: Path, mnt: Path, options: list[str], code: Path | None = None,
-                        log_path: Path | None = None, timeout: float = 60):
+                        log_path: Path | None = None, timeout: float = 60, env: dict | None = None,
+                        launcher: list[str] | None = None):
     """`refmount mount --foreground` as our child (its pid is the daemon's), ready when the mount answers;
-    yields a Mount, then SIGTERM (SIGKILL after 30 s) and a lazy unmount of whatever is left."""
+    yields a Mount, then SIGTERM (SIGKILL after 30 s) and a lazy unmount of whatever is left. `env`: the
+    daemon's environment (default ours); `launcher`: what runs refmount (default `-m refmount`)."""
     mnt = Path(mnt)
     mnt.mkdir(parents=True, exist_ok=True)
     unmount_if_mounted(mnt)
     log_path = log_path or mnt.with_name(mnt.name + ".log")
     with open(log_path, "wb") as log:  # (a pipe nobody reads could fill and stall the daemon)
         t0 = time.monotonic()
-        proc = subprocess.Popen([PYTHON, "-m", "refmount", "mount", "--foreground", *options, str(source), str(mnt)],
-                                stdout=log, stderr=subprocess.STDOUT, env=code_env(code), cwd=code or ROOT)
+        proc = subprocess.Popen([PYTHON, *(launcher or ["-m", "refmount"]), "mount", "--foreground", *options,
+                                 str(source), str(mnt)], stdout=log, stderr=subprocess.STDOUT,
+                                env=code_env(code, env), cwd=code or ROOT)
     try:
         while not answers(mnt):
             if proc.poll() is not None:
