@@ -23,14 +23,15 @@ import shlex
 import statistics
 import subprocess
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from harness.mounts import refmount_mounted as harness_mounted
+from harness.record import Record
+from harness.system import TreePeak, drop_caches, exit_on_signals, vmhwm_mib
+
 PYTHON = sys.executable
-REFMOUNT = str(Path(PYTHON).with_name("refmount"))
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "scale.json"
 CHILD_TIMEOUT = 900
@@ -218,76 +219,18 @@ def parquet_sample(arrays: int, chunks: int, reads: int, latency_arrays: int) ->
 def peak_rss_mb() -> float:
     """This process's peak RSS. VmHWM rather than ru_maxrss: Linux carries ru_maxrss across fork+exec, so a
     child's ru_maxrss starts at the parent's RSS (the parent holds the generated inputs)."""
-    return proc_status_mb(os.getpid(), "VmHWM")
+    return vmhwm_mib(os.getpid())
 
 
-class TreePeak:
-    """Peak summed PSS of this process's descendants (and itself if `include_self`), sampled every
-    `interval` s in a thread. Catches forked workers (refmount's parallel JSON loader), which the
-    parent's VmHWM does not include; PSS so that pages shared after fork are counted once."""
-
-    def __init__(self, include_self: bool, interval: float = 0.05) -> None:
-        self.include_self, self.interval = include_self, interval
-        self.peak_mb = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> TreePeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            pids = descendants(os.getpid()) + ([os.getpid()] if self.include_self else [])
-            self.peak_mb = max(self.peak_mb, sum(map(pss_mb, pids)))
+def daemon_mb(m) -> dict:
+    hwm = m.peak_rss_mib()
+    return {"daemon_vmhwm_mb": hwm, "daemon_vmrss_mb": m.rss_mib(), "mount_tree_peak_mb": m.mount_tree_peak_mib,
+            "daemon_peak_mb": max(hwm, m.mount_tree_peak_mib)}
 
 
-def descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{tid}/children") as f:
-                    children = [int(c) for c in f.read().split()]
-            except OSError:
-                continue
-            found += children
-            todo += children
-    return found
-
-
-def pss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass  # exited meanwhile
-    return 0.0
-
-
-def proc_status_mb(pid: int, field_name: str) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) / 1024
-    raise KeyError(field_name)
-
-
-def drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
+def refmount_mounted(refs: str, mnt: str, *options: str):
+    """A raw-view mount, the PSS of the mount's process tree sampled while it mounts."""
+    return harness_mounted(refs, Path(mnt), ["--view", "raw", *options], tree_peak=True)
 
 
 def timed(fn, *args, **kwargs):
@@ -300,37 +243,6 @@ def shell_timed(command: str) -> tuple[str, float]:
     t0 = time.perf_counter()
     out = subprocess.run(["bash", "-c", command], check=True, capture_output=True, text=True).stdout
     return out.strip(), time.perf_counter() - t0
-
-
-@dataclass
-class Mount:
-    path: str
-    pid: int
-    seconds: float
-    start_tree_peak_mb: float  # PSS of `refmount mount` + daemon + its workers while mounting
-
-    def daemon_mb(self) -> dict:
-        hwm = proc_status_mb(self.pid, "VmHWM")
-        return {"daemon_vmhwm_mb": hwm, "daemon_vmrss_mb": proc_status_mb(self.pid, "VmRSS"),
-                "mount_tree_peak_mb": self.start_tree_peak_mb, "daemon_peak_mb": max(hwm, self.start_tree_peak_mb)}
-
-
-@contextmanager
-def refmount_mounted(refs: str, mnt: str, *options: str):
-    os.makedirs(mnt, exist_ok=True)
-    if os.path.ismount(mnt):
-        subprocess.run([REFMOUNT, "umount", "--lazy", mnt], capture_output=True)
-    with TreePeak(include_self=False) as tree:
-        t0 = time.perf_counter()
-        done = subprocess.run([REFMOUNT, "mount", "--view", "raw", *options, refs, mnt], capture_output=True,
-                              text=True)
-        seconds = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise RuntimeError(f"refmount mount failed: {done.stderr.strip()}")
-    try:
-        yield Mount(mnt, int(os.getxattr(mnt, "user.refmount.pid")), seconds, tree.peak_mb)
-    finally:
-        subprocess.run([REFMOUNT, "umount", mnt], capture_output=True)
 
 
 def probe_refmount_load(path: str, expect_keys: int, check_key: str) -> dict:
@@ -364,7 +276,7 @@ def peaks(tree: TreePeak) -> dict:
 
 def probe_refmount_mount(path: str, mnt: str) -> dict:
     with refmount_mounted(path, mnt) as m:
-        return {"mount_s": m.seconds, **m.daemon_mb()}
+        return {"mount_s": m.seconds, **daemon_mb(m)}
 
 
 def probe_refmount_big_dir(path: str, mnt: str) -> dict:
@@ -375,7 +287,7 @@ def probe_refmount_big_dir(path: str, mnt: str) -> dict:
         count_f, ls_f = shell_timed(f"ls -f {big} | wc -l")
         count_find, find = shell_timed(f"find {shlex.quote(mnt)} -type f | wc -l")
         return {"mount_s": m.seconds, "ls_l_s": ls_l, "ls_f_s": ls_f, "ls_f_count": int(count_f),
-                "find_s": find, "find_count": int(count_find), **m.daemon_mb()}
+                "find_s": find, "find_count": int(count_find), **daemon_mb(m)}
 
 
 def read_file(path: str) -> int:
@@ -386,12 +298,12 @@ def read_file(path: str) -> int:
 def probe_refmount_parquet(root: str, mnt: str, reads: list[str], latency: list[str], options=()) -> dict:
     """Mount (warm), then with a cold page cache: one first read in each of `latency` arrays, then `reads`."""
     with refmount_mounted(root, mnt, *options) as m:
-        after_mount = m.daemon_mb()
+        after_mount = daemon_mb(m)
         drop_caches()
         latencies = [timed(read_file, f"{mnt}/{k}")[1] for k in latency]
         nbytes, reads_s = timed(lambda: sum(read_file(f"{mnt}/{k}") for k in reads))
         assert nbytes >= 2_000 * len(reads), nbytes
-        after = m.daemon_mb()
+        after = daemon_mb(m)
         return {"mount_s": m.seconds, "rss_after_mount_mb": after_mount["daemon_vmrss_mb"],
                 "rss_after_reads_mb": after["daemon_vmrss_mb"], "hwm_after_reads_mb": after["daemon_vmhwm_mb"],
                 "first_read_ms": statistics.median(latencies) * 1000, "first_read_max_ms": max(latencies) * 1000,
@@ -697,6 +609,8 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         sys.exit("bench_scale.py needs root (FUSE mounts and drop_caches)")
     started = time.perf_counter()
+    exit_on_signals()  # (the probes' mounts are unmounted on SIGTERM too)
+    record = Record("scale", args.quick)
     sizes = QUICK if args.quick else FULL
     inputs = ensure_inputs(args.workdir, sizes, set(args.names))
     ctx = Context(Runner(args.runs or (1 if args.quick else 3)), inputs, sizes, str(args.workdir / "mnt"))
@@ -710,11 +624,8 @@ def main(argv=None) -> int:
     runtime = time.perf_counter() - started
     print(table)
     print(f"\n{'quick' if args.quick else 'full'} run, {ctx.runner.runs} run(s) per probe, {runtime:.0f} s")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
-        "mode": "quick" if args.quick else "full", "runs": ctx.runner.runs, "sizes": sizes,
-        "runtime_s": runtime, "table_markdown": table, "rows": [r.to_json() for r in rows],
-        "raw": ctx.runner.raw()}, indent=1, ensure_ascii=False))
+    record.write(args.out, table, runs=ctx.runner.runs, sizes=sizes, runtime_s=runtime, table_markdown=table,
+                 rows=[r.to_json() for r in rows], raw=ctx.runner.raw())
     return 0
 
 

@@ -13,11 +13,11 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.system import proc_status_mib, stop, vmhwm_mib
+from harness.system import TreePeak, proc_status_mib, stop, vmhwm_mib
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 PYTHON = sys.executable
@@ -28,6 +28,7 @@ class Mount:
     path: Path
     pid: int  # the daemon's
     seconds: float = 0.0  # from the mount command to a mount that answers
+    mount_tree_peak_mib: float = 0.0  # with tree_peak: PSS of `refmount mount` + daemon + workers while mounting
 
     def peak_rss_mib(self) -> float:
         return vmhwm_mib(self.pid)
@@ -82,20 +83,23 @@ def refmount(*args: str, env: dict | None = None, timeout: float = 900) -> subpr
 
 
 @contextmanager
-def refmount_mounted(refs: Path, mnt: Path, options: list[str], code: Path | None = None, env: dict | None = None):
-    """`refmount mount OPTIONS REFS MNT` (the daemon in the background); yields a Mount, unmounts after."""
+def refmount_mounted(refs: Path, mnt: Path, options: list[str], code: Path | None = None, env: dict | None = None,
+                     tree_peak: bool = False):
+    """`refmount mount OPTIONS REFS MNT` (the daemon in the background); yields a Mount, unmounts after.
+    `tree_peak`: sample the PSS of our descendants while mounting (the loader's forked workers)."""
     mnt = Path(mnt)
     mnt.mkdir(parents=True, exist_ok=True)
     unmount_if_mounted(mnt)
     env = code_env(code, env)
-    t0 = time.perf_counter()
-    done = subprocess.run([PYTHON, "-m", "refmount", "mount", *options, str(refs), str(mnt)], capture_output=True,
-                          text=True, env=env)
-    seconds = time.perf_counter() - t0
+    with TreePeak(include_self=False) if tree_peak else nullcontext() as tree:
+        t0 = time.perf_counter()
+        done = subprocess.run([PYTHON, "-m", "refmount", "mount", *options, str(refs), str(mnt)],
+                              capture_output=True, text=True, env=env)
+        seconds = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"refmount mount {' '.join(options)} failed: {done.stderr.strip()}")
     try:
-        yield Mount(mnt, int(os.getxattr(mnt, "user.refmount.pid")), seconds)
+        yield Mount(mnt, int(os.getxattr(mnt, "user.refmount.pid")), seconds, tree.peak_mb if tree else 0.0)
     finally:
         if subprocess.run([PYTHON, "-m", "refmount", "umount", str(mnt)], capture_output=True,
                           env=env).returncode != 0:

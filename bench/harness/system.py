@@ -9,6 +9,7 @@ import resource
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -186,3 +187,58 @@ def ensure_installed(commands: dict[str, str], files: dict[str, str] | None = No
     done = subprocess.run(["apt-get", "install", "-y", "-qq", *missing], env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"apt-get install {' '.join(missing)} failed: {done.stderr.strip()[-400:]}")
+
+
+class TreePeak:
+    """Peak summed PSS of this process's descendants (and itself if `include_self`), sampled every
+    `interval` s in a thread. Catches forked workers (refmount's parallel JSON loader), which the
+    parent's VmHWM does not include; PSS so that pages shared after fork are counted once."""
+
+    def __init__(self, include_self: bool, interval: float = 0.05) -> None:
+        self.include_self, self.interval = include_self, interval
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TreePeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            pids = descendants(os.getpid()) + ([os.getpid()] if self.include_self else [])
+            self.peak_mb = max(self.peak_mb, sum(map(pss_mb, pids)))
+
+
+def descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def pss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass  # exited meanwhile
+    return 0.0
