@@ -4,7 +4,7 @@
     sudo bench/bench_archive.py [--files 56] [--rtt 80] [--link nfqueue|none] [--grid 181x360] [--requests]
 
 Files: hourly `tas` on a lat/lon grid, one a day, each with its own time units (tests/support/daily.py;
-about 2 MB each at 181 x 360). Served by nginx (autoindex) inside a network namespace behind bench_wan's
+about 2 MB each at 181 x 360). Served by nginx (autoindex) inside a network namespace behind bench/harness's
 kernel-TCP delay line (--link nfqueue: RTT/2 per direction, 1 Gbit/s), or on loopback (--link none).
 Measured, in one run:
 
