@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,22 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from harness.mounts import refmount_foreground  # noqa: E402
 from tests.support.edl import World, read_loop  # noqa: E402
-
-
-def start_moto() -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    return proc, f"http://127.0.0.1:{port}"
+from tests.support.moto import moto_server  # noqa: E402
 
 
 def main() -> int:
@@ -57,56 +41,36 @@ def main() -> int:
     parser.add_argument("--http-client", default="stdlib", choices=("stdlib", "aiohttp"))
     args = parser.parse_args()
     directory = tempfile.mkdtemp(prefix="bench-edl-")
-    moto, moto_url = start_moto()
-    world = World(directory, moto_url=moto_url, object_size=8 << 20, credentials_lifetime=args.lifetime)
-    refs = Path(directory, "refs.json")
-    refs.write_text(json.dumps(world.refs()))
-    mountpoint = Path(directory, "mnt")
-    mountpoint.mkdir()
-    log = open(Path(directory, "daemon.log"), "wb")
-    env = {**world.env(), "PYTHONPATH": str(ROOT)}
-    daemon = subprocess.Popen([sys.executable, "-m", "refmount", "mount", "--foreground", *world.mount_args(),
-                               "--cache-size", "4M", "--block-size", "64K", "--no-prefetch",
-                               "--http-client", args.http_client, str(refs), str(mountpoint)],
-                              stdout=log, stderr=subprocess.STDOUT, env=env)
-    try:
-        for _ in range(600):
-            if daemon.poll() is not None:
-                raise SystemExit(f"refmount exited: {Path(directory, 'daemon.log').read_text()}")
-            if os.path.ismount(mountpoint):
-                break
-            time.sleep(0.05)
-        started = time.monotonic()
-        counts = read_loop(str(mountpoint), world, seconds=args.seconds)
-        took = time.monotonic() - started
-        stats = json.loads(os.getxattr(mountpoint, "user.refmount.stats"))["logins"]
+    with moto_server() as moto_url:
+        world = World(directory, moto_url=moto_url, object_size=8 << 20, credentials_lifetime=args.lifetime)
+        refs = Path(directory, "refs.json")
+        refs.write_text(json.dumps(world.refs()))
+        options = [*world.mount_args(), "--cache-size", "4M", "--block-size", "64K", "--no-prefetch",
+                   "--http-client", args.http_client]
         try:
-            world.assert_credentials_stayed_home()
-            stayed = "yes"
-        except AssertionError as e:
-            stayed = f"NO: {e}"
-        print(f"{took:.0f} s, credentials lasting {args.lifetime:g} s, --http-client {args.http_client}")
-        print(f"reads {counts['reads']}, failed {counts['failed']}, wrong {counts['wrong']}")
-        print(f"S3 credential refreshes {stats['s3_credential_refreshes']}, failures {stats['s3_credential_failures']}")
-        print(f"logins {stats['logins']}, login failures {stats['login_failures']}")
-        print(f"S3 gate: passed {world.gate.passed}, refused {len(world.gate.refused)} {sorted(set(world.gate.refused))}")
-        print(f"every credential stayed with its own host: {stayed}")
-        for error in counts["errors"][:5]:
-            print("  ", error)
-        ok = counts["failed"] == 0 and counts["wrong"] == 0 and not world.gate.refused and stayed == "yes"
-        return 0 if ok else 1
-    finally:
-        daemon.terminate()
-        try:
-            daemon.wait(15)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        if os.path.ismount(mountpoint):
-            subprocess.run(["fusermount3", "-u", "-z", str(mountpoint)], capture_output=True)
-        world.close()
-        moto.terminate()
-        moto.wait(10)
+            with refmount_foreground(refs, Path(directory, "mnt"), options, env=world.env(),
+                                     log_path=Path(directory, "daemon.log"), timeout=30) as m:
+                started = time.monotonic()
+                counts = read_loop(str(m.path), world, seconds=args.seconds)
+                took = time.monotonic() - started
+                stats = m.stats()["logins"]
+                try:
+                    world.assert_credentials_stayed_home()
+                    stayed = "yes"
+                except AssertionError as e:
+                    stayed = f"NO: {e}"
+                print(f"{took:.0f} s, credentials lasting {args.lifetime:g} s, --http-client {args.http_client}")
+                print(f"reads {counts['reads']}, failed {counts['failed']}, wrong {counts['wrong']}")
+                print(f"S3 credential refreshes {stats['s3_credential_refreshes']}, failures {stats['s3_credential_failures']}")
+                print(f"logins {stats['logins']}, login failures {stats['login_failures']}")
+                print(f"S3 gate: passed {world.gate.passed}, refused {len(world.gate.refused)} {sorted(set(world.gate.refused))}")
+                print(f"every credential stayed with its own host: {stayed}")
+                for error in counts["errors"][:5]:
+                    print("  ", error)
+                ok = counts["failed"] == 0 and counts["wrong"] == 0 and not world.gate.refused and stayed == "yes"
+                return 0 if ok else 1
+        finally:
+            world.close()
 
 
 if __name__ == "__main__":
