@@ -11,3 +11,8 @@
 A bench script runs as `python bench/NAME.py`, so `bench/` is first on sys.path and `import harness`
 finds this package.
 """
+
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent  # bench/
+ROOT = BENCH.parent  # the checkout whose refmount the benches measure

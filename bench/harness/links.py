@@ -16,10 +16,10 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness import BENCH
 from harness.servers import PORT
 from harness.system import ensure_installed, log, sh, stop
 
-BENCH = Path(__file__).resolve().parent.parent
 # What --link nfqueue needs, as Debian packages (the bench scripts' shell wrappers install them).
 NFQUEUE_PACKAGES = ["iptables", "gcc", "libnetfilter-queue-dev"]
 

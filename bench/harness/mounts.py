@@ -17,9 +17,9 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness import ROOT
 from harness.system import TreePeak, proc_status_mib, stop, vmhwm_mib
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 PYTHON = sys.executable
 
 
@@ -138,13 +138,6 @@ def refmount_foreground(source: Path, mnt: Path, options: list[str], code: Path 
             except subprocess.TimeoutExpired:
                 stop(proc)
         unmount_if_mounted(mnt)
-
-
-def daemon_pid(mountpoint: Path) -> int | None:
-    try:
-        return int(os.getxattr(mountpoint, "user.refmount.pid"))
-    except OSError:
-        return None
 
 
 def scratch_dir(stack, given: Path | None, parent: str, prefix: str) -> Path:

@@ -11,10 +11,10 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness import BENCH
 from harness.mounts import Mount, unmount_if_mounted
 from harness.system import STEP_TIMEOUT_S, log, stop, vmhwm_mib, wait_for
 
-BENCH = Path(__file__).resolve().parent.parent
 
 
 # -- kerchunk -----------------------------------------------------------------------------------------

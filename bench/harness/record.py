@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from harness import ROOT
 from harness.system import load, log, machine
 
 SCHEMA = "refmount-bench/1"
-ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def utc(seconds: float) -> str:

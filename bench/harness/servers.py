@@ -8,9 +8,9 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from harness import ROOT
 from harness.system import free_port, log, port_open, stop, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 PORT = 8080  # nginx's port inside a link's namespace (alone there, so fixed)
 DIRECT_PORT = 8081  # proxy mode: nginx also listens here on the server address, for the proxy's ceiling
 

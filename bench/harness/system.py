@@ -13,9 +13,10 @@ import threading
 import time
 from pathlib import Path
 
+from harness import ROOT
+
 TICKS = os.sysconf("SC_CLK_TCK")
 STEP_TIMEOUT_S = 300  # no single shell step of a bench may take longer
-MB = 1e6
 
 
 def log(message: str) -> None:
@@ -149,7 +150,7 @@ def load() -> list[float]:
 TOOLS = {"rclone": "rclone version | head -1", "nginx": "nginx -v 2>&1 | sed 's/^nginx version: //'",
          "curl": "curl --version | head -1 | cut -d' ' -f1,2",
          "ncdump": "ncdump 2>&1 | tail -1 | sed 's/^netcdf library version \\([^ ]*\\).*/netCDF-C \\1/'",
-         "refmount": f"PYTHONPATH={Path(__file__).resolve().parent.parent.parent} {sys.executable} -m refmount --version"}
+         "refmount": f"PYTHONPATH={ROOT} {sys.executable} -m refmount --version"}
 
 
 def machine(tools: dict[str, str] | None = None) -> dict:
