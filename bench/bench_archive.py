@@ -212,7 +212,7 @@ def main() -> int:
             print(f"  {name:<40} {seconds:7.2f} s")
     lines = ["| step | seconds |", "|---|---|"] + [f"| {name} | {seconds:.2f} |" for name, seconds in rows.items()]
     record.write(args.out, {f"{args.files} files of {args.grid}, RTT {args.rtt:g} ms ({args.link})": "\n".join(lines)},
-                 files=args.files, grid=args.grid, rtt_ms=args.rtt, link=args.link, grib=args.grib, seconds=rows)
+                 files=args.files, grid=args.grid, rtt_ms=args.rtt, link=args.link, grib=args.grib, steps_s=rows)
     return 0
 
 

@@ -85,3 +85,9 @@ def test_report_refuses_an_old_json(report, tmp_path, capsys):
 def test_performance_page_shows_its_runs(report):
     """Each generated block of docs/performance.md is its JSON's rendering (python bench/report.py --update)."""
     assert report.update(ROOT / "docs" / "performance.md", write=False) == []
+
+
+def test_a_bench_field_cannot_hide_the_record(harness, tmp_path):
+    record = harness["record"].Record("sample", tools={})
+    with pytest.raises(ValueError, match="seconds"):
+        record.write(tmp_path / "x.json", "| a |", seconds={"mount": 1.0})

@@ -63,7 +63,11 @@ class Record:
         shown under the tables) and the bench's own `fields` to `path`; returns what was written."""
         if isinstance(tables, str):
             tables = {"": tables}
-        data = {**self.envelope(), "tables": [{"title": t, "markdown": m} for t, m in tables.items()],
+        envelope = self.envelope()
+        clash = set(fields) & {*envelope, "tables", "notes"}
+        if clash:
+            raise ValueError(f"bench fields {sorted(clash)} would hide the record's own")
+        data = {**envelope, "tables": [{"title": t, "markdown": m} for t, m in tables.items()],
                 "notes": list(notes or []), **fields}
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
