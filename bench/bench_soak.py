@@ -31,6 +31,7 @@ from pathlib import Path
 
 from harness.mounts import refmount_foreground
 from harness.servers import range_server
+from harness.system import proc_status_mib
 
 KEYS = 8192
 
@@ -45,13 +46,9 @@ def make_refs(url: str, size: int, rng: random.Random) -> dict:
 
 def rss_kib(pid: int) -> int:
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        return int(proc_status_mib(pid, "VmRSS") * 1024)
+    except (OSError, KeyError):  # (the daemon has exited)
+        return 0
 
 
 def main() -> int:
