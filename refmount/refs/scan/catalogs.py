@@ -95,6 +95,7 @@ class _Walk:
         self.fetched = 0
         self.seen: set[str] = set()
         self.items = 0
+        self.hosts: dict[str, str | None] = {}  # data hosts judged (inside)
         self.skipped: list[str] = []  # assets of kinds the mount does not read (said once, at the end)
 
     def fetch(self, url: str, send: dict | None = None, post: bytes | None = None) -> tuple[str, dict, bytes]:
@@ -154,7 +155,21 @@ class _Walk:
             log.warning("%s: a data url %s is not http(s):// or s3://, which a catalog may name; left out",
                         redact(base), quote(redact(url)))
             return None
+        inside = self.inside(url) if scheme != "s3" else None
+        if inside:
+            log.warning("%s: a data url %s is at %s, an address of this machine's own network, which a catalog "
+                        "from outside it may not name; left out", redact(base), quote(redact(url)), inside)
+            return None
         return url
+
+    def inside(self, url: str) -> str | None:
+        """addresses.inside_from_outside for the host of `url` (asked once a host)."""
+        from refmount.fetch.addresses import inside_from_outside
+
+        host = (urlsplit(url).hostname or "").lower()
+        if host not in self.hosts:
+            self.hosts[host] = inside_from_outside(urlsplit(self.location).hostname or "", host)
+        return self.hosts[host]
 
     def counted(self, n: int = 1) -> None:
         self.items += n
