@@ -83,6 +83,9 @@ def archive(tmp_path_factory):
         if isinstance(value, list) and value:
             value[0] = daily[0].name  # (relative to the references' own url)
     (data / "refs.json").write_text(json.dumps(refs))
+    from tests.support.dmrpp_files import write_dmrpp
+
+    write_dmrpp(daily[1], data / (daily[1].name + ".dmrpp"))  # (its dmrpp:href a placeholder, as build_dmrpp's)
 
     catalog = pystac.Catalog("archive", "a test archive")
     days, other = collection("daily"), collection("other")
@@ -97,6 +100,11 @@ def archive(tmp_path_factory):
                                               roles=["references"]))
     item.add_asset("data", pystac.Asset(str(daily[0]), media_type="application/x-netcdf", roles=["data"]))
     other.add_item(item)
+    item = pystac.Item("dmrpp_" + daily[1].stem, GEOMETRY, BBOX, datetime.datetime(2020, 1, 2, tzinfo=UTC), {})
+    item.add_asset("data", pystac.Asset(str(daily[1]), media_type="application/x-netcdf", roles=["data"]))
+    item.add_asset("dmrpp", pystac.Asset(str(daily[1]) + ".dmrpp", media_type="application/vnd.opendap.dap4.dmrpp+xml",
+                                         roles=["metadata"]))
+    other.add_item(item)
     catalog.normalize_hrefs(str(www / "stac"))
     catalog.make_all_asset_hrefs_relative()
     catalog.save(pystac.CatalogType.SELF_CONTAINED)
@@ -110,14 +118,16 @@ def test_pystac_static_catalog_each_item_a_dataset_equal_to_its_asset(mount, sca
 
     nginx, daily = archive["nginx"], archive["daily"]
     m = mount(f"{nginx.url}/stac/catalog.json", "--view", "raw")
-    assert listed(m.path) == sorted([f.stem for f in daily] + ["cog", "refs_" + daily[0].stem])
+    assert listed(m.path) == sorted([f.stem for f in daily] + ["cog", "refs_" + daily[0].stem, "dmrpp_" + daily[1].stem])
     for f in daily:
         assert_same(m.path / f.stem, f)
     assert_same(m.path / ("refs_" + daily[0].stem), daily[0])  # (its references, not its file's header)
+    assert_same(m.path / ("dmrpp_" + daily[1].stem), daily[1])  # (its DMR++, the data asset's url for its href)
     # (a one-level TIFF is one array at the item's root, as kerchunk's TIFF reader makes it)
     assert np.array_equal(zarr.open_array(str(m.path / "cog"), mode="r")[...], archive["cog"])
     log = nginx.access_log()
     assert not [line for line in log if "thumb.png" in line]
+    assert [line for line in log if line.startswith(f"GET /data/{daily[1].name}.dmrpp 20")], [x for x in log if "/data/" in x]
     assert "asset(s) of other kinds left out" in m.log()
 
 
@@ -225,6 +235,14 @@ def test_post_paged_search_merges_the_next_body(mount, scans, archive):
     assert bodies == [("application/json", {"token": "n1"}), ("application/json", {"token": "n2"})]
 
 
+def test_without_pystac_a_stac_catalog_is_one_clear_error(monkeypatch):
+    from refmount.refs.scan.catalogs import CatalogError, list_catalog
+
+    monkeypatch.setitem(sys.modules, "pystac", None)  # (an import of it now fails, as where it is not installed)
+    with pytest.raises(CatalogError, match=r"needs pystac: pip install 'refmount\[archives\]'"):
+        list_catalog("http://127.0.0.1:9/stac/catalog.json", {})
+
+
 # -- hostile ------------------------------------------------------------------------------------------------
 
 def test_a_catalog_from_a_public_origin_names_no_private_address(caplog):
@@ -250,7 +268,7 @@ def test_next_link_loops_and_an_endless_page_are_bounded(scans, tmp_path):
 
     feature = {"type": "Feature", "stac_version": "1.0.0", "id": "a", "geometry": GEOMETRY, "bbox": BBOX,
                "properties": {"datetime": "2020-01-01T00:00:00Z"}, "links": [],
-               "assets": {"d": {"href": "http://127.0.0.1:9/a.nc", "type": "application/x-netcdf"}}}
+               "assets": {"d": {"href": "/missing.nc", "type": "application/x-netcdf"}}}  # (a 404: fails at once)
     calls = {"loop": 0, "post": 0}
 
     async def loop(request):
@@ -280,7 +298,7 @@ def test_next_link_loops_and_an_endless_page_are_bounded(scans, tmp_path):
               web.get("/huge/search", endless)]
     out = tmp_path / "out.json"
     with Loopback(routes) as api:
-        # (the file a.nc is not there: the listing ends first, then the scan says so)
+        # (missing.nc is not there: the listing ends first, then the scan says so)
         looped = run_refmount("scan", f"{api.url}/loop/search", "-o", out)
         assert "was listed already (a loop)" in looped.stderr and "Traceback" not in looped.stderr, looped.stderr
         assert calls["loop"] == 1

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urljoin, urlsplit
 
 from refmount.errors import RefmountError, quote
 from refmount.fetch.stats import redact
@@ -217,6 +217,18 @@ def asset_kind(key: str, asset) -> str | None:
     return kind
 
 
+def _with_query(href, search: str):
+    """A GET next link with the search's own query parameters it leaves out (as pystac-client sends
+    them again with every page: some servers' next links carry only a paging token)."""
+    if not isinstance(href, str):
+        return href
+    parts = urlsplit(href)
+    have = {k for k, _ in parse_qsl(parts.query, keep_blank_values=True)}
+    missing = [(k, v) for k, v in parse_qsl(urlsplit(search).query, keep_blank_values=True) if k not in have]
+    return parts._replace(query=urlencode([*parse_qsl(parts.query, keep_blank_values=True), *missing],
+                                          safe="/:,")).geturl() if missing else href
+
+
 class _Stac(_Walk):
     def list(self) -> list:
         self.pystac = _pystac()
@@ -284,20 +296,21 @@ class _Stac(_Walk):
             self._item(final, item)
         links = doc.get("links") if isinstance(doc.get("links"), list) else []
         for raw in links:
-            if not features or not isinstance(raw, dict) or raw.get("rel") != "next":
+            if not features or not isinstance(raw, dict) or raw.get("rel") != "next" or not isinstance(raw.get("href"), str):
                 continue
             link = self.pystac.Link.from_dict(raw)
             method = str(link.extra_fields.get("method", "GET")).upper()
             asked = link.extra_fields.get("body")
+            href = link.href
             if method == "POST" and isinstance(asked, dict):
                 after = {**(body or {}), **asked} if link.extra_fields.get("merge") is True else asked
             elif method == "GET":
-                after = None
+                after, href = None, _with_query(href, self.location)
             else:
                 log.warning("%s: a next page asked by %s (with a body %s) is not followed", redact(final),
                             quote(method[:10]), type(asked).__name__)
                 continue
-            nxt = self.follow(final, link.href, "the next page", after)
+            nxt = self.follow(final, href, "the next page", after)
             if nxt:
                 todo.append((nxt, depth, after))
             break
