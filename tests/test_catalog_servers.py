@@ -235,6 +235,33 @@ def test_post_paged_search_merges_the_next_body(mount, scans, archive):
     assert bodies == [("application/json", {"token": "n1"}), ("application/json", {"token": "n2"})]
 
 
+def test_asset_kinds_by_media_type_role_or_name():
+    from refmount.refs.scan.catalogs import asset_kind
+
+    cases = [
+        ("data", "a.nc", "application/x-netcdf", ["data"], "netcdf"),
+        ("data", "a.bin", "application/netcdf", None, "netcdf"),
+        ("data", "a.nc", "application/octet-stream", None, "netcdf"),  # (a generic type: the name tells)
+        ("h5", "a.h5", "application/x-hdf5", None, "hdf5"),
+        ("grib", "a.grib2", "application/wmo-grib", None, "grib"),
+        ("visual", "b.tif", pystac.MediaType.COG, ["data"], "tiff"),
+        ("thumbnail", "t.tif", "image/tiff", ["thumbnail"], None),
+        ("thumbnail", "t.png", "image/png", ["thumbnail"], None),
+        ("refs", "r.json", "application/json", ["references"], "reference"),
+        ("kerchunk", "r.json", None, None, "reference"),
+        ("metadata", "m.json", "application/json", ["metadata"], None),
+        ("dmrpp", "a.nc.dmrpp", None, None, "dmrpp"),
+        ("dmrpp", "x", "application/vnd.opendap.dap4.dmrpp+xml", None, "dmrpp"),
+        ("zarr", "s.zarr", "application/vnd+zarr", ["data"], "zarr"),
+        ("store", "s.zarr", None, None, "zarr"),
+        ("virtual", "repo", "application/vnd.zarr+icechunk", ["virtual"], "icechunk"),
+        ("refs", "r.parq", None, ["references"], "parquet"),
+        ("table", "items.parquet", "application/vnd.apache.parquet", ["data"], None),  # (GeoParquet)
+    ]
+    for key, href, media, roles, want in cases:
+        assert asset_kind(key, pystac.Asset(href, media_type=media, roles=roles)) == want, (key, href, media, roles)
+
+
 def test_without_pystac_a_stac_catalog_is_one_clear_error(monkeypatch):
     from refmount.refs.scan.catalogs import CatalogError, list_catalog
 

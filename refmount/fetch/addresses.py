@@ -123,8 +123,8 @@ def inside_from_outside(origin_host: str, target_host: str) -> str | None:
     mount there: the document began outside this machine's network (began_internal) and the target
     is inside it (a literal, or a name resolved now). None otherwise (a name that does not resolve:
     its read fails on its own)."""
-    if not target_host or began_internal(origin_host):
-        return None
+    if not target_host or target_host.lower() == origin_host.lower() or began_internal(origin_host):
+        return None  # (its own host: where the document itself was fetched from)
     if is_literal(target_host):
         return target_host if is_internal(target_host) else None
     try:

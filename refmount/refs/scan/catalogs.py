@@ -43,6 +43,7 @@ _MEDIA = {
 _ENDINGS = {".nc": "netcdf", ".nc4": "netcdf", ".h5": "hdf5", ".hdf5": "hdf5", ".he5": "hdf5", ".hdf": "hdf5",
             ".grib": "grib", ".grib2": "grib", ".grb": "grib", ".grb2": "grib", ".tif": "tiff", ".tiff": "tiff",
             ".dmrpp": "dmrpp", ".zarr": "zarr", ".parquet": "parquet", ".parq": "parquet"}
+_NO_TYPE = ("", "application/octet-stream", "binary/octet-stream")  # (the name's ending tells then)
 _REFERENCE_ROLES = {"references", "reference", "kerchunk", "index", "virtual"}
 _ON_THEIR_OWN = {"zarr": "a Zarr store", "icechunk": "an Icechunk repository", "parquet": "kerchunk Parquet references"}
 
@@ -209,7 +210,7 @@ def asset_kind(key: str, asset) -> str | None:
         return "icechunk"
     if (base == "application/json" or not base and ending == ".json") and refs:
         return "reference"
-    kind = _MEDIA.get(base) if base else _ENDINGS.get(ending)
+    kind = _MEDIA.get(base) or (_ENDINGS.get(ending) if base in _NO_TYPE else None)
     if kind == "parquet" and not refs:
         return None  # (a table: GeoParquet, not references)
     if kind is None or roles & {"thumbnail", "overview"}:
