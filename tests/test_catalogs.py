@@ -43,7 +43,8 @@ def assert_same(got_dir, want_file) -> None:
 # -- STAC -------------------------------------------------------------------------------------------------
 
 def stac_item(ident: str, assets: dict) -> dict:
-    """An item as pystac writes it (pystac is not installed in the test venv: its JSON, by hand)."""
+    """An item's JSON by hand, with the odd forms pystac would not write (test_catalog_servers.py has
+    catalogs pystac wrote)."""
     return {"type": "Feature", "stac_version": "1.0.0", "id": ident,
             "geometry": {"type": "Polygon", "coordinates": [[[0, -90], [360, -90], [360, 90], [0, 90], [0, -90]]]},
             "bbox": [0, -90, 360, 90], "properties": {"datetime": "2020-01-01T00:00:00Z"},

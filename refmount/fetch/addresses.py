@@ -116,3 +116,19 @@ def resolver():
 
 
 _answers: dict[tuple, tuple[float, list]] = {}  # (host, port, family) -> (when, aiohttp's resolve result)
+
+
+def inside_from_outside(origin_host: str, target_host: str) -> str | None:
+    """The internal address `target_host` is at, when a document from `origin_host` may not send the
+    mount there: the document began outside this machine's network (began_internal) and the target
+    is inside it (a literal, or a name resolved now). None otherwise (a name that does not resolve:
+    its read fails on its own)."""
+    if not target_host or target_host.lower() == origin_host.lower() or began_internal(origin_host):
+        return None  # (its own host: where the document itself was fetched from)
+    if is_literal(target_host):
+        return target_host if is_internal(target_host) else None
+    try:
+        found = {a[4][0] for a in socket.getaddrinfo(target_host, None, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        return None
+    return next((a for a in sorted(found) if is_internal(a)), None)

@@ -336,11 +336,13 @@ class HttpBackend:
         return found, answered.get("Content-Type", ""), body
 
     async def page_answer(self, url: str, limit: int, *, same_origin: bool = False,
-                          send: dict | None = None) -> tuple[str, dict, bytes]:
+                          send: dict | None = None, post: bytes | None = None) -> tuple[str, dict, bytes]:
         """page()'s, with the answer's headers (a dict, case-insensitive) instead of its Content-Type;
-        `send`: request headers of this page only (a catalog's paging header: CMR-Search-After)."""
+        `send`: request headers of this page only (a catalog's paging header: CMR-Search-After); `post`:
+        the body of a POST instead of a GET (a STAC API's next page asked by POST)."""
         async def once() -> tuple[str, dict, bytes]:
-            resp = await self._request(url, "GET", dict(send or {}), same_origin=same_origin)
+            resp = await self._request(url, "GET" if post is None else "POST", dict(send or {}),
+                                       same_origin=same_origin, body=post)
             async with resp:
                 self.stats.request(url)
                 if resp.status != 200:
@@ -355,10 +357,12 @@ class HttpBackend:
 
     # -- one attempt -----------------------------------------------------------------------------
 
-    async def _request(self, url: str, method: str, headers: dict, *, same_origin: bool = False):
+    async def _request(self, url: str, method: str, headers: dict, *, same_origin: bool = False,
+                       body: bytes | None = None):
         """Issue a request, following redirects as auth.py's `Trail` decides (the user's headers only
         to the origin, each host only its own credentials and cookies; never to another scheme or
-        from https down to http; not into this machine's network from outside it)."""
+        from https down to http; not into this machine's network from outside it). A request with a
+        `body` follows only 307 and 308, which keep it (a 301-303 would turn it into a GET)."""
         session = self._session_now()
         signed = self.signer is not None
         if signed:
@@ -374,7 +378,7 @@ class HttpBackend:
                 try:
                     with addresses.guarded(guarded):
                         resp = await session.request(method, where, headers=sent, allow_redirects=False,
-                                                     **self._route(url))
+                                                     data=body, **self._route(url))
                 except aiohttp.ClientConnectorError as e:
                     if isinstance(e.os_error, addresses.InternalAddress):
                         raise FetchError(f"{redact(url)}: redirect refused: {e.os_error}") from None
@@ -390,7 +394,9 @@ class HttpBackend:
                     return resp
                 resp.release()
                 here, there = urlsplit(url), urlsplit(target)
-                refused = trail.redirect_refused(url, target)
+                refused = trail.redirect_refused(url, target) or (
+                    f"a {method} redirected by {resp.status} is not followed" if body is not None
+                    and resp.status not in (307, 308) else None)
                 if refused:
                     raise FetchError(f"{redact(url)}: {refused}")
                 if login is None and _host(there) != _host(here) and self.logins.is_login_host(target):

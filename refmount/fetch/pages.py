@@ -37,11 +37,12 @@ def fetch_page(url: str, limit: int, remote_options: dict | None = None, *,
 
 
 def fetch_answer(url: str, limit: int, remote_options: dict | None = None, *, same_origin: bool = False,
-                 send: dict | None = None) -> tuple[str, dict, bytes]:
+                 send: dict | None = None, post: bytes | None = None) -> tuple[str, dict, bytes]:
     """fetch_page's, with the answer's headers (case-insensitive) instead of its Content-Type; `send`:
-    headers of this request only (a catalog's paging header)."""
+    headers of this request only (a catalog's paging header); `post`: a POST of that body instead of a
+    GET (a STAC API's next page)."""
     return _on_engine(remote_options, lambda backend: backend.page_answer(url, limit, same_origin=same_origin,
-                                                                          send=send))
+                                                                          send=send, post=post))
 
 
 def exists(url: str, remote_options: dict | None = None) -> bool:

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
-from urllib.parse import unquote, urljoin, urlsplit
+from collections import deque
+from urllib.parse import parse_qsl, unquote, urlencode, urljoin, urlsplit
 
 from refmount.errors import RefmountError, quote
 from refmount.fetch.stats import redact
@@ -28,17 +29,23 @@ MAX_ITEMS = 100_000  # items or granules listed (narrow a search by datetime/bbo
 MAX_DEPTH = 16  # nested STAC children / THREDDS catalogRefs
 DATA_SCHEMES = ("http", "https", "s3")
 
-# STAC asset media types (and file name endings when an asset gives none) of what the mount can read
+# STAC asset media types (and file name endings when an asset gives none): what the mount reads as a
+# data file, and the reference assets read instead of their files (kerchunk JSON, DMR++); the stores
+# that mount by themselves (Zarr, Icechunk, kerchunk Parquet) are recognised to say so
 _MEDIA = {
     "application/netcdf": "netcdf", "application/x-netcdf": "netcdf", "application/x-netcdf4": "netcdf",
     "application/x-hdf5": "hdf5", "application/x-hdf": "hdf5", "application/x-hdf4": "hdf5",
     "application/wmo-grib": "grib", "application/x-grib": "grib", "application/x-grib2": "grib",
     "image/tiff": "tiff", "image/geotiff": "tiff",
+    "application/vnd.opendap.dap4.dmrpp+xml": "dmrpp", "application/vnd.zarr": "zarr", "application/vnd+zarr": "zarr",
+    "application/x-zarr": "zarr", "application/vnd.apache.parquet": "parquet", "application/x-parquet": "parquet",
 }
 _ENDINGS = {".nc": "netcdf", ".nc4": "netcdf", ".h5": "hdf5", ".hdf5": "hdf5", ".he5": "hdf5", ".hdf": "hdf5",
-            ".grib": "grib", ".grib2": "grib", ".grb": "grib", ".grb2": "grib", ".tif": "tiff", ".tiff": "tiff"}
-_REFERENCE_ROLES = {"references", "reference", "kerchunk", "index"}
-
+            ".grib": "grib", ".grib2": "grib", ".grb": "grib", ".grb2": "grib", ".tif": "tiff", ".tiff": "tiff",
+            ".dmrpp": "dmrpp", ".zarr": "zarr", ".parquet": "parquet", ".parq": "parquet"}
+_NO_TYPE = ("", "application/octet-stream", "binary/octet-stream")  # (the name's ending tells then)
+_REFERENCE_ROLES = {"references", "reference", "kerchunk", "index", "virtual"}
+_ON_THEIR_OWN = {"zarr": "a Zarr store", "icechunk": "an Icechunk repository", "parquet": "kerchunk Parquet references"}
 
 class CatalogError(RefmountError):
     """A catalog that cannot be listed (one line naming its url)."""
@@ -89,9 +96,10 @@ class _Walk:
         self.fetched = 0
         self.seen: set[str] = set()
         self.items = 0
+        self.hosts: dict[str, str | None] = {}  # data hosts judged (inside)
         self.skipped: list[str] = []  # assets of kinds the mount does not read (said once, at the end)
 
-    def fetch(self, url: str, send: dict | None = None) -> tuple[str, dict, bytes]:
+    def fetch(self, url: str, send: dict | None = None, post: bytes | None = None) -> tuple[str, dict, bytes]:
         from refmount.errors import FetchError, LoginFailed
         from refmount.fetch.pages import fetch_answer
 
@@ -101,7 +109,7 @@ class _Walk:
                                "documents to list; not followed further")
         try:
             final, answered, body = fetch_answer(url, MAX_DOCUMENT_BYTES, {"headers": self.headers},
-                                                 same_origin=True, send=send)
+                                                 same_origin=True, send=send, post=post)
         except FetchError as e:
             why = str(e).removeprefix(f"{redact(url)}: ")
             if isinstance(e, LoginFailed) or getattr(e, "status", None) in (401, 403):
@@ -112,27 +120,29 @@ class _Walk:
                                f"({redact(final)}), which is not followed")
         return final, answered, body
 
-    def fetch_json(self, url: str, send: dict | None = None) -> tuple[str, dict, object]:
-        final, answered, body = self.fetch(url, send)
+    def fetch_json(self, url: str, send: dict | None = None, post: bytes | None = None) -> tuple[str, dict, object]:
+        final, answered, body = self.fetch(url, send, post)
         try:
             return final, answered, json.loads(body)
         except (ValueError, RecursionError):
             raise CatalogError(f"the catalog {quote(redact(url))} is not JSON") from None
 
-    def follow(self, base: str, href, why: str) -> str | None:
+    def follow(self, base: str, href, why: str, body: dict | None = None) -> str | None:
         """The absolute url of a link to another document of the catalog, or None (said once) when it
-        leaves the catalog's origin, was seen already (a loop) or is no string."""
+        leaves the catalog's origin, was seen already (a loop: the same url, and the same `body` for a
+        POST) or is no string."""
         if not isinstance(href, str) or not href:
             return None
         url = urljoin(base, href).partition("#")[0]
         if _origin(url) != self.home:
             log.warning("%s: %s %s leaves the catalog's origin; not followed", redact(base), why, quote(redact(url)))
             return None
-        if url in self.seen:
+        seen = url if body is None else url + " " + json.dumps(body, sort_keys=True)
+        if seen in self.seen:
             log.warning("%s: %s %s was listed already (a loop); not followed again", redact(base), why,
                         quote(redact(url)))
             return None
-        self.seen.add(url)
+        self.seen.add(seen)
         return url
 
     def data_url(self, base: str, href) -> str | None:
@@ -146,7 +156,21 @@ class _Walk:
             log.warning("%s: a data url %s is not http(s):// or s3://, which a catalog may name; left out",
                         redact(base), quote(redact(url)))
             return None
+        inside = self.inside(url) if scheme != "s3" else None
+        if inside:
+            log.warning("%s: a data url %s is at %s, an address of this machine's own network, which a catalog "
+                        "from outside it may not name; left out", redact(base), quote(redact(url)), inside)
+            return None
         return url
+
+    def inside(self, url: str) -> str | None:
+        """addresses.inside_from_outside for the host of `url` (asked once a host)."""
+        from refmount.fetch.addresses import inside_from_outside
+
+        host = (urlsplit(url).hostname or "").lower()
+        if host not in self.hosts:
+            self.hosts[host] = inside_from_outside(urlsplit(self.location).hostname or "", host)
+        return self.hosts[host]
 
     def counted(self, n: int = 1) -> None:
         self.items += n
@@ -160,103 +184,175 @@ class _Walk:
                      ", ".join(self.skipped[:3]), ", ..." if len(self.skipped) > 3 else "")
 
 
-# -- STAC: static catalogs and collections, item searches ---------------------------------------------
+# -- STAC: static catalogs and collections, item searches (read by pystac from the bytes fetched here) ----
 
-def asset_kind(key: str, asset: dict) -> str | None:
-    """'reference', or the data format of a STAC asset the mount reads, or None."""
-    href = asset.get("href") if isinstance(asset.get("href"), str) else ""
-    media = asset.get("type") if isinstance(asset.get("type"), str) else ""
-    roles = {r for r in asset.get("roles", ()) if isinstance(r, str)} if isinstance(asset.get("roles"), list) else set()
-    media_base = media.split(";")[0].strip().lower()
-    ending = "." + href.split("?")[0].rsplit(".", 1)[-1].lower() if "." in href else ""
-    if (media_base == "application/json" or ending == ".json") and (roles & _REFERENCE_ROLES or "kerchunk" in key.lower()):
+def _pystac():
+    try:
+        import pystac
+    except ImportError:
+        raise CatalogError("reading a STAC catalog needs pystac: pip install 'refmount[archives]'") from None
+    return pystac
+
+
+def asset_kind(key: str, asset) -> str | None:
+    """What a STAC asset (a pystac Asset) is to the mount: 'reference' (kerchunk JSON), 'dmrpp', the
+    format of a data file it reads ('netcdf', 'hdf5', 'grib', 'tiff'), a store that mounts by itself
+    ('zarr', 'icechunk', 'parquet' references), or None (a thumbnail, metadata, a format it does not read)."""
+    href = asset.href if isinstance(asset.href, str) else ""
+    media = asset.media_type if isinstance(asset.media_type, str) else ""
+    roles = {r.lower() for r in asset.roles if isinstance(r, str)} if isinstance(asset.roles, list) else set()
+    base = media.split(";")[0].strip().lower()
+    last = href.split("?")[0].rstrip("/").rsplit("/", 1)[-1].lower()
+    ending = "." + last.rsplit(".", 1)[-1] if "." in last else ""
+    key = key.lower()
+    refs = bool(roles & _REFERENCE_ROLES) or "kerchunk" in key or "reference" in key
+    if "icechunk" in base or "icechunk" in roles or "icechunk" in key:
+        return "icechunk"
+    if (base == "application/json" or not base and ending == ".json") and refs:
         return "reference"
-    if media_base in _MEDIA:
-        return _MEDIA[media_base]
-    if not media_base and ending in _ENDINGS and "thumbnail" not in roles and "overview" not in roles:
-        return _ENDINGS[ending]
-    return None
+    kind = _MEDIA.get(base) or (_ENDINGS.get(ending) if base in _NO_TYPE else None)
+    if kind == "parquet" and not refs:
+        return None  # (a table: GeoParquet, not references)
+    if kind is None or roles & {"thumbnail", "overview"}:
+        return None
+    return kind
+
+
+def _with_query(href, search: str):
+    """A GET next link with the search's own query parameters it leaves out (as pystac-client sends
+    them again with every page: some servers' next links carry only a paging token)."""
+    if not isinstance(href, str):
+        return href
+    parts = urlsplit(href)
+    have = {k for k, _ in parse_qsl(parts.query, keep_blank_values=True)}
+    missing = [(k, v) for k, v in parse_qsl(urlsplit(search).query, keep_blank_values=True) if k not in have]
+    return parts._replace(query=urlencode([*parse_qsl(parts.query, keep_blank_values=True), *missing],
+                                          safe="/:,")).geturl() if missing else href
 
 
 class _Stac(_Walk):
     def list(self) -> list:
-        from refmount.refs.scan.entry import Entry
-
+        self.pystac = _pystac()
         self.entries: list = []
+        self.invalid: list[str] = []
         self.seen.add(self.location)
-        self._document(self.location, 0)
+        self._walk()
+        if self.invalid:
+            log.warning("%s: %d item(s) that are not valid STAC left out (%s)", redact(self.location),
+                        len(self.invalid), self.invalid[0])
         self.said_skipped()
-        return [(e, rel) for e, rel in self.entries if isinstance(e, Entry)]
+        return self.entries
 
-    def _document(self, url: str, depth: int) -> None:
-        todo = [(url, depth)]
+    def _walk(self) -> None:
+        todo = deque([(self.location, 0, None)])  # (url, depth, the body of a POST for a next page)
         while todo:
-            url, depth = todo.pop(0)
-            final, _, doc = self.fetch_json(url)
+            url, depth, body = todo.popleft()
+            post = json.dumps(body).encode() if body is not None else None
+            final, _, doc = self.fetch_json(url, {"Content-Type": "application/json"} if post else None, post)
             if not isinstance(doc, dict):
                 raise CatalogError(f"{quote(redact(url))} is not a STAC document")
             kind = doc.get("type")
-            links = [link for link in doc.get("links", ()) if isinstance(link, dict)] \
-                if isinstance(doc.get("links"), list) else []
-            if kind == "Feature":
-                self._item(final, doc)
-            elif kind == "FeatureCollection":
-                features = doc.get("features") if isinstance(doc.get("features"), list) else []
-                for feature in features:
-                    if isinstance(feature, dict):
-                        self._item(final, feature)
-                for link in links:
-                    if link.get("rel") == "next":
-                        if str(link.get("method", "GET")).upper() != "GET":
-                            log.warning("%s: a next page asked by %s is not followed (GET only)", redact(final),
-                                        link.get("method"))
-                            continue
-                        nxt = self.follow(final, link.get("href"), "the next page")
-                        if nxt and features:
-                            todo.append((nxt, depth))
-            elif kind in ("Catalog", "Collection"):
-                for link in links:
-                    rel = link.get("rel")
-                    if rel not in ("child", "item"):
+            if kind == "FeatureCollection":
+                self._page(final, doc, body, todo, depth)
+            elif kind in ("Feature", "Catalog", "Collection"):
+                obj = self._read(final, doc)
+                if isinstance(obj, self.pystac.Item):
+                    self._item(final, obj)
+                    continue
+                for link in obj.links:
+                    if link.rel not in ("child", "item"):
                         continue
                     if depth >= MAX_DEPTH:
                         log.warning("%s: nested deeper than %d catalogs; not followed further", redact(final),
                                     MAX_DEPTH)
                         break
-                    nxt = self.follow(final, link.get("href"), f"a {rel} link")
+                    nxt = self.follow(final, link.href, f"a {link.rel} link")
                     if nxt:
-                        todo.append((nxt, depth + 1))
+                        todo.append((nxt, depth + 1, None))
             else:
                 raise CatalogError(f"{quote(redact(url))} is not a STAC catalog, collection, item or item search "
                                    f"(type {str(kind)[:40]!r})")
 
-    def _item(self, base: str, item: dict) -> None:
+    def _read(self, url: str, doc: dict):
+        """The pystac Catalog, Collection or Item of a document (its self href: where it was found)."""
+        try:
+            return self.pystac.read_dict(doc, href=url)
+        except Exception as e:  # (pystac's own errors, and a KeyError/TypeError for a field it lacks)
+            raise CatalogError(f"{quote(redact(url))} is not a valid STAC {doc.get('type')}: "
+                               f"{type(e).__name__} {str(e)[:80]}") from None
+
+    def _page(self, final: str, doc: dict, body: dict | None, todo: deque, depth: int) -> None:
+        """One page of an item search: its items, and its `next` link (GET, or POST with a body that
+        may be merged into this page's, as the STAC API spec has it)."""
+        features = doc.get("features")
+        if not isinstance(features, list):
+            raise CatalogError(f"{quote(redact(final))} is not a STAC item search answer (no features)")
+        for feature in features:
+            self.counted()
+            try:
+                item = self.pystac.Item.from_dict(feature, preserve_dict=False)
+            except Exception as e:
+                self.invalid.append(f"{type(e).__name__} {str(e)[:60]}")
+                continue
+            self._item(final, item)
+        links = doc.get("links") if isinstance(doc.get("links"), list) else []
+        for raw in links:
+            if not features or not isinstance(raw, dict) or raw.get("rel") != "next" or not isinstance(raw.get("href"), str):
+                continue
+            link = self.pystac.Link.from_dict(raw)
+            method = str(link.extra_fields.get("method", "GET")).upper()
+            asked = link.extra_fields.get("body")
+            href = link.href
+            if method == "POST" and isinstance(asked, dict):
+                after = {**(body or {}), **asked} if link.extra_fields.get("merge") is True else asked
+            elif method == "GET":
+                after, href = None, _with_query(href, self.location)
+            else:
+                log.warning("%s: a next page asked by %s (with a body %s) is not followed", redact(final),
+                            quote(method[:10]), type(asked).__name__)
+                continue
+            nxt = self.follow(final, href, "the next page", after)
+            if nxt:
+                todo.append((nxt, depth, after))
+            break
+
+    def _item(self, base: str, item) -> None:
+        """One item: one dataset directory named by its id, from (in this order) its kerchunk JSON, its
+        DMR++ (with its netCDF/HDF5 data asset), or each data file it has (`id~key` when several)."""
         from refmount.refs.scan.entry import Entry
 
-        self.counted()
-        ident = item.get("id")
-        assets = item.get("assets") if isinstance(item.get("assets"), dict) else {}
+        ident = item.id
         if not isinstance(ident, str):
-            log.warning("%s: an item without an id; left out", redact(base))
+            self.invalid.append("an item whose id is no string")
             return
-        chosen = []
-        for key, asset in assets.items():
-            if not isinstance(asset, dict):
-                continue
+        at = item.get_self_href() or base
+        chosen: dict[str, list] = {}
+        for key, asset in item.assets.items():
             kind = asset_kind(str(key), asset)
             if kind is None:
                 self.skipped.append(f"{ident}/{key}")
                 continue
-            url = self.data_url(base, asset.get("href"))
+            url = self.data_url(at, asset.href) if kind not in _ON_THEIR_OWN else asset.href
             if url:
-                chosen.append((str(key), kind, url))
-        references = [c for c in chosen if c[1] == "reference"]
-        if references:  # an item's kerchunk references stand for its files (read instead of their headers)
-            chosen = references[:1]
-        for key, kind, url in chosen:
-            name = ident if len(chosen) == 1 else f"{ident}~{key}"
-            entry = Entry(name, url, sidecar=url if kind == "reference" else None)
-            self.entries.append((entry, f"{ident}/{key}"))
+                chosen.setdefault(kind, []).append((str(key), url))
+        data = [c for kind in ("netcdf", "hdf5", "grib", "tiff") for c in chosen.get(kind, ())]
+        if "reference" in chosen:  # an item's references stand for its files (read instead of their headers)
+            key, url = chosen["reference"][0]
+            self.entries.append((Entry(ident, url, sidecar=url), f"{ident}/{key}"))
+        elif "dmrpp" in chosen:
+            key, url = chosen["dmrpp"][0]
+            target = next((u for k, u in data if urlsplit(u).path == urlsplit(url).path.removesuffix(".dmrpp")),
+                          data[0][1] if len(data) == 1 else url)
+            self.entries.append((Entry(ident, target, sidecar=url), f"{ident}/{key}"))
+        elif data:
+            for key, url in data:
+                self.entries.append((Entry(ident if len(data) == 1 else f"{ident}~{key}", url), f"{ident}/{key}"))
+        else:
+            for kind in _ON_THEIR_OWN:
+                for key, href in chosen.get(kind, ()):
+                    log.warning("%s: item %s: its asset %s is %s, which mounts by itself (refmount %s MOUNTPOINT), "
+                                "not as an item of a catalog; left out", redact(base), quote(ident), quote(key),
+                                _ON_THEIR_OWN[kind], redact(str(href)))
 
 
 # -- THREDDS: catalog.xml trees -------------------------------------------------------------------------
