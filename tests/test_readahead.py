@@ -236,9 +236,10 @@ def test_byte_streams_go_on_only_with_their_own_reader():
 
 def test_a_reader_at_random_gets_no_run_openings():
     """A read from the start of a chunk that begins a run of chunks reads ahead to the next chunk's
-    end (a scan's likely start), but not for a reader whose reads keep opening new streams: 32
-    random readers of whole chunks fetched a chunk more for every such read. A reader that walks,
-    or a new one, still gets its opening."""
+    end (a scan's likely start), and a read of a block or more right after another opens a scan's
+    window, but not for a reader whose reads keep opening new streams (32 random readers of whole
+    chunks, 8 threads a process, fetched ahead for such chances) until its reads go on twice in a
+    row. A reader that walks, or a new one, still gets its opening."""
     import trio
 
     from refmount.readahead import READER
@@ -270,8 +271,12 @@ def test_a_reader_at_random_gets_no_run_openings():
         assert read_chunk(8, 5) and read_chunk(8, 6)  # a new reader: its opening, and it walks on
         await trio.testing.wait_all_tasks_blocked()
         assert any(first * 1000 >= 6 * key for _, first, _ in log.calls)  # ahead into its next chunk
+        log.calls.clear()
         assert not read_chunk(7, 500)  # (still at random: no opening)
-        assert read_chunk(7, 501)  # it went on: it walks now
+        assert not read_chunk(7, 501)  # one read right after another is chance: no window opens
+        await trio.testing.wait_all_tasks_blocked()
+        assert log.calls == []
+        assert read_chunk(7, 502)  # twice in a row: it walks now
         assert read_chunk(7, 700)  # a jump after a walk: a new stream, its opening granted
         assert streams.openings_skipped == 11
 

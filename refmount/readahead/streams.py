@@ -29,7 +29,8 @@ _STAGGER = (4, 3, 2, 3)
 # stdlib engine shares one pool, and smaller spreads are untested.)
 _SPREAD_MIN = 512 << 10
 # A reader whose reads opened this many new streams in a row, none going on from the one before, reads
-# at random: it is not predicted for (a run's opening, see on_read) until one of its reads goes on.
+# at random: it is not predicted for (a run's opening, a stream proven by one read: see on_read) until
+# its reads go on twice in a row.
 _RANDOM_AFTER = 2
 _READERS = 4096  # readers whose last reads are remembered (the least recently seen is forgotten)
 
@@ -146,9 +147,10 @@ class ReadStreams:
                     stream.crossings += 1
                 # Random small reads do land next to another now and then, and the kernel splits one
                 # around pages it has: small reads are a scan once two went on from the one before,
-                # across keys or over more than `proof` bytes.
-                proven = not small or (stream.in_a_row >= 2 and (stream.crossings >= 2
-                                                                  or stream.reached - stream.begin > self.proof))
+                # across keys or over more than `proof` bytes. So are the reads of a reader at random
+                # (one of its many threads reading a chunk right after another's is chance).
+                proven = (not small and not self._at_random(reader)) or (
+                    stream.in_a_row >= 2 and (stream.crossings >= 2 or stream.reached - stream.begin > self.proof))
                 # The window grows 4x per read once the stream is proven sequential (2x before), and at
                 # once to the host's measured bandwidth-delay product: on a long link every read the
                 # ramp waits for costs a round trip.
@@ -165,7 +167,8 @@ class ReadStreams:
                 prefetch = prefetch and proven
                 continued = proven
                 stream.hold(bs)
-                self._note_reader(reader, went_on=True)
+                if proven:
+                    self._note_reader(reader, went_on=True)
                 break
         else:
             # A read of a block or more from the start of a key (how the kernel's readahead begins a
@@ -206,11 +209,16 @@ class ReadStreams:
             self._read_ahead(uid, stream, end, limit)
         return scan or continued
 
+    def _at_random(self, reader: int) -> bool:
+        """Did the last _RANDOM_AFTER reads of `reader` each open a new stream?"""
+        return self._jumps.get(reader, 0) >= _RANDOM_AFTER
+
     def _note_reader(self, reader: int, went_on: bool) -> int:
-        """Note a read of `reader` that went on with a stream of its own or opened a new one; returns
-        how many of its reads in a row before this one opened new streams. A reader that never
-        walked (reads at random) is no scan's start: the opening of a run would fetch a chunk more
-        for each of its reads (bench_memory's random readers of whole chunks)."""
+        """Note a read of `reader` that went on with a proven stream of its own or opened a new one;
+        returns how many of its reads in a row before this one opened new streams. A reader that
+        does not walk (reads at random) gets no prediction: the opening of a run would fetch a chunk
+        more for its read, and a read that lands by chance right after another of its reads would
+        open a scan's window (32 random readers of whole chunks: bench_memory)."""
         jumps = self._jumps.pop(reader, 0)
         self._jumps[reader] = 0 if went_on else jumps + 1
         if len(self._jumps) > _READERS:
