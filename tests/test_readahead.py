@@ -234,6 +234,56 @@ def test_byte_streams_go_on_only_with_their_own_reader():
     assert budget.reservations.dropped == 0
 
 
+def test_a_reader_at_random_gets_no_run_openings():
+    """A read from the start of a chunk that begins a run of chunks reads ahead to the next chunk's
+    end (a scan's likely start), and a read of a block or more right after another opens a scan's
+    window, but not for a reader whose reads keep opening new streams (32 random readers of whole
+    chunks, 8 threads a process, fetched ahead for such chances) until its reads go on twice in a
+    row. A reader that walks, or a new one, still gets its opening."""
+    import trio
+
+    from refmount.readahead import READER
+    from refmount.readahead.streams import ReadStreams
+    from tests.test_cache import PrefetchLog
+
+    log = PrefetchLog()
+    streams = ReadStreams(log, gap=1000, streams=8)
+    key = 4000  # chunks of 4 blocks; each read of one is a run's opening (its successor follows it)
+
+    def read_chunk(pid, n):
+        token = READER.set(pid)
+        try:
+            start = n * key
+            return streams.on_read(1, start, start + key, start + key, None, opening=True,
+                                   next_key_end=start + 2 * key)
+        finally:
+            READER.reset(token)
+
+    async def main():
+        rng = random.Random(5)
+        for n in rng.sample(range(2, 1000, 3), 12):  # one reader at random
+            read_chunk(7, n)
+            await trio.testing.wait_all_tasks_blocked()
+        opened = [c for c in log.calls if c[2] >= 0]
+        assert streams.openings_skipped == 10  # its first two reads might be a scan's start; then none
+        assert len(opened) <= 2 * 2 * 4  # (two openings' blocks ahead, at most)
+        log.calls.clear()
+        assert read_chunk(8, 5) and read_chunk(8, 6)  # a new reader: its opening, and it walks on
+        await trio.testing.wait_all_tasks_blocked()
+        assert any(first * 1000 >= 6 * key for _, first, _ in log.calls)  # ahead into its next chunk
+        log.calls.clear()
+        assert not read_chunk(7, 500)  # (still at random: no opening)
+        assert not read_chunk(7, 501)  # one read right after another is chance: no window opens
+        await trio.testing.wait_all_tasks_blocked()
+        assert log.calls == []
+        assert read_chunk(7, 502)  # twice in a row: it walks now
+        assert read_chunk(7, 700)  # a jump after a walk: a new stream, its opening granted
+        assert streams.openings_skipped == 11
+
+    trio.run(main)
+    assert streams.budget.reservations.dropped == 0
+
+
 # -- through a mount: four reader processes ---------------------------------------------------------
 
 from tests.test_gridahead import STEPS, _fetched, sparse_file  # noqa: E402,F401  (its file and fixture)

@@ -28,6 +28,11 @@ _STAGGER = (4, 3, 2, 3)
 # (Chosen when smaller ranges went over other connections than big ones; now every range of the
 # stdlib engine shares one pool, and smaller spreads are untested.)
 _SPREAD_MIN = 512 << 10
+# A reader whose reads opened this many new streams in a row, none going on from the one before, reads
+# at random: it is not predicted for (a run's opening, a stream proven by one read: see on_read) until
+# its reads go on twice in a row.
+_RANDOM_AFTER = 2
+_READERS = 4096  # readers whose last reads are remembered (the least recently seen is forgotten)
 
 
 class _Stream:
@@ -103,6 +108,9 @@ class ReadStreams:
             cache.on_wasted = self._wasted
         self._files: OrderedDict[int, list[_Stream]] = OrderedDict()  # url id -> its streams
         self._active: dict[_Stream, float] = {}  # streams reading ahead -> when they last did
+        # reader -> how many of its reads in a row opened a new stream (see _RANDOM_AFTER)
+        self._jumps: OrderedDict[int, int] = OrderedDict()
+        self.openings_skipped = 0  # runs' openings not read ahead: their reader reads at random
         self._pruned = 0.0
 
     def on_read(self, uid: int, start: int, end: int, key_end: int, limit: int | None,
@@ -139,9 +147,10 @@ class ReadStreams:
                     stream.crossings += 1
                 # Random small reads do land next to another now and then, and the kernel splits one
                 # around pages it has: small reads are a scan once two went on from the one before,
-                # across keys or over more than `proof` bytes.
-                proven = not small or (stream.in_a_row >= 2 and (stream.crossings >= 2
-                                                                  or stream.reached - stream.begin > self.proof))
+                # across keys or over more than `proof` bytes. So are the reads of a reader at random
+                # (one of its many threads reading a chunk right after another's is chance).
+                proven = (not small and not self._at_random(reader)) or (
+                    stream.in_a_row >= 2 and (stream.crossings >= 2 or stream.reached - stream.begin > self.proof))
                 # The window grows 4x per read once the stream is proven sequential (2x before), and at
                 # once to the host's measured bandwidth-delay product: on a long link every read the
                 # ramp waits for costs a round trip.
@@ -158,6 +167,8 @@ class ReadStreams:
                 prefetch = prefetch and proven
                 continued = proven
                 stream.hold(bs)
+                if proven:
+                    self._note_reader(reader, went_on=True)
                 break
         else:
             # A read of a block or more from the start of a key (how the kernel's readahead begins a
@@ -167,6 +178,9 @@ class ReadStreams:
             # readers of its parts, as `dd skip=`): each ramps as fast as a lone reader from its start
             # would, and those of them that began narrow before a wide one came open as wide. (Random
             # reads of a block or more stay narrow: their streams are never wide.)
+            if self._note_reader(reader, went_on=False) >= _RANDOM_AFTER and next_key_end:
+                next_key_end = 0  # (a reader at random: its chunk's successor would be wasted)
+                self.openings_skipped += 1
             wide = self._opening(uid)
             siblings = [s for s in streams if s in self._active] if end - start >= bs else []
             opening = opening or next_key_end > 0 or any(s.window >= wide for s in siblings)
@@ -194,6 +208,22 @@ class ReadStreams:
         if prefetch and not stream.stopped:
             self._read_ahead(uid, stream, end, limit)
         return scan or continued
+
+    def _at_random(self, reader: int) -> bool:
+        """Did the last _RANDOM_AFTER reads of `reader` each open a new stream?"""
+        return self._jumps.get(reader, 0) >= _RANDOM_AFTER
+
+    def _note_reader(self, reader: int, went_on: bool) -> int:
+        """Note a read of `reader` that went on with a proven stream of its own or opened a new one;
+        returns how many of its reads in a row before this one opened new streams. A reader that
+        does not walk (reads at random) gets no prediction: the opening of a run would fetch a chunk
+        more for its read, and a read that lands by chance right after another of its reads would
+        open a scan's window (32 random readers of whole chunks: bench_memory)."""
+        jumps = self._jumps.pop(reader, 0)
+        self._jumps[reader] = 0 if went_on else jumps + 1
+        if len(self._jumps) > _READERS:
+            self._jumps.popitem(last=False)
+        return jumps
 
     def _read_ahead(self, uid: int, stream: _Stream, end: int, limit: int | None) -> None:
         bs = self.cache.block_size
@@ -298,7 +328,8 @@ class ReadStreams:
         count = lambda name: getattr(cache, name, 0)  # noqa: E731 - (a cache without read-ahead counters)
         return {"fetched_blocks": count("prefetched"), "fetched_bytes": count("prefetched_bytes"),
                 "used_blocks": count("prefetch_used"), "used_bytes": count("prefetch_used_bytes"),
-                "wasted_blocks": self.budget.prefetch_wasted, "wasted_bytes": count("prefetch_wasted_bytes")}
+                "wasted_blocks": self.budget.prefetch_wasted, "wasted_bytes": count("prefetch_wasted_bytes"),
+                "openings_skipped": self.openings_skipped}
 
     def _wasted(self, uid: int, index: int) -> None:
         """Block `index` of `uid`, read ahead, was evicted unread: stop the stream that asked for it."""
