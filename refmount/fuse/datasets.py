@@ -64,6 +64,22 @@ class DatasetRoot:
         self.mount_info: dict[str, str] = {}
         self.local_access = None
         self._invalidate = None
+        self.forget_entries = None  # the FUSE glue's: (parent inode, names) the kernel must look up again
+
+    def shown(self) -> dict[str, int]:
+        """{name: file index} of the directories the root shows now."""
+        return dict(self._index)
+
+    def show(self, index: dict[str, int]) -> list[str]:
+        """The one place a --refresh changes the tree: from now on the root shows file `index[name]`
+        under each name (`names` has grown by the files added). A file no longer shown keeps its
+        dataset for the readers that have it open (its inodes stay its own: an index is never
+        reused). The names whose directory changed or left: what the kernel must forget."""
+        moved = [name for name, k in self._index.items() if index.get(name) != k]
+        self._index = dict(index)
+        self._hidden = set(range(len(self.names))) - set(index.values())
+        self.mtime_ns = time.time_ns()
+        return moved
 
     # -- the glue's attributes, handed to each file's Filesystem ----------------------------------------
 
@@ -109,7 +125,7 @@ class DatasetRoot:
     def _root_attributes(self):
         from refmount.fuse.fs import Attributes
 
-        return Attributes(ROOT_INODE, DIR_MODE, 0, 2 + len(self.names), self.attr_timeout)
+        return Attributes(ROOT_INODE, DIR_MODE, 0, 2 + len(self._index), self.attr_timeout)
 
     # -- the files' datasets, made on first use ---------------------------------------------------------
 
