@@ -125,7 +125,7 @@ def archive_options(opts, progress=None, lazy=False, trust=None):
                           allow_cross_host_redirects=opts.allow_cross_host_redirects, progress=progress,
                           remote_options=opts.remote_options, memory_target=opts.memory_target,
                           max_full_download=opts.max_full_download, lazy=lazy, trust=trust,
-                          s3_credentials_url=opts.s3_credentials_url)
+                          s3_credentials_url=opts.s3_credentials_url, growing=bool(getattr(opts, "refresh", None)))
 
 
 def load_reference_set(opts, lazy=False):
@@ -291,6 +291,7 @@ def build_filesystem(opts):
     refresher = None
     if opts.refresh:
         from refmount.fuse.generations import Generations
+        from refmount.fuse.refresh import quietly
 
         fs = Generations(tree)
 
@@ -298,13 +299,13 @@ def build_filesystem(opts):
             """A new tree of the source as it is listed now, made as at mount (listed, checked, scanned
             or taken from the scan store, combined) in a thread; then the one swap."""
             nonlocal raw, view, refset, tree
-            new = await trio.to_thread.run_sync(load_reference_set, opts, abandon_on_cancel=True)
+            new = await trio.to_thread.run_sync(quietly, load_reference_set, opts, abandon_on_cancel=True)
             by_name = {e.name: e for e in entries}
             for name in changes.changed:  # (another version: new ids, and the fetcher pins the new one)
                 table.renew(by_name[name].url)
                 fetcher.forget(by_name[name].url)
             table.share(new)
-            new_raw, new_view = views_of(new)
+            new_raw, new_view = quietly(views_of, new)
             if decoded:
                 view.resize_decoded(0)  # (the old tree's readers read on without a cache of decoded chunks)
                 new_view.resize_decoded(governor.plan.decoded)

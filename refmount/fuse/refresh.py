@@ -9,6 +9,7 @@ refresh that changed something; counters in the mount's stats ("refresh": fuse/s
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 
@@ -20,6 +21,33 @@ from refmount.fetch.stats import redact
 log = logging.getLogger("refmount")
 
 IDENTIFY_CONNECTIONS = 16  # HEADs at once, for files a listing gives no version of
+
+
+_QUIET = contextvars.ContextVar("refmount_refresh_quiet", default=False)
+
+
+class _Quiet(logging.Filter):
+    """INFO lines of a rebuild (what a mount says of its scans and combination) as DEBUG: a refresh
+    says what changed in one line of its own. Warnings (a file left out) pass. A context variable, so
+    that the rebuild's own threads (trio.to_thread copies the context) are quiet too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _QUIET.get() and record.levelno == logging.INFO:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return log.isEnabledFor(logging.DEBUG)
+        return True
+
+
+log.addFilter(_Quiet())
+
+
+def quietly(function, *args):
+    """`function(*args)`, its INFO log lines demoted to DEBUG."""
+    token = _QUIET.set(True)
+    try:
+        return function(*args)
+    finally:
+        _QUIET.reset(token)
 
 
 class Refresher:
@@ -36,6 +64,7 @@ class Refresher:
         self._entries = entries
         self.known: dict | None = None  # {name: identity} of the last good listing
         self._said: str | None = None  # the failure said last (said once, until a refresh works again)
+        self._refused: dict | None = None  # a listing whose changes could not be applied (not tried again)
         self._probe = None
         self.refreshes = self.changes = self.failures = 0
         self.added = self.changed = self.removed = 0
@@ -95,8 +124,14 @@ class Refresher:
             entries = await self._list()
             now = await identities(entries, self._probe, self.connections)
             changes = listing_changes(self.known, now)
+            if changes and now == self._refused:
+                return None  # (the listing that failed to apply, again: still failing, said already)
             if changes:
-                await self.apply(changes, entries)
+                try:
+                    await self.apply(changes, entries)
+                except BaseException:
+                    self._refused = now
+                    raise
         except RefmountError as e:
             self._failed(str(e))
             return None
@@ -107,6 +142,7 @@ class Refresher:
         self.seconds += time.monotonic() - started
         self.refreshes += 1
         self.known = now
+        self._refused = None
         if self._said is not None:
             log.info("refresh of %s works again", redact(self.location))
             self._said = None

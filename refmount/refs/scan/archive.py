@@ -73,6 +73,7 @@ class ArchiveOptions:
     lazy: bool = False  # a glob without --concat is only listed; its files are scanned when looked up (a mount)
     trust: object = None  # the source as a fetch.trust.Location (the mount's policy); None: the source's own
     s3_credentials_url: str | None = None  # --s3-credentials-url: s3:// files signed with its credentials
+    growing: bool = False  # --refresh: files will be added to a --concat set (refs.combine: its coordinate's chunks)
 
 
 def with_trust(options: ArchiveOptions, location: str) -> ArchiveOptions:
@@ -652,7 +653,7 @@ def combined_refs(kind: str, scanned: list[Scanned], options: ArchiveOptions, re
 
         return combine_datasets([(s.name, refs_dict(s.refs)) for s in scanned], options.concat,
                                 identical=tuple(options.identical), skip_mismatched=options.skip_mismatched,
-                                read=read, decode=options.decode)
+                                read=read, decode=options.decode, growing=options.growing)
     out = {".zgroup": '{"zarr_format":2}'}
     for s in scanned:
         prefix = s.name + "/"
@@ -681,6 +682,7 @@ def kept_combination(options: ArchiveOptions, max_refs_size: int):
         if kind == "file" or not options.concat or any(s.version is None for s in scanned):
             return combined_refs(kind, scanned, options, read)
         key = "combined:" + orjson.dumps([options.concat, sorted(options.identical), options.skip_mismatched,
+                                           *(["growing"] if options.growing else []),
                                            [(s.name, s.url, s.version) for s in scanned]]).decode()
         store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
         kept = store.get(key, "combined", max_refs_size)
