@@ -29,15 +29,11 @@ from refmount.fuse.fs import ROOT_INODE
 from refmount.fuse.generations import Generations
 from refmount.refs.scan.changes import Changes, listing_changes
 from tests.conftest import run_refmount
+from tests.test_archive import scans  # noqa: F401 (each test's scan store its own)
 from tests.support.daily import make_daily
 from tests.support.nginx import Nginx
 
 WAIT = 30.0  # seconds a refresh may take to show, at most (1 s interval; a loaded machine)
-
-
-@pytest.fixture
-def scans(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +121,8 @@ def test_a_bad_refresh_value_is_one_line_naming_the_option(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_refresh_of_one_file_is_refused_in_one_line(days, tmp_path, scans):
+@pytest.mark.usefixtures("scans")
+def test_refresh_of_one_file_is_refused_in_one_line(days, tmp_path):
     (tmp_path / "mnt").mkdir()
     result = run_refmount("mount", "--refresh", "5m", str(days[0]), str(tmp_path / "mnt"))
     assert result.returncode != 0, result.stdout
@@ -201,7 +198,8 @@ def ncrcat_time(files, tmp_path) -> list[float]:
     return ncdump_time(out)
 
 
-def test_growing_archive_on_nginx_concat_time(mount, scans, days, tmp_path):
+@pytest.mark.usefixtures("scans")
+def test_growing_archive_on_nginx_concat_time(mount, days, tmp_path):
     import xarray as xr
 
     www = tmp_path / "www" / "data"
@@ -275,7 +273,8 @@ def test_growing_archive_on_nginx_concat_time(mount, scans, days, tmp_path):
 
 # -- a lazily mounted glob: a directory per file ------------------------------------------------------
 
-def test_lazy_glob_refresh_new_directory_appears_removed_leaves_replaced_rescanned(mount, scans, days, tmp_path):
+@pytest.mark.usefixtures("scans")
+def test_lazy_glob_refresh_new_directory_appears_removed_leaves_replaced_rescanned(mount, days, tmp_path):
     import xarray as xr
 
     src = tmp_path / "src"

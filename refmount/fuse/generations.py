@@ -14,7 +14,7 @@ import dataclasses
 import errno
 from collections import Counter
 
-from refmount.fuse.fs import FORM_SHIFT, ROOT_INODE, Filesystem, FsError
+from refmount.fuse.fs import FORM_SHIFT, ROOT_INODE, Filesystem, ForwardsInvalidate, FsError
 
 GEN_SHIFT = 32
 _GEN_BITS = (1 << (FORM_SHIFT - GEN_SHIFT)) - 1
@@ -22,14 +22,13 @@ _GEN_MASK = _GEN_BITS << GEN_SHIFT
 KEEP = 2  # older trees kept with no file of them open (a directory a shell stands in, a listing under way)
 
 
-class Generations:
+class Generations(ForwardsInvalidate):
     def __init__(self, first: Filesystem) -> None:
         self.trees: dict[int, Filesystem] = {0: first}
         self.current = 0
         self._open: Counter = Counter()  # generation -> files of it open
-        self._invalidate = None
-        self._mount_info: dict[str, str] = {}
-        self._local_access = None
+        self.mount_info: dict[str, str] = {}
+        self.local_access = None
         self.forget_entries = None  # the FUSE glue's: (parent inode, names) the kernel must look up again
 
     # -- what the glue and the daemon set and ask, of the newest tree --------------------------------
@@ -39,40 +38,26 @@ class Generations:
             raise AttributeError(name)
         return getattr(self.trees[self.current], name)
 
-    @property
-    def invalidate(self):
-        return self._invalidate
+    def _subtrees(self):
+        return self.trees.items()
 
-    @invalidate.setter
-    def invalidate(self, invalidate) -> None:
-        self._invalidate = invalidate
-        for g, tree in self.trees.items():
-            tree.invalidate = self._tree_invalidate(g)
+    def _outer(self, g: int, ino: int) -> int:
+        return self._inode(g, ino)
 
-    @property
-    def mount_info(self) -> dict:
-        return self._mount_info
+    def _shared(name: str):  # noqa: N805 - (a property every tree gets a copy of: the glue sets it once)
+        def get(self):
+            return self.__dict__.get("_" + name)
 
-    @mount_info.setter
-    def mount_info(self, info: dict) -> None:
-        self._mount_info = info
-        for tree in self.trees.values():
-            tree.mount_info = info
+        def put(self, value) -> None:
+            self.__dict__["_" + name] = value
+            for tree in self.trees.values():
+                setattr(tree, name, value)
 
-    @property
-    def local_access(self):
-        return self._local_access
+        return property(get, put)
 
-    @local_access.setter
-    def local_access(self, access) -> None:
-        self._local_access = access
-        for tree in self.trees.values():
-            tree.local_access = access
-
-    def _tree_invalidate(self, g: int):
-        if self._invalidate is None:
-            return None
-        return lambda inodes: self._invalidate([self._inode(g, ino) for ino in inodes])
+    mount_info = _shared("mount_info")
+    local_access = _shared("local_access")
+    del _shared
 
     # -- the one swap ----------------------------------------------------------------------------
 
@@ -83,9 +68,9 @@ class Generations:
         g = self.current + 1
         if g > _GEN_BITS - 1:
             raise OverflowError("too many generations")
-        tree.invalidate = self._tree_invalidate(g)
-        tree.mount_info = self._mount_info
-        tree.local_access = self._local_access
+        tree.invalidate = self._child_invalidate(g)
+        tree.mount_info = self.mount_info
+        tree.local_access = self.local_access
         self.trees[g] = tree
         self.current = g
         self._prune()
