@@ -301,3 +301,29 @@ def test_lazy_glob_refresh_new_directory_appears_removed_leaves_replaced_rescann
     wait_for(lambda: second not in os.listdir(m.path), "the removed file's directory leaves", m)
     assert not (m.path / second).exists()
     assert m.stats()["refresh"]["files_removed"] == 1
+
+
+# -- an Icechunk branch: its newest snapshot ------------------------------------------------------------
+
+def test_icechunk_branch_refresh_follows_its_newest_snapshot(mount, tmp_path):
+    icechunk = pytest.importorskip("icechunk")
+    import xarray as xr
+    import zarr
+
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(tmp_path / "repo")))
+    session = repo.writable_session("main")
+    group = zarr.create_group(session.store, zarr_format=3)
+    group.create_array("t", shape=(4,), dtype="f8", chunks=(4,), dimension_names=["t"])[...] = np.arange(4.0)
+    session.commit("first")
+    m = mount(tmp_path / "repo", "--refresh", "1s")
+    with xr.open_zarr(m.path, consolidated=False) as ds:
+        assert ds["t"].values.tolist() == [0, 1, 2, 3]
+    session = repo.writable_session("main")
+    array = zarr.open_array(session.store, path="t", mode="r+")
+    array.resize((8,))
+    array[4:] = np.arange(4.0, 8.0)
+    session.commit("grown")
+    wait_for(lambda: "1 changed ('snapshot')" in m.log(), "the new snapshot followed", m)
+    with xr.open_zarr(m.path, consolidated=False) as ds:
+        assert ds["t"].values.tolist() == list(range(8))
+    assert m.stats()["refresh"]["changes"] == 1

@@ -205,10 +205,11 @@ def build_filesystem(opts):
     if opts.cache_dir:
         disk_fetch, disk = disk_backed(fetch, fetcher, urls, opts)
         fetch = disk_fetch
-    if getattr(refset, "checksums", None):  # Icechunk virtual chunks: is each object the committed version?
+    checksums = getattr(refset, "checksums", None)
+    if checksums is not None:  # Icechunk virtual chunks: is each object the committed version?
         from refmount.cache.checksums import verified_fetch
 
-        fetch = verified_fetch(fetch, fetcher, urls, refset.checksums)
+        fetch = verified_fetch(fetch, fetcher, urls, checksums)
     # One memory budget (the block cache's share of --memory-target, or --cache-size) for cached
     # blocks, fetches in flight and read-ahead; read-ahead parts paced per host up to --connections
     # at once. The caches are sized once the views are built (see below).
@@ -302,9 +303,13 @@ def build_filesystem(opts):
             new = await trio.to_thread.run_sync(quietly, load_reference_set, opts, abandon_on_cancel=True)
             by_name = {e.name: e for e in entries}
             for name in changes.changed:  # (another version: new ids, and the fetcher pins the new one)
-                table.renew(by_name[name].url)
-                fetcher.forget(by_name[name].url)
+                if name in by_name:
+                    table.renew(by_name[name].url)
+                    fetcher.forget(by_name[name].url)
+            local_ids = new.urls
             table.share(new)
+            for uid, value in (getattr(new, "checksums", None) or {}).items():  # (Icechunk's, by the table's ids)
+                checksums[table.id_of(local_ids[uid])] = value
             new_raw, new_view = quietly(views_of, new)
             if decoded:
                 view.resize_decoded(0)  # (the old tree's readers read on without a cache of decoded chunks)
@@ -321,7 +326,10 @@ def build_filesystem(opts):
             if fs.forget_entries is not None:
                 fs.forget_entries(ROOT_INODE, names)
 
-        refresher = source_refresher(opts, rebuild, shown=set(getattr(tree.refset, "formats", None) or ()))
+        if getattr(tree.refset, "snapshot_id", None):  # an Icechunk branch: its newest snapshot
+            refresher = snapshot_refresher(opts, rebuild, tree.refset.snapshot_id)
+        else:
+            refresher = source_refresher(opts, rebuild, shown=set(getattr(tree.refset, "formats", None) or ()))
         fs.refresher = refresher
     fs.governor = governor  # (the daemon runs it while serving)
     return fs, fetcher
@@ -329,12 +337,29 @@ def build_filesystem(opts):
 
 def check_refreshable(opts) -> None:
     """--refresh lists a source again: one that lists files (a glob, directory, prefix, index page,
-    @FILE or catalog)."""
+    @FILE or catalog), or an Icechunk branch (its newest snapshot)."""
+    from refmount.refs.icechunk import is_icechunk_location
     from refmount.refs.scan.sources import looks_like_many
 
-    if not looks_like_many(opts.refs, opts.remote_options):
-        raise RefmountError(f"--refresh: {quote(redact(opts.refs))} is no glob, directory, s3:// prefix, index page, "
-                            "@FILE or catalog; only a source that lists files can be listed again")
+    if opts.tag or opts.snapshot:
+        raise RefmountError("--refresh follows a branch; --tag and --snapshot name one snapshot for good")
+    if looks_like_many(opts.refs, opts.remote_options) or is_icechunk_location(opts.refs, opts.remote_options):
+        return
+    raise RefmountError(f"--refresh: {quote(redact(opts.refs))} is no glob, directory, s3:// prefix, index page, "
+                        "@FILE, catalog or Icechunk repository; only a source that lists files, or a branch, can "
+                        "be followed")
+
+
+def snapshot_refresher(opts, apply, snapshot_id: str):
+    """The --refresh loop of an Icechunk branch: a commit to it is a new tree (its newest snapshot)."""
+    from refmount.fuse.refresh import Refresher
+    from refmount.refs.icechunk import current_snapshot, version_from_options
+
+    def listing():
+        return [], {"snapshot": current_snapshot(opts.refs, opts.remote_options, version_from_options(opts))}
+
+    return Refresher(opts.refs, None, opts.refresh, apply, shown={"snapshot"}, listing=listing,
+                     known={"snapshot": snapshot_id}, connections=opts.connections)
 
 
 def attr_timeout(opts) -> float:

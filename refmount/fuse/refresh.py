@@ -52,9 +52,11 @@ def quietly(function, *args):
 
 class Refresher:
     def __init__(self, location: str, options, interval: float, apply, *, shown: set, entries=None,
-                 connections: int = 8) -> None:
+                 connections: int = 8, listing=None, known: dict | None = None) -> None:
         """`shown`: names of the files the tree holds at mount; `entries`: the mount's own listing if it
-        kept it (the baseline is then that listing, identified at the start, not a listing made later)."""
+        kept it (the baseline is then that listing, identified at the start, not a listing made later).
+        `listing`: another source's (entries, {name: identity}), a blocking call (an Icechunk branch's
+        snapshot), with `known` its state at mount."""
         self.location = location
         self.options = options
         self.interval = interval
@@ -62,7 +64,8 @@ class Refresher:
         self.connections = max(connections, IDENTIFY_CONNECTIONS)
         self._shown = shown
         self._entries = entries
-        self.known: dict | None = None  # {name: identity} of the last good listing
+        self.known: dict | None = known  # {name: identity} of the last good listing
+        self._listing = listing
         self._said: str | None = None  # the failure said last (said once, until a refresh works again)
         self._refused: dict | None = None  # a listing whose changes could not be applied (not tried again)
         self._probe = None
@@ -79,19 +82,20 @@ class Refresher:
         from refmount.fetch import Fetcher, RetryPolicy
 
         o = self.options
-        # its own fetcher: the mount's pins the version of each object it read; this one is asked afresh
-        self._probe = Fetcher(policy=RetryPolicy(read_timeout=o.read_timeout, stall_timeout=o.stall_timeout),
-                              remote_options=o.remote_options, connections_per_host=self.connections,
-                              allow_cross_host_redirects=o.allow_cross_host_redirects,
-                              s3_credentials_url=o.s3_credentials_url)
+        if o is not None:  # (files to identify) its own fetcher: the mount's pins the version of each object it read
+            self._probe = Fetcher(policy=RetryPolicy(read_timeout=o.read_timeout, stall_timeout=o.stall_timeout),
+                                  remote_options=o.remote_options, connections_per_host=self.connections,
+                                  allow_cross_host_redirects=o.allow_cross_host_redirects,
+                                  s3_credentials_url=o.s3_credentials_url)
         try:
             await self._baseline()
             while True:
                 await trio.sleep(self.interval)
                 await self.refresh()
         finally:
-            with trio.CancelScope(shield=True):
-                await self._probe.aclose()
+            if self._probe is not None:
+                with trio.CancelScope(shield=True):
+                    await self._probe.aclose()
 
     async def _baseline(self) -> None:
         """What the tree holds at mount: the mount's listing identified, or (a set that keeps no listing)
@@ -101,28 +105,32 @@ class Refresher:
 
         while self.known is None:
             try:
-                entries = self._entries if self._entries is not None else await self._list()
-                known = await identities(entries, self._probe, self.connections)
+                if self._entries is not None:
+                    known = await identities(self._entries, self._probe, self.connections)
+                else:
+                    known = (await self._list())[1]
                 self.known = {name: ident for name, ident in known.items() if name in self._shown}
-            except RefmountError as e:
-                self._failed(str(e))
+            except Exception as e:  # noqa: BLE001 - no refresh may end the mount
+                self._failed(str(e) if isinstance(e, RefmountError) else f"internal error: {type(e).__name__}: {e}")
                 await trio.sleep(self.interval)
         self._entries = self._shown = None
 
-    async def _list(self):
-        from refmount.refs.scan.archive import listed_entries
+    async def _list(self) -> tuple[list, dict]:
+        """(entries, {name: identity}) of the source now."""
+        from refmount.refs.scan.archive import identities, listed_entries
 
-        return await trio.to_thread.run_sync(listed_entries, self.location, self.options, abandon_on_cancel=True)
+        if self._listing is not None:
+            return await trio.to_thread.run_sync(self._listing, abandon_on_cancel=True)
+        entries = await trio.to_thread.run_sync(listed_entries, self.location, self.options, abandon_on_cancel=True)
+        return entries, await identities(entries, self._probe, self.connections)
 
     async def refresh(self):
         """One refresh: the Changes applied (falsy when nothing changed), or None when it failed."""
-        from refmount.refs.scan.archive import identities
         from refmount.refs.scan.changes import listing_changes
 
         started = time.monotonic()
         try:
-            entries = await self._list()
-            now = await identities(entries, self._probe, self.connections)
+            entries, now = await self._list()
             changes = listing_changes(self.known, now)
             if changes and now == self._refused:
                 return None  # (the listing that failed to apply, again: still failing, said already)
