@@ -9,10 +9,12 @@
   removed leaves; a refresh while nginx is stopped keeps the tree and says so once.
 - A lazily mounted glob (one directory per file): a new file's directory appears, a removed one leaves,
   a replaced one is scanned again.
+- A new file that cannot be combined: the tree stays, said once; an Icechunk branch: its newest snapshot.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import re
@@ -327,3 +329,22 @@ def test_icechunk_branch_refresh_follows_its_newest_snapshot(mount, tmp_path):
     with xr.open_zarr(m.path, consolidated=False) as ds:
         assert ds["t"].values.tolist() == list(range(8))
     assert m.stats()["refresh"]["changes"] == 1
+
+
+@pytest.mark.usefixtures("scans")
+def test_a_new_file_that_cannot_be_combined_keeps_the_tree_and_is_said_once(mount, days, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for path in days[:2]:
+        shutil.copy(path, src)
+    m = mount(f"{src}/*.nc", "--concat", "time", "--refresh", "1s")
+    other = make_daily(tmp_path / "other", 1, nlat=3, nlon=8, start=datetime.date(2020, 1, 3))[0]
+    shutil.copy(other, src)  # another grid: lat differs
+    wait_for(lambda: "failed; the mount keeps what it showed" in m.log(), "the failed refresh said", m)
+    time.sleep(2.5)  # (two more intervals: the same listing is not combined again)
+    assert m.log().count("failed; the mount keeps what it showed") == 1, m.log()
+    assert "tas_20200103.nc" in m.log() and len(ncdump_time(m.path)) == 48
+    (src / other.name).unlink()
+    shutil.copy(days[2], src)
+    wait_for(lambda: "works again" in m.log(), "the refresh works again", m)
+    wait_for(lambda: len(ncdump_time(m.path)) == 72, "the good file combined", m)
