@@ -183,6 +183,14 @@ class Readers:
                 self.errors.append(f"xarray: {type(e).__name__}: {e}")
 
 
+def first_two(days: list[Path], directory: Path) -> Path:
+    """`directory` holding the first two days: an archive about to grow."""
+    directory.mkdir(parents=True)
+    for path in days[:2]:
+        shutil.copy(path, directory)
+    return directory
+
+
 def replace_in_place(path: Path, add: float) -> None:
     """Another version of a file under its name: `add` added to its tas (written beside it, renamed over)."""
     import netCDF4
@@ -204,10 +212,7 @@ def ncrcat_time(files, tmp_path) -> list[float]:
 def test_growing_archive_on_nginx_concat_time(mount, days, tmp_path):
     import xarray as xr
 
-    www = tmp_path / "www" / "data"
-    www.mkdir(parents=True)
-    for path in days[:2]:
-        shutil.copy(path, www)
+    www = first_two(days, tmp_path / "www" / "data")
     with Nginx(tmp_path / "nginx", f"root {www.parent}; location /data/ {{ autoindex on; }}") as nginx:
         m = mount(f"{nginx.url}/data/", "--concat", "time", "--refresh", "1s")
         assert ncdump_time(m.path) == list(range(48))
@@ -279,10 +284,7 @@ def test_growing_archive_on_nginx_concat_time(mount, days, tmp_path):
 def test_lazy_glob_refresh_new_directory_appears_removed_leaves_replaced_rescanned(mount, days, tmp_path):
     import xarray as xr
 
-    src = tmp_path / "src"
-    src.mkdir()
-    for path in days[:2]:
-        shutil.copy(path, src)
+    src = first_two(days, tmp_path / "src")
     m = mount(f"{src}/*.nc", "--refresh", "1s")
     first, second, third = (p.name for p in days[:3])
     assert sorted(os.listdir(m.path)) == [first, second]
@@ -333,10 +335,7 @@ def test_icechunk_branch_refresh_follows_its_newest_snapshot(mount, tmp_path):
 
 @pytest.mark.usefixtures("scans")
 def test_a_new_file_that_cannot_be_combined_keeps_the_tree_and_is_said_once(mount, days, tmp_path):
-    src = tmp_path / "src"
-    src.mkdir()
-    for path in days[:2]:
-        shutil.copy(path, src)
+    src = first_two(days, tmp_path / "src")
     m = mount(f"{src}/*.nc", "--concat", "time", "--refresh", "1s")
     other = make_daily(tmp_path / "other", 1, nlat=3, nlon=8, start=datetime.date(2020, 1, 3))[0]
     shutil.copy(other, src)  # another grid: lat differs
