@@ -25,6 +25,19 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+_DURATION = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_SECONDS = {"ms": 0.001, "s": 1, "": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'30s', '5m', '1h', '1.5h', '90' (seconds) -> seconds, more than 0."""
+    m = _DURATION.match(str(text))
+    seconds = float(m.group(1)) * _SECONDS[(m.group(2) or "").lower()] if m else 0
+    if not m or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (examples: 30s, 5m, 1h)")
+    return seconds
+
+
 def parse_json_object(text: str) -> dict:
     try:
         value = json.loads(text)
@@ -348,6 +361,12 @@ def add_archive_options(p: argparse.ArgumentParser, mount: bool = True) -> None:
     g.add_argument("--strict", action="store_true",
                    help="a file of a glob, directory or list that is not a data file, or cannot be scanned, "
                         "fails the whole mount (default: it is left out with a log line)")
+    if mount:
+        g.add_argument("--refresh", type=parse_duration, metavar="DURATION",
+                       help="list the glob, directory, s3:// prefix, index page or catalog again every DURATION "
+                            "(30s, 5m, 1h): new files appear (or extend the --concat dimension), changed ones are "
+                            "scanned again, gone ones leave; open files keep the version they opened "
+                            "(see docs/catalogs.md)")
 
 
 def add_version_options(g) -> None:
@@ -454,6 +473,7 @@ def options_from_args(args):
         containers=parse_repoint(args.container), authorized_containers=parse_authorized(args.authorize_container),
         data_url=args.data_url,
         concat=args.concat, identical=_listed(args.identical), skip_mismatched=args.skip_mismatched, strict=args.strict,
+        refresh=args.refresh,
     )
 
 

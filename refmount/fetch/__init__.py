@@ -255,6 +255,14 @@ class Fetcher:
         await self._signed(backend, url)
         return await run_on_asyncio(backend.identity(url), self._asyncio())
 
+    def forget(self, url: str) -> None:
+        """Forget the version of `url` seen so far (its size and validators, a local file's descriptor),
+        so that the next request takes the object as it is now: a --refresh found another version."""
+        self._failed.pop(url, None)
+        forget = getattr(self._backend(url), "forget", None)
+        if forget is not None:
+            forget(url)
+
     def validators(self, url: str) -> tuple[str | None, str | None]:
         """(ETag, Last-Modified) first seen for `url` (no I/O; after identity() or a read), each None
         when the server gave none or the backend does not keep them."""

@@ -95,6 +95,9 @@ class FsspecBackend:
             self.stats.request(url)
         return self._infos[url]
 
+    def forget(self, url: str) -> None:
+        self._infos.pop(url, None)
+
     def known_size(self, url: str) -> int | None:
         info = self._infos.get(url)
         return int(info["size"]) if info is not None else None

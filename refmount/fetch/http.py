@@ -308,6 +308,12 @@ class HttpBackend:
             self._sizes[url] = await self._with_retries(url, lambda: self._probe_size(url))
         return self._sizes[url]
 
+    def forget(self, url: str) -> None:
+        """The object's size and validators as seen so far are forgotten (fetch.Fetcher.forget)."""
+        with self._versions_lock:
+            self._versions.pop(url, None)
+            self._sizes.pop(url, None)
+
     def validators(self, url: str) -> tuple[str | None, str | None]:
         """(ETag, Last-Modified) first seen for `url`, if any response gave them."""
         version = self._versions.get(url)

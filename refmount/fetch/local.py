@@ -86,6 +86,14 @@ class LocalBackend:
     def size(self, url: str) -> int:
         return self._open(url)[1]
 
+    def forget(self, url: str) -> None:
+        path = self.path_of(url)
+        with self._lock:
+            self._first_seen.pop(path, None)
+            entry = self._fds.pop(path, None)
+        if entry is not None:
+            os.close(entry[0])
+
     def close(self) -> None:
         with self._lock:
             for fd, _, _ in self._fds.values():

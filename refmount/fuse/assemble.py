@@ -16,7 +16,7 @@ from refmount.cache.malloc import give_back_freed_memory, malloc_statistics
 from refmount.cache.passing import PassingBlocks
 from refmount.cache.target import later_imports, plan_memory, resident_bytes
 from refmount.view.consolidated import with_consolidated_metadata
-from refmount.errors import FetchError
+from refmount.errors import FetchError, RefmountError, quote
 from refmount.fetch import Fetcher, RetryPolicy, redact
 from refmount.fetch.stats import host_of
 from refmount.fetch.tls import set_ca_bundle
@@ -26,6 +26,8 @@ from refmount.cache.pacer import HostPacer
 from refmount.refs import WHOLE_FILE, load_refs
 from refmount.refs.icechunk import version_from_options
 from refmount.fetch.trust import Location
+from refmount.fuse.fs import ROOT_INODE
+from refmount.refs.urltable import UrlTable
 from refmount.view.raw import RawView
 
 log = logging.getLogger("refmount")
@@ -123,7 +125,7 @@ def archive_options(opts, progress=None, lazy=False, trust=None):
                           allow_cross_host_redirects=opts.allow_cross_host_redirects, progress=progress,
                           remote_options=opts.remote_options, memory_target=opts.memory_target,
                           max_full_download=opts.max_full_download, lazy=lazy, trust=trust,
-                          s3_credentials_url=opts.s3_credentials_url)
+                          s3_credentials_url=opts.s3_credentials_url, growing=bool(getattr(opts, "refresh", None)))
 
 
 def load_reference_set(opts, lazy=False):
@@ -176,6 +178,8 @@ def install_logins(opts) -> None:
 def build_filesystem(opts):
     from refmount.fetch.auth import active
 
+    if opts.refresh:
+        check_refreshable(opts)
     refset = load_reference_set(opts, lazy=True)
     policy = RetryPolicy(read_timeout=opts.read_timeout, stall_timeout=opts.stall_timeout)
     fetcher = Fetcher(policy=policy, remote_options=opts.remote_options, connections_per_host=opts.connections,
@@ -185,19 +189,27 @@ def build_filesystem(opts):
 
     passing = None
 
+    table = getattr(refset, "table", None) or UrlTable(urls)  # (ids a --refresh retired: refs/urltable.py)
+
     async def fetch(url_id, start, end):
         if passing.token is None:  # (the trio run is on now: a pass hands its blocks over to it)
             passing.bind(trio.lowlevel.current_trio_token())
-        return await fetcher.read(urls[url_id], start, end, opts.block_size)
+        if table.retired:
+            table.check(url_id)
+        data = await fetcher.read(urls[url_id], start, end, opts.block_size)
+        if table.retired:  # (retired while it was fetched: those may be the new version's bytes)
+            table.check(url_id)
+        return data
 
     disk = disk_fetch = None
     if opts.cache_dir:
         disk_fetch, disk = disk_backed(fetch, fetcher, urls, opts)
         fetch = disk_fetch
-    if getattr(refset, "checksums", None):  # Icechunk virtual chunks: is each object the committed version?
+    checksums = getattr(refset, "checksums", None)
+    if checksums is not None:  # Icechunk virtual chunks: is each object the committed version?
         from refmount.cache.checksums import verified_fetch
 
-        fetch = verified_fetch(fetch, fetcher, urls, refset.checksums)
+        fetch = verified_fetch(fetch, fetcher, urls, checksums)
     # One memory budget (the block cache's share of --memory-target, or --cache-size) for cached
     # blocks, fetches in flight and read-ahead; read-ahead parts paced per host up to --connections
     # at once. The caches are sized once the views are built (see below).
@@ -213,26 +225,37 @@ def build_filesystem(opts):
     fetcher.max_full_download = opts.max_full_download or (max(1 << 30, opts.disk_cache_size) if disk else 1 << 30)
     if getattr(refset, "scanned", None) == "lazy":
         return lazy_filesystem(opts, refset, fetcher, cache, budget, pacer, pool, passing, disk), fetcher
-    view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
     readers = None  # who reads which metadata form (the decoded view's)
     scratch = None
-    if opts.view == "decoded":
-        from refmount.view.decoded import DecodedView, check_decoded_view_fits
+    decoded = opts.view == "decoded"
+    if decoded:
+        from refmount.view.decoded import check_decoded_view_fits
 
-        view = raw = v2_view(raw)  # (a Zarr v3 set is shown through its v2 form)
-        if opts.memory_target is not None or (opts.cache_size is None and opts.decoded_cache_size is None):
-            check_decoded_view_fits(raw.refset, opts.refs, opts.memory_target)  # (before it is built, not after)
         scratch = ScratchLimiter(0, os.cpu_count() or 2)
-        view = DecodedView(raw, cache_size=0, chars=opts.chars, form=opts.form, scratch=scratch, pool=pool)
-        refset = view.refset
         if opts.form is None:
             from refmount.fuse.readers import ReaderIdentifier
 
             readers = ReaderIdentifier(fallback=opts.fallback_form)
-    else:
-        warn_raw_view(refset)
-        view = with_consolidated_metadata(view)
+
+    def views_of(refset, first=False):
+        """(raw view, the view served) of a reference set, over the mount's one fetcher and block cache."""
+        view = raw = RawView(refset, fetcher, cache, prefetch=opts.prefetch, exact_small_reads=disk is None)
+        if decoded:
+            from refmount.view.decoded import DecodedView
+
+            view = raw = v2_view(raw)  # (a Zarr v3 set is shown through its v2 form)
+            if first and (opts.memory_target is not None or (opts.cache_size is None and opts.decoded_cache_size is None)):
+                check_decoded_view_fits(raw.refset, opts.refs, opts.memory_target)  # (before it is built, not after)
+            view = DecodedView(raw, cache_size=0, chars=opts.chars, form=opts.form, scratch=scratch, pool=pool)
+        else:
+            warn_raw_view(refset)
+            view = with_consolidated_metadata(view)
+        return raw, view
+
+    raw, view = views_of(refset, first=True)
+    refset = view.refset
     governor = plan_caches(opts, urls, budget, cache, view, scratch, pool)
+    served = {"bytes": 0, "reads": 0, "reader_bytes": 0, "reader_reads": 0}  # of the trees a --refresh replaced
 
     def stats() -> dict:
         """Every counter of the mount: `refmount stats` shows it, and --metrics exports it
@@ -246,9 +269,10 @@ def build_filesystem(opts):
                # (every number of "readahead" and "grid_readahead" is exported by fuse/metrics.py: as a
                # counter, or a gauge if named as what is there now, 'pending'...)
                "readahead": raw.streams.statistics(),
-               "served": {"bytes": raw.bytes_served, "reads": raw.reads_served,
-                          "amplification": round(fetcher.stats.bytes / max(raw.bytes_served, 1), 3),
-                          "reader_bytes": fs.bytes_read, "reader_reads": fs.reads}}
+               "served": {"bytes": served["bytes"] + raw.bytes_served, "reads": served["reads"] + raw.reads_served,
+                          "amplification": round(fetcher.stats.bytes / max(served["bytes"] + raw.bytes_served, 1), 3),
+                          "reader_bytes": served["reader_bytes"] + tree.bytes_read,
+                          "reader_reads": served["reader_reads"] + tree.reads}}
         if raw.grid is not None:
             out["grid_readahead"] = raw.grid.statistics()
         if hasattr(view, "statistics"):
@@ -259,11 +283,101 @@ def build_filesystem(opts):
             out["parquet"] = refset.statistics()
         if disk is not None:
             out["disk"] = disk.statistics()
+        if refresher is not None:
+            out["refresh"] = refresher.statistics()
         return out
 
-    fs = Filesystem(view.refset, view, stats=stats, readers=readers)
+    tree = Filesystem(view.refset, view, stats=stats, readers=readers, attr_timeout=attr_timeout(opts))
+    fs = tree
+    refresher = None
+    if opts.refresh:
+        from refmount.fuse.generations import Generations
+        from refmount.fuse.refresh import quietly
+
+        fs = Generations(tree)
+
+        async def rebuild(changes, entries) -> None:
+            """A new tree of the source as it is listed now, made as at mount (listed, checked, scanned
+            or taken from the scan store, combined) in a thread; then the one swap."""
+            nonlocal raw, view, refset, tree
+            new = await trio.to_thread.run_sync(quietly, load_reference_set, opts, abandon_on_cancel=True)
+            by_name = {e.name: e for e in entries}
+            for name in changes.changed:  # (another version: new ids, and the fetcher pins the new one)
+                if name in by_name:
+                    table.renew(by_name[name].url)
+                    fetcher.forget(by_name[name].url)
+            local_ids = new.urls
+            table.share(new)
+            for uid, value in (getattr(new, "checksums", None) or {}).items():  # (Icechunk's, by the table's ids)
+                checksums[table.id_of(local_ids[uid])] = value
+            new_raw, new_view = quietly(views_of, new)
+            if decoded:
+                view.resize_decoded(0)  # (the old tree's readers read on without a cache of decoded chunks)
+                new_view.resize_decoded(governor.plan.decoded)
+                governor.caches = [(size, new_view.resize_decoded if resize == view.resize_decoded else resize)
+                                   for size, resize in governor.caches]
+            names = await fs.root_names()
+            for key in served:
+                served[key] += {"bytes": raw.bytes_served, "reads": raw.reads_served,
+                                "reader_bytes": tree.bytes_read, "reader_reads": tree.reads}[key]
+            raw, view, refset = new_raw, new_view, new_view.refset
+            tree = Filesystem(refset, view, stats=stats, readers=readers, attr_timeout=attr_timeout(opts))
+            fs.swap(tree)
+            if fs.forget_entries is not None:
+                fs.forget_entries(ROOT_INODE, names)
+
+        if getattr(tree.refset, "snapshot_id", None):  # an Icechunk branch: its newest snapshot
+            refresher = snapshot_refresher(opts, rebuild, tree.refset.snapshot_id)
+        else:
+            refresher = source_refresher(opts, rebuild, shown=set(getattr(tree.refset, "formats", None) or ()))
+        fs.refresher = refresher
     fs.governor = governor  # (the daemon runs it while serving)
     return fs, fetcher
+
+
+def check_refreshable(opts) -> None:
+    """--refresh lists a source again: one that lists files (a glob, directory, prefix, index page,
+    @FILE or catalog), or an Icechunk branch (its newest snapshot)."""
+    from refmount.refs.icechunk import is_icechunk_location
+    from refmount.refs.scan.sources import looks_like_many
+
+    if opts.tag or opts.snapshot:
+        raise RefmountError("--refresh follows a branch; --tag and --snapshot name one snapshot for good")
+    if looks_like_many(opts.refs, opts.remote_options) or is_icechunk_location(opts.refs, opts.remote_options):
+        return
+    raise RefmountError(f"--refresh: {quote(redact(opts.refs))} is no glob, directory, s3:// prefix, index page, "
+                        "@FILE, catalog or Icechunk repository; only a source that lists files, or a branch, can "
+                        "be followed")
+
+
+def snapshot_refresher(opts, apply, snapshot_id: str):
+    """The --refresh loop of an Icechunk branch: a commit to it is a new tree (its newest snapshot)."""
+    from refmount.fuse.refresh import Refresher
+    from refmount.refs.icechunk import current_snapshot, version_from_options
+
+    def listing():
+        return [], {"snapshot": current_snapshot(opts.refs, opts.remote_options, version_from_options(opts))}
+
+    return Refresher(opts.refs, None, opts.refresh, apply, shown={"snapshot"}, listing=listing,
+                     known={"snapshot": snapshot_id}, connections=opts.connections)
+
+
+def attr_timeout(opts) -> float:
+    """How long the kernel may keep entries and attributes: an hour (the tree does not change), or with
+    --refresh one interval (a refresh also tells the kernel what changed: this is the net below that)."""
+    return min(3600.0, opts.refresh) if opts.refresh else 3600.0
+
+
+def source_refresher(opts, apply, shown: set, entries=None):
+    """The --refresh loop of the mount's source (fuse/refresh.py), listing it as the mount did. `shown`:
+    the files the tree holds now (a file listed but not shown is taken as new at the first refresh);
+    `entries`: the mount's own listing, when kept (a lazily mounted glob's)."""
+    from refmount.fuse.refresh import Refresher
+    from refmount.refs.scan.archive import with_trust
+
+    options = with_trust(archive_options(opts, trust=mount_location(opts)), opts.refs)
+    return Refresher(opts.refs, options, opts.refresh, apply, shown=shown, entries=entries,
+                     connections=opts.connections)
 
 
 def host_statistics(pacer, fetcher) -> dict:
@@ -369,10 +483,31 @@ def lazy_filesystem(opts, archive, fetcher, cache, budget, pacer, pool, passing,
             out["forms_served"] = readers.statistics()
         if disk is not None:
             out["disk"] = disk.statistics()
+        if fs.refresher is not None:
+            out["refresh"] = fs.refresher.statistics()
         return out
 
-    fs = DatasetRoot(archive.names, open_dataset, view_name=opts.view, stats=stats)
+    fs = DatasetRoot(archive.names, open_dataset, view_name=opts.view, stats=stats, attr_timeout=attr_timeout(opts))
     fs.refset = archive  # (the daemon warms up and checks its urls)
     fs.governor = governor
     fs.scanner = scanner
+    fs.refresher = None
+    if opts.refresh:
+        async def follow(changes, entries) -> None:
+            """New files get directories of their own; a file of another version a new directory under
+            its name (scanned at its next lookup); a file gone leaves the root: the one swap."""
+            by_name = {e.name: e for e in entries}
+            added = [by_name[name] for name in (*changes.added, *changes.changed)]
+            indexes = archive.extend(added, set(changes.changed))
+            for name in changes.changed:  # (its url has a new id now: the fetcher pins the new version)
+                fetcher.forget(by_name[name].url)
+            index = fs.shown()
+            for name in changes.removed:
+                index.pop(name, None)
+            index.update((entry.name, k) for entry, k in zip(added, indexes))
+            moved = fs.show(index)
+            if fs.forget_entries is not None:
+                fs.forget_entries(ROOT_INODE, [name.encode("utf-8", "surrogateescape") for name in moved])
+
+        fs.refresher = source_refresher(opts, follow, shown=set(archive.names), entries=list(archive.entries))
     return fs

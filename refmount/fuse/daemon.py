@@ -84,6 +84,7 @@ class MountOptions:
     identical: tuple = ()  # data files: variables taken once without comparing them
     skip_mismatched: bool = False  # data files: leave out files whose other variables differ
     strict: bool = False  # data files: a file that cannot be scanned fails the mount
+    refresh: float | None = None  # --refresh: list the source again every this many seconds (fuse/refresh.py)
 
 
 def _is_dead_fuse_mount(mountpoint: str) -> bool:
@@ -463,6 +464,8 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
             nursery.start_soon(_announce_ready, opts, ready, warmed)
             nursery.start_soon(_stop_on_signals, nursery)
             nursery.start_soon(fs.governor.run)
+            if getattr(fs, "refresher", None) is not None:
+                nursery.start_soon(fs.refresher.run)
             if metrics is not None:
                 from refmount.fuse.metrics import serve_metrics, shown_address
 

@@ -23,7 +23,8 @@ import types
 import trio
 
 from refmount.errors import RefmountError, quote
-from refmount.fuse.fs import DIR_MODE, FORM_SHIFT, ROOT_INODE, XATTR_PREFIX, FileEntries, Filesystem, FsError
+from refmount.fuse.fs import (DIR_MODE, FORM_SHIFT, ROOT_INODE, XATTR_PREFIX, FileEntries, Filesystem, FsError,
+                              ForwardsInvalidate)
 from refmount.refs.model import name_problem
 
 log = logging.getLogger("refmount")
@@ -34,7 +35,7 @@ _FILE_BITS = (1 << (FORM_SHIFT - FILE_SHIFT)) - 1
 MAX_FILES = _FILE_BITS - 1
 
 
-class DatasetRoot:
+class DatasetRoot(ForwardsInvalidate):
     def __init__(self, names: list[str], open_dataset, *, view_name: str, attr_timeout: float = 3600.0,
                  stats=None) -> None:
         """`open_dataset(k)`: async, file k's `Filesystem` (scanning the file); RefmountError when it
@@ -63,25 +64,30 @@ class DatasetRoot:
         self.stats = stats or (lambda: {})
         self.mount_info: dict[str, str] = {}
         self.local_access = None
-        self._invalidate = None
+        self.forget_entries = None  # the FUSE glue's: (parent inode, names) the kernel must look up again
+
+    def shown(self) -> dict[str, int]:
+        """{name: file index} of the directories the root shows now."""
+        return dict(self._index)
+
+    def show(self, index: dict[str, int]) -> list[str]:
+        """The one place a --refresh changes the tree: from now on the root shows file `index[name]`
+        under each name (`names` has grown by the files added). A file no longer shown keeps its
+        dataset for the readers that have it open (its inodes stay its own: an index is never
+        reused). The names whose directory changed or left: what the kernel must forget."""
+        moved = [name for name, k in self._index.items() if index.get(name) != k]
+        self._index = dict(index)
+        self._hidden = set(range(len(self.names))) - set(index.values())
+        self.mtime_ns = time.time_ns()
+        return moved
 
     # -- the glue's attributes, handed to each file's Filesystem ----------------------------------------
 
-    @property
-    def invalidate(self):
-        return self._invalidate
+    def _subtrees(self):
+        return self.children.items()
 
-    @invalidate.setter
-    def invalidate(self, invalidate) -> None:
-        self._invalidate = invalidate
-        for k, child in self.children.items():
-            child.invalidate = self._child_invalidate(k)
-
-    def _child_invalidate(self, k: int):
-        if self._invalidate is None:
-            return None
-        base = (k + 1) << FILE_SHIFT
-        return lambda inodes: self._invalidate([base | ino for ino in inodes])
+    def _outer(self, k: int, ino: int) -> int:
+        return self._join(k, ino)
 
     @property
     def bytes_read(self) -> int:
@@ -109,7 +115,7 @@ class DatasetRoot:
     def _root_attributes(self):
         from refmount.fuse.fs import Attributes
 
-        return Attributes(ROOT_INODE, DIR_MODE, 0, 2 + len(self.names), self.attr_timeout)
+        return Attributes(ROOT_INODE, DIR_MODE, 0, 2 + len(self._index), self.attr_timeout)
 
     # -- the files' datasets, made on first use ---------------------------------------------------------
 

@@ -53,6 +53,29 @@ class FileEntries:
     next_offsets: list[int]  # where the listing resumes after each entry
 
 
+class ForwardsInvalidate:
+    """A tree of Filesystems (a lazily mounted glob's files; a refreshed mount's generations): the FUSE
+    glue's `invalidate` is handed to each, with its inodes numbered as the whole tree numbers them.
+    `_subtrees()` gives (key, Filesystem) pairs and `_outer(key, inode)` the tree's inode of one's."""
+
+    _invalidate = None
+
+    @property
+    def invalidate(self):
+        return self._invalidate
+
+    @invalidate.setter
+    def invalidate(self, invalidate) -> None:
+        self._invalidate = invalidate
+        for key, child in self._subtrees():
+            child.invalidate = self._child_invalidate(key)
+
+    def _child_invalidate(self, key):
+        if self._invalidate is None:
+            return None
+        return lambda inodes: self._invalidate([self._outer(key, ino) for ino in inodes])
+
+
 class Filesystem:
     def __init__(self, refset: RefSet, view, *, attr_timeout: float = 3600.0, stats=None, readers=None) -> None:
         """`readers`: a refmount.fuse.readers.ReaderIdentifier, for a view whose metadata has a form

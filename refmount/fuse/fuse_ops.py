@@ -77,6 +77,7 @@ class FuseOperations(pyfuse3.Operations):
         self.failed_reads = 0
         self._said: set[str] = set()  # limits whose refusal the log has told
         fs.invalidate = self._invalidate_later
+        fs.forget_entries = self._forget_entries
 
     def _invalidate_later(self, inodes: list[int]) -> None:
         """Have the kernel forget these inodes' attributes, after the reply of the request under way
@@ -95,6 +96,18 @@ class FuseOperations(pyfuse3.Operations):
                 log.debug("invalidating inode %d: %s", ino, e)  # ENOENT: the kernel holds nothing of it
             except Exception:  # a system task must not raise (trio would end the mount)
                 log.exception("invalidating inode %d", ino)
+
+    @staticmethod
+    def _forget_entries(parent: int, names: list[bytes]) -> None:
+        """Have the kernel forget these names in directory `parent` (and what it knew below them) and
+        the directory's attributes: a --refresh changed them. pyfuse3 queues them to its own thread
+        (a lookup under way in that directory would otherwise hold ours)."""
+        for name in names:
+            pyfuse3.invalidate_entry_async(parent, name, ignore_enoent=True)
+        try:
+            pyfuse3.invalidate_inode(parent, attr_only=True)
+        except OSError as e:
+            log.debug("invalidating inode %d: %s", parent, e)
 
     def _subject(self, handler_name: str, args) -> str:
         """The key a failed request was about, for its log line (a lookup names the child it stats)."""
@@ -200,7 +213,9 @@ class FuseOperations(pyfuse3.Operations):
         return data
 
     async def release(self, fh):
-        pass
+        release = getattr(self.fs, "release", None)  # (a refreshed tree keeps a version while it is open)
+        if release is not None:
+            release(fh)
 
     async def releasedir(self, fh):
         pass

@@ -21,3 +21,13 @@ register("refmount_scan_files_scanned_total", "counter", "Files of a lazily moun
 REGISTRY.register_section("readahead", "Read-ahead", ("pending", "in_flight", "window", "now"), component="view.raw")
 REGISTRY.register_section("grid_readahead", "Read-ahead", ("pending", "in_flight", "window", "now"),
                           component="view.gridahead")
+# --refresh (fuse/refresh.py)
+register("refmount_refresh_total", "counter", "Refreshes of the mount's source (--refresh) that listed it.",
+         collect=at("refresh", "refreshes"), component="fuse.refresh")
+register("refmount_refresh_changes_total", "counter", "Refreshes that changed the mount's tree.",
+         collect=at("refresh", "changes"), component="fuse.refresh")
+register("refmount_refresh_failures_total", "counter", "Refreshes that failed (the mount kept its last tree).",
+         collect=at("refresh", "failures"), component="fuse.refresh")
+register("refmount_refresh_files_total", "counter", "Files a refresh found new, changed or gone.", ("change",),
+         collect=lambda stats: (({"change": change}, (stats.get("refresh") or {}).get("files_" + change))
+                                for change in ("added", "changed", "removed")), component="fuse.refresh")

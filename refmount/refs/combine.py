@@ -83,17 +83,19 @@ class _File:
 
 
 def combine_datasets(datasets, concat_dim: str, *, identical=(), skip_mismatched: bool = False, read,
-                     decode=None, workers: int = 32) -> dict:
+                     decode=None, workers: int = 32, growing: bool = False) -> dict:
     """One Version-0 reference dict combining `datasets` (a list of (name, refs), refs each a scanned
     file's references, Version 0 or kerchunk's {"version": 1, "refs": ...}) along `concat_dim`.
     `decode(codec, data, limit)`: a decoder that refuses output past `limit` bytes without producing it
     (refmount.view.bounded.decode_bounded, which refs/ may not import itself); None decodes unbounded.
-    `workers`: reads at once (`read` is called from that many threads)."""
+    `workers`: reads at once (`read` is called from that many threads). `growing`: files will be added
+    (--refresh): the coordinate and its bounds are chunked so that adding files changes no chunk a
+    reader of the smaller set may read (see _Combiner._write_inline)."""
     if not datasets:
         raise RefsError(f"--concat {concat_dim}: no files to combine")
     files = [_parse(name, refs) for name, refs in datasets]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        return _Combiner(files, concat_dim, set(identical), skip_mismatched, read, pool, decode).combine()
+        return _Combiner(files, concat_dim, set(identical), skip_mismatched, read, pool, decode, growing).combine()
 
 
 # -- reading the scanned files' references ----------------------------------------------------------------
@@ -170,8 +172,10 @@ def _inline_bytes(value) -> bytes:
 
 class _Combiner:
     def __init__(self, files: list[_File], dim: str, identical: set[str], skip_mismatched: bool, read, pool,
-                 decode=None):
+                 decode=None, growing: bool = False):
         self.files = files
+        self.growing = growing
+        self._step = 0  # growing: each file's length along the dimension, when they all have the same
         self.decode = decode
         self.dim = dim
         self.identical = identical
@@ -200,6 +204,7 @@ class _Combiner:
         self.files = files = [self.files[k] for k in order]
         first = files[0]
         lengths = [lengths[k] for k in order]
+        self._step = lengths[0] if lengths[0] > 0 and len(set(lengths)) == 1 else 0
         starts = np.concatenate([[0], np.cumsum(lengths)]).tolist()
 
         self._metadata(first)
@@ -368,7 +373,7 @@ class _Combiner:
     def _write_coordinate(self, files: list[_File], values, units) -> None:
         """The coordinate as the earliest file has it (metadata, attributes, units), with every file's values."""
         array = files[0].arrays[self.dim]
-        self._write_inline(array, self._as_dtype(values, array, files[0]))
+        self._write_inline(array, self._as_dtype(values, array, files[0]), along=0)
 
     def _write_time_bounds(self, files: list[_File], path: str, units) -> None:
         """The coordinate's CF bounds: in its units (CF), re-encoded with it."""
@@ -382,7 +387,7 @@ class _Combiner:
         array = self.files[0].arrays[path]
         if "units" in array.attrs:
             array = _Array(array.path, array.meta, dict(array.attrs, units=units[0]))
-        self._write_inline(array, self._as_dtype(values, array, files[0]))
+        self._write_inline(array, self._as_dtype(values, array, files[0]), along=array.dims.index(self.dim))
 
     def _as_dtype(self, values: np.ndarray, array: _Array, file: _File) -> np.ndarray:
         """Values in the array's dtype; floats when an integer dtype cannot hold them exactly."""
@@ -598,14 +603,31 @@ class _Combiner:
         self.out[prefix + ".zarray"] = json.dumps(meta)
         self.out[prefix + ".zattrs"] = json.dumps(array.attrs)
 
-    def _write_inline(self, array: _Array, values: np.ndarray) -> None:
-        """The array as one uncompressed chunk of the given values, written inline."""
+    def _write_inline(self, array: _Array, values: np.ndarray, along: int | None = None) -> None:
+        """The array as one uncompressed chunk of the given values, written inline. Of a growing set
+        (`along`: the dimension's axis), when every file has the same length L along it: in chunks of L
+        (a chunk per file), so that a file added later changes no chunk a reader of the smaller set may
+        read (one chunk of it all would grow; netCDF-C 4.9 refuses chunks larger than the shape, so no
+        room can be left in it: view/decoded.py clips them)."""
         values = np.ascontiguousarray(values)
         shape = list(values.shape)
-        meta = dict(array.meta, shape=shape, chunks=shape or [], dtype=values.dtype.str, compressor=None,
+        chunks = list(shape)
+        if self.growing and along is not None and self._step:
+            chunks[along] = self._step
+        meta = dict(array.meta, shape=shape, chunks=chunks or [], dtype=values.dtype.str, compressor=None,
                     filters=None, order="C")
         self._write_meta(array, meta)
-        self.out[_chunk_key(array, [0] * len(shape))] = "base64:" + base64.b64encode(values.tobytes()).decode()
+        if chunks == shape:
+            self.out[_chunk_key(array, [0] * len(shape))] = "base64:" + base64.b64encode(values.tobytes()).decode()
+            return
+        step = chunks[along]
+        for n in range(-(-shape[along] // step)):
+            part = np.take(values, range(n * step, min((n + 1) * step, shape[along])), axis=along)
+            padded = np.zeros(chunks, dtype=values.dtype)
+            padded[tuple(slice(0, k) for k in part.shape)] = part
+            position = [0] * len(shape)
+            position[along] = n
+            self.out[_chunk_key(array, position)] = "base64:" + base64.b64encode(padded.tobytes()).decode()
 
 
 def _chunk_key(array: _Array, position) -> str:

@@ -403,6 +403,13 @@ def _chunks_by_manifest(arrays: list[_Array]) -> dict[str, list[tuple[_Array, li
     return out
 
 
+def current_snapshot(location: str, remote_options: dict | None = None, version: Version | None = None) -> str:
+    """The snapshot id the branch (or tag) points at now: what --refresh follows (a new commit to the
+    branch is a new version of the mount's tree)."""
+    files = RepoFiles(location, remote_options)
+    return resolve_snapshot(files, read_repo_info(files), version or Version())
+
+
 def load_icechunk(location: str, *, remote_options: dict | None = None, version: Version | None = None,
                   max_keys: int | None = None, containers: dict[str, str] | None = None):
     """The RefSet of one snapshot of the Icechunk repository at `location`. `containers` re-points

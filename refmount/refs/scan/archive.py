@@ -73,6 +73,7 @@ class ArchiveOptions:
     lazy: bool = False  # a glob without --concat is only listed; its files are scanned when looked up (a mount)
     trust: object = None  # the source as a fetch.trust.Location (the mount's policy); None: the source's own
     s3_credentials_url: str | None = None  # --s3-credentials-url: s3:// files signed with its credentials
+    growing: bool = False  # --refresh: files will be added to a --concat set (refs.combine: its coordinate's chunks)
 
 
 def with_trust(options: ArchiveOptions, location: str) -> ArchiveOptions:
@@ -243,14 +244,40 @@ def source_entries(location: str, options: ArchiveOptions, store) -> list[Entry]
     """The files a glob, directory, prefix or @FILE names, each with the DMR++ beside it (read instead of its
     header) where there is one: the one listing of a mount that scans them all and of one that scans lazily.
     Files `store` (the scan store) saw at the last mount of `location` and that are gone are said."""
-    entries = list_sources(location, listing_options(location, options), options.remote_options.get("headers"), True)
-    if not entries:
-        raise RefmountError(f"{quote(redact(location))} names no files")
-    check_listed(options.trust, entries)
+    entries = listed_entries(location, options)
     names = {e.name for e in entries}
     for gone in sorted(set(store.previous_names(location)) - names):
         log.warning("%s: file %s is gone since the last mount; it leaves the mount", redact(location), quote(gone))
     return entries
+
+
+def listed_entries(location: str, options: ArchiveOptions) -> list[Entry]:
+    """The files `location` lists now, each checked against the source's trust (fetch/trust.py): at
+    mount and at every --refresh alike. Blocking (a listing): in a thread when a mount serves."""
+    entries = list_sources(location, listing_options(location, options), options.remote_options.get("headers"), True)
+    if not entries:
+        raise RefmountError(f"{quote(redact(location))} names no files")
+    check_listed(options.trust, entries)
+    return entries
+
+
+async def identities(entries: list[Entry], fetcher, connections: int) -> dict[str, tuple]:
+    """{name: identity} of listed files, for `refs.scan.changes.listing_changes`: url, sidecar and
+    (size, version) as a scan identifies them (a stat, the listing's date or ETag, else one HEAD;
+    `fetcher` must be one that pins no version: it forgets what it saw of each url first).
+    FetchError when a file cannot be identified now."""
+    out: dict[str, tuple] = {}
+    limiter = trio.CapacityLimiter(max(1, connections))
+
+    async def one(entry: Entry) -> None:
+        async with limiter:
+            fetcher.forget(entry.url)
+            out[entry.name] = (entry.url, entry.sidecar, entry.sidecar_listed, *await _identify(fetcher, entry))
+
+    async with trio.open_nursery() as nursery:
+        for entry in entries:
+            nursery.start_soon(one, entry)
+    return {e.name: out[e.name] for e in entries}
 
 
 def _check_parsers() -> None:
@@ -626,7 +653,7 @@ def combined_refs(kind: str, scanned: list[Scanned], options: ArchiveOptions, re
 
         return combine_datasets([(s.name, refs_dict(s.refs)) for s in scanned], options.concat,
                                 identical=tuple(options.identical), skip_mismatched=options.skip_mismatched,
-                                read=read, decode=options.decode)
+                                read=read, decode=options.decode, growing=options.growing)
     out = {".zgroup": '{"zarr_format":2}'}
     for s in scanned:
         prefix = s.name + "/"
@@ -655,6 +682,7 @@ def kept_combination(options: ArchiveOptions, max_refs_size: int):
         if kind == "file" or not options.concat or any(s.version is None for s in scanned):
             return combined_refs(kind, scanned, options, read)
         key = "combined:" + orjson.dumps([options.concat, sorted(options.identical), options.skip_mismatched,
+                                           *(["growing"] if options.growing else []),
                                            [(s.name, s.url, s.version) for s in scanned]]).decode()
         store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
         kept = store.get(key, "combined", max_refs_size)
@@ -801,9 +829,23 @@ class LazyArchive:
     refused: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.urls = [e.url for e in self.entries]
-        self.url_ids = {url: k for k, url in enumerate(self.urls)}
+        from refmount.refs.urltable import UrlTable
+
+        self.table = UrlTable([e.url for e in self.entries])
+        self.urls = self.table.urls
         self.names = [e.name for e in self.entries]
+
+    def extend(self, entries: list[Entry], renewed: set[str]) -> list[int]:
+        """Add files a --refresh listed (new ones, and new versions of files already here: `renewed`
+        names them, and their urls get new ids: refs/urltable.py); their indexes. A file's index is
+        never reused: the mount's inodes derive from it."""
+        first = len(self.entries)
+        for entry in entries:
+            if entry.name in renewed:
+                self.table.renew(entry.url)
+            self.entries.append(entry)
+            self.names.append(entry.name)
+        return list(range(first, len(self.entries)))
 
     @classmethod
     def listed(cls, location: str, options: ArchiveOptions, **limits) -> "LazyArchive":
@@ -825,11 +867,7 @@ class LazyArchive:
         return min(scanner_count(self.options, len(self.entries)), 4)
 
     def global_url_id(self, url: str) -> int:
-        k = self.url_ids.get(url)
-        if k is None:  # a reference to another object than the file's own (checked by check_scanned)
-            k = self.url_ids[url] = len(self.urls)
-            self.urls.append(url)
-        return k
+        return self.table.id_of(url)  # (another object than the file's own: checked by check_scanned)
 
 
 class ArchiveScanner:
@@ -857,8 +895,6 @@ class ArchiveScanner:
     async def refset(self, k: int):
         """File k's reference set, its url ids those of the mount's table. ScanRefused when the file
         cannot be scanned; FetchError when its bytes cannot be had now (a later lookup tries again)."""
-        import numpy as np
-
         from refmount.refs.scan.pool import ScanFailed
 
         archive = self.archive
@@ -878,12 +914,9 @@ class ArchiveScanner:
                 max_value_size=archive.max_value_size, serving=True))
         except (RefsError, MemoryError) as e:  # (a limit: the same at every lookup)
             raise ScanRefused(entry.url, f"its references are refused: {e or 'out of memory'}") from None
-        ids = np.array([archive.global_url_id(u) for u in refset.urls] or [0], dtype=np.int32)
-        remote = refset.url_id >= 0
-        refset.url_id[remote] = ids[refset.url_id[remote]]
-        refset.urls = archive.urls  # (one table, shared: the block cache's keys are its ids)
-        used = refset.url_id[remote]
-        refset.url_span = (int(used.min()), int(used.max()) + 1) if used.size else (k, k + 1)  # (view.raw.PastEnd)
+        # (one table, shared: the block cache's keys are its ids)
+        own = archive.table.id_of(entry.url)
+        archive.table.share(refset, fallback=(own, own + 1))
         refset.refused = {scanned.name: list(scanned.refused)} if scanned.refused else {}
         refset.origins = Origins(files(entry.url, entry.sidecar))
         self.files_scanned += 1
