@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -73,6 +74,7 @@ class ArchiveOptions:
     lazy: bool = False  # a glob without --concat is only listed; its files are scanned when looked up (a mount)
     trust: object = None  # the source as a fetch.trust.Location (the mount's policy); None: the source's own
     s3_credentials_url: str | None = None  # --s3-credentials-url: s3:// files signed with its credentials
+    load_store: object = None  # refs.load_refs, for a catalog's store items (given from above: refs imports this)
 
 
 def with_trust(options: ArchiveOptions, location: str) -> ArchiveOptions:
@@ -391,6 +393,11 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
     `dmrpp_limits()`: a DMR++ conversion's limits, when it starts (`dmrpp_job`)."""
     from refmount.refs.scan.pool import ScanFailed
 
+    if entry.store:  # (a lazy mount loads it as its own dataset: ArchiveScanner)
+        from refmount.refs.scan.catalogs import STORES
+
+        raise ScanFailed(f"is {STORES[entry.store]}, which mounts as its item's own directory only: it is not "
+                         "combined by --concat nor scanned with --strict or by refmount scan")
     if entry.sidecar and entry.sidecar.endswith(IDX_SUFFIX) and entry.sidecar != entry.url:
         from refmount.refs.scan.idxscan import from_idx
 
@@ -803,6 +810,7 @@ class LazyArchive:
     def __post_init__(self) -> None:
         self.urls = [e.url for e in self.entries]
         self.url_ids = {url: k for k, url in enumerate(self.urls)}
+        self.url_lock = threading.Lock()
         self.names = [e.name for e in self.entries]
 
     @classmethod
@@ -825,11 +833,12 @@ class LazyArchive:
         return min(scanner_count(self.options, len(self.entries)), 4)
 
     def global_url_id(self, url: str) -> int:
-        k = self.url_ids.get(url)
-        if k is None:  # a reference to another object than the file's own (checked by check_scanned)
-            k = self.url_ids[url] = len(self.urls)
-            self.urls.append(url)
-        return k
+        with self.url_lock:  # (a catalog's Parquet references add theirs from worker threads)
+            k = self.url_ids.get(url)
+            if k is None:  # a reference to another object than the file's own (checked by check_scanned)
+                k = self.url_ids[url] = len(self.urls)
+                self.urls.append(url)
+            return k
 
 
 class ArchiveScanner:
@@ -857,13 +866,15 @@ class ArchiveScanner:
     async def refset(self, k: int):
         """File k's reference set, its url ids those of the mount's table. ScanRefused when the file
         cannot be scanned; FetchError when its bytes cannot be had now (a later lookup tries again)."""
-        import numpy as np
-
         from refmount.refs.scan.pool import ScanFailed
 
         archive = self.archive
         entry = archive.entries[k]
         started = time.monotonic()
+        if entry.store:
+            refset = await self._store(k, entry)
+            log.info("loaded %s %s in %.2f s", entry.store, redact(entry.url), time.monotonic() - started)
+            return refset
         try:
             scanned = await scan_entry(entry, self.fetcher, self.read, self.pool, self.store, self.lookups,
                                        archive.max_refs_size,
@@ -878,17 +889,65 @@ class ArchiveScanner:
                 max_value_size=archive.max_value_size, serving=True))
         except (RefsError, MemoryError) as e:  # (a limit: the same at every lookup)
             raise ScanRefused(entry.url, f"its references are refused: {e or 'out of memory'}") from None
-        ids = np.array([archive.global_url_id(u) for u in refset.urls] or [0], dtype=np.int32)
-        remote = refset.url_id >= 0
-        refset.url_id[remote] = ids[refset.url_id[remote]]
-        refset.urls = archive.urls  # (one table, shared: the block cache's keys are its ids)
-        used = refset.url_id[remote]
-        refset.url_span = (int(used.min()), int(used.max()) + 1) if used.size else (k, k + 1)  # (view.raw.PastEnd)
+        self._in_mount_table(refset, k)
         refset.refused = {scanned.name: list(scanned.refused)} if scanned.refused else {}
         refset.origins = Origins(files(entry.url, entry.sidecar))
         self.files_scanned += 1
         self.seconds += time.monotonic() - started
         log.info("scanned %s in %.2f s", redact(entry.url), time.monotonic() - started)
+        return refset
+
+    def _in_mount_table(self, refset, k: int) -> None:
+        """A file's set with the url ids of the mount's one table (the block cache's keys are its ids)."""
+        import numpy as np
+
+        archive = self.archive
+        ids = np.array([archive.global_url_id(u) for u in refset.urls] or [0], dtype=np.int32)
+        remote = refset.url_id >= 0
+        refset.url_id[remote] = ids[refset.url_id[remote]]
+        refset.urls = archive.urls
+        used = refset.url_id[remote]
+        refset.url_span = (int(used.min()), int(used.max()) + 1) if used.size else (k, k + 1)  # (view.raw.PastEnd)
+
+    async def _store(self, k: int, entry: Entry):
+        """A catalog item's Zarr store, Icechunk repository or Parquet references (`entry.store`), loaded
+        by the loader of a direct mount of its url (refs.load_refs), in a thread, within the mount's
+        limits; its targets checked against the store's url as the catalog named it (fetch/trust.py).
+        ScanRefused (its directory EIO, one log line naming the url) when it cannot be loaded."""
+        archive = self.archive
+        options = archive.options
+        if options.load_store is None:  # (a library's LazyArchive without the loader)
+            raise ScanRefused(entry.url, f"is {entry.store}, and no loader of stores was given")
+        try:
+            document = options.trust.names(entry.url)
+
+            def load():
+                return options.load_store(entry.url, remote_options=options.remote_options, max_keys=archive.max_keys,
+                                 max_refs_size=archive.max_refs_size, max_value_size=archive.max_value_size,
+                                 load_timeout=None, store=entry.store, serving=True)
+
+            with trio.fail_after(archive.timeout or float("inf")):
+                async with self.lookups:
+                    refset = await trio.to_thread.run_sync(load, abandon_on_cancel=True)
+            if getattr(refset, "icechunk_containers", None):
+                raise ScanRefused(entry.url, "its virtual chunks are in containers a catalog cannot authorise: mount "
+                                  "the repository's url on its own, with --authorize-container")
+            if getattr(refset, "lazy", False):  # (Parquet: its targets enter the mount's table as records load)
+                refset.url_check = document.check
+                refset.share_url_table(archive.urls, archive.url_ids, archive.url_lock)
+                refset.url_span = (k, k + 1)
+            else:
+                for url in refset.urls:
+                    document.check(url)
+                self._in_mount_table(refset, k)
+        except trio.TooSlowError:
+            raise ScanRefused(entry.url, f"loading it took longer than --load-timeout ({archive.timeout:g} s)") \
+                from None
+        except ScanRefused:
+            raise
+        except (RefmountError, MemoryError) as e:  # (TargetRefused among them: it names the target and the store)
+            raise ScanRefused(entry.url, str(e) or "out of memory") from None
+        self.files_scanned += 1
         return refset
 
     def statistics(self) -> dict:
