@@ -335,3 +335,145 @@ def test_next_link_loops_and_an_endless_page_are_bounded(scans, tmp_path):
         huge = run_refmount("scan", f"{api.url}/huge/search", "-o", out, timeout=120)
         assert huge.returncode != 0 and "Traceback" not in huge.stderr
         assert "larger than 16777216 bytes" in huge.stderr and len(huge.stderr.strip().splitlines()) == 1, huge.stderr
+
+
+# -- items whose asset is a store: Zarr v2/v3, kerchunk Parquet references, an Icechunk repository ---------
+
+@pytest.fixture(scope="module")
+def stores(archive):
+    """www/stores: the first day as a consolidated Zarr v2 store and a Zarr v3 store (xarray), its kerchunk
+    references as Parquet (kerchunk's refs_to_dataframe; targets the netCDF file on nginx) and a native
+    Icechunk repository (icechunk), all served by the archive's nginx; www/stores/stac: a static catalog pystac
+    wrote with one item each, an item whose store is not there, and one whose Zarr asset is file:///etc."""
+    import warnings
+
+    import kerchunk.df
+    import xarray as xr
+    from kerchunk.hdf import SingleHdf5ToZarr
+
+    www, nginx, first = archive["www"], archive["nginx"], archive["daily"][0]
+    root = www / "stores"
+    root.mkdir()
+    with xr.open_dataset(first) as ds:
+        ds = ds.load()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (consolidated v3 metadata is not in the v3 spec yet)
+        ds.to_zarr(root / "v2.zarr", zarr_format=2, consolidated=True)
+        ds.to_zarr(root / "v3.zarr", zarr_format=3, consolidated=True)
+        refs = SingleHdf5ToZarr(str(first), inline_threshold=0).translate()["refs"]
+        for value in refs.values():
+            if isinstance(value, list) and value:
+                value[0] = f"{nginx.url}/data/{first.name}"
+        kerchunk.df.refs_to_dataframe(refs, str(root / "refs.parq"), record_size=10)
+        icechunk = pytest.importorskip("icechunk")
+        repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(root / "repo.icechunk")))
+        session = repo.writable_session("main")
+        ds.to_zarr(session.store, zarr_format=3, consolidated=False)
+        session.commit("a native copy")
+
+    catalog = pystac.Catalog("stores", "items whose asset is a store")
+    assets = {"zarr2": ("v2.zarr", "application/vnd+zarr", ["data"]),
+              "zarr3": ("v3.zarr", "application/vnd.zarr", ["data"]),
+              "parquet": ("refs.parq", None, ["references"]),
+              "icechunk": ("repo.icechunk", "application/vnd.zarr+icechunk", ["data"]),
+              "gone": ("gone.zarr", "application/vnd.zarr", ["data"]),
+              "local": ("file:///etc", "application/vnd.zarr", ["data"])}
+    for ident, (href, media, roles) in assets.items():
+        item = pystac.Item(ident, GEOMETRY, BBOX, datetime.datetime(2020, 1, 1, tzinfo=UTC), {})
+        item.add_asset("store", pystac.Asset(href if ":" in href else str(root / href), media_type=media, roles=roles))
+        catalog.add_item(item)
+    catalog.normalize_hrefs(str(root / "stac"))
+    catalog.make_all_asset_hrefs_relative()
+    catalog.save(pystac.CatalogType.SELF_CONTAINED)
+    return {"root": root, "dataset": ds, "url": f"{nginx.url}/stores/stac/catalog.json", "nginx": nginx}
+
+
+def test_store_items_each_a_dataset_equal_to_the_store(mount, scans, stores, archive):
+    """Each item whose asset is a Zarr v2/v3 store, Parquet references or an Icechunk repository is its
+    dataset directory, loaded when first looked up as a direct mount of its url; xarray reads on it what it
+    reads on the store itself. An item whose store is not there is EIO, said in one line naming its url;
+    one whose Zarr asset is file:///etc is left out at listing."""
+    import errno
+
+    import xarray as xr
+
+    root, nginx = stores["root"], stores["nginx"]
+    for view in ("raw", "decoded"):
+        m = mount(stores["url"], "--view", view)
+        assert listed(m.path) == ["gone", "icechunk", "parquet", "zarr2", "zarr3"]
+        if view == "raw":
+            assert not [line for line in nginx.access_log() if "/stores/v2.zarr/" in line]  # (lazily: when looked up)
+        for ident, store in (("zarr2", "v2.zarr"), ("zarr3", "v3.zarr"), ("parquet", None), ("icechunk", None)):
+            with xr.open_zarr(m.path / ident) as got:
+                xr.testing.assert_allclose(got.load(), stores["dataset"])
+                if store:
+                    with xr.open_zarr(root / store) as want:
+                        xr.testing.assert_identical(got.load(), want.load())
+        with pytest.raises(OSError) as e:
+            os.listdir(m.path / "gone")
+        assert e.value.errno == errno.EIO
+        with pytest.raises(OSError):
+            os.listdir(m.path / "gone")
+        text = m.log()
+        assert len([line for line in text.splitlines() if "gone.zarr" in line and "failed" in line]) == 1, text
+        assert "file:///etc" in text and "left out" in text
+    log = nginx.access_log()
+    assert [line for line in log if line.startswith("GET /stores/v2.zarr/.zmetadata 200")]
+    assert [line for line in log if line.startswith("GET /stores/repo.icechunk/snapshots/")]
+    assert [line for line in log if line.startswith("GET /stores/refs.parq/") and ".parq 20" in line]
+
+
+def test_concat_over_store_items_is_one_line_each(mount, scans, stores, tmp_path):
+    """--concat combines data files and references only: an item that is a store is left out with one line
+    (and a catalog of nothing else is refused, without a traceback)."""
+    out = tmp_path / "out.json"
+    done = run_refmount("scan", stores["url"], "-o", out)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "which mounts as its item's own directory only" in done.stderr, done.stderr
+
+
+def test_a_public_catalog_names_no_private_or_local_store(caplog):
+    """The decision at listing (the address rule: this machine has no public address to serve from): a Zarr,
+    Icechunk or Parquet asset on a private address, or a local file, from a catalog on a public one is left
+    out; the mount's trust boundary refuses a local store named by a remote catalog again."""
+    from refmount.fetch.trust import Location, TargetRefused
+    from refmount.refs.scan.catalogs import _Stac
+
+    public = _Stac("https://93.184.215.14/stac/catalog.json", {})
+    public.entries = []
+    item = pystac.Item("evil", GEOMETRY, BBOX, datetime.datetime(2020, 1, 1, tzinfo=UTC), {})
+    item.add_asset("a", pystac.Asset("http://169.254.169.254/latest/x.zarr", media_type="application/vnd.zarr"))
+    item.add_asset("b", pystac.Asset("http://10.0.0.1/repo", media_type="application/vnd.zarr+icechunk"))
+    item.add_asset("c", pystac.Asset("file:///etc", media_type="application/vnd.zarr"))
+    item.add_asset("d", pystac.Asset("http://127.0.0.1/r.parq", roles=["references"]))
+    public._item(public.location, item)
+    assert public.entries == []
+    assert caplog.text.count("left out") == 4, caplog.text
+    with pytest.raises(TargetRefused, match="can reach local files"):
+        Location.argument("http://127.0.0.1:1/stac/catalog.json").names("file:///etc")
+
+
+def test_a_store_item_a_remote_catalog_names_locally_is_refused_at_lookup(tmp_path):
+    """The second check, where the item's store is loaded (refs/scan/archive.py): its url as the remote
+    catalog named it may not be a local directory, whatever reached the entry."""
+    import trio
+
+    from refmount.fetch.trust import Location
+    from refmount.refs import load_refs
+    from refmount.refs.scan.archive import ArchiveOptions, ArchiveScanner, LazyArchive, ScanRefused
+    from refmount.refs.scan.entry import Entry
+
+    local = tmp_path / "local.zarr"
+    local.mkdir()
+    (local / ".zgroup").write_text('{"zarr_format": 2}')
+    catalog = "http://127.0.0.1:1/stac/catalog.json"
+    options = ArchiveOptions(trust=Location.argument(catalog), scan_dir=str(tmp_path / "scans"), load_store=load_refs)
+    archive = LazyArchive(catalog, [Entry("evil", local.as_uri(), store="zarr")], options, max_keys=1000,
+                          max_refs_size=1 << 20, max_value_size=1 << 20, timeout=10)
+    scanner = ArchiveScanner(archive, None, None, 1)
+    try:
+        with pytest.raises(ScanRefused, match=r"can reach local files") as e:
+            trio.run(scanner.refset, 0)
+        assert local.as_uri() in str(e.value) and e.value.once
+    finally:
+        scanner.close()

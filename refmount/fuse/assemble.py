@@ -125,7 +125,8 @@ def archive_options(opts, progress=None, lazy=False, trust=None):
                           allow_cross_host_redirects=opts.allow_cross_host_redirects, progress=progress,
                           remote_options=opts.remote_options, memory_target=opts.memory_target,
                           max_full_download=opts.max_full_download, lazy=lazy, trust=trust,
-                          s3_credentials_url=opts.s3_credentials_url, growing=bool(getattr(opts, "refresh", None)))
+                          s3_credentials_url=opts.s3_credentials_url, growing=bool(getattr(opts, "refresh", None)),
+                          load_store=load_refs)
 
 
 def load_reference_set(opts, lazy=False):

@@ -31,7 +31,7 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
               progress=None, max_refs_size: int | None = None, load_timeout: float | None = DEFAULT_LOAD_TIMEOUT,
               version=None, containers: dict[str, str] | None = None,
               max_value_size: int | None = DEFAULT_MAX_VALUE_SIZE, data_url: str | None = None,
-              archive=None) -> RefSet:
+              archive=None, store: str | None = None, serving: bool = False) -> RefSet:
     """Load the reference set at `location` (path or url). Errors are one-line `RefmountError`s.
     `max_refs_size` None means the machine's default; `load_timeout` None or 0 means no limit.
     `version` (refs.icechunk.Version) picks an Icechunk repository's branch, tag or snapshot, and
@@ -39,26 +39,35 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
     `max_value_size`: the most text one JSON member may have (None: no limit).
     `data_url`: a DMR++'s data file, instead of the one it names (--data-url).
     A data file or an archive of them (refmount.refs.scan) is scanned, with `archive`
-    (refs.scan.archive.ArchiveOptions) saying how; `load_timeout` then bounds each file's scan."""
+    (refs.scan.archive.ArchiveOptions) saying how; `load_timeout` then bounds each file's scan.
+    `store` ('zarr', 'icechunk', 'parquet'): what the location is, as a catalog's asset said, rather
+    than told by its name or by asking. `serving`: loaded while the mount serves (a catalog's store,
+    in a thread), where the process-wide memory net of loading must not be set."""
     from refmount.refs.scan.archive import ArchiveOptions, is_archive_source, load_archive
 
     if max_refs_size is None:
         max_refs_size = default_max_refs_size()
     from refmount.refs.zarrremote import load_zarr_location, zarr_store_kind
 
+    import contextlib
+
+    def memory_net():
+        return contextlib.nullcontext() if serving else memory_limit(memory_budget(max_keys, max_refs_size))
+
     try:
-        zarr_kind = zarr_store_kind(location)  # (by its name: before a remote .zarr/ is taken for a prefix)
+        # (by its name: before a remote .zarr/ is taken for a prefix)
+        zarr_kind = zarr_store_kind(location) or ("remote" if store == "zarr" else None)
         if zarr_kind is not None:
-            with load_deadline(load_timeout), memory_limit(memory_budget(max_keys, max_refs_size)):
+            with load_deadline(load_timeout), memory_net():
                 return load_zarr_location(location, zarr_kind, remote_options=remote_options, max_keys=max_keys,
                                           max_bytes=max_refs_size)
-        if is_archive_source(location, remote_options, archive):
+        if store is None and is_archive_source(location, remote_options, archive):
             options = archive or ArchiveOptions(remote_options=remote_options or {})
             return load_archive(location, options, max_keys=max_keys, max_refs_size=max_refs_size,
                                 max_value_size=max_value_size, timeout=load_timeout)
-        with load_deadline(load_timeout), memory_limit(memory_budget(max_keys, max_refs_size)):
+        with load_deadline(load_timeout), memory_net():
             loaded = _load(location, remote_options, max_keys, progress, max_refs_size, version, containers,
-                           max_value_size, data_url)
+                           max_value_size, data_url, store)
         if isinstance(loaded, _DmrppFound):  # converted in a scan worker, as a DMR++ in a glob is
             from refmount.refs.scan.archive import load_dmrpp
 
@@ -85,11 +94,11 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
 
 
 def _load(location, remote_options, max_keys, progress, max_refs_size, version=None, containers=None,
-          max_value_size=None, data_url=None):
+          max_value_size=None, data_url=None, store=None):
     from refmount.refs.jsonrefs import load_json
     from refmount.refs.icechunk import is_icechunk_location, load_icechunk, reject_version
 
-    if is_icechunk_location(location, remote_options, version):
+    if store == "icechunk" or store is None and is_icechunk_location(location, remote_options, version):
         return load_icechunk(location, remote_options=remote_options, version=version, max_keys=max_keys,
                              containers=containers)
     reject_version(location, version)
@@ -99,7 +108,7 @@ def _load(location, remote_options, max_keys, progress, max_refs_size, version=N
 
     if is_zarr_store(location):
         return load_zarr_store(location, max_keys=max_keys, max_bytes=max_refs_size)
-    if is_parquet_location(location, remote_options):
+    if store == "parquet" or store is None and is_parquet_location(location, remote_options):
         from refmount.refs.parquet import load_parquet
 
         return load_parquet(location, remote_options=remote_options or {}, max_keys=max_keys,

@@ -159,6 +159,13 @@ class ParquetRefSet:
             base += count
         self.capacity = base
 
+    def share_url_table(self, table) -> None:
+        """Intern the record files' targets into a table shared with other sets (a lazily mounted
+        catalog's, refs/urltable.py: the mount's block cache keys are its ids), under its lock."""
+        if self.urls:  # (the metadata is inline: no target is interned before the first record loads)
+            raise RefsError(f"Parquet references {quote(self.location)} name targets in their metadata")
+        self.urls, self._url_ids, self._intern_lock = table.urls, table.ids, table.lock
+
     # -- index arithmetic -------------------------------------------------------------------------
 
     def _locate(self, i: int) -> tuple[_Array, int] | None:

@@ -8,6 +8,8 @@ a reader of the old tree."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from refmount.errors import RemoteChanged
@@ -19,17 +21,20 @@ class UrlTable:
         self.urls = urls  # (the list itself is shared: the sets and the fetch closure index it)
         self.ids = {url: n for n, url in enumerate(urls)}  # url -> its newest id
         self.retired: set[int] = set()
+        self.lock = threading.Lock()  # (a catalog's Parquet references intern theirs from worker threads)
 
     def id_of(self, url: str) -> int:
-        k = self.ids.get(url)
-        if k is None:
-            k = self.ids[url] = len(self.urls)
-            self.urls.append(url)
-        return k
+        with self.lock:
+            k = self.ids.get(url)
+            if k is None:
+                k = self.ids[url] = len(self.urls)
+                self.urls.append(url)
+            return k
 
     def renew(self, url: str) -> int:
         """A new id for `url` (another version of its object); the old one retired."""
-        old = self.ids.pop(url, None)
+        with self.lock:
+            old = self.ids.pop(url, None)
         if old is not None:
             self.retired.add(old)
         return self.id_of(url)

@@ -74,6 +74,7 @@ class ArchiveOptions:
     trust: object = None  # the source as a fetch.trust.Location (the mount's policy); None: the source's own
     s3_credentials_url: str | None = None  # --s3-credentials-url: s3:// files signed with its credentials
     growing: bool = False  # --refresh: files will be added to a --concat set (refs.combine: its coordinate's chunks)
+    load_store: object = None  # refs.load_refs, for a catalog's store items (given from above: refs imports this)
 
 
 def with_trust(options: ArchiveOptions, location: str) -> ArchiveOptions:
@@ -418,6 +419,11 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
     `dmrpp_limits()`: a DMR++ conversion's limits, when it starts (`dmrpp_job`)."""
     from refmount.refs.scan.pool import ScanFailed
 
+    if entry.store:  # (a lazy mount loads it as its own dataset: ArchiveScanner)
+        from refmount.refs.scan.catalogs import STORES
+
+        raise ScanFailed(f"is {STORES[entry.store]}, which mounts as its item's own directory only: it is not "
+                         "combined by --concat nor scanned with --strict or by refmount scan")
     if entry.sidecar and entry.sidecar.endswith(IDX_SUFFIX) and entry.sidecar != entry.url:
         from refmount.refs.scan.idxscan import from_idx
 
@@ -900,6 +906,10 @@ class ArchiveScanner:
         archive = self.archive
         entry = archive.entries[k]
         started = time.monotonic()
+        if entry.store:
+            refset = await self._store(k, entry)
+            log.info("loaded %s %s in %.2f s", entry.store, redact(entry.url), time.monotonic() - started)
+            return refset
         try:
             scanned = await scan_entry(entry, self.fetcher, self.read, self.pool, self.store, self.lookups,
                                        archive.max_refs_size,
@@ -922,6 +932,49 @@ class ArchiveScanner:
         self.files_scanned += 1
         self.seconds += time.monotonic() - started
         log.info("scanned %s in %.2f s", redact(entry.url), time.monotonic() - started)
+        return refset
+
+    async def _store(self, k: int, entry: Entry):
+        """A catalog item's Zarr store, Icechunk repository or Parquet references (`entry.store`), loaded
+        by the loader of a direct mount of its url (refs.load_refs), in a thread, within the mount's
+        limits; its targets checked against the store's url as the catalog named it (fetch/trust.py).
+        ScanRefused (its directory EIO, one log line naming the url) when it cannot be loaded."""
+        archive = self.archive
+        options = archive.options
+        if options.load_store is None:  # (a library's LazyArchive without the loader)
+            raise ScanRefused(entry.url, f"is {entry.store}, and no loader of stores was given")
+        try:
+            document = options.trust.names(entry.url)
+
+            def load():
+                return options.load_store(entry.url, remote_options=options.remote_options, max_keys=archive.max_keys,
+                                 max_refs_size=archive.max_refs_size, max_value_size=archive.max_value_size,
+                                 load_timeout=None, store=entry.store, serving=True)
+
+            with trio.fail_after(archive.timeout or float("inf")):
+                async with self.lookups:
+                    refset = await trio.to_thread.run_sync(load, abandon_on_cancel=True)
+            if getattr(refset, "icechunk_containers", None):
+                raise ScanRefused(entry.url, "its virtual chunks are in containers a catalog cannot authorise: mount "
+                                  "the repository's url on its own, with --authorize-container")
+            if getattr(refset, "lazy", False):  # (Parquet: its targets enter the mount's table as records load)
+                refset.url_check = document.check
+                refset.share_url_table(archive.table)
+                own = archive.table.id_of(entry.url)
+                refset.url_span = (own, own + 1)
+            else:
+                for url in refset.urls:
+                    document.check(url)
+                own = archive.table.id_of(entry.url)
+                archive.table.share(refset, fallback=(own, own + 1))
+        except trio.TooSlowError:
+            raise ScanRefused(entry.url, f"loading it took longer than --load-timeout ({archive.timeout:g} s)") \
+                from None
+        except ScanRefused:
+            raise
+        except (RefmountError, MemoryError) as e:  # (TargetRefused among them: it names the target and the store)
+            raise ScanRefused(entry.url, str(e) or "out of memory") from None
+        self.files_scanned += 1
         return refset
 
     def statistics(self) -> dict:

@@ -30,8 +30,8 @@ MAX_DEPTH = 16  # nested STAC children / THREDDS catalogRefs
 DATA_SCHEMES = ("http", "https", "s3")
 
 # STAC asset media types (and file name endings when an asset gives none): what the mount reads as a
-# data file, and the reference assets read instead of their files (kerchunk JSON, DMR++); the stores
-# that mount by themselves (Zarr, Icechunk, kerchunk Parquet) are recognised to say so
+# data file, the reference assets read instead of their files (kerchunk JSON, DMR++), and the stores
+# loaded as a direct mount of their url is (Zarr, Icechunk, kerchunk Parquet: Entry.store)
 _MEDIA = {
     "application/netcdf": "netcdf", "application/x-netcdf": "netcdf", "application/x-netcdf4": "netcdf",
     "application/x-hdf5": "hdf5", "application/x-hdf": "hdf5", "application/x-hdf4": "hdf5",
@@ -45,7 +45,7 @@ _ENDINGS = {".nc": "netcdf", ".nc4": "netcdf", ".h5": "hdf5", ".hdf5": "hdf5", "
             ".dmrpp": "dmrpp", ".zarr": "zarr", ".parquet": "parquet", ".parq": "parquet"}
 _NO_TYPE = ("", "application/octet-stream", "binary/octet-stream")  # (the name's ending tells then)
 _REFERENCE_ROLES = {"references", "reference", "kerchunk", "index", "virtual"}
-_ON_THEIR_OWN = {"zarr": "a Zarr store", "icechunk": "an Icechunk repository", "parquet": "kerchunk Parquet references"}
+STORES = {"zarr": "a Zarr store", "icechunk": "an Icechunk repository", "parquet": "kerchunk Parquet references"}
 
 class CatalogError(RefmountError):
     """A catalog that cannot be listed (one line naming its url)."""
@@ -318,7 +318,8 @@ class _Stac(_Walk):
 
     def _item(self, base: str, item) -> None:
         """One item: one dataset directory named by its id, from (in this order) its kerchunk JSON, its
-        DMR++ (with its netCDF/HDF5 data asset), or each data file it has (`id~key` when several)."""
+        kerchunk Parquet references, its Icechunk repository, its DMR++ (with its netCDF/HDF5 data asset),
+        its Zarr store, or each data file it has (`id~key` when several)."""
         from refmount.refs.scan.entry import Entry
 
         ident = item.id
@@ -332,27 +333,28 @@ class _Stac(_Walk):
             if kind is None:
                 self.skipped.append(f"{ident}/{key}")
                 continue
-            url = self.data_url(at, asset.href) if kind not in _ON_THEIR_OWN else asset.href
+            url = self.data_url(at, asset.href)
             if url:
                 chosen.setdefault(kind, []).append((str(key), url))
         data = [c for kind in ("netcdf", "hdf5", "grib", "tiff") for c in chosen.get(kind, ())]
+        store = next((kind for kind in ("parquet", "icechunk") if kind in chosen), None)
         if "reference" in chosen:  # an item's references stand for its files (read instead of their headers)
             key, url = chosen["reference"][0]
             self.entries.append((Entry(ident, url, sidecar=url), f"{ident}/{key}"))
+        elif store:
+            key, url = chosen[store][0]
+            self.entries.append((Entry(ident, url, store=store), f"{ident}/{key}"))
         elif "dmrpp" in chosen:
             key, url = chosen["dmrpp"][0]
             target = next((u for k, u in data if urlsplit(u).path == urlsplit(url).path.removesuffix(".dmrpp")),
                           data[0][1] if len(data) == 1 else url)
             self.entries.append((Entry(ident, target, sidecar=url), f"{ident}/{key}"))
+        elif "zarr" in chosen:
+            key, url = chosen["zarr"][0]
+            self.entries.append((Entry(ident, url, store="zarr"), f"{ident}/{key}"))
         elif data:
             for key, url in data:
                 self.entries.append((Entry(ident if len(data) == 1 else f"{ident}~{key}", url), f"{ident}/{key}"))
-        else:
-            for kind in _ON_THEIR_OWN:
-                for key, href in chosen.get(kind, ()):
-                    log.warning("%s: item %s: its asset %s is %s, which mounts by itself (refmount %s MOUNTPOINT), "
-                                "not as an item of a catalog; left out", redact(base), quote(ident), quote(key),
-                                _ON_THEIR_OWN[kind], redact(str(href)))
 
 
 # -- THREDDS: catalog.xml trees -------------------------------------------------------------------------
