@@ -204,9 +204,45 @@ def _scan_grib(url: str, pipe_url: str) -> dict:
     messages = scan_grib(pipe_url)
     if not messages:
         raise ValueError("no GRIB message kerchunk can reference")
+    _steps_in_hours(messages)
     if len(messages) == 1:
         return messages[0]
     return grib_tree(messages)
+
+
+def _inline_scalar(refs: dict, name: str):
+    """The one value of a message's inline scalar coordinate `name`, or None."""
+    import numpy as np
+
+    from refmount.refs.scan.gribidx import inline_bytes
+
+    value, meta = refs.get(f"{name}/0"), refs.get(f"{name}/.zarray")
+    if not isinstance(value, str) or meta is None:
+        return None
+    data = np.frombuffer(inline_bytes(value), orjson.loads(meta)["dtype"])
+    return data[0].item() if data.size == 1 else None
+
+
+def _steps_in_hours(messages: list[dict]) -> None:
+    """kerchunk's scan_grib stores `step` as eccodes' integer in the message's own step unit and calls
+    it hours: HRRR's sub-hourly 15-minute step became 15 hours. Where a message's step disagrees with its
+    valid_time - time (cfgrib's step), every message's step becomes that in float hours, as kerchunk's
+    own correct_hrrr_subhf_step does (all of them: grib_tree joins the messages' steps)."""
+    import numpy as np
+
+    spans = []
+    for message in messages:
+        refs = message.get("refs", {})
+        step, start, end = (_inline_scalar(refs, n) for n in ("step", "time", "valid_time"))
+        spans.append(None if None in (step, start, end) else (step, (end - start) / 3600))
+    if all(span is None or span[0] == span[1] for span in spans):
+        return
+    for message, span in zip(messages, spans):
+        if span is not None:
+            refs = message["refs"]
+            refs["step/.zarray"] = orjson.dumps({"chunks": [], "compressor": None, "dtype": "<f8", "fill_value": "NaN",
+                                                 "filters": None, "order": "C", "shape": [], "zarr_format": 2}).decode()
+            refs["step/0"] = "base64:" + base64.b64encode(np.float64(span[1]).tobytes()).decode()
 
 
 def _scan_tiff(url: str, pipe_url: str) -> dict:
