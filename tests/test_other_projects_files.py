@@ -1,6 +1,6 @@
 """Real files from other projects' test suites (issue 40), each mounted directly and compared with the
-same tool on the file: HDF4's own test files (The HDF Group's hdp, hdiff, hdfimport and example files,
-tests/data/hdf4/hdfgroup) with pyhdf; real GRIB2 messages of kerchunk's tests (HRRR sub-hourly, GEFS,
+same tool on the file: HDF4's own test files (The HDF Group's hdp, hdiff, hdfimport and example files)
+and HDF-EOS2 grid and swath files (pyhdfeos's), tests/data/hdf4/hdfgroup, with pyhdf; real GRIB2 messages of kerchunk's tests (HRRR sub-hourly, GEFS,
 CMC) with NOAA-style `.idx` files, a glob of them served by nginx, with cfgrib; astropy's FITS test files
 with astropy; zipped Zarr stores written by zarr's ZipStore with zarr. Every variable of every file is
 either read with the oracle's values or named in one log line of the mount (what is not virtualised);
@@ -150,7 +150,8 @@ def test_hdf4_what_is_not_virtualised_is_said_per_variable(hdf4_mount):
                            ("tdata.hdf", "a", "linked blocks"),
                            ("Tables.hdf", "Table AR with Attributes in External File", "Vdata table"),
                            ("storm110.hdf", "RIG 110", "raster image"),
-                           ("Image_with_Palette.hdf", "RIG0.0", "GR raster image")]:
+                           ("Image_with_Palette.hdf", "RIG0.0", "GR raster image"),
+                           ("Swath219.hdf", "Swath1", "swath dimension maps")]:
         assert len(_log_names(log, name, f"{var}: ", why)) == 1, (name, var, log)
     assert "Traceback" not in log
 
