@@ -393,3 +393,49 @@ def test_zipped_zarr_reads_as_zarr_reads_the_store(zip_mounts, fmt):
     for name, values in expected.items():
         assert got[name].dtype.newbyteorder("=") == values.dtype.newbyteorder("="), name
         np.testing.assert_array_equal(got[name], values, err_msg=name)
+
+
+# ----------------------------------------------------------------------------- HDF5 fixed-length strings
+
+
+def _strings(path: Path) -> None:
+    """Fixed-length strings of each HDF5 padding, with bytes after the terminator (HDF5 keeps whatever the
+    writer's buffer held there; h5py's low-level write stores it), too many to be inlined by the scan."""
+    import h5py
+
+    values = np.array([b"ab\x00garb", b"abcdefg\x00", b"x  \x00\x00\x00\x00z", b"ab  "] * 75, dtype="S8")
+    with h5py.File(path, "w") as f:
+        for pad, name in [(h5py.h5t.STR_NULLTERM, b"null_term"), (h5py.h5t.STR_NULLPAD, b"null_pad"),
+                          (h5py.h5t.STR_SPACEPAD, b"space_pad")]:
+            tid = h5py.h5t.C_S1.copy()
+            tid.set_size(8)
+            tid.set_strpad(pad)
+            h5py.h5d.create(f.id, name, tid, h5py.h5s.create_simple(values.shape)).write(
+                h5py.h5s.ALL, h5py.h5s.ALL, values)
+
+
+def test_hdf5_strings_end_at_their_terminator_as_netcdf_c_reads_them(tmp_path, mount):
+    """kerchunk references the stored bytes (``ab\\0garb``); the decoded view cuts each value where HDF5's
+    padding says it ends: netCDF-C's values for NUL-terminated and NUL-padded strings, h5py's (and
+    Hyrax's) for space-padded ones, whose trailing spaces netCDF-C keeps."""
+    import h5py
+    import netCDF4
+
+    from tests.support.clients import nczarr_url
+
+    path = tmp_path / "strings.h5"
+    _strings(path)
+    m = mount(str(path))
+    with netCDF4.Dataset(path) as file, netCDF4.Dataset(nczarr_url(m.path)) as mounted, h5py.File(path) as h5:
+        for name in ("null_term", "null_pad"):
+            assert mounted[name][:].tolist() == file[name][:].tolist(), name
+        assert [v.encode() for v in mounted["space_pad"][:].tolist()] == h5["space_pad"][:].tolist()
+        expected = {name: [v.encode() for v in file[name][:].tolist()] for name in ("null_term", "null_pad")}
+    import xarray as xr
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the decoded view has both v2 and v3 metadata)
+        with xr.open_zarr(m.path, consolidated=True) as ds:  # (zarr: no NUL of its own to stop at)
+            for name, values in expected.items():
+                assert ds[name].values.tolist() == values, name
+    assert "strings cut at their terminator (null_term)" in m.log()

@@ -161,6 +161,25 @@ def _repoint(refs: dict, pipe_url: str, url: str) -> dict:
     return refs
 
 
+def _say_string_pad(store: dict, name: str, h5obj) -> None:
+    """A fixed-length string dataset's HDF5 padding in its .zarray (refmount.refs.hdf5: the decoded view
+    cuts each value at its terminator, as h5py and netCDF-C read it; kerchunk keeps the bytes after)."""
+    import h5py
+
+    from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
+
+    key = f"{name.strip('/')}/.zarray"
+    if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind != "S" or key not in store:
+        return
+    pad = h5obj.id.get_type().get_strpad()  # (H5T_STR_NULLTERM 0, NULLPAD 1, SPACEPAD 2)
+    if 0 <= pad < len(STRING_PADS):
+        raw = store[key]  # (zarr 3's Buffer in kerchunk's store)
+        meta = orjson.loads(raw.to_bytes() if hasattr(raw, "to_bytes") else raw)
+        meta[STRING_PAD_KEY] = STRING_PADS[pad]
+        data = orjson.dumps(meta)
+        store[key] = type(raw).from_bytes(data) if hasattr(type(raw), "from_bytes") else data
+
+
 def _scan_hdf5(conn, url: str, size: int, refused: list) -> dict:
     from kerchunk.hdf import SingleHdf5ToZarr
 
@@ -170,6 +189,7 @@ def _scan_hdf5(conn, url: str, size: int, refused: list) -> dict:
         def _translator(self, name, h5obj):
             try:
                 super()._translator(name, h5obj)
+                _say_string_pad(self.store_dict, name, h5obj)
             except Exception as e:  # noqa: BLE001 - kerchunk's reasons are of every kind
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 refused.append(f"{name}: {reason}")
