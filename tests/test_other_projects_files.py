@@ -32,6 +32,20 @@ def _mount(root: Path, source: str, *args: str) -> Mount:
     return Mount(source, root / "mnt", args, env=env).start(timeout=180)
 
 
+def _suite(root: Path, files, write, written: str):
+    """(data directory, mount of a glob of it in the raw view): `files` copied, and `write(path)` makes
+    the file `written` beside them."""
+    data = root / "data"
+    data.mkdir()
+    suffix = Path(written).suffix
+    for path in files:
+        shutil.copy(path, data / path.name)
+    write(data / written)
+    m = _mount(root, f"{data}/*{suffix}", "--view", "raw")
+    yield data, m
+    m.stop()
+
+
 def _log_names(log: str, *words: str) -> list[str]:
     return [line for line in log.splitlines() if all(w in line for w in words)]
 
@@ -90,13 +104,8 @@ def pyhdf_sds(path: Path) -> dict[str, np.ndarray | None]:
 @pytest.fixture(scope="module")
 def hdf4_mount(tmp_path_factory):
     pytest.importorskip("pyhdf")
-    root = tmp_path_factory.mktemp("hdf4suite")
-    data = root / "data"
-    shutil.copytree(HDF4_SUITE, data)
-    _partial_chunks(data / "partial_chunks.hdf")
-    m = _mount(root, f"{data}/*.hdf", "--view", "raw")
-    yield data, m
-    m.stop()
+    yield from _suite(tmp_path_factory.mktemp("hdf4suite"), HDF4_SUITE.glob("*.hdf"), _partial_chunks,
+                      "partial_chunks.hdf")
 
 
 @pytest.mark.parametrize("name", HDF4_FILES)
@@ -290,15 +299,7 @@ def astropy_hdus(path: Path):
 @pytest.fixture(scope="module")
 def fits_mount(tmp_path_factory):
     pytest.importorskip("astropy")
-    root = tmp_path_factory.mktemp("fitssuite")
-    data = root / "data"
-    data.mkdir()
-    for name in FITS_FILES[:-1]:
-        shutil.copy(FITS_DIR / name, data / name)
-    _unsigned(data / "unsigned.fits")
-    m = _mount(root, f"{data}/*.fits", "--view", "raw")
-    yield data, m
-    m.stop()
+    yield from _suite(tmp_path_factory.mktemp("fitssuite"), FITS_DIR.glob("*.fits"), _unsigned, "unsigned.fits")
 
 
 @pytest.mark.parametrize("name", FITS_FILES)
