@@ -163,13 +163,16 @@ def _repoint(refs: dict, pipe_url: str, url: str) -> dict:
 
 def _say_string_pad(store: dict, name: str, h5obj) -> None:
     """A fixed-length string dataset's HDF5 padding in its .zarray (refmount.refs.hdf5: the decoded view
-    cuts each value at its terminator, as h5py and netCDF-C read it; kerchunk keeps the bytes after)."""
+    cuts each value at its terminator, as h5py and netCDF-C read it; kerchunk keeps the bytes after).
+    Not for one-byte strings (netCDF-4's char data): cutting them changes nothing."""
     import h5py
 
     from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
 
     key = f"{name.strip('/')}/.zarray"
-    if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind != "S" or key not in store:
+    if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind != "S" or h5obj.dtype.itemsize < 2:
+        return
+    if key not in store:
         return
     pad = h5obj.id.get_type().get_strpad()  # (H5T_STR_NULLTERM 0, NULLPAD 1, SPACEPAD 2)
     if 0 <= pad < len(STRING_PADS):
