@@ -415,6 +415,17 @@ def _strings(path: Path) -> None:
                 h5py.h5s.ALL, h5py.h5s.ALL, values)
 
 
+def _unwritten_strings(path: Path) -> None:
+    """Chunked strings of which one chunk of four is written, with HDF5's default fill and one of their
+    own (netCDF-C 4.9.0 crashes closing this file: h5py is the oracle)."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        for name, fill in (("unwritten", None), ("unwritten_filled", b"zz")):
+            d = f.create_dataset(name, shape=(400,), dtype="S4", chunks=(100,), fillvalue=fill)
+            d[:100] = np.array([b"abc"] * 100, "S4")
+
+
 _NETCDF_STRINGS = """
 import json, sys
 import netCDF4
@@ -429,7 +440,8 @@ print(json.dumps(out))
 def test_hdf5_strings_end_at_their_terminator_as_netcdf_c_reads_them(tmp_path, mount):
     """kerchunk references the stored bytes (``ab\\0garb``); the decoded view cuts each value where HDF5's
     padding says it ends: netCDF-C's values for NUL-terminated and NUL-padded strings, h5py's (and
-    Hyrax's) for space-padded ones, whose trailing spaces netCDF-C keeps. netCDF-C reads in a process of
+    Hyrax's) for space-padded ones, whose trailing spaces netCDF-C keeps. Chunks never written read as
+    the dataset's fill value (kerchunk said b" " for every string) in either view. netCDF-C reads in a process of
     its own (the mount serves each reader its form: a process that has loaded zarr is zarr's)."""
     import json
     import subprocess
@@ -459,3 +471,11 @@ def test_hdf5_strings_end_at_their_terminator_as_netcdf_c_reads_them(tmp_path, m
             for name in ("null_term", "null_pad"):
                 assert ds[name].values.tolist() == [v.encode() for v in file[name]], name
     assert "strings cut at their terminator (null_term)" in m.log()
+    unwritten = tmp_path / "unwritten.h5"
+    _unwritten_strings(unwritten)
+    raw = mount(str(unwritten), "--view", "raw")  # (kerchunk gave every string the fill value b" ")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with xr.open_zarr(raw.path, consolidated=True, mask_and_scale=False) as ds, h5py.File(unwritten) as h5:
+            for name in ("unwritten", "unwritten_filled"):
+                assert ds[name].values.tolist() == h5[name][:].tolist(), name

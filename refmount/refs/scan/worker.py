@@ -161,26 +161,30 @@ def _repoint(refs: dict, pipe_url: str, url: str) -> dict:
     return refs
 
 
-def _say_string_pad(store: dict, name: str, h5obj) -> None:
-    """A fixed-length string dataset's HDF5 padding in its .zarray (refmount.refs.hdf5: the decoded view
-    cuts each value at its terminator, as h5py and netCDF-C read it; kerchunk keeps the bytes after).
-    Not for one-byte strings (netCDF-4's char data): cutting them changes nothing."""
+def _fixed_strings(store: dict, name: str, h5obj) -> None:
+    """A fixed-length string dataset's .zarray as HDF5 reads it. kerchunk gives every one the fill value
+    b" " (zarr then reads a chunk never written as spaces; HDF5 and h5py read NULs, or the dataset's own
+    fill): here the dataset's. And its padding (refmount.refs.hdf5: the decoded view cuts each value at
+    its terminator, as h5py and netCDF-C read it; kerchunk keeps the bytes after), not for one-byte
+    strings (netCDF-4's char data), which cutting leaves as they are."""
     import h5py
+    import numpy as np
 
     from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
 
     key = f"{name.strip('/')}/.zarray"
-    if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind != "S" or h5obj.dtype.itemsize < 2:
+    if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind != "S" or key not in store:
         return
-    if key not in store:
-        return
+    raw = store[key]  # (zarr 3's Buffer in kerchunk's store)
+    meta = orjson.loads(raw.to_bytes() if hasattr(raw, "to_bytes") else raw)
+    size = h5obj.dtype.itemsize
+    fill = bytes(np.asarray(h5obj.fillvalue, dtype=h5obj.dtype).item()).ljust(size, b"\0")[:size]
+    meta["fill_value"] = base64.b64encode(fill).decode()
     pad = h5obj.id.get_type().get_strpad()  # (H5T_STR_NULLTERM 0, NULLPAD 1, SPACEPAD 2)
-    if 0 <= pad < len(STRING_PADS):
-        raw = store[key]  # (zarr 3's Buffer in kerchunk's store)
-        meta = orjson.loads(raw.to_bytes() if hasattr(raw, "to_bytes") else raw)
+    if size > 1 and 0 <= pad < len(STRING_PADS):
         meta[STRING_PAD_KEY] = STRING_PADS[pad]
-        data = orjson.dumps(meta)
-        store[key] = type(raw).from_bytes(data) if hasattr(type(raw), "from_bytes") else data
+    data = orjson.dumps(meta)
+    store[key] = type(raw).from_bytes(data) if hasattr(type(raw), "from_bytes") else data
 
 
 def _scan_hdf5(conn, url: str, size: int, refused: list) -> dict:
@@ -192,7 +196,7 @@ def _scan_hdf5(conn, url: str, size: int, refused: list) -> dict:
         def _translator(self, name, h5obj):
             try:
                 super()._translator(name, h5obj)
-                _say_string_pad(self.store_dict, name, h5obj)
+                _fixed_strings(self.store_dict, name, h5obj)
             except Exception as e:  # noqa: BLE001 - kerchunk's reasons are of every kind
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 refused.append(f"{name}: {reason}")
