@@ -386,3 +386,25 @@ def test_a_chunk_that_inflates_past_its_size_is_refused(tmp_path):
     with pytest.raises(RefsError, match=f"^file '{files[1]}': chunk \\(0,\\) of variable 'time' cannot be decoded: "
                                         "decodes to more than the expected"):
         combine_datasets(sets, "time", read=LocalReader(), decode=decode_bounded)
+
+
+def test_files_deflated_at_other_levels_combine(tmp_path):
+    """A zlib level is the writer's choice: chunks of any level decode the same, so files whose tas differ
+    only in it combine (a DMR++ sidecar that says level 6 beside a scan of a file written at 1). What
+    decodes otherwise (another codec) still stops the combination."""
+    files, _ = daily_files(tmp_path, days=2)
+    sets = [(str(f), scan(f)) for f in files]
+    (zlib,) = [f for f in json.loads(sets[0][1]["refs"]["tas/.zarray"])["filters"] if f["id"] == "zlib"]
+    other = sets[1][1]["refs"]
+
+    def with_filter(config):
+        meta = json.loads(other["tas/.zarray"])
+        meta["filters"] = [config if f["id"] in ("zlib", "gzip") else f for f in meta["filters"]]
+        other["tas/.zarray"] = json.dumps(meta)
+
+    with_filter({"id": "zlib", "level": 9 if zlib.get("level") != 9 else 1})
+    refs = combine_datasets(sets, "time", read=LocalReader())
+    assert open_refs(refs)["tas"].shape == (48, 5, 4)
+    with_filter({"id": "gzip", "level": 1})
+    with pytest.raises(RefsError, match="has filters .*gzip.*cannot combine along 'time'"):
+        combine_datasets(sets, "time", read=LocalReader())

@@ -489,6 +489,8 @@ class _Combiner:
             if name in ("chunks", "shape") and a is not None and b is not None:
                 a = [x for i, x in enumerate(a) if i not in skip]
                 b = [x for i, x in enumerate(b) if i not in skip]
+            if name in ("compressor", "filters"):  # (as they decode: a zlib level is the writer's choice)
+                a, b = _decoding(a), _decoding(b)
             if a != b and not (name == "fill_value" and _both_nan(a, b)):
                 return f"has {name} {a!r}, not {b!r}"
         if not over_dim and array.attrs != first.attrs:
@@ -634,6 +636,21 @@ def _chunk_key(array: _Array, position) -> str:
     separator = array.meta.get("dimension_separator") or "."
     index = separator.join(str(p) for p in position) if len(position) else "0"
     return f"{array.path}/{index}"
+
+
+# codec parameters that only the encoder uses: chunks written with any of them decode the same
+_ENCODING_ONLY = {"zlib": ("level",), "gzip": ("level",), "bz2": ("level",), "zstd": ("level", "checksum"),
+                  "lzma": ("preset",), "blosc": ("clevel", "cname", "shuffle", "blocksize"), "lz4": ("acceleration",)}
+
+
+def _decoding(config):
+    """A compressor or filters config without its encoding-only parameters."""
+    if isinstance(config, list):
+        return [_decoding(c) for c in config]
+    if not isinstance(config, dict):
+        return config
+    drop = _ENCODING_ONLY.get(config.get("id"), ())
+    return {k: v for k, v in config.items() if k not in drop}
 
 
 def _codecs(file: _File, array: _Array) -> list:

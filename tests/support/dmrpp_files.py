@@ -149,7 +149,9 @@ def _variable(d, name: str, pad: str) -> str:
     order = "BE" if dt.byteorder == ">" else "LE"
     fill = d.fillvalue
     fill_text = "" if dt.kind in "SO" else repr(np.asarray(fill).item())
+    levels = [dcpl.get_filter(i)[2] for i in range(dcpl.get_nfilters()) if dcpl.get_filter(i)[0] == 1]
     attrs = (f' compressionType="{" ".join(filters)}"' if filters else "") + \
+            (f' deflateLevel="{levels[0][0]}"' if levels and levels[0] else "") + \
             (f' fillValue="{fill_text}"' if dt.kind not in "SO" else "") + f' byteOrder="{order}"'
     if vlen is not None and vlen.length is None:  # variable-length strings: their values (-M)
         values = [v.decode("utf-8") if isinstance(v, bytes) else v for v in d[...].ravel()]

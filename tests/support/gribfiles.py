@@ -73,3 +73,37 @@ def write(directory: Path, name: str, run: dt.datetime, step: int, seed: int = 0
     path.write_bytes(data)
     Path(str(path) + ".idx").write_text(idx)
     return path
+
+
+def another_cycle(src: Path, dst: Path, hours: int) -> Path:
+    """`dst` (and `dst.idx`): the GRIB2 file `src` (with its `.idx`) as the run `hours` later would have
+    written it: each message's reference time (and a statistic's end of interval) moved, its data
+    section untouched, the idx rows' dates and offsets to match."""
+    import re
+
+    import eccodes
+
+    out, offsets, run = bytearray(), [], None
+    with open(src, "rb") as f:
+        while (h := eccodes.codes_grib_new_from_file(f)) is not None:
+            try:
+                when = f"{eccodes.codes_get(h, 'dataDate')}{eccodes.codes_get(h, 'dataTime'):04d}"
+                run = dt.datetime.strptime(when, "%Y%m%d%H%M") + dt.timedelta(hours=hours)
+                eccodes.codes_set(h, "dataDate", int(run.strftime("%Y%m%d")))
+                eccodes.codes_set(h, "dataTime", int(run.strftime("%H%M")))
+                if eccodes.codes_is_defined(h, "yearOfEndOfOverallTimeInterval"):
+                    parts = ("year", "month", "day", "hour", "minute", "second")
+                    end = dt.datetime(*(eccodes.codes_get(h, f"{p}OfEndOfOverallTimeInterval") for p in parts))
+                    end += dt.timedelta(hours=hours)
+                    for p in parts:
+                        eccodes.codes_set(h, f"{p}OfEndOfOverallTimeInterval", getattr(end, p))
+                offsets.append(len(out))
+                out += eccodes.codes_get_message(h)
+            finally:
+                eccodes.codes_release(h)
+    dst.write_bytes(bytes(out))
+    rows = Path(str(src) + ".idx").read_text().splitlines()
+    Path(str(dst) + ".idx").write_text("".join(
+        re.sub(r"^(\d+):\d+:d=\d+:", f"\\g<1>:{offset}:d={run:%Y%m%d%H}:", row) + "\n"
+        for row, offset in zip(rows, offsets)))
+    return dst

@@ -23,9 +23,9 @@ VIRTUALISED = {
     "grib": ("every message, grouped by kerchunk's grib_tree, decoded by its GRIB codec", "nothing"),
     "tiff": ("every image and overview level (tifffile's chunks)", "compressions with no codec"),
     "hdf4": (("every SD-interface SDS (HDF-EOS2's fields are SDSs): contiguous or chunked, plain or deflated, "
-              "with its attributes and dimension names"),
-             ("SZIP, RLE, NBIT, skipping-Huffman and JPEG compression, linked or external storage, GR raster "
-              "images, Vdata tables, HDF-EOS swath dimension maps")),
+              "with its attributes and dimension names; DFSD datasets"),
+             ("SZIP, RLE, NBIT, skipping-Huffman and JPEG compression, linked or external storage, GR and DFR8 "
+              "raster images, Vdata tables, HDF-EOS swath dimension maps")),
     "fits": (("every image HDU (BSCALE/BZERO/BLANK as scale_factor/add_offset/_FillValue), its header as "
               "attributes"), "tile-compressed images, binary and ASCII tables, random groups"),
 }

@@ -161,6 +161,32 @@ def _repoint(refs: dict, pipe_url: str, url: str) -> dict:
     return refs
 
 
+def _fixed_strings(store: dict, name: str, h5obj) -> None:
+    """A fixed-length string dataset's .zarray as HDF5 reads it. kerchunk gives every one the fill value
+    b" " (zarr then reads a chunk never written as spaces; HDF5 and h5py read NULs, or the dataset's own
+    fill): here the dataset's. And its padding (refmount.refs.hdf5: the decoded view cuts each value at
+    its terminator, as h5py and netCDF-C read it; kerchunk keeps the bytes after), not for one-byte
+    strings (netCDF-4's char data), which cutting leaves as they are."""
+    import h5py
+    import numpy as np
+
+    from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
+
+    key = f"{name.strip('/')}/.zarray"
+    if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind != "S" or key not in store:
+        return
+    raw = store[key]  # (zarr 3's Buffer in kerchunk's store)
+    meta = orjson.loads(raw.to_bytes() if hasattr(raw, "to_bytes") else raw)
+    size = h5obj.dtype.itemsize
+    fill = bytes(np.asarray(h5obj.fillvalue, dtype=h5obj.dtype).item()).ljust(size, b"\0")[:size]
+    meta["fill_value"] = base64.b64encode(fill).decode()
+    pad = h5obj.id.get_type().get_strpad()  # (H5T_STR_NULLTERM 0, NULLPAD 1, SPACEPAD 2)
+    if size > 1 and 0 <= pad < len(STRING_PADS):
+        meta[STRING_PAD_KEY] = STRING_PADS[pad]
+    data = orjson.dumps(meta)
+    store[key] = type(raw).from_bytes(data) if hasattr(type(raw), "from_bytes") else data
+
+
 def _scan_hdf5(conn, url: str, size: int, refused: list) -> dict:
     from kerchunk.hdf import SingleHdf5ToZarr
 
@@ -170,6 +196,7 @@ def _scan_hdf5(conn, url: str, size: int, refused: list) -> dict:
         def _translator(self, name, h5obj):
             try:
                 super()._translator(name, h5obj)
+                _fixed_strings(self.store_dict, name, h5obj)
             except Exception as e:  # noqa: BLE001 - kerchunk's reasons are of every kind
                 reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 refused.append(f"{name}: {reason}")
@@ -204,9 +231,45 @@ def _scan_grib(url: str, pipe_url: str) -> dict:
     messages = scan_grib(pipe_url)
     if not messages:
         raise ValueError("no GRIB message kerchunk can reference")
+    _steps_in_hours(messages)
     if len(messages) == 1:
         return messages[0]
     return grib_tree(messages)
+
+
+def _inline_scalar(refs: dict, name: str):
+    """The one value of a message's inline scalar coordinate `name`, or None."""
+    import numpy as np
+
+    from refmount.refs.scan.gribidx import inline_bytes
+
+    value, meta = refs.get(f"{name}/0"), refs.get(f"{name}/.zarray")
+    if not isinstance(value, str) or meta is None:
+        return None
+    data = np.frombuffer(inline_bytes(value), orjson.loads(meta)["dtype"])
+    return data[0].item() if data.size == 1 else None
+
+
+def _steps_in_hours(messages: list[dict]) -> None:
+    """kerchunk's scan_grib stores `step` as eccodes' integer in the message's own step unit and calls
+    it hours: HRRR's sub-hourly 15-minute step became 15 hours. Where a message's step disagrees with its
+    valid_time - time (cfgrib's step), every message's step becomes that in float hours, as kerchunk's
+    own correct_hrrr_subhf_step does (all of them: grib_tree joins the messages' steps)."""
+    import numpy as np
+
+    spans = []
+    for message in messages:
+        refs = message.get("refs", {})
+        step, start, end = (_inline_scalar(refs, n) for n in ("step", "time", "valid_time"))
+        spans.append(None if None in (step, start, end) else (step, (end - start) / 3600))
+    if all(span is None or span[0] == span[1] for span in spans):
+        return
+    for message, span in zip(messages, spans):
+        if span is not None:
+            refs = message["refs"]
+            refs["step/.zarray"] = orjson.dumps({"chunks": [], "compressor": None, "dtype": "<f8", "fill_value": "NaN",
+                                                 "filters": None, "order": "C", "shape": [], "zarr_format": 2}).decode()
+            refs["step/0"] = "base64:" + base64.b64encode(np.float64(span[1]).tobytes()).decode()
 
 
 def _scan_tiff(url: str, pipe_url: str) -> dict:
