@@ -24,6 +24,7 @@ import trio
 
 from refmount.errors import RefmountError, RefsError, quote
 from refmount.cache.lru import SingleFlightLRU
+from refmount.refs.arraymeta import ArrayMeta
 from refmount.refs.jsonrefs import add_mapping
 from refmount.refs.limits import RefsTooBig
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
@@ -143,13 +144,12 @@ class ParquetRefSet:
             if i < 0:
                 continue
             try:
-                zarray = orjson.loads(meta.inline_data(i))
-                shape, chunks = list(zarray["shape"]), list(zarray["chunks"])
-            except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+                zarray = ArrayMeta.from_zarray(orjson.loads(meta.inline_data(i)))
+                grid = zarray.grid() or (1,)
+            except ValueError as e:  # (orjson's JSONDecodeError and ArrayMetaError are ValueErrors)
                 raise RefsError(f"{quote(prefix + '.zarray')} is not valid array metadata: {e}") from None
-            if zarray.get("dimension_separator") == "/":
+            if zarray.separator == "/":
                 raise RefsError(f"array {quote(path)}: dimension_separator '/' is not supported in Parquet references")
-            grid = tuple(math.ceil(s / c) if c else 0 for s, c in zip(shape, chunks)) or (1,)
             count = math.prod(grid)
             if max_keys is not None and base + count > max_keys + meta.capacity:
                 raise RefsError(f"array {quote(path)} makes more than --max-keys {max_keys:,} keys")
