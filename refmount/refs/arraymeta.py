@@ -24,6 +24,10 @@ class ArrayMetaError(ValueError):
     """Array metadata that makes no chunk grid or keys (the message says why, without the array's name)."""
 
 
+def _object(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
 def _is_count(n, least: int) -> bool:
     return isinstance(n, int) and not isinstance(n, bool) and n >= least
 
@@ -62,10 +66,10 @@ class ArrayMeta:
         if not isinstance(doc, dict):
             raise ArrayMetaError(f"zarr.json is a JSON {type(doc).__name__}, not an object")
         grid = doc.get("chunk_grid") or {}
-        chunks = (grid.get("configuration") or {}).get("chunk_shape") if isinstance(grid, dict) else None
+        chunks = _object(_object(grid).get("configuration")).get("chunk_shape")
         encoding = doc.get("chunk_key_encoding") or {"name": "default"}
         name = encoding.get("name") if isinstance(encoding, dict) else encoding
-        config = (encoding.get("configuration") if isinstance(encoding, dict) else None) or {}
+        config = _object(_object(encoding).get("configuration"))
         if name == "v2":
             prefix, separator = "", config.get("separator", ".")
         else:  # "default" (and any other name, which `check` refuses)
@@ -167,11 +171,12 @@ class ArrayMeta:
         """Every chunk index of the grid, in C order (one () for a scalar, none when an axis is 0)."""
         return np.ndindex(*self.grid())
 
-    def chunk_keys(self):
-        """Every chunk key of the grid, in C order (`chunk_indices`)."""
+    def chunk_keys(self, prefix: str = ""):
+        """Every chunk key of the grid, in C order (`chunk_indices`), each after `prefix` (the array's
+        directory, "path/", for keys of the whole set)."""
         if self.scalar:
-            yield self.chunk_key(())
+            yield prefix + self.chunk_key(())
             return
-        lead, sep = self.key_lead, self.separator
+        lead, sep = prefix + self.key_lead, self.separator
         for index in self.chunk_indices():
             yield lead + sep.join(map(str, index))

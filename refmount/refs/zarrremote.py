@@ -23,6 +23,7 @@ refuses the mount in one line (zarr's ZipStore writes STORED members; ``zip -0``
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -318,14 +319,8 @@ def _array_meta(meta: dict, version: int, where: str) -> ArrayMeta:
 
 def _chunk_keys(prefix: str, array: ArrayMeta):
     """Batches of the chunk keys of one array (under `prefix`), in C order over its grid."""
-    lead = f"{prefix}/" if prefix else ""
-    batch = []
-    for key in array.chunk_keys():  # (no chunk when a dimension is 0)
-        batch.append(lead + key)
-        if len(batch) >= BATCH:
-            yield batch
-            batch = []
-    if batch:
+    keys = array.chunk_keys(f"{prefix}/" if prefix else "")  # (no chunk when a dimension is 0)
+    while batch := list(itertools.islice(keys, BATCH)):
         yield batch
 
 

@@ -78,6 +78,8 @@ def numpy_dtype(data_type, endian: str = "little") -> np.dtype:
         if data_type in ("string", "variable_length_utf8", "bytes", "variable_length_bytes"):
             return np.dtype("|O")
         raise Unsupported(f"data type {data_type!r}")
+    if not isinstance(data_type, dict):
+        raise Unsupported(f"data type {data_type!r}")
     name = data_type.get("name")
     config = data_type.get("configuration") or {}
     if name in ("null_terminated_bytes", "fixed_length_bytes"):
@@ -193,7 +195,7 @@ def v2_metadata(array: ArrayMeta) -> tuple[dict, dict]:
     chunks, shape, codecs = list(array.chunks), list(array.shape), array.codecs
     shard = sharding(codecs)
     if shard is not None:
-        chunks, codecs = list(shard["chunk_shape"]), shard.get("codecs") or []
+        chunks, codecs = list(array.inner_chunks), shard.get("codecs") or []
     dtype, filters, order = codec_chain(codecs, array.dtype, chunks, array.fill_value)
     zarray = {"zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": dtype.str, "order": order,
               "compressor": None, "filters": filters or None, "fill_value": v2_fill(array.fill_value, dtype)}
@@ -345,7 +347,7 @@ def shard_layout(path: str, array: ArrayMeta, out: ArrayMeta) -> ShardLayout | N
     dtype = np.dtype(out.dtype)
     if dtype.kind == "O":
         raise Unsupported("sharded variable-length strings")
-    layout = ShardLayout(path, out.shape, array.chunks, config["chunk_shape"],
+    layout = ShardLayout(path, out.shape, array.chunks, array.inner_chunks,
                          config.get("index_codecs", _DEFAULT_INDEX_CODECS), config.get("index_location", "end"))
     inner = out.nchunks()
     if inner > MAX_INNER_CHUNKS or layout.count > MAX_INNER_CHUNKS:
