@@ -42,7 +42,8 @@ _NO_FILES = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 class _Array:
     path: str
     dir_id: int
-    grid: tuple[int, ...]
+    meta: ArrayMeta
+    grid: tuple[int, ...]  # (a scalar's is (1,))
     count: int  # chunks in the grid
     base: int  # key index of chunk 0
 
@@ -153,7 +154,7 @@ class ParquetRefSet:
             count = math.prod(grid)
             if max_keys is not None and base + count > max_keys + meta.capacity:
                 raise RefsError(f"array {quote(path)} makes more than --max-keys {max_keys:,} keys")
-            array = _Array(path, d, grid, count, base)
+            array = _Array(path, d, zarray, grid, count, base)
             self.arrays.append(array)
             self._array_of_dir[d] = array
             base += count
@@ -176,7 +177,7 @@ class ParquetRefSet:
         return array, i - array.base
 
     def _chunk_name(self, array: _Array, n: int) -> str:
-        return ".".join(map(str, np.unravel_index(n, array.grid))) if array.grid else "0"
+        return array.meta.chunk_key(np.unravel_index(n, array.grid) if not array.meta.scalar else ())
 
     def _record(self, array: _Array, n: int) -> _Record | None:
         return self._records.peek((array.dir_id, n // self.record_size))
@@ -236,10 +237,10 @@ class ParquetRefSet:
         array = self._array_of_dir.get(d) if d is not None else None
         if array is None:
             return None
-        parts = name.split(".")
-        if len(parts) != len(array.grid) or not all(p.isdigit() for p in parts):
+        index = array.meta.parse_chunk_key(name)
+        if index is None:
             return None
-        index = tuple(int(p) for p in parts)
+        index = index or (0,)  # (a scalar's one chunk)
         if any(x >= g for x, g in zip(index, array.grid)):
             return None
         return array.base + int(np.ravel_multi_index(index, array.grid))
