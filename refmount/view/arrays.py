@@ -64,6 +64,10 @@ class ArrayInfo:
     lazy: bool = False  # of a Parquet set, whose chunk keys are not known at mount (none can be renamed)
     string_pad: str | None = None  # HDF5 fixed-length strings: each value cut at its terminator (refs.hdf5)
 
+    def __post_init__(self) -> None:
+        if self.meta is None and self.zarray:  # (given its .zarray alone)
+            self.meta = ArrayMeta.from_zarray(self.zarray)
+
     @property
     def scalar(self) -> bool:
         """A Zarr array of shape [] (the plan serves it as [1] to netCDF-C: refmount.view.forms)."""
