@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from refmount.readahead.walk import Walk
-from refmount.view.gridahead import array_grid, coalesce
+from refmount.view.gridahead import coalesce
 from tests.support.datasets import kerchunk_refs
 from tests.support.rangeserver import RangeServer
 
@@ -114,13 +114,6 @@ def test_coalesce_near_ranges_within_the_gap_and_the_share():
     assert coalesce([(0, 100), (150, 250)], max_gap=1000) == [[(0, 100)], [(150, 250)]]
     # and a request stays within its span
     assert coalesce([(0, 10), (10, 20)], max_gap=64, max_span=15) == [[(0, 10)], [(10, 20)]]
-
-
-def test_array_grid():
-    assert array_grid({"shape": [365, 512, 512], "chunks": [1, 64, 64]}) == ((365, 8, 8), ".")
-    assert array_grid({"shape": [10], "chunks": [3], "dimension_separator": "/"}) == ((4,), "/")
-    assert array_grid({"shape": [], "chunks": []}) is None
-    assert array_grid({"shape": [4], "chunks": [0]}) is None
 
 
 # -- GridAhead over a real reference set and block cache (a remote that records requests) -------------

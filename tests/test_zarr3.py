@@ -390,6 +390,7 @@ def test_shard_index_checks():
 
 
 def test_absurd_sharding_hides_the_array():
+    from refmount.refs.arraymeta import ArrayMeta
     from refmount.view.zarr3 import MAX_INNER_CHUNKS, Unsupported, shard_layout
 
     meta = {"chunk_grid": {"configuration": {"chunk_shape": [10**6, 10**6]}},
@@ -397,4 +398,4 @@ def test_absurd_sharding_hides_the_array():
                                                                      "codecs": [{"name": "bytes"}]}}]}
     zarray = {"dtype": "<f4", "shape": [10**6, 10**6], "chunks": [1, 1]}
     with pytest.raises(Unsupported, match=f"more than the decoded view lists \\({MAX_INNER_CHUNKS:,}\\)"):
-        shard_layout("a", meta, zarray)
+        shard_layout("a", ArrayMeta.from_zarr_json(meta), ArrayMeta.from_zarray(zarray))

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from refmount.errors import RefsError, quote
+from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 
 log = logging.getLogger("refmount")
 
@@ -62,7 +63,7 @@ _CALENDAR_ALIASES = {"gregorian": "standard", "noleap": "365_day", "all_leap": "
 @dataclass
 class _Array:
     path: str  # e.g. "tas" or "group/tas"
-    meta: dict  # .zarray
+    meta: ArrayMeta  # its .zarray
     attrs: dict  # .zattrs
     chunks: dict[tuple[int, ...], object] = field(default_factory=dict)  # chunk index -> reference value
 
@@ -123,23 +124,25 @@ def _parse(name: str, refs: dict) -> _File:
     for key, meta in metas.items():
         parent, _, base = key.rpartition("/")
         if base == ".zarray":
-            arrays[parent] = _Array(parent, meta, metas.get(f"{parent}/.zattrs" if parent else ".zattrs", {}))
+            try:
+                array_meta = ArrayMeta.from_zarray(meta)
+            except ArrayMetaError as e:
+                raise RefsError(f"file {quote(name)}: key {quote(key)}: {e}") from None
+            arrays[parent] = _Array(parent, array_meta, metas.get(f"{parent}/.zattrs" if parent else ".zattrs", {}))
         elif base == ".zgroup" or (base == ".zattrs" and f"{parent}/.zarray" not in metas
                                    and (f"{parent}/.zgroup" if parent else ".zgroup") in metas):
             groups.setdefault(parent, {})[base] = meta
     for key, value in chunk_values.items():
         parent, _, index = key.rpartition("/")
         array = arrays.get(parent)
-        if array is None or array.meta.get("dimension_separator") == "/":
+        if array is None or array.meta.separator == "/":
             parent, index = _split_slash_key(key, arrays)
             array = arrays.get(parent)
             if array is None:
                 continue  # (a key outside every array: nothing reads it)
-        separator = array.meta.get("dimension_separator") or "."
-        try:
-            position = tuple(int(p) for p in index.split(separator)) if array.meta.get("shape") else (0,)
-        except ValueError:
-            raise RefsError(f"file {quote(name)}: chunk key {quote(key)} is not a chunk index") from None
+        position = array.meta.parse_chunk_key(index) if not array.meta.scalar else ()
+        if position is None:
+            raise RefsError(f"file {quote(name)}: chunk key {quote(key)} is not a chunk index")
         array.chunks[position] = value
     return _File(name, arrays, groups)
 
@@ -149,7 +152,7 @@ def _split_slash_key(key: str, arrays: dict[str, _Array]) -> tuple[str, str]:
     parts = key.split("/")
     for cut in range(len(parts) - 1, 0, -1):
         path = "/".join(parts[:cut])
-        if path in arrays and arrays[path].meta.get("dimension_separator") == "/":
+        if path in arrays and arrays[path].meta.separator == "/":
             return path, "/".join(parts[cut:])
     return "\0", key  # (no such array)
 
@@ -244,7 +247,7 @@ class _Combiner:
         lengths = {}
         for array in file.arrays.values():
             if self.dim in array.dims:
-                lengths.setdefault(int(array.meta["shape"][array.dims.index(self.dim)]), array.path)
+                lengths.setdefault(int(array.meta.shape[array.dims.index(self.dim)]), array.path)
         if not lengths:
             raise RefsError(f"file {quote(file.name)} has no dimension {self.dim!r} to concatenate along")
         if len(lengths) > 1:
@@ -391,7 +394,7 @@ class _Combiner:
 
     def _as_dtype(self, values: np.ndarray, array: _Array, file: _File) -> np.ndarray:
         """Values in the array's dtype; floats when an integer dtype cannot hold them exactly."""
-        dtype = np.dtype(array.meta["dtype"])
+        dtype = np.dtype(array.meta.dtype)
         if dtype.kind in "iu" and values.dtype.kind in "iuf":
             info = np.iinfo(dtype)
             exact = values.dtype.kind != "f" or (np.all(np.isfinite(values)) and np.all(values == np.round(values)))
@@ -410,24 +413,24 @@ class _Combiner:
             if why:
                 return self._mismatch(f, path, why)
         axis = first.dims.index(self.dim)
-        chunk = int(first.meta["chunks"][axis])
-        chunks = [int(f.arrays[path].meta["chunks"][axis]) for f in files]
+        chunk = int(first.meta.chunks[axis])
+        chunks = [int(f.arrays[path].meta.chunks[axis]) for f in files]
         # Each file must begin a chunk of the combined array, and fill its last chunk unless no file
         # with values follows (Zarr v2's chunks are all alike).
         uneven = next((k for k, (s, n, c) in enumerate(zip(starts, lengths, chunks))
                        if c != chunk or s % chunk or (n % chunk and sum(lengths[k + 1:]))), None)
-        shape = list(first.meta["shape"])
+        shape = list(first.meta.shape)
         shape[axis] = starts[-1]
         if uneven is not None:
-            nbytes = math.prod(shape) * np.dtype(first.meta["dtype"]).itemsize
-            if nbytes > INLINE_LIMIT or np.dtype(first.meta["dtype"]).kind == "O":
+            nbytes = math.prod(shape) * np.dtype(first.meta.dtype).itemsize
+            if nbytes > INLINE_LIMIT or np.dtype(first.meta.dtype).kind == "O":
                 other = f" (the earliest file's: {chunk})" if chunks[uneven] != chunk else ""
                 return self._mismatch(files[uneven], path, f"has {lengths[uneven]} values along {self.dim!r} in chunks "
                                       f"of {chunks[uneven]}{other}: the combined chunks would be uneven, which Zarr v2 "
                                       "cannot express")
             values = np.concatenate([self._values(f, f.arrays[path]) for f in files], axis=axis)
             return self._write_inline(first, values)
-        self._write_meta(first, dict(first.meta, shape=shape))
+        self._write_meta(first, dict(first.meta.document, shape=shape))
         for f, start in zip(files, starts):
             offset = start // chunk
             for position, value in f.arrays[path].chunks.items():
@@ -485,7 +488,7 @@ class _Combiner:
             return f"has dimensions {array.dims}, not {first.dims}"
         skip = {first.dims.index(self.dim)} if over_dim else set()
         for name in ("dtype", "chunks", "shape", "compressor", "filters", "fill_value", "order"):
-            a, b = array.meta.get(name), first.meta.get(name)
+            a, b = array.meta.document.get(name), first.meta.document.get(name)
             if name in ("chunks", "shape") and a is not None and b is not None:
                 a = [x for i, x in enumerate(a) if i not in skip]
                 b = [x for i, x in enumerate(b) if i not in skip]
@@ -550,12 +553,12 @@ class _Combiner:
     def _values(self, file: _File, array: _Array) -> np.ndarray:
         """The array's decoded values, assembled from its chunks (fill value where a chunk is missing)."""
         meta = array.meta
-        dtype = np.dtype(meta["dtype"])
-        shape = [int(n) for n in meta["shape"]]
+        dtype = np.dtype(meta.dtype)
+        shape = [int(n) for n in meta.shape]
         if math.prod(shape) * dtype.itemsize > max(INLINE_LIMIT, COMPARE_LIMIT):
             raise RefsError(f"file {quote(file.name)}: variable {array.path!r} is too large to read for --concat")
-        chunks = [int(n) for n in meta["chunks"]] if shape else []
-        out = np.full(shape, _fill(meta, dtype), dtype=dtype)
+        chunks = [int(n) for n in meta.chunks] if shape else []
+        out = np.full(shape, _fill(meta.fill_value, dtype), dtype=dtype)
         codecs = _codecs(file, array)
         # (no stage of a chunk's decoding may grow past a few times the chunk: a hostile chunk stops there)
         bound = 8 * max(math.prod(chunks or [1]) * dtype.itemsize, 1 << 20)
@@ -565,7 +568,7 @@ class _Combiner:
                 for codec in codecs:
                     raw = self.decode(codec, raw, bound) if self.decode is not None else codec.decode(raw)
                 block = np.frombuffer(raw, dtype=dtype) if dtype.kind != "O" else np.asarray(raw, dtype=object)
-                block = block.reshape(chunks or [], order=meta.get("order", "C"))
+                block = block.reshape(chunks or [], order=meta.order)
             except Exception as e:  # (numcodecs raises many kinds)
                 raise RefsError(f"file {quote(file.name)}: chunk {position} of variable {array.path!r} cannot be "
                                 f"decoded: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
@@ -596,7 +599,7 @@ class _Combiner:
                     self._mismatch(f, group, "is a group that the first file lacks")
 
     def _copy(self, array: _Array) -> None:
-        self._write_meta(array, array.meta)
+        self._write_meta(array, array.meta.document)
         for position, value in array.chunks.items():
             self.out[_chunk_key(array, position)] = value
 
@@ -616,7 +619,7 @@ class _Combiner:
         chunks = list(shape)
         if self.growing and along is not None and self._step:
             chunks[along] = self._step
-        meta = dict(array.meta, shape=shape, chunks=chunks or [], dtype=values.dtype.str, compressor=None,
+        meta = dict(array.meta.document, shape=shape, chunks=chunks or [], dtype=values.dtype.str, compressor=None,
                     filters=None, order="C")
         self._write_meta(array, meta)
         if chunks == shape:
@@ -633,9 +636,7 @@ class _Combiner:
 
 
 def _chunk_key(array: _Array, position) -> str:
-    separator = array.meta.get("dimension_separator") or "."
-    index = separator.join(str(p) for p in position) if len(position) else "0"
-    return f"{array.path}/{index}"
+    return f"{array.path}/{array.meta.chunk_key(position)}"
 
 
 # codec parameters that only the encoder uses: chunks written with any of them decode the same
@@ -657,7 +658,7 @@ def _codecs(file: _File, array: _Array) -> list:
     """numcodecs codecs in decoding order: the compressor, then the filters last to first."""
     import numcodecs
 
-    configs = [array.meta.get("compressor")] + list(reversed(array.meta.get("filters") or []))
+    configs = [array.meta.compressor] + list(reversed(array.meta.filters or []))
     try:
         return [numcodecs.get_codec(dict(c)) for c in configs if c]
     except Exception as e:
@@ -665,8 +666,7 @@ def _codecs(file: _File, array: _Array) -> list:
                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
-def _fill(meta: dict, dtype: np.dtype):
-    value = meta.get("fill_value")
+def _fill(value, dtype: np.dtype):
     if value is None:
         return 0 if dtype.kind != "O" else None
     if isinstance(value, str) and dtype.kind in "fc":

@@ -53,6 +53,7 @@ from xml.etree import ElementTree
 import numpy as np
 
 from refmount.errors import RefsError, quote
+from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
 from refmount.fetch.protocols import is_remote, local_path
 from refmount.refs.model import name_problem
@@ -631,9 +632,12 @@ class _Converter:
         `fill`, encoded once with the variable's filters, so that every reader reads the fill without a
         fill_value (a _FillValue) being declared. False when they would pass the DMR++'s budget
         (MAX_FILL_CHUNKS, MAX_FILL_BYTES): the caller then serves the fill as fill_value."""
-        shape, chunks = zarray["shape"], zarray["chunks"]
-        total = math.prod(-(-n // c) for n, c in zip(shape, chunks)) if shape else 1
-        missing = total - len(chunk_refs)
+        meta = ArrayMeta.from_zarray(zarray)
+        try:
+            missing = meta.nchunks() - len(chunk_refs)
+        except ArrayMetaError as e:
+            raise Refused(str(e)) from None
+        chunks = meta.chunks
         if missing <= 0 or (dtype.kind == "S" and not fill.strip(b"\0")):
             return True  # (a NUL string: what every reader fills characters with anyway)
         data = b""
@@ -652,10 +656,8 @@ class _Converter:
         self.fill_chunks -= missing
         self.fill_bytes -= missing * len(data)
         value = _inline(data)
-        grid = [-(-n // c) for n, c in zip(shape, chunks)]
         prefix = full.lstrip("/")
-        for index in np.ndindex(*grid) if shape else [()]:
-            key = ".".join(map(str, index)) or "0"
+        for key in meta.chunk_keys():
             if key not in chunk_refs:
                 self.refs[f"{prefix}/{key}"] = value
         return True

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from refmount.errors import RefsError, quote
+from refmount.refs.arraymeta import ArrayMeta
 from refmount.refs.flatbuf import FormatError, Table, TableColumns
 from refmount.refs.icechunk_containers import Containers
 from refmount.refs.icechunk_files import (FILE_MANIFEST, FILE_SNAPSHOT, MAGIC, RepoFiles, object_id,
@@ -101,15 +102,11 @@ class _Array:
     manifests: list[tuple[str, list[tuple[int, int]]]]  # (manifest id, [from, to) chunk indexes per dimension)
 
 
-def chunk_key_layout(meta: dict, path: str) -> tuple[str, str, str]:
+def chunk_key_layout(meta: ArrayMeta, path: str) -> tuple[str, str, str]:
     """(key prefix, separator, key of the single chunk of a 0-d array) of an array's chunks, from its
     chunk_key_encoding (Zarr v3: "default" is c/0/0, "v2" is 0.0)."""
     base = f"{path}/" if path else ""
-    encoding = meta.get("chunk_key_encoding") or {"name": "default"}
-    config = encoding.get("configuration") or {}
-    if encoding.get("name") == "v2":
-        return base, config.get("separator", "."), base + "0"
-    return base + "c/", config.get("separator", "/"), base + "c"
+    return base + meta.key_lead, meta.separator, base + meta.chunk_key(())
 
 
 # Field numbers of snapshot.fbs and manifest.fbs (a union takes two: its type, then its value).
@@ -140,12 +137,12 @@ def _nodes(snapshot: bytes, location: str) -> tuple[list[tuple[str, bytes]], lis
         manifests = [(object_id(ref.struct_bytes(_MANIFEST_REF_ID, 12) or b""),
                       ref.structs(_MANIFEST_REF_EXTENTS, "II")) for ref in data.tables(_ARRAY_MANIFESTS)]
         try:
-            meta = json.loads(user_data)
-        except ValueError:
+            meta = ArrayMeta.from_zarr_json(json.loads(user_data))
+        except ValueError:  # (ArrayMetaError too: not a JSON object)
             raise RefsError(f"array {quote(path or '/')} of Icechunk repository {quote(location)} "
                             "has malformed zarr.json") from None
-        if ndim == 0 and isinstance(meta, dict) and meta.get("shape"):
-            ndim = len(meta["shape"])  # (a snapshot that lists no dimensions: trust the metadata)
+        if ndim == 0 and meta.shape:
+            ndim = len(meta.shape)  # (a snapshot that lists no dimensions: trust the metadata)
         arrays.append(_Array(path, node.struct_bytes(_NODE_ID, 8), ndim, *chunk_key_layout(meta, path), manifests))
     return metadata, arrays
 

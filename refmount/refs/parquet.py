@@ -24,6 +24,7 @@ import trio
 
 from refmount.errors import RefmountError, RefsError, quote
 from refmount.cache.lru import SingleFlightLRU
+from refmount.refs.arraymeta import ArrayMeta
 from refmount.refs.jsonrefs import add_mapping
 from refmount.refs.limits import RefsTooBig
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
@@ -41,7 +42,8 @@ _NO_FILES = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
 class _Array:
     path: str
     dir_id: int
-    grid: tuple[int, ...]
+    meta: ArrayMeta
+    grid: tuple[int, ...]  # (a scalar's is (1,))
     count: int  # chunks in the grid
     base: int  # key index of chunk 0
 
@@ -143,17 +145,16 @@ class ParquetRefSet:
             if i < 0:
                 continue
             try:
-                zarray = orjson.loads(meta.inline_data(i))
-                shape, chunks = list(zarray["shape"]), list(zarray["chunks"])
-            except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+                zarray = ArrayMeta.from_zarray(orjson.loads(meta.inline_data(i)))
+                grid = zarray.grid() or (1,)
+            except ValueError as e:  # (orjson's JSONDecodeError and ArrayMetaError are ValueErrors)
                 raise RefsError(f"{quote(prefix + '.zarray')} is not valid array metadata: {e}") from None
-            if zarray.get("dimension_separator") == "/":
+            if zarray.separator == "/":
                 raise RefsError(f"array {quote(path)}: dimension_separator '/' is not supported in Parquet references")
-            grid = tuple(math.ceil(s / c) if c else 0 for s, c in zip(shape, chunks)) or (1,)
             count = math.prod(grid)
             if max_keys is not None and base + count > max_keys + meta.capacity:
                 raise RefsError(f"array {quote(path)} makes more than --max-keys {max_keys:,} keys")
-            array = _Array(path, d, grid, count, base)
+            array = _Array(path, d, zarray, grid, count, base)
             self.arrays.append(array)
             self._array_of_dir[d] = array
             base += count
@@ -183,7 +184,7 @@ class ParquetRefSet:
         return array, i - array.base
 
     def _chunk_name(self, array: _Array, n: int) -> str:
-        return ".".join(map(str, np.unravel_index(n, array.grid))) if array.grid else "0"
+        return array.meta.chunk_key(np.unravel_index(n, array.grid) if not array.meta.scalar else ())
 
     def _record(self, array: _Array, n: int) -> _Record | None:
         return self._records.peek((array.dir_id, n // self.record_size))
@@ -243,10 +244,10 @@ class ParquetRefSet:
         array = self._array_of_dir.get(d) if d is not None else None
         if array is None:
             return None
-        parts = name.split(".")
-        if len(parts) != len(array.grid) or not all(p.isdigit() for p in parts):
+        index = array.meta.parse_chunk_key(name)
+        if index is None:
             return None
-        index = tuple(int(p) for p in parts)
+        index = index or (0,)  # (a scalar's one chunk)
         if any(x >= g for x, g in zip(index, array.grid)):
             return None
         return array.base + int(np.ravel_multi_index(index, array.grid))

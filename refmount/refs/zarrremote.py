@@ -23,6 +23,7 @@ refuses the mount in one line (zarr's ZipStore writes STORED members; ``zip -0``
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ import numpy as np
 
 from refmount.errors import RefmountError, RefsError, quote
 from refmount.fetch.protocols import is_remote, local_path, protocol_of
+from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.model import INLINE, WHOLE_FILE, RefSet, RefSetBuilder, key_problem, name_problem
 
 log = logging.getLogger("refmount")
@@ -305,49 +307,20 @@ def _store_documents(store: RemoteStore) -> tuple[dict[str, bytes], bool]:
 
 # -- chunk keys from each array's grid ---------------------------------------------------------------------
 
-def _grid_keys(meta: dict, version: int, where: str):
-    """(key prefix, separator, grid) of an array's chunk keys, from its metadata."""
-    if version == 3:
-        grid = meta.get("chunk_grid") or {}
-        if not isinstance(grid, dict) or grid.get("name") != "regular":
-            raise RefsError(f"{quote(where)}: chunk grid {grid.get('name') if isinstance(grid, dict) else grid!r} "
-                            "is not 'regular'")
-        chunks = (grid.get("configuration") or {}).get("chunk_shape")
-        encoding = meta.get("chunk_key_encoding") or {"name": "default"}
-        config = encoding.get("configuration") or {}
-        if encoding.get("name") == "v2":
-            head, sep = "", config.get("separator", ".")
-        elif encoding.get("name") == "default":
-            head, sep = "c", config.get("separator", "/")
-        else:
-            raise RefsError(f"{quote(where)}: chunk key encoding {encoding.get('name')!r} is not known")
-    else:
-        chunks = meta.get("chunks")
-        head, sep = "", meta.get("dimension_separator") or "."
-    shape = meta.get("shape")
-    if sep not in (".", "/"):
-        raise RefsError(f"{quote(where)}: separator {sep!r} is neither '.' nor '/'")
-    if not (isinstance(shape, list) and isinstance(chunks, list) and len(shape) == len(chunks)
-            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)
-            and all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in chunks)):
-        raise RefsError(f"{quote(where)}: shape {shape!r} and chunks {chunks!r} do not make a chunk grid")
-    return head, sep, [-(-n // c) for n, c in zip(shape, chunks)]
+def _array_meta(meta: dict, version: int, where: str) -> ArrayMeta:
+    """An array's metadata, its chunk grid checked (refused in one line naming `where`)."""
+    try:
+        array = ArrayMeta.from_document(meta, version)
+        array.check()
+    except ArrayMetaError as e:
+        raise RefsError(f"{quote(where)}: {e}") from None
+    return array
 
 
-def _chunk_keys(prefix: str, head: str, sep: str, grid: list[int]):
-    """Batches of the chunk keys of one array (under `prefix`), in C order over its grid: v3's default
-    encoding "c/1/0" (or "c.1.0"), v2's "1.0" (or "1/0"); a scalar's one chunk is "c" or "0"."""
-    if not grid:
-        yield [_join(prefix, head or "0")]
-        return
-    lead = (f"{prefix}/" if prefix else "") + (head + sep if head else "")
-    batch = []
-    for index in np.ndindex(*grid):  # (no chunk when a dimension is 0)
-        batch.append(lead + sep.join(map(str, index)))
-        if len(batch) >= BATCH:
-            yield batch
-            batch = []
-    if batch:
+def _chunk_keys(prefix: str, array: ArrayMeta):
+    """Batches of the chunk keys of one array (under `prefix`), in C order over its grid."""
+    keys = array.chunk_keys(f"{prefix}/" if prefix else "")  # (no chunk when a dimension is 0)
+    while batch := list(itertools.islice(keys, BATCH)):
         yield batch
 
 
@@ -374,10 +347,10 @@ def load_remote_store(location: str, *, remote_options: dict | None = None, max_
     builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
                       np.array([len(documents[k]) for k in keys], np.int64), dict(enumerate(documents.values())))
     for path, meta, version, where in _array_nodes(documents):
-        head, sep, grid = _grid_keys(meta, version, store.url(where))
-        total = int(np.prod(grid, dtype=np.float64)) if grid else 1
+        array = _array_meta(meta, version, store.url(where))
+        total = int(np.prod(array.grid(), dtype=np.float64))
         builder.reserve(total, f"the chunk grid of array {quote(path or '/')}")
-        for batch in _chunk_keys(path, head, sep, grid):
+        for batch in _chunk_keys(path, array):
             urls = [store.url(k) for k in batch]
             builder.reserve_bytes(sum(map(len, batch)) + sum(map(len, urls)), f"the chunk keys of {quote(path or '/')}")
             n = len(batch)

@@ -18,6 +18,7 @@ from numcodecs.compat import ensure_contiguous_ndarray
 
 from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes
 from refmount.refs import RefSet
+from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS, HDF5Shuffle
 
 log = logging.getLogger("refmount")
@@ -39,8 +40,9 @@ MAX_CHUNK_BYTES = 1 << 30
 class ArrayInfo:
     path: str  # directory path of the array ('' for a root array)
     dir_id: int
-    zarray: dict
+    zarray: dict  # its .zarray as given (`meta.document`), {} if it could not be read
     zattrs: dict
+    meta: ArrayMeta | None = None  # None if its .zarray could not be read
     dtype: np.dtype | None = None
     codecs: list[dict] = field(default_factory=list)  # filters then compressor, as configured
     # plan for the decoded view
@@ -62,10 +64,14 @@ class ArrayInfo:
     lazy: bool = False  # of a Parquet set, whose chunk keys are not known at mount (none can be renamed)
     string_pad: str | None = None  # HDF5 fixed-length strings: each value cut at its terminator (refs.hdf5)
 
+    def __post_init__(self) -> None:
+        if self.meta is None and self.zarray:  # (given its .zarray alone)
+            self.meta = ArrayMeta.from_zarray(self.zarray)
+
     @property
     def scalar(self) -> bool:
         """A Zarr array of shape [] (the plan serves it as [1] to netCDF-C: refmount.view.forms)."""
-        return not self.zarray.get("shape")
+        return self.meta is None or self.meta.scalar
 
     @property
     def name(self) -> str:
@@ -85,11 +91,18 @@ class ArrayInfo:
         return math.prod(self.out_chunk_shape) * self.out_dtype.itemsize
 
     def chunk_index(self, name: str) -> tuple[int, ...] | None:
-        """Grid index of a chunk key relative to the array directory ("1.0.3" or "1/0/3")."""
-        parts = name.split(self.separator)
-        if len(parts) != max(len(self.chunk_shape), 1) or not all(p.isdigit() for p in parts):
-            return None
-        return tuple(int(p) for p in parts)
+        """Grid index of a chunk key relative to the array directory ("1.0.3" or "1/0/3"; a scalar's
+        "0" is (0,), as the [1] it is served as)."""
+        index = self.meta.parse_chunk_key(name) if self.meta is not None else None
+        return (0,) if index == () else index
+
+    def chunk_count(self) -> int:
+        """How many chunks the array's grid has (1 for an array whose .zarray is not known, 0 for one
+        whose shape and chunks make no grid)."""
+        try:
+            return self.meta.nchunks() if self.meta is not None else 1
+        except ArrayMetaError:
+            return 0
 
 
 def listed(names: list[str], shown: int = 8) -> str:
@@ -129,10 +142,10 @@ def compressed_arrays(refset: RefSet, shown: int = 8) -> NameSample:
         if not raw:
             continue
         try:
-            z = load_json_value(raw)
-        except (ValueError, RecursionError):
+            z = ArrayMeta.from_zarray(load_json_value(raw))
+        except (ValueError, RecursionError):  # (ArrayMetaError too)
             continue
-        if isinstance(z, dict) and (z.get("compressor") or z.get("filters")):
+        if z.compressor or z.filters:
             found.add(path or "/")
     return found
 
@@ -169,7 +182,8 @@ def scan_arrays(refset: RefSet) -> list[ArrayInfo]:
             info.hidden_reason = "its .zarray is stored remotely, so it cannot be rewritten at mount time"
         else:
             try:
-                info.zarray = load_json_value(raw)
+                info.meta = ArrayMeta.from_zarray(load_json_value(raw))
+                info.zarray = info.meta.document
                 _, attrs_raw = _inline(refset, prefix + ".zattrs")
                 info.zattrs = load_json_value(attrs_raw) if attrs_raw else {}
             except (ValueError, TypeError, KeyError, RecursionError) as e:
@@ -207,13 +221,13 @@ def _fills_are_declared(arrays: list[ArrayInfo]) -> bool:
     netCDF's default or 0. Files from other HDF5 writers (and old netCDF-C) give HDF5's fill instead,
     declared or not: there a fill of 0 or the default may be nothing but HDF5's."""
     for info in arrays:
-        z = info.zarray
-        if info.hidden_reason or not isinstance(z, dict) or not z.get("shape") or z.get("fill_value") is not None:
+        m = info.meta
+        if info.hidden_reason or m is None or m.scalar or m.fill_value is not None:
             continue
-        if _is_time_like(info.zattrs) or isinstance(z.get("dtype"), list):
+        if _is_time_like(info.zattrs) or isinstance(m.dtype, list):
             continue  # (kerchunk nulls the fill of a time-like array in any file)
         try:
-            if np.dtype(z.get("dtype")).kind in "iuf":
+            if np.dtype(m.dtype).kind in "iuf":
                 return True
         except TypeError:
             continue
@@ -243,18 +257,17 @@ def _codec(config: dict):
 
 
 def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
-    z = info.zarray
+    z, m = info.zarray, info.meta
     if z.get("zarr_format", 2) != 2:
         raise ValueError(f"zarr_format {z.get('zarr_format')} is not 2")
-    dtype = np.dtype(z["dtype"]) if not isinstance(z["dtype"], list) else None
+    dtype = m.numpy_dtype() if not isinstance(m.dtype, list) else None
     info.dtype = dtype
-    filters = z.get("filters") or []
-    compressor = z.get("compressor")
-    info.codecs = list(filters) + ([compressor] if compressor else [])
-    shape = list(z["shape"])
-    chunks = list(z["chunks"])
+    filters = m.filters or []
+    info.codecs = list(filters) + ([m.compressor] if m.compressor else [])
+    shape = list(m.shape)
+    chunks = list(m.chunks)
     info.chunk_shape = tuple(chunks)
-    info.separator = z.get("dimension_separator") or "."
+    info.separator = m.separator
     if dtype is None:
         info.hidden_reason = "structured (compound) dtype: netCDF-C cannot read it from Zarr"
         return
@@ -271,7 +284,7 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
         info.recode_from = dtype
         info.dtype = dtype = np.dtype(f"S{longest}")
     if dtype.kind == "V":
-        info.hidden_reason = f"dtype {z['dtype']} (raw bytes) is not a netCDF type"
+        info.hidden_reason = f"dtype {m.dtype} (raw bytes) is not a netCDF type"
         return
     for config in info.codecs:
         try:
@@ -290,8 +303,8 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     if dtype.kind == "b":
         out_dtype = np.dtype("u1")
         info.notes.append("bool stored as |u1 (0/1)")
-        if isinstance(z.get("fill_value"), bool):
-            out["fill_value"] = int(z["fill_value"])
+        if isinstance(m.fill_value, bool):
+            out["fill_value"] = int(m.fill_value)
     if dtype.byteorder == ">":
         out_dtype = out_dtype.newbyteorder("<")
         info.swap = True
@@ -302,7 +315,7 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
         out["dtype"], out_dtype = CHAR_DTYPE_49, np.dtype("u1")  # (one byte per character, in every form)
     else:
         out["dtype"] = out_dtype.str
-    if z.get("order", "C") == "F" and len(chunks) > 1:
+    if m.order == "F" and len(chunks) > 1:
         info.fortran = True
         info.notes.append("Fortran-order chunks served in C order")
     out["order"] = "C"
@@ -376,11 +389,11 @@ def _fill_is_declared(info: ArrayInfo, refset, fills_declared: bool, typed: np.d
     A scalar has no ``_Netcdf4Coordinates``: kerchunk gives it HDF5's fill, declared or not."""
     if _is_time_like(info.zattrs):
         return True
-    if not info.zarray.get("shape"):
+    if info.scalar:
         return False
     if fills_declared:
         return True
-    if typed.itemsize > 1 and _is_default_fill(info.zarray.get("fill_value"), typed):
+    if typed.itemsize > 1 and _is_default_fill(info.meta.fill_value, typed):
         return True
     return refset is not None and not getattr(refset, "lazy", False) and count_chunks(refset, info)[0] == 0
 
@@ -398,8 +411,7 @@ def count_chunks(refset, info: ArrayInfo) -> tuple[int, int]:
     """(chunk keys present, chunks the grid has) of an array of an eager reference set. Every file
     of the array's directory (and, for the "/" separator, its subdirectories) that is not metadata
     counts as a chunk: a count per directory, not a look at each key (a mount may have millions)."""
-    shape, chunks = info.zarray.get("shape", []), info.zarray.get("chunks", [])
-    expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunks) if c) if shape else 1
+    expected = info.chunk_count()
     prefix = f"{info.path}/" if info.path else ""
     present = sum(refset.file_count(d) for d in _array_dirs(refset.dirs, info.dir_id, prefix))
     present -= sum(refset.find(prefix + name) >= 0 for name in (".zarray", ".zattrs", ".zgroup", ".zmetadata"))
@@ -513,7 +525,7 @@ def _extend_unwritten_records(arrays: list[ArrayInfo]) -> None:
         for name, size in zip(dims, info.out_zarray["shape"]):
             longest[group, name] = max(longest.get((group, name), 0), size)
         if len(info.chunk_shape) == len(dims):  # (not a scalar served as [1])
-            unlimited.update((group, n) for n, size, chunk in zip(dims, info.zarray["shape"], info.chunk_shape)
+            unlimited.update((group, n) for n, size, chunk in zip(dims, info.meta.shape, info.chunk_shape)
                              if _chunked_as_unlimited(size, chunk) and not n.startswith("phony_dim_"))
     groups = {grp for grp, _ in longest}
     for info in visible:
@@ -608,10 +620,10 @@ def raw_verdicts(info: ArrayInfo) -> tuple[str, str]:
             problems_410.append("bool fails the whole open")
         if dtype.kind == "S" and dtype.itemsize == 1:
             problems_49.append("|S1 crashes ncdump")
-    if not z.get("shape"):
+    if info.scalar:
         problems_49.append("scalar crashes ncdump")
         problems_410.append("scalar silently dropped")
-    if any(c > s > 0 for s, c in zip(z.get("shape", []), z.get("chunks", []))):
+    if any(c > s > 0 for s, c in zip(info.meta.shape or [], info.meta.chunks or [])):
         problems_49.append("chunks larger than the shape rejected")
     return ("no: " + "; ".join(problems_49)) if problems_49 else "yes", \
         ("no: " + "; ".join(problems_410)) if problems_410 else "yes"

@@ -557,7 +557,7 @@ class DecodedView:
 
     async def _absent_chunk(self, i: int, info: ArrayInfo):
         fills = getattr(self.refset, "absent_fills", None) or {}
-        fill = fills[info.path] if info.path in fills else info.zarray.get("fill_value")
+        fill = fills[info.path] if info.path in fills else info.meta.fill_value
         if info.recode_from is not None:
             raise DecodeError(f"chunk {self.refset.key(i)!r} is not in its store, and its strings have no fill")
         number = fill_number(fill, info.dtype)

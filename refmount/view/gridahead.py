@@ -25,6 +25,7 @@ from refmount.cache.budget import MemoryBudget
 from refmount.readahead import READER
 from refmount.readahead.planner import GridPlan, GridPlanner
 from refmount.refs import INLINE, WHOLE_FILE
+from refmount.refs.arraymeta import ArrayMeta
 
 MAX_GROUP = 8 << 20  # bytes one coalesced request may span
 GAP_UNMEASURED = 64 << 10  # the largest gap worth fetching before the link is measured
@@ -58,26 +59,15 @@ def coalesce(ranges: list[tuple[int, int]], max_gap: int, max_span: int = MAX_GR
 class _Grid:
     """One array's chunk grid, as its inline .zarray gives it."""
 
-    __slots__ = ("prefix", "separator", "grid")
+    __slots__ = ("prefix", "meta", "grid")
 
-    def __init__(self, prefix: str, separator: str, grid: tuple[int, ...]) -> None:
+    def __init__(self, prefix: str, meta: ArrayMeta, grid: tuple[int, ...]) -> None:
         self.prefix = prefix
-        self.separator = separator
+        self.meta = meta
         self.grid = grid
 
     def key(self, index) -> str:
-        return self.prefix + self.separator.join(map(str, index))
-
-
-def array_grid(zarray: dict) -> tuple[tuple[int, ...], str] | None:
-    """(chunks per axis, separator) of a Zarr v2 array's metadata, or None."""
-    shape, chunks = zarray.get("shape"), zarray.get("chunks")
-    if not isinstance(shape, list) or not isinstance(chunks, list) or len(shape) != len(chunks) or not shape:
-        return None
-    if not all(isinstance(n, int) and isinstance(c, int) and n >= 0 and c > 0 for n, c in zip(shape, chunks)):
-        return None
-    separator = zarray.get("dimension_separator") or "."
-    return tuple(-(-n // c) for n, c in zip(shape, chunks)), separator
+        return self.prefix + self.meta.chunk_key(index)
 
 
 class GridAhead:
@@ -104,11 +94,10 @@ class GridAhead:
         raw = self.refset.inline_data(i) if i >= 0 else None
         if raw is not None:
             try:
-                found = array_grid(json.loads(raw))
-            except (ValueError, TypeError, AttributeError, RecursionError):
-                found = None
-            if found is not None:
-                grid = _Grid(prefix, found[1], found[0])
+                meta = ArrayMeta.from_zarray(json.loads(raw))
+                grid = _Grid(prefix, meta, meta.grid()) if not meta.scalar else None
+            except (ValueError, RecursionError):  # (no grid: not an array we follow)
+                grid = None
         self._arrays[path] = grid
         return grid
 
@@ -135,10 +124,8 @@ class GridAhead:
         grid = found[0]
         if not key.startswith(grid.prefix):
             return None
-        parts = key[len(grid.prefix):].split(grid.separator)
-        if len(parts) != len(grid.grid) or not all(p.isdigit() for p in parts):
-            return None
-        return grid, tuple(int(p) for p in parts)
+        index = grid.meta.parse_chunk_key(key[len(grid.prefix):])
+        return (grid, index) if index is not None else None
 
     # -- reads ----------------------------------------------------------------------------------
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 
 from refmount.view.arrays import count_chunks, decoded_verdicts, raw_verdicts, scan_arrays
 from refmount.view.forms import FORMS, form_notes
@@ -16,8 +15,7 @@ def _chunk_counts(refset, info) -> tuple[int, int]:
     if getattr(refset, "lazy", False):
         import trio
 
-        shape, chunks = info.zarray.get("shape", []), info.zarray.get("chunks", [])
-        expected = math.prod(math.ceil(s / c) for s, c in zip(shape, chunks) if c) if shape else 1
+        expected = info.chunk_count()
 
         async def count() -> int:
             return sum([1 async for _, i in each_file(refset, info.dir_id) if i >= refset.meta.capacity])
@@ -39,9 +37,9 @@ def inspect_refs(refset, zarr3: bool = False) -> list[dict]:
         decoded49, decoded493 = decoded_verdicts(info)
         rows.append({
             "array": info.name,
-            "dtype": info.zarray.get("dtype"),
-            "shape": info.zarray.get("shape"),
-            "chunks": info.zarray.get("chunks"),
+            "dtype": info.meta and info.meta.dtype,
+            "shape": info.meta and info.meta.shape,
+            "chunks": info.meta and info.meta.chunks,
             "codecs": [c.get("id") for c in info.codecs],
             "chunks_present": present,
             "chunks_missing": missing,

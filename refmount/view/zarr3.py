@@ -35,6 +35,7 @@ from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
 from numcodecs.registry import register_codec
 
+from refmount.refs.arraymeta import ArrayMeta
 from refmount.refs.model import INLINE, RefSet, RefSetBuilder
 from refmount.view.ncattrs import base64_fill
 from refmount.view.shards import ShardLayout, UnsupportedSharding
@@ -76,6 +77,8 @@ def numpy_dtype(data_type, endian: str = "little") -> np.dtype:
             return np.dtype(f"|V{int(data_type[1:]) // 8}")
         if data_type in ("string", "variable_length_utf8", "bytes", "variable_length_bytes"):
             return np.dtype("|O")
+        raise Unsupported(f"data type {data_type!r}")
+    if not isinstance(data_type, dict):
         raise Unsupported(f"data type {data_type!r}")
     name = data_type.get("name")
     config = data_type.get("configuration") or {}
@@ -183,26 +186,22 @@ def sharding(codecs: list[dict]) -> dict | None:
     return codecs[k].get("configuration") or {}
 
 
-def v2_metadata(meta: dict) -> tuple[dict, dict]:
+def v2_metadata(array: ArrayMeta) -> tuple[dict, dict]:
     """(.zarray, .zattrs) of one v3 array's zarr.json; a sharded array has the inner chunks as its
     chunks and the inner codecs as its filters."""
-    grid = meta.get("chunk_grid") or {}
-    if grid.get("name") != "regular":
-        raise Unsupported(f"chunk grid {grid.get('name')!r}")
-    chunks = list(grid["configuration"]["chunk_shape"])
-    shape = list(meta["shape"])
-    codecs = meta.get("codecs") or []
+    if array.grid_name != "regular":
+        raise Unsupported(f"chunk grid {array.grid_name!r}")
+    array.grid()  # (raises what hides the array)
+    chunks, shape, codecs = list(array.chunks), list(array.shape), array.codecs
     shard = sharding(codecs)
     if shard is not None:
-        chunks, codecs = list(shard["chunk_shape"]), shard.get("codecs") or []
-    dtype, filters, order = codec_chain(codecs, meta["data_type"], chunks, meta.get("fill_value"))
-    encoding = meta.get("chunk_key_encoding") or {}
-    separator = "/" if encoding.get("name") == "v2" and (encoding.get("configuration") or {}).get("separator") == "/" \
-        else "."
+        chunks, codecs = list(array.inner_chunks), shard.get("codecs") or []
+    dtype, filters, order = codec_chain(codecs, array.dtype, chunks, array.fill_value)
     zarray = {"zarr_format": 2, "shape": shape, "chunks": chunks, "dtype": dtype.str, "order": order,
-              "compressor": None, "filters": filters or None, "fill_value": v2_fill(meta.get("fill_value"), dtype)}
-    if separator == "/":
+              "compressor": None, "filters": filters or None, "fill_value": v2_fill(array.fill_value, dtype)}
+    if array.encoding == "v2" and array.separator == "/":  # (else the v2 keys are 0.0: `_array_chunks`)
         zarray["dimension_separator"] = "/"
+    meta = array.document
     attrs = decoded_attribute_fill(dict(meta.get("attributes") or {}), dtype)
     # v3 keeps apart the bytes of a missing chunk (fill_value) and the CF marker of a missing value
     # (the _FillValue attribute); v2 clients (xarray, netCDF-C) take fill_value as both. So the v2
@@ -221,15 +220,6 @@ def v2_metadata(meta: dict) -> tuple[dict, dict]:
 
 # -- keys ------------------------------------------------------------------------------------------
 
-def _chunk_layout(meta: dict) -> tuple[str, str]:
-    """(key prefix inside the array, separator) of its chunk keys."""
-    encoding = meta.get("chunk_key_encoding") or {"name": "default"}
-    config = encoding.get("configuration") or {}
-    if encoding.get("name") == "v2":
-        return "", config.get("separator", ".")
-    return "c", config.get("separator", "/")
-
-
 def _leading_coordinates(rel_dir: str, head: str, sep: str) -> list[str] | None:
     """The chunk coordinates a subdirectory of an array stands for ("c/3/1" -> ["3", "1"]), or None."""
     if sep != "/":
@@ -242,13 +232,12 @@ def _leading_coordinates(rel_dir: str, head: str, sep: str) -> list[str] | None:
     return parts if all(p.isdigit() for p in parts) else None
 
 
-def _array_chunks(refset: RefSet, path: str, meta: dict, ndim: int, v2_separator: str):
+def _array_chunks(refset: RefSet, path: str, array: ArrayMeta, ndim: int, v2_separator: str):
     """(NUL-joined UTF-8 v2 keys, key indexes) batches of every chunk of one array. The keys of a chunk
     subdirectory ("c/3/1/<last>") are renamed in one step per directory; the array's own directory
     (the scalar "c", or "c.0.1"/v2 "0.1" names) key by key."""
     base = f"{path}/" if path else ""
-    head, sep = _chunk_layout(meta)
-    start = head + sep if head else ""
+    head, sep, start = array.key_prefix, array.separator, array.key_lead
     array_dir = refset.dirs.ids.get(path)
     for d, dir_path in enumerate(refset.dirs.paths):
         if d != array_dir and not dir_path.startswith(base):  # (a root array: every directory)
@@ -311,27 +300,29 @@ def v2_refset(refset: RefSet) -> RefSet:
                 metadata[base + ".zattrs"] = json.dumps(meta["attributes"], allow_nan=True).encode()
             continue
         try:
-            zarray, zattrs = v2_metadata(meta)
-            layout = shard_layout(path, meta, zarray)
+            array = ArrayMeta.from_zarr_json(meta)
+            zarray, zattrs = v2_metadata(array)
+            out = ArrayMeta.from_zarray(zarray)
+            layout = shard_layout(path, array, out)
         except (Unsupported, UnsupportedSharding, KeyError, TypeError, ValueError) as e:
             log.warning("decoded view: hiding array %s: %s", path or "/", f"unsupported Zarr v3 {e}"
                         if isinstance(e, (Unsupported, UnsupportedSharding)) else
                         f"malformed zarr.json ({type(e).__name__}: {e})")
             continue
         # (a chunk a native store lacks reads as the v3 fill: refmount.view.decoded._absent_chunk)
-        absent_fills[path] = v2_fill(meta.get("fill_value"), np.dtype(zarray["dtype"]))
+        absent_fills[path] = v2_fill(array.fill_value, np.dtype(out.dtype))
         metadata[base + ".zarray"] = json.dumps(zarray, allow_nan=True).encode()
         metadata[base + ".zattrs"] = json.dumps(zattrs, allow_nan=True).encode()
-        batches = list(_array_chunks(refset, path, meta, len(zarray["shape"]), zarray.get("dimension_separator", ".")))
+        batches = list(_array_chunks(refset, path, array, out.ndim, out.separator))
         if layout is not None:
             layouts[path] = layout
-            batches = list(_inner_chunks(batches, layout, base, zarray))
+            batches = list(_inner_chunks(batches, layout, base, out))
         for encoded, indexes in batches:
             inline = {int(k): refset.inline_data(int(indexes[k]))
                       for k in np.flatnonzero(refset.url_id[indexes] == INLINE)}
             builder.add_encoded(encoded, len(indexes), refset.url_id[indexes], refset.offset[indexes],
                                 refset.length[indexes], inline)
-        _fill_chunks(builder, base, meta, zarray, sum(len(ix) for _, ix in batches),
+        _fill_chunks(builder, base, array, out, sum(len(ix) for _, ix in batches),
                      lambda: {key[len(base):] for encoded, _ in batches for key in encoded.decode().split("\x00")})
     keys = list(metadata)
     builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
@@ -347,22 +338,22 @@ def v2_refset(refset: RefSet) -> RefSet:
 
 # -- sharding: inner chunks as v2 chunks ---------------------------------------------------------------
 
-def shard_layout(path: str, meta: dict, zarray: dict) -> ShardLayout | None:
-    """The layout of a sharded array (None if not sharded); raises what hides the array."""
-    config = sharding(meta.get("codecs") or [])
+def shard_layout(path: str, array: ArrayMeta, out: ArrayMeta) -> ShardLayout | None:
+    """The layout of a sharded array (`array` its v3 metadata, `out` its v2 form), None if it is not
+    sharded; raises what hides the array."""
+    config = sharding(array.codecs)
     if config is None:
         return None
-    dtype = np.dtype(zarray["dtype"])
+    dtype = np.dtype(out.dtype)
     if dtype.kind == "O":
         raise Unsupported("sharded variable-length strings")
-    shard_shape = meta["chunk_grid"]["configuration"]["chunk_shape"]
-    layout = ShardLayout(path, zarray["shape"], shard_shape, config["chunk_shape"],
+    layout = ShardLayout(path, out.shape, array.chunks, array.inner_chunks,
                          config.get("index_codecs", _DEFAULT_INDEX_CODECS), config.get("index_location", "end"))
-    inner = math.prod(math.ceil(s / c) for s, c in zip(zarray["shape"], zarray["chunks"]))
+    inner = out.nchunks()
     if inner > MAX_INNER_CHUNKS or layout.count > MAX_INNER_CHUNKS:
         raise Unsupported(f"sharding into {max(inner, layout.count):,} inner chunks, more than the decoded view "
                           f"lists ({MAX_INNER_CHUNKS:,})")
-    layout.fill_chunk = fill_bytes(meta.get("fill_value"), dtype, zarray["chunks"])
+    layout.fill_chunk = fill_bytes(array.fill_value, dtype, out.chunks)
     return layout
 
 
@@ -383,12 +374,11 @@ def fill_bytes(fill, dtype: np.dtype, shape) -> bytes:
         raise Unsupported(f"fill_value {fill!r} for {dtype.str} ({e})") from None
 
 
-def _inner_chunks(batches, layout: ShardLayout, base: str, zarray: dict):
+def _inner_chunks(batches, layout: ShardLayout, base: str, out: ArrayMeta):
     """Shard-key batches -> inner-chunk-key batches: each inner chunk of each shard within the array's
-    chunk grid, pointing at its shard's reference. Records which shards exist in `layout.present`."""
-    sep = zarray.get("dimension_separator", ".")
-    shape = zarray["shape"]
-    inner_grid = [math.ceil(s / c) for s, c in zip(shape, zarray["chunks"])]
+    chunk grid (`out`, its v2 form), pointing at its shard's reference. Records which shards exist in
+    `layout.present`."""
+    sep, shape, inner_grid = out.separator, out.shape, out.grid()
     present = []
     for encoded, indexes in batches:
         keys: list[str] = []
@@ -425,37 +415,31 @@ def _same_fill(a, b) -> bool:
     return a == b or (_is_nan(a) and _is_nan(b))
 
 
-def _fill_chunks(builder: RefSetBuilder, base: str, meta: dict, zarray: dict, present: int, present_names) -> None:
-    """Missing chunks read as the v3 fill_value; when the v2 fill_value differs, serve them as inline
-    chunks of the v3 fill, encoded once with the array's codecs."""
-    v3_fill = v2_fill(meta.get("fill_value"), np.dtype(zarray["dtype"]))
-    shape, chunks = zarray["shape"], zarray["chunks"]
-    grid = [math.ceil(s / c) if c else 0 for s, c in zip(shape, chunks)]
-    total = math.prod(grid)
-    if _same_fill(zarray["fill_value"], v3_fill) or present >= total or v3_fill is None:
+def _fill_chunks(builder: RefSetBuilder, base: str, array: ArrayMeta, out: ArrayMeta, present: int,
+                 present_names) -> None:
+    """Missing chunks read as the v3 fill_value (`array`'s); when the v2 fill_value (`out`'s) differs,
+    serve them as inline chunks of the v3 fill, encoded once with the array's codecs."""
+    v3_fill = v2_fill(array.fill_value, np.dtype(out.dtype))
+    total = out.nchunks()
+    if _same_fill(out.fill_value, v3_fill) or present >= total or v3_fill is None:
         return
     name = base.rstrip("/") or "/"
     if total > 10_000_000:
         log.warning("decoded view: array %s: its missing chunks read as %r, not the Zarr fill value %r",
-                    name, zarray["fill_value"], v3_fill)
+                    name, out.fill_value, v3_fill)
         return
     import numcodecs
 
-    dtype = np.dtype(zarray["dtype"])
+    dtype = np.dtype(out.dtype)
     try:
-        data = np.full(chunks, float("nan") if v3_fill == "NaN" else v3_fill, dtype).tobytes()
-        for config in zarray["filters"] or []:
+        data = np.full(out.chunks, float("nan") if v3_fill == "NaN" else v3_fill, dtype).tobytes()
+        for config in out.filters or []:
             data = numcodecs.get_codec(dict(config)).encode(data)
         data = bytes(ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1))
     except Exception:  # a codec that is not available here hides the array anyway
         return
-    sep = zarray.get("dimension_separator", ".")
     have = present_names()
-    keys = []
-    for index in np.ndindex(*grid):
-        key = sep.join(map(str, index))
-        if key not in have:
-            keys.append(base + key)
+    keys = [base + key for key in out.chunk_keys() if key not in have]
     n = len(keys)
     builder.add_batch(keys, np.full(n, INLINE, np.int32), np.zeros(n, np.int64), np.full(n, len(data), np.int64),
                       dict.fromkeys(range(n), data))

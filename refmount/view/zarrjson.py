@@ -31,6 +31,8 @@ import struct
 
 import numpy as np
 
+from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
+
 ZARR_JSON = "zarr.json"
 _NUMBERS = {"b1": "bool", "i1": "int8", "u1": "uint8", "i2": "int16", "u2": "uint16", "i4": "int32", "u4": "uint32",
             "i8": "int64", "u8": "uint64", "f2": "float16", "f4": "float32", "f8": "float64",
@@ -76,20 +78,21 @@ def array_document(zarray: dict, zattrs: dict, path: str = "") -> dict:
     """One array's v3 ``zarr.json`` from its v2 ``.zarray`` and ``.zattrs``."""
     name = path or "/"
     try:
-        dtype = np.dtype(zarray["dtype"])
-        shape, chunks = list(zarray["shape"]), list(zarray["chunks"])
-    except (KeyError, TypeError) as e:
-        raise NotExpressible(f"array {name}: .zarray without a valid {e}") from None
-    if zarray.get("compressor") or zarray.get("filters"):
+        meta = ArrayMeta.from_zarray(zarray)
+        dtype = meta.numpy_dtype()
+        shape, chunks = list(meta.shape), list(meta.chunks)
+    except (ArrayMetaError, TypeError) as e:
+        raise NotExpressible(f"array {name}: .zarray without a valid dtype, shape and chunks ({e})") from None
+    if meta.compressor or meta.filters:
         raise NotExpressible(f"array {name}: codecs")
-    if zarray.get("order", "C") != "C" and len(shape) > 1:
+    if meta.order != "C" and len(shape) > 1:
         raise NotExpressible(f"array {name}: Fortran order")
     codec = {"name": "bytes"}
     if dtype.itemsize > 1 and dtype.kind != "S":
         codec["configuration"] = {"endian": "big" if dtype.byteorder == ">" else "little"}
     attrs = dict(zattrs)
     dims = attrs.pop("_ARRAY_DIMENSIONS", None)
-    fill = zarray.get("fill_value")
+    fill = meta.fill_value
     mask = fill if fill is not None else attrs.get("_FillValue")  # (what xarray masks on v2)
     attrs.pop("_FillValue", None)
     if mask is not None:
@@ -97,7 +100,7 @@ def array_document(zarray: dict, zattrs: dict, path: str = "") -> dict:
     document = {"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": data_type(dtype, name),
                 "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
                 "chunk_key_encoding": {"name": "v2", "configuration": {
-                    "separator": zarray.get("dimension_separator") or "."}},
+                    "separator": meta.separator}},
                 "fill_value": _v3_fill(fill, dtype, name), "codecs": [codec], "attributes": attrs}
     if isinstance(dims, list) and len(dims) == len(shape) and all(isinstance(d, str) for d in dims):
         document["dimension_names"] = dims
