@@ -13,6 +13,7 @@ log line and is left out (the whole source fails with `strict`, or when it is th
 from __future__ import annotations
 
 import io
+import itertools
 import logging
 import os
 import time
@@ -23,6 +24,7 @@ import trio
 
 from refmount.errors import FetchError, RefmountError, RefsError, quote
 from refmount.fetch.stats import redact
+from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.origins import Origins, files
 from refmount.refs.scan.formats import FORMAT_NAMES, SNIFF_BYTES, sniff
 from refmount.refs.scan.sources import IDX_SUFFIX, Entry, list_sources, looks_like_many, may_be_data_file, pair_sidecars
@@ -500,21 +502,19 @@ async def _from_reference_asset(fetcher, entry: Entry, read, lookups, max_refs_s
 
 def small_array_chunks(url: str, refs: dict):
     """(offset, length) of the chunks in `url` of the arrays of at most one dimension in a file's
-    references (by each `.zarray`'s shape and chunks)."""
+    references (by each `.zarray`'s chunk grid)."""
     for key, meta in refs.items():
         if not key.endswith(".zarray"):
             continue
         try:
-            meta = orjson.loads(meta)
-            shape, chunks = meta["shape"], meta["chunks"]
-            count = -(-int(shape[0]) // int(chunks[0])) if shape else 1
-        except (orjson.JSONDecodeError, TypeError, KeyError, ValueError, IndexError, ZeroDivisionError):
-            continue
-        if len(shape) > 1:
+            array = ArrayMeta.from_zarray(orjson.loads(meta))
+            if len(array.grid()) > 1:
+                continue
+        except (orjson.JSONDecodeError, TypeError, ArrayMetaError):
             continue
         prefix = key[: -len(".zarray")]
-        for k in range(min(count, 1024)):
-            value = refs.get(f"{prefix}{k}")
+        for index in itertools.islice(array.chunk_indices(), 1024):
+            value = refs.get(prefix + array.chunk_key(index))
             if isinstance(value, list) and len(value) == 3 and value[0] == url and type(value[1]) is int \
                     and type(value[2]) is int:
                 yield value[1], value[2]
