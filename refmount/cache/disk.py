@@ -54,7 +54,7 @@ except ImportError:
 _MAGIC = b"RMB3" if b"RMB3" in _CHECKS else b"RMB2"
 
 
-def _checksum(data, magic: bytes = _MAGIC) -> int:
+def _checksum(data, magic: bytes) -> int:
     return _CHECKS[magic](data)
 
 
@@ -172,7 +172,7 @@ class DiskCache:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
             try:
-                header = _HEADER.pack(_MAGIC, _checksum(data), len(data), self._tag(obj, index))
+                header = _HEADER.pack(_MAGIC, _checksum(data, _MAGIC), len(data), self._tag(obj, index))
                 if os.writev(fd, [header, data]) != len(header) + len(data):
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))  # a full disk writes short
             finally:
