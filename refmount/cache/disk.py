@@ -20,7 +20,6 @@ remote.
 
 from __future__ import annotations
 
-import collections
 import errno
 import fcntl
 import hashlib
@@ -59,7 +58,6 @@ def _checksum(data, magic: bytes) -> int:
 
 
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
-_OPEN_AHEAD = 8  # block files of a run opened and asked for ahead of the one being read
 _MAX_PENDING_WRITES = 256 << 20  # past this, blocks are not written (a slow disk must not eat memory)
 
 
@@ -109,17 +107,15 @@ class DiskCache:
     # -- blocks (worker threads) ------------------------------------------------------------------
 
     def load(self, obj: str, index: int, pool=None):
-        """The verified block, or None (missing, or corrupt and now deleted)."""
-        return self.load_opened(obj, index, self.open_block(obj, index), pool)
-
-    def load_opened(self, obj: str, index: int, fd: int | None, pool=None):
-        """`load` of a block file opened by `open_block` (None: there is none); closes it. One
-        `preadv` of header and data, the data into a slot of `pool` (the caches' BufferPool: kept
-        then without a copy; a read-only view comes back) or, small or without a pool, into bytes."""
-        if fd is None:
+        """The verified block, or None (missing, or corrupt and now deleted). One `preadv` of header
+        and data, the data into a slot of `pool` (the caches' BufferPool: kept then without a copy;
+        a read-only view comes back) or, small or without a pool, into bytes."""
+        rel = self._relative(obj, index)
+        try:
+            fd = os.open(os.path.join(self.root, rel), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
             self.misses += 1
             return None
-        rel = self._relative(obj, index)
         header, data, got, size = bytearray(_HEADER.size), None, -1, -1
         try:
             size = os.fstat(fd).st_size - _HEADER.size
@@ -147,20 +143,6 @@ class DiskCache:
         log.warning("disk cache: block %s %s; dropped and fetched again", os.path.join(self.root, rel), why)
         self._forget(rel)
         return None
-
-    def open_block(self, obj: str, index: int) -> int | None:
-        """The block's file, open, with the kernel asked to read it in now (a run of blocks is opened
-        ahead of its reads, so the disk has several to read at once, as `cat` of many files has not);
-        None if there is none."""
-        try:
-            fd = os.open(os.path.join(self.root, self._relative(obj, index)), os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        return fd
 
     def store(self, obj: str, index: int, data: bytes) -> None:
         if not self.enabled:
@@ -281,21 +263,13 @@ class DiskBackedFetch:
         trio.lowlevel.spawn_system_task(write)
 
     def _load_run(self, obj: str, first: int, last: int) -> list:
-        blocks, ahead = [], collections.deque()  # block files opened (and asked for) before their turn
-        try:
-            for index in range(first, last + 1):
-                while len(ahead) < _OPEN_AHEAD and first + len(blocks) + len(ahead) <= last:
-                    ahead.append(self.disk.open_block(obj, first + len(blocks) + len(ahead)))
-                fd = ahead.popleft()
-                block = self.disk.load_opened(obj, index, fd, self.pool)
-                blocks.append(block)
-                if block is not None and len(block) < self.disk.block_size:
-                    blocks.extend([b""] * (last - index))  # the object ends in this block
-                    break
-        finally:
-            for fd in ahead:
-                if fd is not None:
-                    os.close(fd)
+        blocks = []
+        for index in range(first, last + 1):
+            block = self.disk.load(obj, index, self.pool)
+            blocks.append(block)
+            if block is not None and len(block) < self.disk.block_size:
+                blocks.extend([b""] * (last - index))  # the object ends in this block
+                break
         return blocks
 
     def _write_behind(self, obj: str, blocks: list[tuple[int, bytes]]) -> None:
