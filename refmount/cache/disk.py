@@ -27,6 +27,7 @@ import logging
 import os
 import struct
 import threading
+import time
 import zlib
 from collections import OrderedDict
 
@@ -57,6 +58,9 @@ def _checksum(data, magic: bytes) -> int:
     return _CHECKS[magic](data)
 
 
+# A block's mtime carries its recency across remounts; renewed on a read only when older than this,
+# not at every read (each renewal dirties the file's inode: a write to the disk's journal per block)
+_TOUCH_AFTER = 600.0
 _FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 _MAX_PENDING_WRITES = 256 << 20  # past this, blocks are not written (a slow disk must not eat memory)
 
@@ -118,11 +122,13 @@ class DiskCache:
             return None
         header, data, got, size = bytearray(_HEADER.size), None, -1, -1
         try:
-            size = os.fstat(fd).st_size - _HEADER.size
+            st = os.fstat(fd)
+            size = st.st_size - _HEADER.size
             if 0 <= size <= self.block_size:
                 data = pool.take(size) if pool is not None and size >= pool.min_pooled else bytearray(size)
                 got = os.preadv(fd, [header, data], 0) - _HEADER.size
-            os.utime(fd)  # recency survives a remount
+            if time.time() - st.st_mtime > _TOUCH_AFTER:
+                os.utime(fd)  # recency survives a remount
         except OSError:
             pass
         finally:
