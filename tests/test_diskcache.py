@@ -187,6 +187,36 @@ def test_truncated_and_foreign_files_count_as_corrupt(tmp_path):
     cache.close()
 
 
+def test_blocks_read_into_pool_slots_and_both_checksums_are_checked(tmp_path, monkeypatch):
+    """A block comes back as a read-only view of a pool slot (kept by the caches without a copy);
+    blocks written with zlib's CRC-32 (a build without xxhash) still read; a flipped byte is caught
+    in either kind."""
+    from refmount.cache import disk
+    from refmount.cache.buffers import BufferPool
+
+    pool = BufferPool()
+    cache = DiskCache(str(tmp_path), capacity=MiB, block_size=64 << 10)
+    obj = cache.object_id("http://x/y", "etag 1")
+    data = os.urandom(64 << 10)
+    cache.store(obj, 0, data)
+    with monkeypatch.context() as m:
+        m.setattr(disk, "_MAGIC", b"RMB2")
+        cache.store(obj, 1, data)
+    paths = [Path(cache.root) / obj[:2] / obj / str(k) for k in (0, 1)]
+    assert paths[1].read_bytes()[:4] == b"RMB2" and paths[0].read_bytes()[:4] == disk._MAGIC
+    for k in (0, 1):
+        got = cache.load(obj, k, pool)
+        assert isinstance(got, memoryview) and got.readonly and got == data
+    assert cache.load(obj, 0) == data  # without a pool: bytes
+    for k, path in enumerate(paths):
+        raw = bytearray(path.read_bytes())
+        raw[HEADER_SIZE + 1000] ^= 1
+        path.write_bytes(raw)
+        assert cache.load(obj, k, pool) is None and not path.exists()
+    assert cache.statistics()["corrupt"] == 2
+    cache.close()
+
+
 @pytest.mark.parametrize("server_quirk", ["head refused", "no validators"])
 def test_objects_whose_version_cannot_be_checked_are_read_but_not_cached_on_disk(mount, server, tmp_path,
                                                                                   server_quirk):

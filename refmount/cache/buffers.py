@@ -40,6 +40,12 @@ from collections import defaultdict
 
 MIN_POOLED = 16 << 10  # smaller data stays as it is (heap or pymalloc)
 PAGE = mmap.PAGESIZE
+# A fresh slot is about to be written whole (a body received into it, a chunk decoded into it): its
+# pages are made at once (MADV_POPULATE_WRITE, Linux >= 5.14, in the calling thread with the GIL
+# released) rather than by one fault each during the write: about a third less CPU for them (0.5 ->
+# 0.32 CPU-s per GB on this VM). Unlike MAP_POPULATE it holds the process's mmap lock only for
+# reading, so the FUSE thread's replies (which pin pages of other slots) do not wait for it.
+_POPULATE_WRITE = 23
 
 
 def slot_size(nbytes: int) -> int:
@@ -85,6 +91,10 @@ class BufferPool:
             except OSError:  # out of mappings (vm.max_map_count) or memory: the heap it is
                 return memoryview(bytearray(nbytes))
             self.mapped += 1
+            try:
+                slot.madvise(_POPULATE_WRITE)
+            except (OSError, ValueError):  # an older kernel: faulted in by the write instead
+                pass
         else:
             self.reused += 1
         return memoryview(slot)[:nbytes]

@@ -218,6 +218,8 @@ def build_filesystem(opts):
     pacer = HostPacer(lambda url_id: host_of(urls[url_id]), opts.connections, opts.block_size)
     pool = BufferPool()  # what both caches keep lives in its slots, outside malloc's heaps
     fetcher.pool = pool  # (http bodies are received straight into them)
+    if disk:
+        disk_fetch.pool = pool  # (and blocks read from the disk cache)
     cache = BlockCache(fetch, block_size=opts.block_size, max_request=16 << 20, budget=budget, pacer=pacer,
                        pool=pool)
     # a server that ignores Range: one pass over an object serves its reads and keeps what the set
