@@ -1,11 +1,13 @@
 """Archive benchmark (issue 34): mounting N daily netCDF-4 files straight from an HTTP autoindex with
 `--concat time`, against kerchunk + fsspec scanning the same files with 1 and 8 threads.
 
-    sudo bench/bench_archive.py [--files 56] [--rtt 80] [--link nfqueue|none] [--grid 181x360] [--requests]
+    sudo bench/bench_archive.py [--files 56] [--rtt 80] [--link nfqueue|proxy|none] [--grid 181x360] [--requests]
 
 Files: hourly `tas` on a lat/lon grid, one a day, each with its own time units (tests/support/daily.py;
 about 2 MB each at 181 x 360). Served by nginx (autoindex) inside a network namespace behind bench_wan's
-kernel-TCP delay line (--link nfqueue: RTT/2 per direction, 1 Gbit/s), or on loopback (--link none).
+kernel-TCP delay line (--link nfqueue: RTT/2 per direction, 1 Gbit/s), behind bench/delayproxy.py in the
+namespace (--link proxy: the same RTT, a 4 MiB window per connection; needs no iptables), or on loopback
+(--link none).
 Measured, in one run:
 
 - refmount cold: `refmount mount --concat time URL/*.nc MNT` (empty scan store) + `ncdump -h`, wall time;
@@ -95,9 +97,9 @@ def mount_and_dump(url: str, mnt: Path, env: dict, lazy: bool = False, expect: s
 
 def request_kinds(lines: list[str]) -> dict:
     """Requests of an nginx access log ("METHOD URI RANGE STATUS" a line) by kind: index pages, HEADs,
-    header GETs (a range from byte 0), DMR++ files, other ranges (coordinates: --concat reads each file's
+    header GETs (a range from byte 0), DMR++ files, GRIB .idx files, other ranges (coordinates: --concat reads each file's
     time values) and whole-file GETs."""
-    kinds = dict.fromkeys(("index", "HEAD", "header GET", "DMR++", "range GET", "whole GET"), 0)
+    kinds = dict.fromkeys(("index", "HEAD", "header GET", "DMR++", ".idx GET", "range GET", "whole GET"), 0)
     for line in lines:
         method, uri, *rest = line.split()
         range_ = rest[0] if len(rest) > 1 else "-"
@@ -107,6 +109,8 @@ def request_kinds(lines: list[str]) -> dict:
             kinds["index"] += 1
         elif uri.endswith(".dmrpp"):
             kinds["DMR++"] += 1
+        elif uri.endswith(".idx"):
+            kinds[".idx GET"] += 1
         elif range_.startswith("bytes=0-"):
             kinds["header GET"] += 1
         elif range_.startswith("bytes="):
@@ -205,7 +209,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=56)
     parser.add_argument("--rtt", type=float, default=80)
-    parser.add_argument("--link", choices=("nfqueue", "none"), default="nfqueue")
+    parser.add_argument("--link", choices=("nfqueue", "proxy", "none"), default="nfqueue",
+                        help="nfqueue: kernel TCP through bench/nfqdelay (needs iptables-legacy, "
+                             "libnetfilter-queue-dev); proxy: bench/delayproxy.py in a namespace (needs nothing)")
     parser.add_argument("--grid", default="181x360")
     parser.add_argument("--no-kerchunk", action="store_true", help="skip the kerchunk contenders")
     parser.add_argument("--requests", action="store_true",
@@ -233,8 +239,9 @@ def main() -> int:
             log(f"making {args.files} daily files of {nlat} x {nlon} ...")
             files = make_daily(data / "tas", args.files, nlat, nlon)
         settled = time.time() - 3 * 86400  # an archive's files are older than a day (sources.SETTLED): the
-        for f in files:                     # listing's dates and sizes name their versions
-            os.utime(f, (settled, settled))
+        for f in files:                     # listing's dates and sizes name their versions (and the .idx's)
+            for made in (f, Path(f"{f}.idx")) if args.grib else (f,):
+                os.utime(made, (settled, settled))
         (data / "big.bin").write_bytes(b"x" * 4096)  # (what bench_wan probes nginx with)
         log(f"{sum(f.stat().st_size for f in files) / args.files / 1e6:.1f} MB a file")
         if args.link == "nfqueue":
@@ -250,6 +257,13 @@ def main() -> int:
             stack.callback(link.queue, False)
             stack.enter_context(bw.nfq_delay(link, run, binary, args.rtt))
             log(f"TCP connect through the line: {bw.connect_ms(base):.0f} ms")
+        elif args.link == "proxy":  # (no iptables here: the userspace delay line in the namespace)
+            link = bw.Link("A", os.getpid() % 250)
+            stack.callback(link.down)
+            link.up()
+            base = stack.enter_context(bw.nginx_in(link, data, run, proxied=True))
+            stack.enter_context(bw.delay_proxy(link, run, args.rtt, 4 << 20))
+            log(f"TCP connect through the proxy: {bw.connect_ms(base):.0f} ms")
         else:
             import bench_speed as bs
 
