@@ -49,7 +49,7 @@ class Fetcher:
         self._http_options = dict(connections_per_host=connections_per_host,
                                   allow_cross_host_redirects=allow_cross_host_redirects,
                                   headers=self.remote_options.get("headers"), verify_remote=verify_remote,
-                                  ssl=ssl_setting(self.remote_options), client=http_client, logins=self.logins)
+                                  ssl=lambda: ssl_setting(self.remote_options), client=http_client, logins=self.logins)
         self._remotes: dict = {}  # protocol -> backend, made on first use (aiohttp alone takes 0.1 s to import)
         self._failed: dict[str, tuple[float, FetchError]] = {}  # url -> (when, error) of its last failure
         self._loop = None

@@ -231,7 +231,7 @@ class HttpBackend:
         self.allow_cross_host_redirects = allow_cross_host_redirects
         self.headers = dict(headers or {})
         self.verify_remote = verify_remote
-        self.ssl = ssl  # an SSLContext, or False ({"ssl": false} in --remote-options)
+        self._ssl = ssl  # an SSLContext, False ({"ssl": false} in --remote-options), or a function making one
         self._session: aiohttp.ClientSession | None = None
         self._versions: dict[str, _Version] = {}
         self._sizes: dict[str, int] = {}
@@ -259,6 +259,20 @@ class HttpBackend:
         self.passing = None  # cache/passing.py: keeps the referenced blocks a whole-object pass streams by
         self.max_pass = DEFAULT_MAX_PASS  # --max-full-download: how far into an object a pass may stream
         self.signer = None  # signer(url, method) -> the url a request goes to (s3.py), or None: the url itself
+
+    @property
+    def ssl(self):
+        """The TLS setting, made when https first needs it (loading the trust store takes 30-400 ms,
+        which a mount that speaks only http never pays)."""
+        if callable(self._ssl):
+            self._ssl = self._ssl()
+        return self._ssl
+
+    def _tls_for(self, scheme: str) -> ssl.SSLContext | None:
+        """The stdlib engine's context for an origin of `scheme` (None for plain http: none made)."""
+        if scheme != "https":
+            return None
+        return self.ssl if isinstance(self.ssl, ssl.SSLContext) else None if self.ssl else _unverified()
 
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -364,9 +378,8 @@ class HttpBackend:
         trail = self.logins.trail(url, self.headers)
         if trail.guards(url) is not None:  # (its addresses are checked as it connects: the general path does)
             return None
-        context = self.ssl if isinstance(self.ssl, ssl.SSLContext) else None if self.ssl else _unverified()
-        origin = direct.Origin(parsed.scheme, parsed.raw_host, parsed.explicit_port, ssl_context=context,
-                               connect_timeout=self.policy.connect_timeout,
+        origin = direct.Origin(parsed.scheme, parsed.raw_host, parsed.explicit_port,
+                               ssl_context=self._tls_for(parsed.scheme), connect_timeout=self.policy.connect_timeout,
                                stall_timeout=self.policy.stall_timeout, max_idle=0)
         headers = {**trail.headers(url, signed=False), "Accept-Encoding": "identity"}
         request = direct.Request(origin, parsed.raw_path_qs, headers)
@@ -656,8 +669,8 @@ class HttpBackend:
             key = _origin(wire)
             origin = self._origins.get(key)
             if origin is None:  # setdefault: the asyncio thread may work this out at the same time
-                context = self.ssl if isinstance(self.ssl, ssl.SSLContext) else None if self.ssl else _unverified()
-                created = direct.Origin(parsed.scheme, parsed.raw_host, parsed.explicit_port, ssl_context=context,
+                created = direct.Origin(parsed.scheme, parsed.raw_host, parsed.explicit_port,
+                                        ssl_context=self._tls_for(parsed.scheme),
                                         connect_timeout=self.policy.connect_timeout,
                                         stall_timeout=self.policy.stall_timeout, max_idle=self.connections_per_host)
                 origin = self._origins.setdefault(key, created)

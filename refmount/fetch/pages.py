@@ -19,8 +19,8 @@ def _on_engine(remote_options: dict | None, call, first=None):
     from refmount.fetch.tls import ssl_setting
 
     options = remote_options or {}
-    backend = HttpBackend(RetryPolicy(), FetchStats(), headers=options.get("headers"), ssl=ssl_setting(options),
-                          logins=active(), client="stdlib" if first else "aiohttp")
+    backend = HttpBackend(RetryPolicy(), FetchStats(), headers=options.get("headers"),
+                          ssl=lambda: ssl_setting(options), logins=active(), client="stdlib" if first else "aiohttp")
     if first is not None and (answer := first(backend)) is not None:
         return answer
 
