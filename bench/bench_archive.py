@@ -1,11 +1,13 @@
 """Archive benchmark (issue 34): mounting N daily netCDF-4 files straight from an HTTP autoindex with
 `--concat time`, against kerchunk + fsspec scanning the same files with 1 and 8 threads.
 
-    sudo bench/bench_archive.py [--files 56] [--rtt 80] [--link nfqueue|none] [--grid 181x360] [--requests]
+    sudo bench/bench_archive.py [--files 56] [--rtt 80] [--link nfqueue|proxy|none] [--grid 181x360] [--requests]
 
 Files: hourly `tas` on a lat/lon grid, one a day, each with its own time units (tests/support/daily.py;
 about 2 MB each at 181 x 360). Served by nginx (autoindex) inside a network namespace behind bench/harness's
-kernel-TCP delay line (--link nfqueue: RTT/2 per direction, 1 Gbit/s), or on loopback (--link none).
+kernel-TCP delay line (--link nfqueue: RTT/2 per direction, 1 Gbit/s), behind bench/delayproxy.py in the
+namespace (--link proxy: the same RTT, a 4 MiB window per connection; needs no iptables), or on loopback
+(--link none).
 Measured, in one run:
 
 - refmount cold: `refmount mount --concat time URL/*.nc MNT` (empty scan store) + `ncdump -h`, wall time;
@@ -37,7 +39,7 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from harness.links import NfqLink, build_nfqdelay, connect_ms, need_nfqueue, nfq_line
+from harness.links import Link, NfqLink, build_nfqdelay, connect_ms, delay_proxy, need_nfqueue, nfq_line
 from harness.mounts import refmount, remove_scratch, unmount_if_mounted
 from harness.peers import kerchunk_grib, kerchunk_scan
 from harness.record import Record
@@ -78,9 +80,9 @@ def mount_and_dump(url: str, mnt: Path, env: dict, lazy: bool = False, expect: s
 
 def request_kinds(lines: list[str]) -> dict:
     """Requests of an nginx access log ("METHOD URI RANGE STATUS" a line) by kind: index pages, HEADs,
-    header GETs (a range from byte 0), DMR++ files, other ranges (coordinates: --concat reads each file's
+    header GETs (a range from byte 0), DMR++ files, GRIB .idx files, other ranges (coordinates: --concat reads each file's
     time values) and whole-file GETs."""
-    kinds = dict.fromkeys(("index", "HEAD", "header GET", "DMR++", "range GET", "whole GET"), 0)
+    kinds = dict.fromkeys(("index", "HEAD", "header GET", "DMR++", ".idx GET", "range GET", "whole GET"), 0)
     for line in lines:
         method, uri, *rest = line.split()
         range_ = rest[0] if len(rest) > 1 else "-"
@@ -90,6 +92,8 @@ def request_kinds(lines: list[str]) -> dict:
             kinds["index"] += 1
         elif uri.endswith(".dmrpp"):
             kinds["DMR++"] += 1
+        elif uri.endswith(".idx"):
+            kinds[".idx GET"] += 1
         elif range_.startswith("bytes=0-"):
             kinds["header GET"] += 1
         elif range_.startswith("bytes="):
@@ -129,7 +133,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--files", type=int, default=56)
     parser.add_argument("--rtt", type=float, default=80)
-    parser.add_argument("--link", choices=("nfqueue", "none"), default="nfqueue")
+    parser.add_argument("--link", choices=("nfqueue", "proxy", "none"), default="nfqueue",
+                        help="nfqueue: kernel TCP through bench/nfqdelay (needs iptables-legacy, "
+                             "libnetfilter-queue-dev); proxy: bench/delayproxy.py in a namespace (needs nothing)")
     parser.add_argument("--grid", default="181x360")
     parser.add_argument("--no-kerchunk", action="store_true", help="skip the kerchunk contenders")
     parser.add_argument("--requests", action="store_true",
@@ -163,8 +169,9 @@ def main() -> int:
             log(f"making {args.files} daily files of {nlat} x {nlon} ...")
             files = make_daily(data / "tas", args.files, nlat, nlon)
         settled = time.time() - 3 * 86400  # an archive's files are older than a day (sources.SETTLED): the
-        for f in files:                     # listing's dates and sizes name their versions
-            os.utime(f, (settled, settled))
+        for f in files:                     # listing's dates and sizes name their versions (and the .idx's)
+            for made in (f, Path(f"{f}.idx")) if args.grib else (f,):
+                os.utime(made, (settled, settled))
         (data / "big.bin").write_bytes(b"x" * 4096)  # (what bench_wan probes nginx with)
         log(f"{sum(f.stat().st_size for f in files) / args.files / 1e6:.1f} MB a file")
         if args.link == "nfqueue":
@@ -176,6 +183,13 @@ def main() -> int:
             base = stack.enter_context(nginx_in(link, data, run, proxied=False))
             stack.enter_context(nfq_line(link, run, binary, args.rtt))
             log(f"TCP connect through the line: {connect_ms(base):.0f} ms")
+        elif args.link == "proxy":  # (no iptables here: the userspace delay line in the namespace)
+            link = Link("A", os.getpid() % 250)
+            stack.callback(link.down)
+            link.up()
+            base = stack.enter_context(nginx_in(link, data, run, proxied=True))
+            stack.enter_context(delay_proxy(link, run, args.rtt, 4 << 20))
+            log(f"TCP connect through the proxy: {connect_ms(base):.0f} ms")
         else:
             access_log = run / "access.log" if args.requests else None
             base = stack.enter_context(nginx_serving(data, run, access_log))

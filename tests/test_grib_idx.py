@@ -11,6 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
+import subprocess
+import time
 import warnings
 from pathlib import Path
 
@@ -69,6 +71,13 @@ def cfgrib_field(path: Path, short_name: str, level: float) -> tuple[np.ndarray,
                              backend_kwargs={"filter_by_keys": {"shortName": short_name, "level": level}})
         (var,) = ds.data_vars.values()
         return var.values, ds.time.values, ds.step.values
+
+
+def header(path: Path) -> str:
+    """`ncdump -h` of a mounted dataset (Debian's netCDF-C)."""
+    done = subprocess.run(["ncdump", "-h", nczarr_url(path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def grib_gets(log: list[str]) -> set[str]:
@@ -199,6 +208,32 @@ def test_glob_mounts_from_idx_files_after_one_scan_and_equals_cfgrib(mount, scan
         expected, run, _ = cfgrib_field(new, "2t", 2)
         with netCDF4.Dataset(nczarr_url(warm.path / new.name)) as ds:
             assert np.array_equal(np.asarray(ds[T2M]["t2m"][...]).reshape(expected.shape), expected)
+
+
+def test_a_settled_glob_is_identified_by_its_listing_and_mounts_warm_with_one_request(mount, scans, cycles,
+                                                                                    tmp_path):
+    """Files and .idx older than a day (an archive's): the index page's sizes and dates name every
+    version, so a cold `--concat` mount sends no HEAD (the .idx GETs and the one scan of the kind's
+    first file), and a warm one sends the index page and nothing else."""
+    aged = tmp_path / "aged" / cycles.name
+    shutil.copytree(cycles, aged)
+    settled = time.time() - 3 * 86400  # (refs/scan/sources.py SETTLED: a day)
+    for p in aged.iterdir():
+        os.utime(p, (settled, settled))
+    with served(tmp_path, aged) as nginx:
+        url = f"{nginx.url}/data/{aged.name}/*.f006"
+        cold = mount(url, "--concat", "time")
+        assert "t2m(time, step, latitude, longitude)" in header(cold.path)
+        cold.stop()
+        log = nginx.access_log()
+        assert not [line for line in log if line.startswith("HEAD")], log
+        assert len(grib_gets(log)) == 1, log  # the kind's first file, scanned
+        assert len([line for line in log if line.split()[1].endswith(".idx")]) == 4, log
+        before = len(log)
+        warm = mount(url, "--concat", "time")
+        assert "t2m(time, step, latitude, longitude)" in header(warm.path)
+        again = nginx.access_log()[before:]
+        assert [line.split()[:2] for line in again] == [["GET", f"/data/{aged.name}/"]], again
 
 
 def test_idx_references_equal_a_scan_of_each_file(scans, cycles, steps, tmp_path):

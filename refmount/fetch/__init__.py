@@ -49,7 +49,7 @@ class Fetcher:
         self._http_options = dict(connections_per_host=connections_per_host,
                                   allow_cross_host_redirects=allow_cross_host_redirects,
                                   headers=self.remote_options.get("headers"), verify_remote=verify_remote,
-                                  ssl=ssl_setting(self.remote_options), client=http_client, logins=self.logins)
+                                  ssl=lambda: ssl_setting(self.remote_options), client=http_client, logins=self.logins)
         self._remotes: dict = {}  # protocol -> backend, made on first use (aiohttp alone takes 0.1 s to import)
         self._failed: dict[str, tuple[float, FetchError]] = {}  # url -> (when, error) of its last failure
         self._loop = None
@@ -133,7 +133,7 @@ class Fetcher:
 
     def _import_into(self, urls) -> None:
         try:
-            self._warm_protocols = self._import_remote(urls)
+            self._warm_protocols = self._import_remote(urls, self._http_options["client"] == "stdlib")
         except Exception:  # noqa: BLE001 - the first read that needs it reports the problem
             self._warm_protocols = set()
 
@@ -149,7 +149,10 @@ class Fetcher:
         if remote & {"http", "https"}:
             backend = self._backend("http://")
             first = next((url for url in urls if protocol_of(url) in ("http", "https")), None)
-            await run_on_asyncio(backend.open(first), self._asyncio())
+            if backend.direct:  # (its connections open in threads of their own: no asyncio needed)
+                await backend.open(first)
+            else:
+                await run_on_asyncio(backend.open(first), self._asyncio())
         if remote & {"s3", "s3a"}:
             first = next(url for url in urls if protocol_of(url) in ("s3", "s3a"))
             backend = self._backend(first)
@@ -158,12 +161,15 @@ class Fetcher:
                 await run_on_asyncio(backend.open(first), self._asyncio())
 
     @staticmethod
-    def _import_remote(urls) -> set[str]:
-        """The remote protocols of `urls`, their backends' code imported and the asyncio loop started."""
+    def _import_remote(urls, direct: bool = False) -> set[str]:
+        """The remote protocols of `urls`, their backends' code imported and the asyncio loop started
+        (not for http(s) alone on the stdlib engine (`direct`): the loop, and fsspec, come with the
+        first answer that needs aiohttp)."""
         remote = {protocol_of(url) for url in urls} - {"file"}
         if remote:
             Fetcher.import_backends(f"{proto}://" for proto in remote)
-            asyncio_loop()  # starts fsspec's loop thread
+            if not (direct and remote <= {"http", "https"}):
+                asyncio_loop()  # starts fsspec's loop thread
         return remote
 
     def _asyncio(self):

@@ -136,7 +136,8 @@ class Origin:
 
 
 class Request:
-    """One ranged GET; `run` blocks in a worker thread, `abort` may be called from any thread."""
+    """One ranged GET (or a page's GET); `run` (`page`) blocks in a worker thread, `abort` may be called
+    from any thread."""
 
     def __init__(self, origin: Origin, target: str, headers: dict, take=None) -> None:
         self.origin, self.target, self.headers = origin, target, headers
@@ -176,6 +177,21 @@ class Request:
                     self.origin.give_back(self._conn)
                     self._conn = self._sock = None
             return pieces
+        finally:
+            with self._lock:
+                conn, self._conn, self._sock = self._conn, None, None
+            if conn is not None:
+                conn.close()
+
+    def page(self, most: int, accept) -> tuple[str, bytes] | None:
+        """(Content-Type, body) of a whole small answer (a page: its Content-Length or chunks, which
+        http.client decodes), at most `most` bytes of it read, once `accept(response)` said True;
+        None when it said False (the answer left unread). The connection is not kept."""
+        try:
+            resp = self._send_on(self.origin.take())
+            if not accept(resp):
+                return None
+            return resp.headers.get("Content-Type", ""), resp.read(most)
         finally:
             with self._lock:
                 conn, self._conn, self._sock = self._conn, None, None

@@ -40,13 +40,14 @@ import collections
 import contextlib
 import http.client
 import logging
+import os
 import re
 import ssl
 import threading
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import urljoin, urlsplit
 
-import aiohttp
 import trio
 from yarl import URL
 
@@ -57,6 +58,9 @@ from refmount.fetch.pieces import piece_sizes, split
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import FetchStats, redact
 from refmount.fetch.tls import certificate_problem
+
+if TYPE_CHECKING:
+    import aiohttp
 
 log = logging.getLogger("refmount")
 
@@ -70,6 +74,15 @@ _PASS_IDLE = 10.0  # seconds a pass waits, its connection open, for a read furth
 # for this many hosts: a set spread over many hosts would hold that many idle sockets for each one
 # it touched once.
 _WARMED_ORIGINS = 8
+
+
+def _aiohttp():
+    """aiohttp, imported at its first use: 0.2-0.7 s of imports (two TLS contexts made at its import)
+    that a mount whose answers are all plain (the stdlib engine's) never pays, nor a warm archive
+    mount before it is ready."""
+    import aiohttp
+
+    return aiohttp
 
 
 class _Retry(Exception):
@@ -218,7 +231,7 @@ class HttpBackend:
         self.allow_cross_host_redirects = allow_cross_host_redirects
         self.headers = dict(headers or {})
         self.verify_remote = verify_remote
-        self.ssl = ssl  # an SSLContext, or False ({"ssl": false} in --remote-options)
+        self._ssl = ssl  # an SSLContext, False ({"ssl": false} in --remote-options), or a function making one
         self._session: aiohttp.ClientSession | None = None
         self._versions: dict[str, _Version] = {}
         self._sizes: dict[str, int] = {}
@@ -247,8 +260,23 @@ class HttpBackend:
         self.max_pass = DEFAULT_MAX_PASS  # --max-full-download: how far into an object a pass may stream
         self.signer = None  # signer(url, method) -> the url a request goes to (s3.py), or None: the url itself
 
+    @property
+    def ssl(self):
+        """The TLS setting, made when https first needs it (loading the trust store takes 30-400 ms,
+        which a mount that speaks only http never pays)."""
+        if callable(self._ssl):
+            self._ssl = self._ssl()
+        return self._ssl
+
+    def _tls_for(self, scheme: str) -> ssl.SSLContext | None:
+        """The stdlib engine's context for an origin of `scheme` (None for plain http: none made)."""
+        if scheme != "https":
+            return None
+        return self.ssl if isinstance(self.ssl, ssl.SSLContext) else None if self.ssl else _unverified()
+
     def _session_now(self) -> aiohttp.ClientSession:
         if self._session is None:
+            aiohttp = _aiohttp()
             # (names are resolved by addresses.py, which keeps answers itself: aiohttp's cache would
             # skip its check of a redirect's addresses)
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.connections_per_host,
@@ -275,10 +303,12 @@ class HttpBackend:
         return route
 
     async def open(self, first_url: str | None = None) -> None:
-        """Create the session, so that the first read does not, and start opening the connections of
-        `first_url`'s host for the direct path (no request is sent)."""
-        self._session_now()
-        if first_url is not None and self.direct:
+        """Start opening the connections of `first_url`'s host for the direct path (no request is
+        sent); without it (client "aiohttp"), create aiohttp's session, so that the first read does
+        not. (With the direct path, aiohttp is imported when an answer first needs it.)"""
+        if not self.direct:
+            self._session_now()
+        elif first_url is not None:
             self._direct_target(first_url)
 
     async def close(self) -> None:
@@ -341,6 +371,43 @@ class HttpBackend:
         found, answered, body = await self.page_answer(url, limit, same_origin=same_origin)
         return found, answered.get("Content-Type", ""), body
 
+    def page_direct(self, url: str, limit: int) -> tuple[str, str, bytes] | None:
+        """page()'s answer on the stdlib engine, synchronously in the calling thread (not the asyncio
+        loop's), when it is a plain 200: an index page then costs no aiohttp import (0.2-0.7 s on a warm
+        archive mount's way). None for anything else (a proxy, credentials in the url, a redirect, a
+        login, an error status, a failure, a hop the trail guards): `page` then asks on the general path,
+        with its retries."""
+        parsed = URL(url)
+        if not self.direct or self.signer is not None or parsed.scheme not in ("http", "https") \
+                or not parsed.host or parsed.user is not None or self._route(url):
+            return None
+        trail = self.logins.trail(url, self.headers)
+        if trail.guards(url) is not None:  # (its addresses are checked as it connects: the general path does)
+            return None
+        origin = direct.Origin(parsed.scheme, parsed.raw_host, parsed.explicit_port,
+                               ssl_context=self._tls_for(parsed.scheme), connect_timeout=self.policy.connect_timeout,
+                               stall_timeout=self.policy.stall_timeout, max_idle=0)
+        headers = {**trail.headers(url, signed=False), "Accept-Encoding": "identity"}
+        request = direct.Request(origin, parsed.raw_path_qs, headers)
+
+        def plain(resp: http.client.HTTPResponse) -> bool:
+            self.logins.keep_cookies(url, resp.headers.get_all("Set-Cookie") or [])
+            return resp.status == 200 and resp.headers.get("Content-Encoding", "identity").lower() == "identity"
+
+        try:
+            answered = request.page(limit + 1, plain)
+        except (http.client.HTTPException, OSError, ValueError):  # (ssl and timeouts are OSErrors)
+            return None
+        finally:
+            if request.sent:
+                self.stats.request(url)
+        if answered is None:
+            return None
+        kind, body = answered
+        if len(body) > limit:
+            raise FetchError(f"{redact(url)}: the answer is larger than {limit} bytes")
+        return url, kind, body
+
     async def page_answer(self, url: str, limit: int, *, same_origin: bool = False,
                           send: dict | None = None, post: bytes | None = None) -> tuple[str, dict, bytes]:
         """page()'s, with the answer's headers (a dict, case-insensitive) instead of its Content-Type;
@@ -385,7 +452,7 @@ class HttpBackend:
                     with addresses.guarded(guarded):
                         resp = await session.request(method, where, headers=sent, allow_redirects=False,
                                                      data=body, **self._route(url))
-                except aiohttp.ClientConnectorError as e:
+                except _aiohttp().ClientConnectorError as e:
                     if isinstance(e.os_error, addresses.InternalAddress):
                         raise FetchError(f"{redact(url)}: redirect refused: {e.os_error}") from None
                     raise
@@ -614,8 +681,8 @@ class HttpBackend:
             key = _origin(wire)
             origin = self._origins.get(key)
             if origin is None:  # setdefault: the asyncio thread may work this out at the same time
-                context = self.ssl if isinstance(self.ssl, ssl.SSLContext) else None if self.ssl else _unverified()
-                created = direct.Origin(parsed.scheme, parsed.raw_host, parsed.explicit_port, ssl_context=context,
+                created = direct.Origin(parsed.scheme, parsed.raw_host, parsed.explicit_port,
+                                        ssl_context=self._tls_for(parsed.scheme),
                                         connect_timeout=self.policy.connect_timeout,
                                         stall_timeout=self.policy.stall_timeout, max_idle=self.connections_per_host)
                 origin = self._origins.setdefault(key, created)
@@ -774,13 +841,13 @@ class HttpBackend:
                 except FetchError as e:
                     self.stats.error(url, e)
                     raise
-                except aiohttp.ClientConnectorCertificateError as e:
+                except _aiohttp().ClientConnectorCertificateError as e:
                     self.stats.error(url, "tls")  # a certificate does not get better by asking again
                     raise FetchError(f"{certificate_problem(e) or 'TLS error'} for {redact(url)}") from None
-                except aiohttp.NonHttpUrlClientError as e:
+                except _aiohttp().NonHttpUrlClientError as e:
                     self.stats.error(url, "other")
                     raise FetchError(f"{redact(url)}: {e}") from None
-                except (_Retry, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError) as e:
+                except (_Retry, _aiohttp().ClientError, asyncio.TimeoutError, ConnectionError) as e:
                     reason, retry_after = _describe(e)
             delay = policy.backoff(attempt, retry_after)
             if loop.time() + delay >= deadline or attempt >= policy.max_attempts:
@@ -943,10 +1010,11 @@ class _SharedDownload:
 def _route_from_env(url: str) -> dict:
     """aiohttp request options for `url` from the environment: its proxy unless NO_PROXY exempts
     the host (with the proxy's credentials from its url or ~/.netrc)."""
-    from aiohttp.helpers import get_env_proxy_for_url
-    from yarl import URL
-
     route: dict = {}
+    if not any(name.lower().endswith("_proxy") for name in os.environ):  # (what urllib's getproxies reads:
+        return route                                                      # no proxy at all, no aiohttp import)
+    from aiohttp.helpers import get_env_proxy_for_url
+
     target = URL(url)
     try:
         proxy, proxy_auth = get_env_proxy_for_url(target)

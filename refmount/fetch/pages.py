@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 
 
-def _on_engine(remote_options: dict | None, call):
-    """`call(backend)` (a coroutine) on a fresh HttpBackend with the mount's logins, on the asyncio loop."""
+def _on_engine(remote_options: dict | None, call, first=None):
+    """`call(backend)` (a coroutine) on a fresh HttpBackend with the mount's logins, on the asyncio loop;
+    `first(backend)`: an attempt in this thread before it (the stdlib engine's), whose answer, if not
+    None, is taken instead (no aiohttp, no asyncio loop)."""
     from refmount.fetch.auth import active
     from refmount.fetch.bridge import asyncio_loop
     from refmount.fetch.http import HttpBackend
@@ -17,8 +19,10 @@ def _on_engine(remote_options: dict | None, call):
     from refmount.fetch.tls import ssl_setting
 
     options = remote_options or {}
-    backend = HttpBackend(RetryPolicy(), FetchStats(), headers=options.get("headers"), ssl=ssl_setting(options),
-                          logins=active())
+    backend = HttpBackend(RetryPolicy(), FetchStats(), headers=options.get("headers"),
+                          ssl=lambda: ssl_setting(options), logins=active(), client="stdlib" if first else "aiohttp")
+    if first is not None and (answer := first(backend)) is not None:
+        return answer
 
     async def once():
         try:
@@ -33,7 +37,8 @@ def fetch_page(url: str, limit: int, remote_options: dict | None = None, *,
                same_origin: bool = False) -> tuple[str, str, bytes]:
     """(the url found at after redirects, Content-Type, body) of a 200 answer of at most `limit`
     bytes; FetchError (LoginFailed for a refused login) otherwise. Not from the asyncio loop's thread."""
-    return _on_engine(remote_options, lambda backend: backend.page(url, limit, same_origin=same_origin))
+    return _on_engine(remote_options, lambda backend: backend.page(url, limit, same_origin=same_origin),
+                      first=lambda backend: backend.page_direct(url, limit))
 
 
 def fetch_answer(url: str, limit: int, remote_options: dict | None = None, *, same_origin: bool = False,

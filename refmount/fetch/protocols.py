@@ -10,6 +10,8 @@ counts as local: a remote reference set may not use it unless `file` is in --all
 
 from __future__ import annotations
 
+import sys
+
 # Protocols whose filesystems reach a remote service over the network.
 NETWORK_PROTOCOLS = frozenset({
     "http", "https", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oci", "ocilake", "oss",
@@ -55,6 +57,8 @@ def is_local_protocol(protocol: str) -> bool:
     been registered under its name)."""
     if protocol not in NETWORK_PROTOCOLS:
         return True
+    if "fsspec.registry" not in sys.modules:  # nothing can have been registered (and fsspec costs 40 ms)
+        return False
     from fsspec.implementations.local import LocalFileSystem
     from fsspec.registry import registry
 

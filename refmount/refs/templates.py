@@ -16,9 +16,6 @@ import re
 import threading
 
 import numpy as np
-from jinja2 import StrictUndefined, TemplateError
-from jinja2.compiler import CodeGenerator
-from jinja2.sandbox import ImmutableSandboxedEnvironment, SandboxedEnvironment
 
 from refmount.errors import RefsError, quote
 from refmount.refs.model import MAX_LENGTH
@@ -152,7 +149,7 @@ def _safe_binop(op: str, left, right):
         if isinstance(left, (str, bytes, list, tuple)) and isinstance(right, type(left)):
             if len(left) + len(right) > (MAX_RENDER_BYTES if isinstance(left, (str, bytes)) else MAX_ITEMS):
                 _too_big(_kind(left))
-    return _check_result(SandboxedEnvironment.default_binop_table[op](left, right))
+    return _check_result(_environment().default_binop_table[op](left, right))
 
 
 def _capped_join(parts) -> str:
@@ -197,54 +194,69 @@ def _guard_filter(name: str, func):
     return guarded
 
 
-class _CodeGenerator(CodeGenerator):
-    def visit_Concat(self, node, frame) -> None:  # `~`: through the capped join
-        self.write("environment.concat((")
-        for arg in node.nodes:
-            self.visit(arg, frame)
-            self.write(", ")
-        self.write("))")
+@functools.cache
+def _environment():
+    """The sandbox templates compile in, made at the first template that needs it: jinja2 takes
+    40-80 ms to import, which a set without such templates (a warm archive mount) does not pay."""
+    from jinja2 import StrictUndefined
+    from jinja2.compiler import CodeGenerator
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class _CodeGenerator(CodeGenerator):
+        def visit_Concat(self, node, frame) -> None:  # `~`: through the capped join
+            self.write("environment.concat((")
+            for arg in node.nodes:
+                self.visit(arg, frame)
+                self.write(", ")
+            self.write("))")
 
 
-class _Env(ImmutableSandboxedEnvironment):
-    """jinja's sandbox (no private attributes, no mutation of lists and dicts), plus bounds on the
-    size of everything a template makes: operators, filters, method calls, `~` and the output."""
+    class _Env(ImmutableSandboxedEnvironment):
+        """jinja's sandbox (no private attributes, no mutation of lists and dicts), plus bounds on the
+        size of everything a template makes: operators, filters, method calls, `~` and the output."""
 
-    intercepted_binops = frozenset(("*", "**", "%", "+"))
-    code_generator_class = _CodeGenerator
-    concat = staticmethod(_capped_join)
+        intercepted_binops = frozenset(("*", "**", "%", "+"))
+        code_generator_class = _CodeGenerator
+        concat = staticmethod(_capped_join)
 
-    def __init__(self):
-        super().__init__(undefined=StrictUndefined, autoescape=False, finalize=_check_result)
-        for name in ("lipsum", "cycler", "joiner"):  # lipsum(n=10**6) writes without bound
-            self.globals.pop(name, None)
-        self.filters = {name: _guard_filter(name, f) for name, f in self.filters.items()}
+        def __init__(self):
+            super().__init__(undefined=StrictUndefined, autoescape=False, finalize=_check_result)
+            for name in ("lipsum", "cycler", "joiner"):  # lipsum(n=10**6) writes without bound
+                self.globals.pop(name, None)
+            self.filters = {name: _guard_filter(name, f) for name, f in self.filters.items()}
 
-    def call_binop(self, context, operator, left, right):
-        return _safe_binop(operator, left, right)
+        def call_binop(self, context, operator, left, right):
+            return _safe_binop(operator, left, right)
 
-    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
-        _check_operands(*args, *kwargs.values())
-        method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
-        owner = getattr(method, "__self__", None)
-        if isinstance(owner, str):
-            name = getattr(method, "__name__", "")
-            if name in _SIZED_METHODS and any(isinstance(v, int) and abs(v) > MAX_RENDER_BYTES for v in args):
-                _too_big(f"a result of str.{name} sized over {MAX_RENDER_BYTES:,}")
-            if name in ("format", "format_map"):
-                _check_format(owner, *args, *kwargs.values())
-            if name == "expandtabs" and args and isinstance(args[0], int) and \
-                    len(owner) + abs(args[0]) * owner.count("\t") > MAX_RENDER_BYTES:
-                _too_big(f"a result of str.expandtabs of more than {MAX_RENDER_BYTES:,} characters")
-            if name == "replace" and len(args) >= 2 and len(owner) * (len(str(args[1])) + 1) > MAX_RENDER_BYTES:
-                _too_big(f"a result of str.replace of more than {MAX_RENDER_BYTES:,} characters")
-            if name == "join" and args:
-                _check_join(args[0], owner)
-        return _check_result(super().call(__context, __obj, *args, **kwargs))
+        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
+            _check_operands(*args, *kwargs.values())
+            method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
+            owner = getattr(method, "__self__", None)
+            if isinstance(owner, str):
+                name = getattr(method, "__name__", "")
+                if name in _SIZED_METHODS and any(isinstance(v, int) and abs(v) > MAX_RENDER_BYTES for v in args):
+                    _too_big(f"a result of str.{name} sized over {MAX_RENDER_BYTES:,}")
+                if name in ("format", "format_map"):
+                    _check_format(owner, *args, *kwargs.values())
+                if name == "expandtabs" and args and isinstance(args[0], int) and \
+                        len(owner) + abs(args[0]) * owner.count("\t") > MAX_RENDER_BYTES:
+                    _too_big(f"a result of str.expandtabs of more than {MAX_RENDER_BYTES:,} characters")
+                if name == "replace" and len(args) >= 2 and len(owner) * (len(str(args[1])) + 1) > MAX_RENDER_BYTES:
+                    _too_big(f"a result of str.replace of more than {MAX_RENDER_BYTES:,} characters")
+                if name == "join" and args:
+                    _check_join(args[0], owner)
+            return _check_result(super().call(__context, __obj, *args, **kwargs))
+
+    return _Env()
 
 
-_ENV = _Env()
 _MAIN = threading.main_thread()
+
+
+def _template_error():
+    from jinja2 import TemplateError
+
+    return TemplateError
 
 
 def _render_expired(signum, frame):
@@ -331,8 +343,8 @@ class Template:
     def _compiled(self):
         if self._jinja is None:
             try:
-                self._jinja = _ENV.from_string(self.text)
-            except TemplateError as e:
+                self._jinja = _environment().from_string(self.text)
+            except _template_error() as e:
                 raise RefsError(f"{self.where}: template {quote(self.text)} does not compile: {e}") from None
         return self._jinja
 

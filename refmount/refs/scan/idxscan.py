@@ -1,7 +1,7 @@
 """A GRIB2 file's references from the `.idx` beside it (refs/scan/gribidx.py says how and why).
 
-Per file: the idx is identified (the listing's ETag, or one HEAD) and, if the scan store has no result
-for that version, read (one GET); the GRIB file's size comes from the listing or one HEAD. The first
+Per file: the idx is identified (the listing's ETag, or its size and date, else one HEAD) and, if the
+scan store has no result for that version, read (one GET); the GRIB file's size comes from the listing or one HEAD. The first
 file of each kind is scanned as any GRIB file and the kind's mapping learnt from it and kept in the scan
 store; the kind's other files are the mapping applied to their idx, in this process, with no byte of
 their GRIB file read. A kind whose mapping cannot be learnt (its messages disagree with its idx) is said
@@ -35,8 +35,9 @@ async def from_idx(entry, fetcher, read, pool, store, lookups, max_refs_size: in
     from refmount.refs.scan.pool import ScanFailed
 
     idx_url = entry.sidecar
-    async with lookups:
-        idx_size, idx_version = await identify(fetcher, replace(entry, url=idx_url, size=None, version=None))
+    listed = entry.sidecar_listed or (None, None)  # (the listing's size and date of the idx name its version:
+    async with lookups:                            # a warm mount then sends no request for it)
+        idx_size, idx_version = await identify(fetcher, replace(entry, url=idx_url, size=listed[0], version=listed[1]))
     version = f"idx {idx_version}" if idx_version else None
     kept = store.get(idx_url, version, max_refs_size) if version else None
     if kept is not None:
