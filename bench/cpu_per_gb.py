@@ -196,8 +196,10 @@ def main() -> int:
                 served = stats.get("served", {})
                 if served.get("reads"):
                     print(f"  {served['reads']} reads of {served['bytes'] / served['reads'] / 1024:.0f} KiB on average")
+                memory, cache = stats.get("memory", {}), stats.get("cache", {})
                 print(f"  {fetch['requests']} requests, {fetch['bytes'] / max(fetch['requests'], 1) / 2**20:.1f} MiB "
-                      f"on average; hosts {m.stats().get('hosts')}")
+                      f"on average; pool slots made {memory.get('pool_slots_made')}, reused {memory.get('pool_reused')}; "
+                      f"cache {cache.get('bytes', 0) >> 20} MiB, blocks let go of once read {cache.get('dropped_read', '-')}")
                 rates[who].append(size / seconds / 1e6)
                 cpus[who].append(cpu / (size / 1e9))
                 trio_cpus[who].append(trio_cpu / (size / 1e9))

@@ -93,16 +93,18 @@ def refmount_mounted(refs: Path, mnt: Path, options: list[str], code: Path | Non
     env = code_env(code, env)
     with TreePeak(include_self=False) if tree_peak else nullcontext() as tree:
         t0 = time.perf_counter()
-        done = subprocess.run([PYTHON, "-m", "refmount", "mount", *options, str(refs), str(mnt)],
-                              capture_output=True, text=True, env=env)
+        # (cwd: `python -m` puts the working directory before PYTHONPATH, so from a checkout a
+        # --baseline tree would run that checkout's code)
+        done = subprocess.run([PYTHON, "-m", "refmount", "mount", *options, str(Path(refs).absolute()),
+                               str(mnt.absolute())], capture_output=True, text=True, env=env, cwd=code or ROOT)
         seconds = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"refmount mount {' '.join(options)} failed: {done.stderr.strip()}")
     try:
         yield Mount(mnt, int(os.getxattr(mnt, "user.refmount.pid")), seconds, tree.peak_mb if tree else 0.0)
     finally:
-        if subprocess.run([PYTHON, "-m", "refmount", "umount", str(mnt)], capture_output=True,
-                          env=env).returncode != 0:
+        if subprocess.run([PYTHON, "-m", "refmount", "umount", str(mnt.absolute())], capture_output=True,
+                          env=env, cwd=code or ROOT).returncode != 0:
             unmount_if_mounted(mnt)
 
 

@@ -66,6 +66,7 @@ class BlockCache:
         self.hits = 0
         self.misses = 0
         self.evictions = 0
+        self.dropped_read = 0  # blocks let go of once a sequential reader had read past them (drop_read)
         # read-ahead blocks stored, and those read before eviction (the wasted ones: budget.prefetch_wasted)
         self.prefetched = self.prefetched_bytes = 0
         self.prefetch_used = self.prefetch_used_bytes = 0
@@ -85,7 +86,7 @@ class BlockCache:
         self._evict()
 
     def statistics(self) -> dict:
-        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions,
+        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions, "dropped_read": self.dropped_read,
                 "blocks": len(self._blocks), "bytes": self.budget.cached, "capacity": self.capacity,
                 "inflight": len(set(map(id, self._inflight.values())))}
 
@@ -227,6 +228,22 @@ class BlockCache:
                 self._unread.discard(key)
                 self._prefetch_read(block)
         return block
+
+    def drop_read(self, source, first: int, last: int) -> None:
+        """Blocks [first, last] of `source` were read by a sequential reader that has gone past them,
+        and the kernel's page cache holds them (readahead/streams.py decides): they leave the cache
+        now, and their slots go back to the pool for the next fetch (pages already in memory, no
+        fresh ones to fault in). Blocks read ahead but not read yet stay."""
+        blocks, budget = self._blocks, self.budget
+        for index in range(first, last + 1):
+            key = (source, index)
+            if key in self._unread:
+                continue
+            block = blocks.pop(key, None)
+            if block is not None:
+                budget.cached -= self._weigh(block)
+                self._let_go(block)
+                self.dropped_read += 1
 
     def read_ahead(self, source, parts: list[tuple[int, int]], reader: int = 0, ranges: int = 1) -> None:
         """Start `prefetch_parts` in the background. Parts asked for in several ranges count as queued

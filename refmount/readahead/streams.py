@@ -33,13 +33,16 @@ _SPREAD_MIN = 512 << 10
 # its reads go on twice in a row.
 _RANDOM_AFTER = 2
 _READERS = 4096  # readers whose last reads are remembered (the least recently seen is forgotten)
+# Blocks a sequential reader of one key has gone this many blocks past leave the block cache (see
+# _let_go_behind): enough for the kernel's readahead requests that arrive late or out of order.
+_KEEP_BEHIND = 4
 
 
 class _Stream:
     """One sequential reader of a remote file, as ReadStreams sees it."""
 
     __slots__ = ("begin", "reached", "window", "next_block", "last_start", "in_a_row", "key_end", "crossings",
-                 "scanning", "stopped", "parts", "run_end", "reader", "token")
+                 "scanning", "stopped", "parts", "run_end", "reader", "token", "passed")
 
     def __init__(self, start: int, end: int, key_end: int, window: int, reader: int = 0, token=None) -> None:
         self.begin = start
@@ -56,6 +59,7 @@ class _Stream:
         self.run_end = 0  # a stream opened at the start of a run of keys may read ahead to here before it crosses
         self.reader = reader  # the pid whose reads it follows (0: unknown, goes on with any)
         self.token = token  # its reservation of the read-ahead budget: its lead
+        self.passed = 0  # blocks below this one were let go of behind it (see ReadStreams._let_go_behind)
 
     def lead(self, block_size: int) -> int:
         """Bytes asked for ahead of the reader (what its read-ahead holds of the budget)."""
@@ -169,6 +173,7 @@ class ReadStreams:
                 stream.hold(bs)
                 if proven:
                     self._note_reader(reader, went_on=True)
+                    self._let_go_behind(uid, stream, start)
                 break
         else:
             # A read of a block or more from the start of a key (how the kernel's readahead begins a
@@ -208,6 +213,26 @@ class ReadStreams:
         if prefetch and not stream.stopped:
             self._read_ahead(uid, stream, end, limit)
         return scan or continued
+
+    def _let_go_behind(self, uid: int, stream: _Stream, start: int) -> None:
+        """A proven sequential reader within one key (it never crossed into another) has read the
+        blocks of that key it is `_KEEP_BEHIND` blocks past: the kernel's page cache holds their
+        bytes (a key's file is opened with keep_cache), so the block cache lets go of them now and
+        the pool reuses their slots for this stream's next fetches, pages already in memory. A cold
+        read of a big file otherwise fills the cache with fresh memory, whose page faults were a
+        third of the daemon's CPU (bench/NOTES.md, "where a GB goes"); mountpoint-s3 does not cache
+        a sequential stream either. Readers at random, and scans across keys (chunk files), whose
+        blocks straddle files the kernel has not all read, keep theirs as before. The price: a
+        re-read after the kernel dropped its pages is fetched again (from --cache-dir, if given)."""
+        drop = getattr(self.cache, "drop_read", None)
+        if drop is None or stream.crossings:
+            return
+        bs = self.cache.block_size
+        first = max(stream.passed, -(-stream.begin // bs))  # (a block the stream began inside: not all read)
+        last = start // bs - _KEEP_BEHIND - 1
+        if first <= last:
+            drop(uid, first, last)
+            stream.passed = last + 1
 
     def _at_random(self, reader: int) -> bool:
         """Did the last _RANDOM_AFTER reads of `reader` each open a new stream?"""
