@@ -198,7 +198,8 @@ def main() -> int:
                     print(f"  {served['reads']} reads of {served['bytes'] / served['reads'] / 1024:.0f} KiB on average")
                 memory, cache = stats.get("memory", {}), stats.get("cache", {})
                 print(f"  {fetch['requests']} requests, {fetch['bytes'] / max(fetch['requests'], 1) / 2**20:.1f} MiB "
-                      f"on average; pool slots made {memory.get('pool_slots_made')}, reused {memory.get('pool_reused')}; "
+                      f"on average; pool slots made {memory.get('pool_slots_made')}, reused {memory.get('pool_reused')} "
+                      f"(released but viewed {memory.get('pool_dropped_viewed', '-')}, unmapped {memory.get('pool_unmapped', '-')}); "
                       f"cache {cache.get('bytes', 0) >> 20} MiB, blocks let go of once read {cache.get('dropped_read', '-')}")
                 rates[who].append(size / seconds / 1e6)
                 cpus[who].append(cpu / (size / 1e9))

@@ -78,6 +78,8 @@ class BufferPool:
         self.free_bytes = 0
         self.mapped = 0  # slots made
         self.reused = 0
+        self.dropped_viewed = 0  # released slots still viewed when the pool looked (not reused)
+        self.unmapped = 0  # released slots unmapped for want of room in the free list (keep_free)
 
     def take(self, nbytes: int) -> memoryview:
         """A writable buffer of exactly `nbytes` in a slot of this pool (a reused one if any)."""
@@ -133,12 +135,14 @@ class BufferPool:
             released, self._released = self._released, {}
             for slot in released.values():
                 if _exported(slot):
+                    self.dropped_viewed += 1
                     continue  # a reader still has it: dropped here, unmapped when the reader lets go
                 if self.free_bytes + len(slot) <= self.keep_free:
                     self._free[len(slot)].append(slot)
                     self.free_bytes += len(slot)
                 else:
                     slot.close()
+                    self.unmapped += 1
 
     def _reusable(self, size: int) -> mmap.mmap | None:
         """A free slot of `size` (under the lock)."""
@@ -162,4 +166,5 @@ class BufferPool:
             self.free_bytes = 0
 
     def statistics(self) -> dict:
-        return {"pool_free_bytes": self.free_bytes, "pool_slots_made": self.mapped, "pool_reused": self.reused}
+        return {"pool_free_bytes": self.free_bytes, "pool_slots_made": self.mapped, "pool_reused": self.reused,
+                "pool_dropped_viewed": self.dropped_viewed, "pool_unmapped": self.unmapped}
