@@ -169,3 +169,55 @@ def test_chunks_up_to_a_block_read_at_random_are_one_exact_request_each(mount, h
         assert (m / f"c/{k}").read_bytes() == data[k * chunk : (k + 1) * chunk]
     ranges = [r for method, _, r in http_data.stats["log"] if method == "GET"]
     assert ranges == [f"bytes={k * chunk}-{(k + 1) * chunk - 1}" for k in order]
+
+
+def test_a_sequential_reader_of_one_key_leaves_no_blocks_behind_and_reuses_their_slots():
+    """What a sequential reader of one key has read is in the kernel's page cache (keep_cache): the
+    block cache lets go of the blocks it went past, and the next fetches take their pool slots
+    (pages already faulted in) instead of fresh memory. A reader at random and a scan across keys
+    (chunk files) keep their blocks as before. Every byte read is the remote's."""
+    from refmount.cache.buffers import BufferPool
+    from refmount.readahead import streams as streams_module
+
+    bs = 64 * KiB
+
+    async def fetch(source, start: int, end: int) -> list[bytes]:
+        await trio.sleep(0)
+        return split(DATA[start:end], start, bs)
+
+    def setup():
+        pool = BufferPool(min_pooled=16 * KiB)
+        cache = BlockCache(fetch, block_size=bs, pool=pool)
+        return pool, cache, ReadStreams(cache, gap=4 * KiB, max_window=4 * bs, max_part=2 * bs)
+
+    async def read(streams, cache, start, end, key_end=len(DATA)):
+        streams.on_read(1, start, end, key_end, len(DATA))
+        data = await cache.read(1, start, end)
+        assert bytes(data) == DATA[start:end]  # (no view of a slot kept)
+
+    async def sequential():
+        pool, cache, streams = setup()
+        for start in range(0, len(DATA), bs):
+            await read(streams, cache, start, start + bs)
+            await trio.testing.wait_all_tasks_blocked()
+        behind = streams_module._KEEP_BEHIND
+        # only the last blocks read (and none beyond the file) stay
+        assert cache.statistics()["blocks"] <= behind + 1
+        assert cache.dropped_read == len(DATA) // bs - behind - 1
+        assert pool.reused > len(DATA) // bs // 2 and pool.mapped < len(DATA) // bs // 3, pool.statistics()
+
+    async def at_random():
+        pool, cache, streams = setup()
+        for index in (40, 3, 17, 58, 9, 33, 21, 50):
+            await read(streams, cache, index * bs, (index + 1) * bs)
+        assert cache.dropped_read == 0 and cache.statistics()["blocks"] >= 8
+
+    async def across_keys():
+        pool, cache, streams = setup()
+        for start in range(0, len(DATA), bs):  # chunk files of one block each, one after another
+            await read(streams, cache, start, start + bs, key_end=start + bs)
+            await trio.testing.wait_all_tasks_blocked()
+        assert cache.dropped_read == 0 and cache.statistics()["blocks"] == len(DATA) // bs
+
+    for case in (sequential, at_random, across_keys):
+        trio.run(case)
