@@ -536,6 +536,8 @@ def _register_metrics() -> None:
             ("refmount_cache_hits_total", "counter", "hits", "Blocks found in the cache."),
             ("refmount_cache_misses_total", "counter", "misses", "Blocks not found in the cache (fetched)."),
             ("refmount_cache_evictions_total", "counter", "evictions", "Blocks evicted from the cache."),
+            ("refmount_cache_dropped_read_total", "counter", "dropped_read",
+             "Blocks let go of once a sequential reader had read past them (the page cache holds them)."),
             ("refmount_cache_bytes", "gauge", "bytes", "Bytes the cache holds."),
             ("refmount_cache_capacity_bytes", "gauge", "capacity", "What the cache may hold.")):
         register(name, kind, what, ("cache",), collect=of(key), component="cache")
