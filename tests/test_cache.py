@@ -174,8 +174,8 @@ def test_chunks_up_to_a_block_read_at_random_are_one_exact_request_each(mount, h
 def test_a_sequential_reader_of_one_key_leaves_no_blocks_behind_and_reuses_their_slots():
     """What a sequential reader of one key has read is in the kernel's page cache (keep_cache): the
     block cache lets go of the blocks it went past, and the next fetches take their pool slots
-    (pages already faulted in) instead of fresh memory. A reader at random and a scan across keys
-    (chunk files) keep their blocks as before. Every byte read is the remote's."""
+    (pages already faulted in) instead of fresh memory. A reader at random, a scan across keys
+    (chunk files) and a decoder's reads keep their blocks as before. Every byte read is the remote's."""
     from refmount.cache.buffers import BufferPool
     from refmount.readahead import streams as streams_module
 
@@ -190,8 +190,8 @@ def test_a_sequential_reader_of_one_key_leaves_no_blocks_behind_and_reuses_their
         cache = BlockCache(fetch, block_size=bs, pool=pool)
         return pool, cache, ReadStreams(cache, gap=4 * KiB, max_window=4 * bs, max_part=2 * bs)
 
-    async def read(streams, cache, start, end, key_end=len(DATA)):
-        streams.on_read(1, start, end, key_end, len(DATA))
+    async def read(streams, cache, start, end, key_end=len(DATA), served=True):
+        streams.on_read(1, start, end, key_end, len(DATA), served=served)
         data = await cache.read(1, start, end)
         assert bytes(data) == DATA[start:end]  # (no view of a slot kept)
 
@@ -219,5 +219,11 @@ def test_a_sequential_reader_of_one_key_leaves_no_blocks_behind_and_reuses_their
             await trio.testing.wait_all_tasks_blocked()
         assert cache.dropped_read == 0 and cache.statistics()["blocks"] == len(DATA) // bs
 
-    for case in (sequential, at_random, across_keys):
+    async def for_a_decoder():  # (a shard's inner chunks: not in the page cache as they are)
+        pool, cache, streams = setup()
+        for start in range(0, len(DATA), bs):
+            await read(streams, cache, start, start + bs, served=False)
+        assert cache.dropped_read == 0
+
+    for case in (sequential, at_random, across_keys, for_a_decoder):
         trio.run(case)

@@ -119,7 +119,7 @@ class ReadStreams:
 
     def on_read(self, uid: int, start: int, end: int, key_end: int, limit: int | None,
                 prefetch: bool = True, small: bool = False, opening: bool = False,
-                next_key_end: int = 0) -> bool:
+                next_key_end: int = 0, served: bool = True) -> bool:
         """Record a read of [start, end) of remote file `uid` (of a key ending at `key_end`) and
         fetch ahead, up to `limit` if the remote file's end is known. A stream that has not gone on
         from one key into the next fetches ahead only within its key; for a `small` read, only a
@@ -128,7 +128,8 @@ class ReadStreams:
         starts a stream reads ahead to the end of that next key at once, as a scan would: a reader
         of one chunk costs at most one chunk more, and a scan need not wait for its second chunk to
         show itself. True if the read continued a scan of the remote file (one that crossed keys,
-        or went on within a key that ends at `limit`), or opened one at the start of a run."""
+        or went on within a key that ends at `limit`), or opened one at the start of a run.
+        `served`: the bytes go to the reader as they are (through the page cache), not to a decoder."""
         bs = self.cache.block_size
         budget = self.budget
         streams = self._files.pop(uid, None) or []
@@ -173,7 +174,8 @@ class ReadStreams:
                 stream.hold(bs)
                 if proven:
                     self._note_reader(reader, went_on=True)
-                    self._let_go_behind(uid, stream, start)
+                    if served:
+                        self._let_go_behind(uid, stream, start)
                 break
         else:
             # A read of a block or more from the start of a key (how the kernel's readahead begins a

@@ -326,7 +326,8 @@ class RawView:
                         if offset == 0 and not whole and not exact and length > self.small_chunk and not walking else 0)
         scan = self.streams.on_read(uid, base + offset, base + end, base + length, limit,
                                     prefetch=self.prefetch and not chunk_fetched and not walking, small=small,
-                                    opening=offset == 0 and end >= self.cache.block_size, next_key_end=next_key_end)
+                                    opening=offset == 0 and end >= self.cache.block_size, next_key_end=next_key_end,
+                                    served=not exact)  # (exact: a shard's inner chunks, for a decoder)
         scan = scan and not walking
         # (a walk's chunk not predicted is fetched whole at its first read too: its readers read it
         # whole, and its other pieces then come from that rather than a request each)
