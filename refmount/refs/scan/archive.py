@@ -718,6 +718,7 @@ def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_s
                                   max_value_size=max_value_size, timeout=timeout)
     from refmount.refs.scan.kept import KeptCombination
 
+    options = with_trust(options, location)  # (a kept combination's targets are checked as a fresh one's)
     kept = KeptCombination(location, options, max_refs_size)
 
     def loaded(shortcut):
