@@ -719,7 +719,8 @@ def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_s
     from refmount.refs.scan.kept import KeptCombination
 
     options = with_trust(options, location)  # (a kept combination's targets are checked as a fresh one's)
-    kept = KeptCombination(location, options, max_refs_size)
+    kept = KeptCombination(location, options, max_refs_size, combine=combined_refs, targets=scanned_targets,
+                           scanned_as=Scanned)
 
     def loaded(shortcut):
         kind, scanned, refs = scan_source(location, options, max_refs_size=max_refs_size, timeout=timeout,

@@ -51,7 +51,10 @@ class KeptCombination:
     kept in the scan store by the listing (`lookup`, before any file is scanned) or, when the listing
     leaves a version open, by the versions the files were scanned at."""
 
-    def __init__(self, location: str, options, max_refs_size: int) -> None:
+    def __init__(self, location: str, options, max_refs_size: int, *, combine, targets, scanned_as) -> None:
+        """`combine` (archive's combined_refs), `targets` (scanned_targets) and `scanned_as` (Scanned) are
+        the archive's, handed down (refs/scan/archive.py calls this module: no import back)."""
+        self.combine, self.targets_of, self.scanned_as = combine, targets, scanned_as
         self.location = location
         self.options = options
         self.max_refs_size = max_refs_size
@@ -98,7 +101,6 @@ class KeptCombination:
         records do not match the listing or a target is refused now (the per-file way then says which)."""
         from refmount.fetch.trust import TargetRefused
         from refmount.refs.origins import files
-        from refmount.refs.scan.archive import Scanned
 
         if not isinstance(records, list) or len(records) != len(entries):
             return None
@@ -112,7 +114,7 @@ class KeptCombination:
                 for url in targets:
                     document.check(url)
                 every.update(targets)
-                out.append(Scanned(name, entry.url, fmt, b"", [str(r) for r in refused],
+                out.append(self.scanned_as(name, entry.url, fmt, b"", [str(r) for r in refused],
                                    files=files(entry.url, entry.sidecar)))
         except TargetRefused:
             return None
@@ -128,10 +130,8 @@ class KeptCombination:
     def then(self, kind: str, scanned: list, read) -> bytes | dict:
         """The combination of `scanned`: kept by the listing when every listed file is in it (a file left
         out may be back next time), else by the versions the files were scanned at."""
-        from refmount.refs.scan.archive import combined_refs, scanned_targets
-
         if kind == "file" or not self.options.concat or any(s.version is None for s in scanned):
-            return combined_refs(kind, scanned, self.options, read)
+            return self.combine(kind, scanned, self.options, read)
         store = self._store()
         if self.key is None or len(scanned) != len(self.entries):
             key = "combined:" + orjson.dumps([*self._combining(),
@@ -141,7 +141,7 @@ class KeptCombination:
                 return kept[1]
         else:
             key = self.key
-        refs = orjson.dumps(combined_refs(kind, scanned, self.options, read))
-        files = [[s.name, s.format, list(s.refused), sorted(scanned_targets(s))] for s in scanned]
+        refs = orjson.dumps(self.combine(kind, scanned, self.options, read))
+        files = [[s.name, s.format, list(s.refused), sorted(self.targets_of(s))] for s in scanned]
         store.put_combination(key, {"files": files}, refs)
         return refs
