@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,13 +51,21 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))  # (tests/support's file makers)
 
-def mount_and_dump(url: str, mnt: Path, env: dict, lazy: bool = False, expect: str = "tas(time, lat, lon)") \
-        -> tuple[float, float, str]:
+def mount_and_dump(url: str, mnt: Path, env: dict, lazy: bool = False, expect: str = "tas(time, lat, lon)",
+                   cpu: dict | None = None) -> tuple[float, float, str]:
     """(seconds to mount, seconds to mount + ncdump -h, the daemon's VmHWM line). `lazy`: mounted
-    without --concat (each file scanned at its first lookup), and ncdump -h of the first file only."""
+    without --concat (each file scanned at its first lookup), and ncdump -h of the first file only.
+    `cpu`: filled with the CPU seconds of the CLI (to its exit) and of the daemon (after ncdump -h):
+    on a loaded machine the robust figure."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     done = refmount("mount", *(() if lazy else ("--concat", "time")), url, str(mnt), env=env)
     mounted = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if cpu is not None:
+        cpu["cli"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if done.returncode != 0:
         raise RuntimeError(f"mount failed: {done.stderr.strip()}")
     try:
@@ -65,6 +74,9 @@ def mount_and_dump(url: str, mnt: Path, env: dict, lazy: bool = False, expect: s
         total = time.monotonic() - t0
         if header.returncode != 0 or expect not in header.stdout:
             raise RuntimeError(f"ncdump -h failed: {header.stderr.strip()} {header.stdout[:300]}")
+        if cpu is not None:
+            fields = Path(f"/proc/{int(os.getxattr(mnt, 'user.refmount.pid'))}/stat").read_text().rsplit(")", 1)[1]
+            cpu["daemon"] = sum(map(int, fields.split()[11:13])) / os.sysconf("SC_CLK_TCK")
         hwm = ""
         for line in subprocess.run(["pgrep", "-f", f"refmount mount .*{mnt}"], capture_output=True,
                                    text=True).stdout.split():
@@ -145,6 +157,8 @@ def main() -> int:
     parser.add_argument("--lazy", action="store_true",
                         help="also mount without --concat (lazy: each file scanned at its first lookup), cold "
                              "and warm, and ncdump -h one file")
+    parser.add_argument("--warm", type=int, default=1, metavar="N",
+                        help="warm mounts after the cold one (each row then the median; CPU seconds said per run)")
     parser.add_argument("--quick", action="store_true", help="8 files of 91 x 180 (as --files 8 --grid 91x180)")
     parser.add_argument("--out", type=Path, default=HERE / "out" / "archive.json", help="the run's JSON")
     args = parser.parse_args()
@@ -201,14 +215,19 @@ def main() -> int:
         mnt.mkdir()
         if args.link != "none":
             access_log = None
-        rows = {}
-        for state in ("cold", "warm"):
-            (rows[f"refmount {state} (mount)"], rows[f"refmount {state} (mount + ncdump -h)"], hwm), kinds = \
-                counted(access_log, lambda: mount_and_dump(url, mnt, env, **expect))
-            log(f"{state} daemon {hwm}")
+        rows, runs = {}, {}
+        for state in ("cold", *["warm"] * args.warm):
+            cpu: dict = {}
+            (mounted, total, hwm), kinds = counted(access_log, lambda: mount_and_dump(url, mnt, env, **expect, cpu=cpu))
+            for name, value in ((f"refmount {state} (mount)", mounted), (f"refmount {state} (mount + ncdump -h)", total),
+                                (f"refmount {state} CPU (CLI)", cpu["cli"]), (f"refmount {state} CPU (daemon)", cpu["daemon"])):
+                runs.setdefault(name, []).append(value)
+            log(f"{state}: mount + ncdump -h {total:.2f} s, CPU CLI {cpu['cli']:.2f} s + daemon {cpu['daemon']:.2f} s "
+                f"(load {os.getloadavg()[0]:.1f}); daemon {hwm}")
             if kinds is not None:
                 log(f"{state} requests: {sum(kinds.values())}, {args.files} files: "
                     + ", ".join(f"{k} {v}" for k, v in kinds.items()))
+        rows.update({name: statistics.median(values) for name, values in runs.items()})
         if args.lazy:
             env["XDG_CACHE_HOME"] = str(run / "xdg-lazy")  # (cold again: an empty scan store)
             for state in ("cold", "warm"):

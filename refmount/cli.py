@@ -168,8 +168,11 @@ def did_you_mean(word: str, choices) -> str:
 def add_mount_options(p: argparse.ArgumentParser) -> None:
     """Every option of `refmount mount` (also used by the fstab helper and the systemd config)."""
     FORM_NAMES = ("nc49", "nc493", "nc410", "zarr", "gdal", "portable")  # refmount.view.forms.FORMS (not imported: numpy)
-    from refmount.refs import DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_KEYS, DEFAULT_MAX_VALUE_SIZE, default_max_refs_size
-    from refmount.refs.limits import format_size
+    # (from refs.limits, not refs: its loaders import numpy and trio, which every command's parser would pay)
+    from refmount.refs.limits import (DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_VALUE_SIZE, default_max_keys,
+                                      default_max_refs_size, format_size)
+
+    DEFAULT_MAX_KEYS = default_max_keys()
 
     p.add_argument("refs", metavar="REFS",
                    help="reference set: a JSON file (optionally .gz/.bz2/.xz/.zst), a Parquet reference "

@@ -619,3 +619,69 @@ def test_archive_of_settled_files_cold_one_request_a_file_warm_none(mount, scans
         assert {line.split()[1] for line in file_requests(before)} >= {f"/data/{files[0].name}"}
         with xr.open_zarr(again.path, consolidated=False) as ds:
             assert float(ds["tas"][0, 0, 0]) == pytest.approx(1234.5)
+
+
+def test_warm_concat_mount_of_an_unchanged_listing_reads_one_kept_combination(mount, scans, tmp_path):
+    """A warm --concat mount whose listing names the same files at the same dates and sizes loads the
+    combination kept in the scan store (no file's own scan is needed: they are removed here, and no file
+    is read). A file changed in place is a miss: the mount shows its new values. A kept combination that
+    was altered is a miss (its digest), never its data."""
+    import gzip
+
+    import netCDF4
+    import xarray as xr
+
+    from tests.support.nginx import Nginx
+
+    www = tmp_path / "www" / "data"
+    files = make_daily(www, 3, nlat=5, nlon=8)
+    settled = time.time() - 3 * 86400
+    for f in files:
+        os.utime(f, (settled, settled))
+
+    def expected():
+        def values(f):
+            with netCDF4.Dataset(f) as nc:
+                return nc.variables["tas"][:].filled(np.nan)
+
+        return np.concatenate([values(f) for f in files])
+
+    def check(mounted):
+        with xr.open_zarr(mounted.path, consolidated=False, decode_times=False) as ds:
+            np.testing.assert_array_equal(ds["tas"].values, expected())
+
+    block = f"root {www.parent}; location /data/ {{ autoindex on; }}"
+    with Nginx(tmp_path / "nginx", block, log_format='$request_method $uri "$http_range" $status') as nginx:
+        def file_requests(since: int) -> list[str]:
+            return [line for line in nginx.access_log()[since:] if re.search(r"/data/tas_\d+\.nc ", line)]
+
+        url = f"{nginx.url}/data/tas_*.nc"
+        args = (url, "--concat", "time", "--view", "raw")
+        mount(*args).stop()
+        for kept in scans.glob("file-*"):  # (the warm mount must not need them)
+            kept.unlink()
+        before = len(nginx.access_log())
+        warm = mount(*args)
+        assert file_requests(before) == [], warm.log()
+        assert "combination of 3 file(s)" in warm.log()
+        check(warm)
+        warm.stop()
+
+        with netCDF4.Dataset(files[1], "a") as nc:  # changed in place: another value, size and (settled) date
+            nc.variables["tas"][0, 0, 0] = 1234.5
+            nc.setncattr("note", "x" * 100)
+        os.utime(files[1], (settled + 120, settled + 120))
+        changed = mount(*args)
+        assert "combination of 3 file(s)" not in changed.log()
+        check(changed)
+        changed.stop()
+
+        for kept in scans.glob("combined-*"):  # altered: a valid gzip of other references
+            with gzip.open(kept) as f:
+                header, refs = f.read().split(b"\n", 1)
+            with gzip.open(kept, "wb") as f:
+                f.write(header + b"\n" + refs.replace(b'"time/0"', b'"time/9"', 1).replace(b"[", b"[ ", 1))
+        altered = mount(*args)
+        assert "combination of 3 file(s)" not in altered.log()
+        check(altered)
+        altered.stop()

@@ -11,9 +11,12 @@ The daemon runs on trio.
 
 from __future__ import annotations
 
-import asyncio
+from typing import TYPE_CHECKING
 
 import trio
+
+if TYPE_CHECKING:
+    import asyncio  # (imported when first used: 50 ms a daemon on the stdlib engine never needs)
 
 
 async def run_in_worker(call, abort):
@@ -56,6 +59,8 @@ def asyncio_loop() -> asyncio.AbstractEventLoop:
 
 async def run_on_asyncio(coro, loop: asyncio.AbstractEventLoop | None = None):
     """Await `coro` on the asyncio loop from trio; cancellation propagates both ways."""
+    import asyncio
+
     loop = loop or asyncio_loop()
     future = asyncio.run_coroutine_threadsafe(coro, loop)
     token = trio.lowlevel.current_trio_token()

@@ -10,6 +10,7 @@ that `gen` makes (--max-refs-size), the text of one JSON member (--max-value-siz
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -17,9 +18,22 @@ from refmount.errors import RefmountError, RefsError, quote
 from refmount.refs.limits import (DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_VALUE_SIZE, RefsTooBig, ValueTooBig,
                                   default_max_keys, default_max_refs_size, format_size, load_deadline, memory_budget,
                                   memory_limit)
-from refmount.refs.model import INLINE, WHOLE_FILE, Ref, RefSet, RefSetBuilder
-from refmount.refs.origins import of_reference_source
-from refmount.refs.source import is_parquet_location, open_reference_file
+
+if TYPE_CHECKING:
+    from refmount.refs.model import RefSet
+
+_MODEL_NAMES = ("INLINE", "WHOLE_FILE", "Ref", "RefSet", "RefSetBuilder")
+
+
+def __getattr__(name: str):
+    """The model's names, imported when first asked for (the model imports numpy, the loaders trio: the
+    CLI, which takes its option defaults from this package's limits, starts without them)."""
+    if name in _MODEL_NAMES:
+        from refmount.refs import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 DEFAULT_MAX_KEYS = default_max_keys()  # from the memory available at start (refs/limits.py)
 
@@ -43,6 +57,7 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
     `store` ('zarr', 'icechunk', 'parquet'): what the location is, as a catalog's asset said, rather
     than told by its name or by asking. `serving`: loaded while the mount serves (a catalog's store,
     in a thread), where the process-wide memory net of loading must not be set."""
+    from refmount.refs.origins import of_reference_source
     from refmount.refs.scan.archive import ArchiveOptions, is_archive_source, load_archive
 
     if max_refs_size is None:
@@ -95,8 +110,10 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
 
 def _load(location, remote_options, max_keys, progress, max_refs_size, version=None, containers=None,
           max_value_size=None, data_url=None, store=None):
-    from refmount.refs.jsonrefs import load_json
     from refmount.refs.icechunk import is_icechunk_location, load_icechunk, reject_version
+    from refmount.refs.jsonrefs import load_json
+    from refmount.refs.model import RefSetBuilder
+    from refmount.refs.source import is_parquet_location, open_reference_file
 
     if store == "icechunk" or store is None and is_icechunk_location(location, remote_options, version):
         return load_icechunk(location, remote_options=remote_options, version=version, max_keys=max_keys,
@@ -161,6 +178,7 @@ def refs_from_dict(refs: dict, *, max_keys: int | None = DEFAULT_MAX_KEYS, piece
                    max_refs_size: int | None = None) -> RefSet:
     """Load an in-memory reference dict (tests, examples) through the same streaming parser."""
     from refmount.refs.jsonrefs import load_json
+    from refmount.refs.model import RefSetBuilder
 
     text = orjson.dumps(refs)
     builder = RefSetBuilder(max_keys, max_refs_size)

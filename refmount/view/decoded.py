@@ -256,7 +256,6 @@ class DecodedView:
                 joined_fills.update({prefix_ + n[:-2]: prefix_ + n for n in filled if n.endswith(".0")})
             if info.transforms_chunks or info.dir_id in self._shards:  # (an inner chunk is never its key's bytes)
                 self._chunks[info.dir_id] = info
-                self._codecs[info.dir_id] = [_codec(c) for c in info.codecs]
                 if info.separator == "/":  # its chunks live in subdirectories (every one, for a root array)
                     for d, path in enumerate(dirs.paths):
                         if path.startswith(prefix):
@@ -600,6 +599,14 @@ class DecodedView:
                 return await self._decode_in_thread(i, info, layout.fill_chunk, True)
         return await self._decode_in_thread(i, info, raw)
 
+    def _codecs_of(self, info: ArrayInfo) -> list:
+        """An array's codecs, made at its first chunk decoded: a codec of another package (kerchunk's
+        grib) imports it (0.3 s), which no mount answering `ncdump -h` needs."""
+        codecs = self._codecs.get(info.dir_id)
+        if codecs is None:
+            codecs = self._codecs[info.dir_id] = [_codec(c) for c in info.codecs]
+        return codecs
+
     def _decode(self, i: int, info: ArrayInfo, raw, decoded: bool = False):
         """Runs in a worker thread: codecs in reverse (unless `decoded`), then swap/reorder/crop.
         Exact size or error. The last step writes into a slot of the buffer pool (where the cache
@@ -611,8 +618,8 @@ class DecodedView:
         out = pool.take(info.out_chunk_bytes) if pool is not None and info.out_chunk_bytes >= pool.min_pooled else None
         plain = not (info.swap or info.fortran or info.crop is not None or info.recode_from is not None
                      or info.string_pad is not None)
-        codecs = [] if decoded else self._codecs[info.dir_id][::-1]
         try:
+            codecs = [] if decoded else self._codecs_of(info)[::-1]
             for n, codec in enumerate(codecs):
                 # the last stage of a plain chunk may write straight into the pool's slot
                 if n == len(codecs) - 1 and plain and out is not None and decode_into(codec, data, out):

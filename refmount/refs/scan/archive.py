@@ -107,14 +107,18 @@ def check_scanned(root, entry: Entry, scanned: "Scanned") -> None:
 
     try:
         document = root.names(entry.sidecar or entry.url)
-        targets = scanned.targets
-        if targets is None:  # (a dict of references, or bytes kept before their targets were)
-            refs = refs_dict(scanned.refs)
-            targets = {v[0] for v in refs.values() if type(v) is list and v and isinstance(v[0], str)}
-        for url in targets:
+        for url in scanned_targets(scanned):
             document.check(url)
     except TargetRefused as e:
         raise ScanFailed(str(e)) from None
+
+
+def scanned_targets(scanned: "Scanned"):
+    """The urls a file's references name."""
+    if scanned.targets is not None:
+        return scanned.targets
+    # (a dict of references, or bytes kept before their targets were)
+    return {v[0] for v in refs_dict(scanned.refs).values() if type(v) is list and v and isinstance(v[0], str)}
 
 
 @dataclass
@@ -195,11 +199,12 @@ def _first_bytes_format(location: str, options: ArchiveOptions) -> str | None:
 
 
 def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, timeout: float | None,
-                then=None, max_keys: int | None = None) -> tuple:
+                then=None, max_keys: int | None = None, kept=None) -> tuple:
     """(kind, [Scanned], then's result) of a source: kind 'file' (one data file) or 'many'. `then`
     (kind, scanned, read) runs in a thread once the files are scanned, with `read` a synchronous
     (url, offset, length) -> bytes through the same fetcher and block cache (combining reads coordinates).
-    `max_keys` bounds each DMR++ conversion as it runs."""
+    `max_keys` bounds each DMR++ conversion as it runs. `kept` (refs/scan/kept.py): asked with the listing
+    first, and what it keeps for that listing is the result: ([Scanned] standing for the files, its result)."""
     _check_parsers()
     options = with_trust(options, location)
     single = not looks_like_many(location, options.remote_options)
@@ -211,6 +216,13 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
 
         start_fork_server()  # (its imports, a second or more, while the files are listed)
     entries = _single_entry(location) if single else source_entries(location, options, store)
+    found = kept.lookup(entries, store) if kept is not None and not single else None
+    if found is not None:
+        if store.previous_names(location) != [e.name for e in entries]:
+            store.put_names(location, [e.name for e in entries])
+        for s in found[0]:
+            log_refused(s)
+        return "many", *found
     started = time.monotonic()
     kind = "file" if single else "many"
 
@@ -679,28 +691,6 @@ def combined_origins(kind: str, scanned: list[Scanned], options: ArchiveOptions)
     return Origins(every, {s.name: s.files for s in scanned})
 
 
-def kept_combination(options: ArchiveOptions, max_refs_size: int):
-    """`combined_refs`, but a combination of the same files at the same versions with the same options
-    comes from the scan store (combining reads every file's coordinates: a warm mount must not)."""
-    from refmount.refs.scan.store import ScanStore, default_scan_dir
-
-    def then(kind: str, scanned: list[Scanned], read) -> dict:
-        if kind == "file" or not options.concat or any(s.version is None for s in scanned):
-            return combined_refs(kind, scanned, options, read)
-        key = "combined:" + orjson.dumps([options.concat, sorted(options.identical), options.skip_mismatched,
-                                           *(["growing"] if options.growing else []),
-                                           [(s.name, s.url, s.version) for s in scanned]]).decode()
-        store = ScanStore(options.scan_dir or default_scan_dir(options.cache_dir))
-        kept = store.get(key, "combined", max_refs_size)
-        if isinstance(kept, dict):
-            return kept
-        refs = combined_refs(kind, scanned, options, read)
-        store.put(key, "combined", refs)
-        return refs
-
-    return then
-
-
 def refset_of(refs: dict | bytes, location: str, *, max_keys, max_refs_size, max_value_size, serving: bool = False):
     """A `RefSet` of a reference dict (or its JSON bytes), within the loading limits. `serving`: in a mount that serves
     already (a lazily mounted glob's file), where the process-wide memory net of loading
@@ -726,11 +716,23 @@ def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_s
     if options.lazy and looks_like_many(location, options.remote_options) and not options.concat and not options.strict:
         return LazyArchive.listed(location, options, max_keys=max_keys, max_refs_size=max_refs_size,
                                   max_value_size=max_value_size, timeout=timeout)
-    kind, scanned, refs = scan_source(location, options, max_refs_size=max_refs_size, timeout=timeout,
-                                      then=kept_combination(options, max_refs_size), max_keys=max_keys)
-    refset = refset_of(refs, location, max_keys=max_keys, max_refs_size=max_refs_size,
-                       max_value_size=max_value_size)
-    del refs
+    from refmount.refs.scan.kept import KeptCombination
+
+    options = with_trust(options, location)  # (a kept combination's targets are checked as a fresh one's)
+    kept = KeptCombination(location, options, max_refs_size, combine=combined_refs, targets=scanned_targets,
+                           scanned_as=Scanned)
+
+    def loaded(shortcut):
+        kind, scanned, refs = scan_source(location, options, max_refs_size=max_refs_size, timeout=timeout,
+                                          then=kept.then, max_keys=max_keys, kept=shortcut)
+        return kind, scanned, refset_of(refs, location, max_keys=max_keys, max_refs_size=max_refs_size,
+                                        max_value_size=max_value_size)
+
+    kind, scanned, refset = loaded(kept)
+    if kept.targets is not None and not kept.names_no_other(refset):  # (a kept set naming another url)
+        log.warning("%s: the combination kept in the scan store names urls its files do not; combined again",
+                    redact(location))
+        kind, scanned, refset = loaded(None)
     refset.refused = {s.name: list(s.refused) for s in scanned if s.refused}
     refset.formats = {s.name: s.format for s in scanned}  # (refmount inspect says what each makes arrays of)
     refset.scanned = kind

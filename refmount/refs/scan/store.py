@@ -2,6 +2,7 @@
 holding the version it was scanned at (ETag, or Last-Modified and size; a local file's size and
 mtime). A later mount revalidates (a HEAD, listing metadata or a stat) and reads no header again unless
 the version changed. Per source, the names last seen, so that a file gone since is said in the log.
+A --concat combination: its references as JSON after a header line with their digest (refs/scan/kept.py).
 
 Default place: $XDG_CACHE_HOME/refmount/scans (~/.cache/refmount/scans), or DIR/scans with --cache-dir.
 """
@@ -54,6 +55,30 @@ class ScanStore:
         self._save(self._path("file", url), {"format_version": FORMAT_VERSION, "url": url, "version": version,
                                              "scan": scan})
 
+    def get_combination(self, key: str, max_bytes: int) -> tuple[dict, bytes] | None:
+        """(header, references as JSON bytes) of a combination kept under `key` (refs/scan/kept.py), or
+        None: never kept, another key, or damaged (its digest: a file cut short or altered is a miss)."""
+        if not self.directory:
+            return None
+        try:
+            with gzip.open(self._path("combined", key), "rb") as f:
+                header = orjson.loads(f.readline(max_bytes))
+                if not isinstance(header, dict) or header.get("format_version") != FORMAT_VERSION \
+                        or header.get("key") != key or not isinstance(header.get("size"), int) \
+                        or header["size"] > max_bytes:
+                    return None
+                refs = f.read(header["size"] + 1)
+        except (OSError, EOFError, ValueError):
+            return None
+        if len(refs) != header["size"] or hashlib.sha256(refs).hexdigest() != header.get("sha256"):
+            return None
+        return header, refs
+
+    def put_combination(self, key: str, header: dict, refs: bytes) -> None:
+        head = orjson.dumps({**header, "format_version": FORMAT_VERSION, "key": key, "size": len(refs),
+                             "sha256": hashlib.sha256(refs).hexdigest()})
+        self._write(self._path("combined", key), [head, b"\n", refs])
+
     def previous_names(self, source: str) -> list[str]:
         entry = self._load(self._path("source", source), 64 << 20)
         return list(entry.get("names", [])) if entry and entry.get("source") == source else []
@@ -75,12 +100,16 @@ class ScanStore:
             return None  # absent, or damaged: scanned again
 
     def _save(self, path: str, entry: dict) -> None:
+        self._write(path, [orjson.dumps(entry)])
+
+    def _write(self, path: str, parts: list[bytes]) -> None:
         if not self.directory:
             return
         try:
             fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
             with os.fdopen(fd, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=3) as f:
-                f.write(orjson.dumps(entry))
+                for part in parts:
+                    f.write(part)
             os.replace(tmp, path)  # whole or not at all: a concurrent mount never reads half a file
         except OSError:
             try:
