@@ -38,6 +38,7 @@ import numpy as np
 from refmount.errors import RefmountError, RefsError, quote
 from refmount.fetch.protocols import is_remote, local_path, protocol_of
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
+from refmount.refs.lazygrid import LazyGridRefSet
 from refmount.refs.model import INLINE, WHOLE_FILE, RefSet, RefSetBuilder, key_problem, name_problem
 
 log = logging.getLogger("refmount")
@@ -337,8 +338,66 @@ def _array_nodes(documents: dict[str, bytes]):
         yield path, meta, 3 if name == "zarr.json" else 2, key
 
 
+def _lazy(array: ArrayMeta, version: int) -> bool:
+    """Whether an array's chunk keys are computed rather than stored: a v2 array whose keys sit in its
+    own directory ("1.0"; "1/0" would need a directory per row). (v3 stores stay eager: their v2 form
+    for the decoded view, refmount.view.zarr3, is built from stored keys.)"""
+    return version == 2 and array.separator == "."
+
+
+class ZarrStoreRefSet(LazyGridRefSet):
+    """A native store's chunk keys computed from its arrays' grids (refs/lazygrid.py), not stored: every
+    chunk of a grid is a key whether or not the store holds it (`may_lack`), a whole remote object at
+    the store's url joined with its key. A chunk's url is interned (given a url id, which the block
+    cache and the views key by) the first time its target is asked for: memory grows with the chunks
+    looked at, not with the grid."""
+
+    may_lack = True  # (a 404 is a chunk the store lacks: refmount.view.raw)
+    MAX_LISTED = 100_000  # chunks a listing of one array's directory shows (a stat or read of any works)
+
+    def __init__(self, store: RemoteStore, meta: RefSet, arrays: list[tuple[str, ArrayMeta]]) -> None:
+        self.store = store
+        self.location = store.base
+        self._unlisted_warned: set[int] = set()
+        super().__init__(meta, arrays)
+
+    def exists(self, i: int) -> bool:
+        return self.meta.exists(i) if i < self.meta.capacity else 0 <= i < self.capacity
+
+    def target(self, i: int) -> tuple[int, int, int]:
+        if i < self.meta.capacity:
+            return self.meta.target(i)
+        return self.intern(self.store.url(self.key(i))), 0, WHOLE_FILE
+
+    def inline_data(self, i: int) -> bytes | None:
+        return self.meta.inline_data(i) if i < self.meta.capacity else None
+
+    async def ensure(self, i: int) -> None:
+        """(nothing to load: a chunk's reference follows from its key)"""
+
+    async def files_from(self, dir_id: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """As `RefSet.files_from`: metadata files, then the grid's chunks in C order, at most MAX_LISTED of
+        them (a listing of a grid of millions would not end; said once per array)."""
+        meta_count = self.meta.file_count(dir_id)
+        array = self._array_of_dir.get(dir_id)
+        if start < meta_count or array is None:
+            return await self.meta.files_from(dir_id, start, count)
+        n = start - meta_count
+        stop = min(n + count, array.count, self.MAX_LISTED)
+        if stop >= self.MAX_LISTED < array.count and dir_id not in self._unlisted_warned:
+            self._unlisted_warned.add(dir_id)
+            log.warning("%s: listing the first %s of its %s chunks (each of the others opens by its name)",
+                        self.store.url(array.path) if array.path else self.store.base,
+                        f"{self.MAX_LISTED:,}", f"{array.count:,}")
+        chunks = np.arange(n, max(stop, n), dtype=np.int64)
+        return meta_count + chunks, array.base + chunks
+
+    def statistics(self) -> dict:
+        return {"arrays": len(self.arrays), "chunk_urls_interned": len(self.urls)}
+
+
 def load_remote_store(location: str, *, remote_options: dict | None = None, max_keys: int | None = None,
-                      max_bytes: int | None = None) -> RefSet:
+                      max_bytes: int | None = None) -> RefSet | ZarrStoreRefSet:
     store = RemoteStore(location, remote_options or {})
     documents, consolidated = _store_documents(store)
     builder = RefSetBuilder(max_keys, max_bytes)
@@ -346,8 +405,12 @@ def load_remote_store(location: str, *, remote_options: dict | None = None, max_
     builder.reserve(len(keys), f"the metadata of {quote(store.base)}")
     builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
                       np.array([len(documents[k]) for k in keys], np.int64), dict(enumerate(documents.values())))
+    lazy = []  # (path, ArrayMeta) of the arrays whose chunk keys are computed
     for path, meta, version, where in _array_nodes(documents):
         array = _array_meta(meta, version, store.url(where))
+        if _lazy(array, version):
+            lazy.append((path, array))
+            continue
         total = int(np.prod(array.grid(), dtype=np.float64))
         builder.reserve(total, f"the chunk grid of array {quote(path or '/')}")
         for batch in _chunk_keys(path, array):
@@ -356,6 +419,8 @@ def load_remote_store(location: str, *, remote_options: dict | None = None, max_
             n = len(batch)
             builder.add_batch(batch, builder.url_ids(urls), np.zeros(n, np.int64), np.full(n, WHOLE_FILE, np.int64))
     refset = builder.build()
+    if lazy:
+        refset = ZarrStoreRefSet(store, refset, sorted(lazy, key=lambda a: refset.dirs.ids[a[0]]))
     refset.may_lack = True  # (chunk keys from the grid: a 404 is a chunk the store lacks)
     how = "consolidated metadata" if consolidated else \
         "metadata walked node by node, " + ("S3 listing" if store.listing == "s3" else "HTML index pages")
