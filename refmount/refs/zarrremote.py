@@ -339,9 +339,10 @@ def _array_nodes(documents: dict[str, bytes]):
 
 
 def _lazy(array: ArrayMeta, version: int) -> bool:
-    """Whether an array's chunk keys are computed rather than stored: a v2 array whose keys sit in its
-    own directory ("1.0"; "1/0" would need a directory per row). (v3 stores stay eager: their v2 form
-    for the decoded view, refmount.view.zarr3, is built from stored keys.)"""
+    """Whether an array's chunk keys may be computed rather than stored: a v2 array whose keys sit in
+    its own directory ("1.0"; "1/0" would need a directory per row). A store is lazy when all of its
+    arrays are. (v3 stores stay eager: their default keys "c/1/0" are nested, and their v2 form for the
+    decoded view, refmount.view.zarr3, is built from stored keys.)"""
     return version == 2 and array.separator == "."
 
 
@@ -353,7 +354,7 @@ class ZarrStoreRefSet(LazyGridRefSet):
     looked at, not with the grid."""
 
     may_lack = True  # (a 404 is a chunk the store lacks: refmount.view.raw)
-    MAX_LISTED = 100_000  # chunks a listing of one array's directory shows (a stat or read of any works)
+    MAX_LISTED = 10_000  # chunks a listing of one array's directory shows (a stat or read of any works)
 
     def __init__(self, store: RemoteStore, meta: RefSet, arrays: list[tuple[str, ArrayMeta]]) -> None:
         self.store = store
@@ -405,22 +406,24 @@ def load_remote_store(location: str, *, remote_options: dict | None = None, max_
     builder.reserve(len(keys), f"the metadata of {quote(store.base)}")
     builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
                       np.array([len(documents[k]) for k in keys], np.int64), dict(enumerate(documents.values())))
-    lazy = []  # (path, ArrayMeta) of the arrays whose chunk keys are computed
-    for path, meta, version, where in _array_nodes(documents):
-        array = _array_meta(meta, version, store.url(where))
-        if _lazy(array, version):
-            lazy.append((path, array))
-            continue
-        total = int(np.prod(array.grid(), dtype=np.float64))
-        builder.reserve(total, f"the chunk grid of array {quote(path or '/')}")
-        for batch in _chunk_keys(path, array):
-            urls = [store.url(k) for k in batch]
-            builder.reserve_bytes(sum(map(len, batch)) + sum(map(len, urls)), f"the chunk keys of {quote(path or '/')}")
-            n = len(batch)
-            builder.add_batch(batch, builder.url_ids(urls), np.zeros(n, np.int64), np.full(n, WHOLE_FILE, np.int64))
-    refset = builder.build()
-    if lazy:
-        refset = ZarrStoreRefSet(store, refset, sorted(lazy, key=lambda a: refset.dirs.ids[a[0]]))
+    arrays = [(path, _array_meta(meta, version, store.url(where)), version)
+              for path, meta, version, where in _array_nodes(documents)]
+    if arrays and all(_lazy(array, version) for _, array, version in arrays):
+        refset = builder.build()  # (only metadata: a lazy set's url table holds chunks' urls alone)
+        arrays.sort(key=lambda a: refset.dirs.ids[a[0]])
+        refset = ZarrStoreRefSet(store, refset, [(path, array) for path, array, _ in arrays])
+    else:
+        for path, array, _ in arrays:
+            total = int(np.prod(array.grid(), dtype=np.float64))
+            builder.reserve(total, f"the chunk grid of array {quote(path or '/')}")
+            for batch in _chunk_keys(path, array):
+                urls = [store.url(k) for k in batch]
+                builder.reserve_bytes(sum(map(len, batch)) + sum(map(len, urls)),
+                                      f"the chunk keys of {quote(path or '/')}")
+                n = len(batch)
+                builder.add_batch(batch, builder.url_ids(urls), np.zeros(n, np.int64),
+                                  np.full(n, WHOLE_FILE, np.int64))
+        refset = builder.build()
     refset.may_lack = True  # (chunk keys from the grid: a 404 is a chunk the store lacks)
     how = "consolidated metadata" if consolidated else \
         "metadata walked node by node, " + ("S3 listing" if store.listing == "s3" else "HTML index pages")
