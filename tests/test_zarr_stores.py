@@ -451,3 +451,25 @@ def test_a_store_of_ten_million_chunks_mounts_without_listing_them(mount, www, n
     assert "float tas(time, lat, lon)" in header.stdout and "time = 10000000" in header.stdout, header.stdout
     time.sleep(0.3)
     assert access_log(nginx)[before:] == []
+
+
+@pytest.mark.parametrize("where", ["http", "s3"])
+def test_a_lazy_store_reads_alike_in_both_views(mount, www, nginx, s3, where):
+    """A store whose chunk keys are computed (v2, chunks in the array's directory), over nginx and moto's
+    S3: xarray reads the same values in the decoded view as in the store (missing chunks as fill), and
+    the huge store's written and missing chunks read right."""
+    url, args = source_url(where, "v2c.zarr", nginx, s3)
+    decoded = mount(url, *args)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for group in (None, "sub"):
+            with xr.open_zarr(str(decoded.path), group=group) as got, \
+                    xr.open_zarr(str(www / "v2c.zarr"), group=group) as want:
+                xr.testing.assert_equal(got.load(), want.load())
+    url, args = source_url(where, "huge.zarr", nginx, s3)
+    raw = mount(url, "--view", "raw", *args)
+    tas = zarr.open_group(str(raw.path), mode="r")["tas"]
+    np.testing.assert_array_equal(tas[HUGE_WRITTEN[1], :2, :2], np.full((2, 2), HUGE_WRITTEN[1] % 1000, "f4"))
+    np.testing.assert_array_equal(tas[3, :2, :2], np.full((2, 2), -1.0, "f4"))
