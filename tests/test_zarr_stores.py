@@ -63,6 +63,22 @@ def write_store(store, fmt: int, compressed: bool = True, consolidated: bool = T
         zarr.consolidate_metadata(store)
 
 
+HUGE_SHAPE, HUGE_CHUNKS, HUGE_WRITTEN = (10_000_000, 1000, 1000), (1, 1000, 1000), (5, 9_999_999)
+
+
+def write_huge_store(path: Path) -> None:
+    """A Zarr v2 store whose grid has ten million chunks of which two are written (ARCO-ERA5's shape:
+    one chunk per time step), and a small array beside it."""
+    g = zarr.open_group(str(path), mode="w", zarr_format=2)
+    tas = g.create_array("tas", shape=HUGE_SHAPE, chunks=HUGE_CHUNKS, dtype="f4", fill_value=-1.0,
+                         attributes={"_ARRAY_DIMENSIONS": ["time", "lat", "lon"]})
+    for t in HUGE_WRITTEN:
+        tas[t] = np.full(HUGE_CHUNKS[1:], t % 1000, "f4")
+    lat = g.create_array("lat", shape=(1000,), chunks=(1000,), dtype="f8", attributes={"_ARRAY_DIMENSIONS": ["lat"]})
+    lat[:] = np.linspace(-90, 90, 1000)
+    zarr.consolidate_metadata(str(path))
+
+
 @pytest.fixture(scope="module")
 def www(tmp_path_factory) -> Path:
     import warnings
@@ -81,6 +97,7 @@ def www(tmp_path_factory) -> Path:
         array = zarr.create_array(str(root / f"array{fmt}.zarr"), shape=(5, 3), chunks=(2, 3), dtype="i8",
                                   fill_value=-1, zarr_format=fmt, **_dims(fmt, ["p", "q"]))
         array[:2] = np.arange(6).reshape(2, 3)
+    write_huge_store(root / "huge.zarr")
     # a zip whose chunks are DEFLATED (zip -r without -0)
     with zipfile.ZipFile(root / "z2.zarr.zip") as src, zipfile.ZipFile(root / "deflated.zarr.zip", "w",
                                                                         zipfile.ZIP_DEFLATED) as out:
@@ -389,3 +406,70 @@ def test_an_oversized_metadata_document_is_refused_in_one_line(tmp_path, www, ng
     assert result.returncode != 0
     line = result.stderr.strip()
     assert "\n" not in line and "big.zarr/.zmetadata" in line and "larger than 64 MiB" in line, line
+
+
+def _rss(pid: int) -> int:
+    """A process's resident memory in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_store_of_ten_million_chunks_mounts_without_listing_them(mount, www, nginx):
+    """Chunk keys come from the grid and are not stored: the load takes well under 2 s and the daemon
+    no more memory than a small store's; written chunks read right, the others as fill; a listing of
+    the array's directory ends (bounded)."""
+    from refmount.refs.zarrremote import ZarrStoreRefSet, load_remote_store
+
+    started = time.monotonic()
+    refset = load_remote_store(f"{nginx.url}/huge.zarr")
+    assert time.monotonic() - started < 2
+    assert isinstance(refset, ZarrStoreRefSet) and refset.capacity > HUGE_SHAPE[0] and not refset.urls
+    small = mount(f"{nginx.url}/v2c.zarr", "--view", "raw").wait_announced()
+    m = mount(f"{nginx.url}/huge.zarr", "--view", "raw").wait_announced()
+    assert _rss(m.proc.pid) - _rss(small.proc.pid) < 100 << 20
+    tas = zarr.open_group(str(m.path), mode="r")["tas"]
+    for t in HUGE_WRITTEN:
+        np.testing.assert_array_equal(tas[t], np.full(HUGE_CHUNKS[1:], t % 1000, "f4"))
+    np.testing.assert_array_equal(tas[6, :2, :3], np.full((2, 3), -1.0, "f4"))
+    assert os.stat(m.path / "tas" / "5.0.0").st_size > 0
+    with pytest.raises(FileNotFoundError):
+        os.stat(m.path / "tas" / "7.0.0")  # (a chunk the store lacks: one 404)
+    with pytest.raises(FileNotFoundError):
+        os.stat(m.path / "tas" / f"{HUGE_SHAPE[0]}.0.0")  # (outside the grid: no request)
+    started = time.monotonic()
+    names = os.listdir(m.path / "tas")
+    assert time.monotonic() - started < 60
+    assert ".zarray" in names and "0.0.0" in names and len(names) <= ZarrStoreRefSet.MAX_LISTED + 2
+    assert "listing the first" in m.log()
+    # the decoded view: netCDF-C's header, with no request for a chunk
+    d = mount(f"{nginx.url}/huge.zarr").wait_announced()
+    before = len(access_log(nginx))
+    header = subprocess.run([*NCDUMP, "-h", nczarr_url(d.path)], capture_output=True, text=True, timeout=60)
+    assert header.returncode == 0, header.stderr
+    assert "float tas(time, lat, lon)" in header.stdout and "time = 10000000" in header.stdout, header.stdout
+    time.sleep(0.3)
+    assert access_log(nginx)[before:] == []
+
+
+@pytest.mark.parametrize("where", ["http", "s3"])
+def test_a_lazy_store_reads_alike_in_both_views(mount, www, nginx, s3, where):
+    """A store whose chunk keys are computed (v2, chunks in the array's directory), over nginx and moto's
+    S3: xarray reads the same values in the decoded view as in the store (missing chunks as fill), and
+    the huge store's written and missing chunks read right."""
+    url, args = source_url(where, "v2c.zarr", nginx, s3)
+    decoded = mount(url, *args)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for group in (None, "sub"):
+            with xr.open_zarr(str(decoded.path), group=group) as got, \
+                    xr.open_zarr(str(www / "v2c.zarr"), group=group) as want:
+                xr.testing.assert_equal(got.load(), want.load())
+    url, args = source_url(where, "huge.zarr", nginx, s3)
+    raw = mount(url, "--view", "raw", *args)
+    tas = zarr.open_group(str(raw.path), mode="r")["tas"]
+    np.testing.assert_array_equal(tas[HUGE_WRITTEN[1], :2, :2], np.full((2, 2), HUGE_WRITTEN[1] % 1000, "f4"))
+    np.testing.assert_array_equal(tas[3, :2, :2], np.full((2, 2), -1.0, "f4"))

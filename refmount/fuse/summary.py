@@ -13,10 +13,10 @@ from refmount.fetch.protocols import protocol_of
 
 
 def summarize(refset) -> dict:
-    if getattr(refset, "lazy", False):  # Parquet: summarise without loading every record file
+    if getattr(refset, "lazy", False):  # Parquet, a native store: summarise without loading or listing chunks
         meta = summarize(refset.meta)
         return {**meta, "keys": f"{len(refset):,} at most (chunk references load lazily)",
-                "arrays": len(refset.arrays), "record_size": refset.record_size}
+                "arrays": len(refset.arrays), **refset.statistics()}
     live = refset.dir_of >= 0
     remote = live & (refset.url_id != INLINE)
     ranged = remote & (refset.length != WHOLE_FILE)

@@ -13,9 +13,7 @@ are stable without loading anything.
 
 from __future__ import annotations
 
-import math
 import posixpath
-import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +24,7 @@ from refmount.errors import RefmountError, RefsError, quote
 from refmount.cache.lru import SingleFlightLRU
 from refmount.refs.arraymeta import ArrayMeta
 from refmount.refs.jsonrefs import add_mapping
+from refmount.refs.lazygrid import GridArray, LazyGridRefSet
 from refmount.refs.limits import RefsTooBig
 from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBuilder
 from refmount.refs.origins import Origins, files
@@ -36,16 +35,6 @@ from refmount.refs.source import fsspec_options
 MISSING = -2  # url id of a row that holds no reference
 DEFAULT_LOADED_RECORDS = 128  # as fsspec's LazyReferenceMapper
 _NO_FILES = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
-
-
-@dataclass
-class _Array:
-    path: str
-    dir_id: int
-    meta: ArrayMeta
-    grid: tuple[int, ...]  # (a scalar's is (1,))
-    count: int  # chunks in the grid
-    base: int  # key index of chunk 0
 
 
 @dataclass
@@ -114,10 +103,8 @@ def load_parquet(location: str, *, remote_options: dict, max_keys: int | None = 
     return refset
 
 
-class ParquetRefSet:
+class ParquetRefSet(LazyGridRefSet):
     """A lazily loaded reference set with the same access interface as `RefSet`."""
-
-    lazy = True
 
     def __init__(self, location, meta: RefSet, record_size: int, remote_options: dict, max_keys, loaded_records):
         import pyarrow as pa
@@ -126,87 +113,30 @@ class ParquetRefSet:
         # the pages of every table it ever decoded, the system allocator gives them back.
         pa.set_memory_pool(pa.system_memory_pool())
         self.location = location
-        self.meta = meta
-        self.dirs = meta.dirs
-        self.urls: list[str] = meta.urls  # grows as records load; ids never change
-        self._url_ids = {u: n for n, u in enumerate(self.urls)}
-        self._intern_lock = threading.Lock()  # records load in worker threads
         self.record_size = record_size
         self.remote_options = remote_options
-        self.url_check = None  # optional callable(url) raising RefmountError (protocol policy)
         self._relative = RelativeTargets(location)
         self._records = SingleFlightLRU(loaded_records)  # (array dir id, record number) -> _Record
-        self.arrays: list[_Array] = []
-        self._array_of_dir: dict[int, _Array] = {}
-        base = meta.capacity
-        for d, path in enumerate(self.dirs.paths):
+        arrays = []
+        for path in meta.dirs.paths:
             prefix = f"{path}/" if path else ""
             i = meta.find(prefix + ".zarray")
             if i < 0:
                 continue
             try:
                 zarray = ArrayMeta.from_zarray(orjson.loads(meta.inline_data(i)))
-                grid = zarray.grid() or (1,)
+                zarray.grid()
             except ValueError as e:  # (orjson's JSONDecodeError and ArrayMetaError are ValueErrors)
                 raise RefsError(f"{quote(prefix + '.zarray')} is not valid array metadata: {e}") from None
             if zarray.separator == "/":
                 raise RefsError(f"array {quote(path)}: dimension_separator '/' is not supported in Parquet references")
-            count = math.prod(grid)
-            if max_keys is not None and base + count > max_keys + meta.capacity:
-                raise RefsError(f"array {quote(path)} makes more than --max-keys {max_keys:,} keys")
-            array = _Array(path, d, zarray, grid, count, base)
-            self.arrays.append(array)
-            self._array_of_dir[d] = array
-            base += count
-        self.capacity = base
+            arrays.append((path, zarray))
+        super().__init__(meta, arrays, max_keys)
 
-    def share_url_table(self, table) -> None:
-        """Intern the record files' targets into a table shared with other sets (a lazily mounted
-        catalog's, refs/urltable.py: the mount's block cache keys are its ids), under its lock."""
-        if self.urls:  # (the metadata is inline: no target is interned before the first record loads)
-            raise RefsError(f"Parquet references {quote(self.location)} name targets in their metadata")
-        self.urls, self._url_ids, self._intern_lock = table.urls, table.ids, table.lock
+    # -- which chunks exist, and their references ---------------------------------------------------
 
-    # -- index arithmetic -------------------------------------------------------------------------
-
-    def _locate(self, i: int) -> tuple[_Array, int] | None:
-        """(array, chunk number) of a chunk key index (None for metadata indexes)."""
-        if i < self.meta.capacity:
-            return None
-        lo, hi = 0, len(self.arrays)
-        while lo < hi:  # arrays are in base order: binary search
-            mid = (lo + hi) // 2
-            if self.arrays[mid].base <= i:
-                lo = mid + 1
-            else:
-                hi = mid
-        array = self.arrays[lo - 1]
-        return array, i - array.base
-
-    def _chunk_name(self, array: _Array, n: int) -> str:
-        return array.meta.chunk_key(np.unravel_index(n, array.grid) if not array.meta.scalar else ())
-
-    def _record(self, array: _Array, n: int) -> _Record | None:
+    def _record(self, array: GridArray, n: int) -> _Record | None:
         return self._records.peek((array.dir_id, n // self.record_size))
-
-    # -- the RefSet access interface ----------------------------------------------------------------
-
-    def __len__(self) -> int:
-        return len(self.meta) + sum(a.count for a in self.arrays)  # upper bound: rows may be missing
-
-    def key(self, i: int) -> str:
-        loc = self._locate(i)
-        if loc is None:
-            return self.meta.key(i)
-        array, n = loc
-        return f"{array.path}/{self._chunk_name(array, n)}" if array.path else self._chunk_name(array, n)
-
-    def key_bytes(self, i: int) -> bytes:
-        return self.key(i).encode("utf-8", "surrogatepass")
-
-    def dir_id(self, i: int) -> int:
-        loc = self._locate(i)
-        return self.meta.dir_id(i) if loc is None else loc[0].dir_id
 
     def exists(self, i: int) -> bool:
         loc = self._locate(i)
@@ -231,44 +161,10 @@ class ParquetRefSet:
         rec = self._record(*loc)
         return rec.raw.get(loc[1] % self.record_size) if rec is not None else None
 
-    def find(self, key: str) -> int:
-        """Index of a metadata key, or of a chunk key whose record is loaded and holds it."""
-        i = self._chunk_index(key)
-        if i is None:
-            return self.meta.find(key)
-        return i if self.exists(i) else -1
-
-    def _chunk_index(self, key: str) -> int | None:
-        path, _, name = key.rpartition("/")
-        d = self.dirs.ids.get(path)
-        array = self._array_of_dir.get(d) if d is not None else None
-        if array is None:
-            return None
-        index = array.meta.parse_chunk_key(name)
-        if index is None:
-            return None
-        index = index or (0,)  # (a scalar's one chunk)
-        if any(x >= g for x, g in zip(index, array.grid)):
-            return None
-        return array.base + int(np.ravel_multi_index(index, array.grid))
-
-    async def afind(self, key: str) -> int:
-        i = self._chunk_index(key)
-        if i is None:
-            return self.meta.find(key)
-        await self.ensure(i)
-        return i if self.exists(i) else -1
-
     async def ensure(self, i: int) -> None:
         loc = self._locate(i)
         if loc is not None:
             await self._load(loc[0], loc[1] // self.record_size)
-
-    def files_in(self, dir_id: int, start: int = 0):
-        return self.meta.files_in(dir_id, start)
-
-    def file_count(self, dir_id: int) -> int:
-        return self.meta.file_count(dir_id)
 
     async def files_from(self, dir_id: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """As `RefSet.files_from`: metadata files, then existing chunks in chunk order, loading record
@@ -289,18 +185,9 @@ class ParquetRefSet:
             n = stop  # rows that hold no reference: look further
         return _NO_FILES
 
-    def names(self, indexes: np.ndarray, dir_id: int) -> list[bytes]:
-        """File names of key indexes directly in `dir_id`: all metadata or all chunks, as
-        `files_from` gives them."""
-        array = self._array_of_dir.get(dir_id)
-        if array is None or len(indexes) == 0 or indexes[0] < self.meta.capacity:
-            return self.meta.names(indexes, dir_id)
-        columns = [list(map(str, c.tolist())) for c in np.unravel_index(indexes - array.base, array.grid)]
-        return [".".join(parts).encode() for parts in zip(*columns)]
-
     # -- record files -------------------------------------------------------------------------------
 
-    async def _load(self, array: _Array, record: int) -> _Record:
+    async def _load(self, array: GridArray, record: int) -> _Record:
         async def read() -> _Record:
             return await trio.to_thread.run_sync(self._read_record, self._record_path(array, record))
 
@@ -325,16 +212,9 @@ class ParquetRefSet:
         against the record file's directory (as GDAL resolves them)."""
         urls = self._relative.resolve_all(urls, base)
         ids = np.full(len(urls), MISSING, dtype=np.int32)
-        with self._intern_lock:
-            for url in dict.fromkeys(urls):
-                if url is not None and url not in self._url_ids:
-                    if self.url_check is not None:
-                        self.url_check(url)
-                    self._url_ids[url] = len(self.urls)
-                    self.urls.append(url)
-            for n, url in enumerate(urls):
-                if url is not None:
-                    ids[n] = self._url_ids[url]
+        for n, url in enumerate(urls):
+            if url is not None:
+                ids[n] = self.intern(url)
         return ids
 
     def check_schema(self) -> None:
@@ -353,7 +233,7 @@ class ParquetRefSet:
             _check_columns(names, path)
             return
 
-    def _record_path(self, array: _Array, record: int) -> str:
+    def _record_path(self, array: GridArray, record: int) -> str:
         parts = (array.path, f"refs.{record}.parq") if array.path else (f"refs.{record}.parq",)
         return _join(self.location, *parts)
 

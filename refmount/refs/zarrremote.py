@@ -9,7 +9,9 @@ A remote store:
   listing (S3 ListObjects, one level at a time) or over plain HTTP by the server's HTML index page. A
   group without consolidated metadata on a server that gives no index cannot be listed: refused in one
   line (only a store whose root is an array mounts so);
-- its chunk keys come from each array's grid (chunks are never listed), each a whole remote object; a
+- its chunk keys come from each array's grid (chunks are never listed), each a whole remote object:
+  computed on demand (`ZarrStoreRefSet`, refs/lazygrid.py) when every array keeps its chunks in its own
+  directory (v2 "1.0"), else made at mount; a
   chunk the server answers 404 for is one the store lacks (`RefSet.may_lack`: refmount.view.raw reads
   it as absent once and remembers; a 403 or 5xx stays an error);
 - every key passes `key_problem` (no ``..``, no empty or over-long segment) and its url is the store's
@@ -38,6 +40,7 @@ import numpy as np
 from refmount.errors import RefmountError, RefsError, quote
 from refmount.fetch.protocols import is_remote, local_path, protocol_of
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
+from refmount.refs.lazygrid import LazyGridRefSet
 from refmount.refs.model import INLINE, WHOLE_FILE, RefSet, RefSetBuilder, key_problem, name_problem
 
 log = logging.getLogger("refmount")
@@ -337,8 +340,67 @@ def _array_nodes(documents: dict[str, bytes]):
         yield path, meta, 3 if name == "zarr.json" else 2, key
 
 
+def _lazy(array: ArrayMeta, version: int) -> bool:
+    """Whether an array's chunk keys may be computed rather than stored: a v2 array whose keys sit in
+    its own directory ("1.0"; "1/0" would need a directory per row). A store is lazy when all of its
+    arrays are. (v3 stores stay eager: their default keys "c/1/0" are nested, and their v2 form for the
+    decoded view, refmount.view.zarr3, is built from stored keys.)"""
+    return version == 2 and array.separator == "."
+
+
+class ZarrStoreRefSet(LazyGridRefSet):
+    """A native store's chunk keys computed from its arrays' grids (refs/lazygrid.py), not stored: every
+    chunk of a grid is a key whether or not the store holds it (`may_lack`), a whole remote object at
+    the store's url joined with its key. A chunk's url is interned (given a url id, which the block
+    cache and the views key by) the first time its target is asked for: memory grows with the chunks
+    looked at, not with the grid."""
+
+    may_lack = True  # (a 404 is a chunk the store lacks: refmount.view.raw)
+    MAX_LISTED = 10_000  # chunks a listing of one array's directory shows (a stat or read of any works)
+
+    def __init__(self, store: RemoteStore, meta: RefSet, arrays: list[tuple[str, ArrayMeta]]) -> None:
+        self.store = store
+        self.location = store.base
+        self._unlisted_warned: set[int] = set()
+        super().__init__(meta, arrays)
+
+    def exists(self, i: int) -> bool:
+        return self.meta.exists(i) if i < self.meta.capacity else 0 <= i < self.capacity
+
+    def target(self, i: int) -> tuple[int, int, int]:
+        if i < self.meta.capacity:
+            return self.meta.target(i)
+        return self.intern(self.store.url(self.key(i))), 0, WHOLE_FILE
+
+    def inline_data(self, i: int) -> bytes | None:
+        return self.meta.inline_data(i) if i < self.meta.capacity else None
+
+    async def ensure(self, i: int) -> None:
+        """(nothing to load: a chunk's reference follows from its key)"""
+
+    async def files_from(self, dir_id: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """As `RefSet.files_from`: metadata files, then the grid's chunks in C order, at most MAX_LISTED of
+        them (a listing of a grid of millions would not end; said once per array)."""
+        meta_count = self.meta.file_count(dir_id)
+        array = self._array_of_dir.get(dir_id)
+        if start < meta_count or array is None:
+            return await self.meta.files_from(dir_id, start, count)
+        n = start - meta_count
+        stop = min(n + count, array.count, self.MAX_LISTED)
+        if stop >= self.MAX_LISTED < array.count and dir_id not in self._unlisted_warned:
+            self._unlisted_warned.add(dir_id)
+            log.warning("%s: listing the first %s of its %s chunks (each of the others opens by its name)",
+                        self.store.url(array.path) if array.path else self.store.base,
+                        f"{self.MAX_LISTED:,}", f"{array.count:,}")
+        chunks = np.arange(n, max(stop, n), dtype=np.int64)
+        return meta_count + chunks, array.base + chunks
+
+    def statistics(self) -> dict:
+        return {"arrays": len(self.arrays), "chunk_urls_interned": len(self.urls)}
+
+
 def load_remote_store(location: str, *, remote_options: dict | None = None, max_keys: int | None = None,
-                      max_bytes: int | None = None) -> RefSet:
+                      max_bytes: int | None = None) -> RefSet | ZarrStoreRefSet:
     store = RemoteStore(location, remote_options or {})
     documents, consolidated = _store_documents(store)
     builder = RefSetBuilder(max_keys, max_bytes)
@@ -346,16 +408,24 @@ def load_remote_store(location: str, *, remote_options: dict | None = None, max_
     builder.reserve(len(keys), f"the metadata of {quote(store.base)}")
     builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
                       np.array([len(documents[k]) for k in keys], np.int64), dict(enumerate(documents.values())))
-    for path, meta, version, where in _array_nodes(documents):
-        array = _array_meta(meta, version, store.url(where))
-        total = int(np.prod(array.grid(), dtype=np.float64))
-        builder.reserve(total, f"the chunk grid of array {quote(path or '/')}")
-        for batch in _chunk_keys(path, array):
-            urls = [store.url(k) for k in batch]
-            builder.reserve_bytes(sum(map(len, batch)) + sum(map(len, urls)), f"the chunk keys of {quote(path or '/')}")
-            n = len(batch)
-            builder.add_batch(batch, builder.url_ids(urls), np.zeros(n, np.int64), np.full(n, WHOLE_FILE, np.int64))
-    refset = builder.build()
+    arrays = [(path, _array_meta(meta, version, store.url(where)), version)
+              for path, meta, version, where in _array_nodes(documents)]
+    if arrays and all(_lazy(array, version) for _, array, version in arrays):
+        refset = builder.build()  # (only metadata: a lazy set's url table holds chunks' urls alone)
+        arrays.sort(key=lambda a: refset.dirs.ids[a[0]])
+        refset = ZarrStoreRefSet(store, refset, [(path, array) for path, array, _ in arrays])
+    else:
+        for path, array, _ in arrays:
+            total = int(np.prod(array.grid(), dtype=np.float64))
+            builder.reserve(total, f"the chunk grid of array {quote(path or '/')}")
+            for batch in _chunk_keys(path, array):
+                urls = [store.url(k) for k in batch]
+                builder.reserve_bytes(sum(map(len, batch)) + sum(map(len, urls)),
+                                      f"the chunk keys of {quote(path or '/')}")
+                n = len(batch)
+                builder.add_batch(batch, builder.url_ids(urls), np.zeros(n, np.int64),
+                                  np.full(n, WHOLE_FILE, np.int64))
+        refset = builder.build()
     refset.may_lack = True  # (chunk keys from the grid: a 404 is a chunk the store lacks)
     how = "consolidated metadata" if consolidated else \
         "metadata walked node by node, " + ("S3 listing" if store.listing == "s3" else "HTML index pages")

@@ -12,6 +12,8 @@ from refmount.refs.model import each_file
 
 def _chunk_counts(refset, info) -> tuple[int, int]:
     """(present, missing) chunk keys of an array (Parquet sets: their record files are read)."""
+    if getattr(refset, "may_lack", False):  # a native store's grid: which chunks exist is not listed
+        return None, None
     if getattr(refset, "lazy", False):
         import trio
 
@@ -23,8 +25,6 @@ def _chunk_counts(refset, info) -> tuple[int, int]:
         present = trio.run(count)
         return present, max(expected - present, 0)
     present, expected = count_chunks(refset, info)
-    if getattr(refset, "may_lack", False):  # a native store's grid: which chunks exist is not listed
-        return None, None
     return present, max(expected - present, 0)
 
 
