@@ -168,3 +168,34 @@ def test_sigkill_then_mount_again_recovers(tmp_path, datasets):
     finally:
         if is_mounted(mnt):
             os.system(f"fusermount3 -u -z {mnt}")
+
+
+def test_a_fetcher_remembers_a_bounded_number_of_failures_without_their_tracebacks(monkeypatch):
+    """A listing of 100,000 missing chunks once held every 404's error and traceback (1.3 GB): what is
+    kept is its kind and message, for at most _FAILURES_KEPT urls; a retry within the window still
+    fails at once, as the same kind."""
+    import trio
+
+    import refmount.fetch as fetch
+    from refmount.errors import NotFound
+
+    monkeypatch.setattr(fetch, "_FAILURES_KEPT", 100)
+    fetcher = fetch.Fetcher()
+
+    async def missing():
+        raise NotFound("http://x/a: 404")
+
+    async def main():
+        for n in range(250):
+            with pytest.raises(NotFound):
+                await fetcher._remembering_failure(f"http://x/{n}", missing)
+        assert len(fetcher._failed) <= 100
+        assert all(not isinstance(kept, BaseException) for entry in fetcher._failed.values() for kept in entry)
+
+        async def not_called():
+            raise AssertionError("asked again within the window")
+
+        with pytest.raises(NotFound, match="not retried yet"):
+            await fetcher._remembering_failure("http://x/249", not_called)
+
+    trio.run(main)

@@ -30,6 +30,8 @@ from refmount.fetch.protocols import protocol_of
 
 __all__ = ["Fetcher", "RetryPolicy", "FetchStats", "redact", "reaches_local"]
 
+_FAILURES_KEPT = 10_000  # urls whose last failure a fetcher remembers (a retry within the window fails at once)
+
 
 class Fetcher:
     def __init__(self, *, policy: RetryPolicy | None = None, remote_options: dict | None = None,
@@ -51,7 +53,9 @@ class Fetcher:
                                   headers=self.remote_options.get("headers"), verify_remote=verify_remote,
                                   ssl=lambda: ssl_setting(self.remote_options), client=http_client, logins=self.logins)
         self._remotes: dict = {}  # protocol -> backend, made on first use (aiohttp alone takes 0.1 s to import)
-        self._failed: dict[str, tuple[float, FetchError]] = {}  # url -> (when, error) of its last failure
+        # url -> (when, kind, message) of its last failure: not the error itself, whose traceback holds
+        # its frames (100,000 chunks answered 404 held 1.3 GB); at most _FAILURES_KEPT, the oldest forgotten
+        self._failed: dict[str, tuple[float, type, str]] = {}
         self._loop = None
         self._warming: threading.Thread | None = None
         self._warm_protocols: set[str] = set()
@@ -214,11 +218,11 @@ class Fetcher:
         failed = self._failed.get(url)
         if failed is not None:
             ago = time.monotonic() - failed[0]
-            if ago < min(self.policy.failure_memory, max(1.0, self.policy.read_timeout)):
-                self.stats.error(url, "repeated")  # (the same kind: a refused login stays EACCES)
+            if ago < self._failure_window():
+                self.stats.error(url, "repeated")
                 # (the same kind: a refused login stays EACCES, a 404 stays a missing object)
-                kind = next((k for k in (LoginFailed, NotFound) if isinstance(failed[1], k)), FetchError)
-                error = kind(f"{failed[1]} ({ago:.1f}s ago; not retried yet)")
+                kind = next((k for k in (LoginFailed, NotFound) if issubclass(failed[1], k)), FetchError)
+                error = kind(f"{failed[2]} ({ago:.1f}s ago; not retried yet)")
                 error.repeated = True  # (a refused login is logged once, not again at the kernel's retry)
                 raise error
             del self._failed[url]
@@ -227,8 +231,22 @@ class Fetcher:
         except ReadRefused:
             raise  # (a limit refused that read, the url did not fail)
         except FetchError as e:
-            self._failed[url] = (time.monotonic(), e)
+            self._remember_failure(url, e)
             raise
+
+    def _failure_window(self) -> float:
+        return min(self.policy.failure_memory, max(1.0, self.policy.read_timeout))
+
+    def _remember_failure(self, url: str, e: FetchError) -> None:
+        now = time.monotonic()
+        if len(self._failed) >= _FAILURES_KEPT:  # (past their window they only take room)
+            window = self._failure_window()
+            for gone in [u for u, (when, _, _) in self._failed.items() if now - when >= window]:
+                del self._failed[gone]
+            while len(self._failed) >= _FAILURES_KEPT:
+                del self._failed[next(iter(self._failed))]  # (the oldest: dicts keep insertion order)
+        self._failed.pop(url, None)
+        self._failed[url] = (now, type(e), str(e))
 
     async def fetch_document(self, url: str) -> bytes:
         """A small http(s) document (e.g. temporary S3 credentials), through the login like any read."""
