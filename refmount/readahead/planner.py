@@ -65,7 +65,8 @@ class GridPlan:
 class _WalkState:
     """One reader's walk over one array's grid, and what was predicted for it."""
 
-    __slots__ = ("name", "walk", "window", "pending", "used", "scanning", "verdict", "chunk_bytes", "last_read")
+    __slots__ = ("name", "walk", "window", "pending", "used", "wasted", "scanning", "verdict", "chunk_bytes",
+                 "last_read")
 
     def __init__(self, name: str, grid: tuple[int, ...]) -> None:
         self.name = name
@@ -73,6 +74,7 @@ class _WalkState:
         self.window = MIN_WINDOW  # guesses it may keep ahead (before the walk's own cap)
         self.pending: OrderedDict[tuple, tuple[Fetch, Reservation]] = OrderedDict()  # predicted, unread
         self.used = 0  # of this walk's predictions
+        self.wasted = 0  # of this walk's predictions, dropped unread (they count against its lead)
         self.scanning = False  # the walk is a scan (see Walk.is_scan)
         self.verdict: str | None = None  # what the last read from a chunk's start made of the walk
         self.chunk_bytes = 0  # the referenced length of its chunk read last
@@ -159,7 +161,9 @@ class GridPlanner:
         certain = [index for index in holes if index[outer] in entered]
         # guesses: past the frontier (or in steps not entered yet), capped (see the module)
         floor = min(MIN_WINDOW, max(2, MIN_WINDOW_BYTES // max(state.chunk_bytes, 1)))
-        cap = min(state.window, max(floor, int(walk.count * LEAD_FRACTION)))
+        # (what this walk already wasted, say a first row's overshoot, counts against the lead: the bytes
+        # target is for the whole selection)
+        cap = min(state.window, max(floor, int(walk.count * LEAD_FRACTION) - state.wasted))
         guessing = sum(1 for index in state.pending if not walk.in_box(index, model) or index[outer] not in entered)
         wanted = min(cap - guessing, room_in_window - len(certain))
         guesses: list[tuple] = []
@@ -195,12 +199,13 @@ class GridPlanner:
         self._drop(state, list(state.pending))
         if wasted > state.used:
             state.window = max(state.window // 2, 1)
-        state.used = 0
+        state.used = state.wasted = 0
 
     def _drop(self, state: _WalkState, indexes) -> None:
         for index in indexes:
             fetch, token = state.pending.pop(index)
             token.release()
+            state.wasted += 1
             self.stats["wasted"] += 1
             self.stats["wasted_bytes"] += fetch.end - fetch.start
 

@@ -102,8 +102,10 @@ class Walk:
         if len(self.history) == 2 and any(hi[a] - lo[a] > 1 for a in varying):
             return None  # two reads far apart may be two random reads: wait for a third
         outer = varying[0]
-        first, last = self.history[0][outer], max(self.history, key=self._rank_key(varying, 1))[outer]
-        direction = -1 if self.history[-1][outer] < first and last <= first else 1
+        # backwards only if the walk began at its top and its latest read is at its bottom: readers a few
+        # threads wide begin a row anywhere in it (7, 5, 6 is a forward walk begun out of order)
+        first, latest = self.history[0][outer], self.history[-1][outer]
+        direction = -1 if first == hi[outer] and latest == lo[outer] else 1
         return varying, lo, hi, strides, direction
 
     @staticmethod
