@@ -1,7 +1,9 @@
 """Filesystem semantics with no FUSE types: inodes, lookup, attributes, listing, reads, xattrs.
 
 Inode layout (stable for the life of the mount): 1 is the root directory; directory id d has inode
-1 + d; key index i has inode 1 + (number of directories) + i. Errors are raised as `FsError(errno)`;
+1 + d; key index i has inode 1 + (number of directories) + i. A lazy set's directories of nested chunk
+keys (refs/lazygrid.ChunkDirs) are not among the stored directories: each has a key index that is no
+file, and the directory id and inode that follow from it. Errors are raised as `FsError(errno)`;
 the FUSE glue turns them (and anything unexpected, as EIO) into replies in one place.
 """
 
@@ -92,6 +94,7 @@ class Filesystem:
         self.mount_info: dict[str, str] = {}  # shown as root xattrs: refs, log (for `refmount list`)
         self.local_access = None  # mount.access.LocalAccess with --allow-other: who may open local files' keys
         self._subdir_names = [sorted(children) for children in self.dirs.children]
+        self._chunk_dirs = getattr(refset, "chunk_dirs", None)  # directories of nested chunk keys, or None
         self._may_hide = not getattr(view, "hides_nothing", False)  # a view may promise to hide no key
         self.readers = readers if hasattr(view, "varies") else None
         # keys found by name by some readers only, never listed (the decoded view's zarr.json)
@@ -118,7 +121,9 @@ class Filesystem:
 
     def _dir_of_ino(self, ino: int) -> int | None:
         d = ino - ROOT_INODE
-        return d if 0 <= d < len(self.dirs) else None
+        if 0 <= d < len(self.dirs):
+            return d
+        return d if self._chunk_dirs is not None and self._chunk_dirs.is_dir(d) else None
 
     async def _key_of_ino(self, ino: int) -> int | None:
         i = ino - self._first_file_ino
@@ -138,7 +143,38 @@ class Filesystem:
     # -- attributes -------------------------------------------------------------------------------
 
     def _dir_attributes(self, d: int) -> Attributes:
-        return Attributes(self.dir_inode(d), DIR_MODE, 0, 2 + len(self.dirs.children[d]), self.attr_timeout)
+        return Attributes(self.dir_inode(d), DIR_MODE, 0, 2 + self._subdir_count(d), self.attr_timeout)
+
+    # (stored directories, and those of nested chunk keys after them: in an array's stored directory,
+    # its chunk keys' first directories follow the stored subdirectories)
+
+    def _subdir_count(self, d: int) -> int:
+        stored = len(self._subdir_names[d]) if d < len(self.dirs) else 0
+        return stored + (self._chunk_dirs.subdir_count(d) if self._chunk_dirs is not None else 0)
+
+    def _subdir_at(self, d: int, pos: int) -> tuple[str, int]:
+        """(name, id) of the subdirectory at listing position `pos` (< `_subdir_count`)."""
+        if d < len(self.dirs):
+            names = self._subdir_names[d]
+            if pos < len(names):
+                return names[pos], self.dirs.children[d][names[pos]]
+            pos -= len(names)
+        return self._chunk_dirs.subdir(d, pos)
+
+    def _child_dir(self, d: int, name: str) -> int | None:
+        sub = self.dirs.children[d].get(name) if d < len(self.dirs) else None
+        if sub is None and self._chunk_dirs is not None:
+            sub = self._chunk_dirs.child(d, name)
+        return sub
+
+    def _parent_dir(self, d: int) -> int:
+        return self.dirs.parent[d] if d < len(self.dirs) else self._chunk_dirs.parent(d)
+
+    def _dir_path(self, d: int) -> str:
+        return self.dirs.paths[d] if d < len(self.dirs) else self._chunk_dirs.path(d)
+
+    def _hidden_dir(self, d: int) -> bool:
+        return d < len(self.dirs) and self.view.hidden_dir(d)  # (chunk directories: their array's keys decide)
 
     async def _file_attributes(self, i: int) -> Attributes:
         # (a key that exists for some readers only is looked up again at every use: no caching)
@@ -166,13 +202,13 @@ class Filesystem:
         if text == ".":
             return self._dir_attributes(d)
         if text == "..":
-            return self._dir_attributes(self.dirs.parent[d])
-        sub = self.dirs.children[d].get(text)
+            return self._dir_attributes(self._parent_dir(d))
+        sub = self._child_dir(d, text)
         if sub is not None:
-            if self.view.hidden_dir(sub):
+            if self._hidden_dir(sub):
                 raise FsError(errno.ENOENT)
             return self._dir_attributes(sub)
-        path = f"{self.dirs.paths[d]}/{text}" if d else text
+        path = f"{self._dir_path(d)}/{text}" if d else text
         i = await self.refset.afind(path)
         if i < 0 or self.view.hidden(i):
             raise FsError(errno.ENOENT)
@@ -212,17 +248,15 @@ class Filesystem:
     def subdir_entries(self, ino: int, start: int):
         """Yield (name, attributes, next offset) of the subdirectories from position `start` on."""
         d = self._listed_dir(ino)
-        names = self._subdir_names[d]
-        children = self.dirs.children[d]
-        for pos in range(start, len(names)):
-            sub = children[names[pos]]
-            if not self.view.hidden_dir(sub):
-                yield names[pos].encode("utf-8", "surrogatepass"), self._dir_attributes(sub), pos + 1
+        for pos in range(start, self._subdir_count(d)):
+            name, sub = self._subdir_at(d, pos)
+            if not self._hidden_dir(sub):
+                yield name.encode("utf-8", "surrogatepass"), self._dir_attributes(sub), pos + 1
 
     async def file_entries(self, ino: int, start: int, count: int) -> FileEntries:
         """Up to `count` files from position `start` on; none at the end of the listing."""
         d = self._listed_dir(ino)
-        before = len(self._subdir_names[d])  # positions of the subdirectories
+        before = self._subdir_count(d)  # positions of the subdirectories
         refset, view = self.refset, self.view
         pos = max(start - before, 0)
         while True:
@@ -314,11 +348,11 @@ class Filesystem:
     def key_of(self, ino: int) -> str:
         """The reference key behind an inode or file handle (for log lines; no I/O)."""
         ino &= _INODE_BITS
-        i = ino - self._first_file_ino
-        if 0 <= i < self.refset.capacity:
-            return self.refset.key(i)
         d = self._dir_of_ino(ino)
-        return self.dirs.paths[d] + "/" if d is not None else f"inode {ino}"
+        i = ino - self._first_file_ino
+        if d is None and 0 <= i < self.refset.capacity:
+            return self.refset.key(i)
+        return self._dir_path(d) + "/" if d is not None else f"inode {ino}"
 
     # -- extended attributes ----------------------------------------------------------------------
 

@@ -163,7 +163,7 @@ class ArrayMeta:
         if not key.startswith(lead):
             return None
         parts = key[len(lead):].split(self.separator)
-        if len(parts) != self.ndim or not all(p.isdigit() for p in parts):
+        if len(parts) != self.ndim or not all(p.isascii() and p.isdigit() for p in parts):  # (int() refuses "²")
             return None
         return tuple(int(p) for p in parts)
 

@@ -10,8 +10,9 @@ A remote store:
   group without consolidated metadata on a server that gives no index cannot be listed: refused in one
   line (only a store whose root is an array mounts so);
 - its chunk keys come from each array's grid (chunks are never listed), each a whole remote object:
-  computed on demand (`ZarrStoreRefSet`, refs/lazygrid.py) when every array keeps its chunks in its own
-  directory (v2 "1.0"), else made at mount; a
+  computed on demand (`ZarrStoreRefSet`, refs/lazygrid.py; v3's nested "c/1/0" with their directories)
+  for a v3 store and a v2 one whose arrays keep their chunks in their own directory ("1.0"), else (v2
+  "1/0") made at mount; a
   chunk the server answers 404 for is one the store lacks (`RefSet.may_lack`: refmount.view.raw reads
   it as absent once and remembers; a 403 or 5xx stays an error);
 - every key passes `key_problem` (no ``..``, no empty or over-long segment) and its url is the store's
@@ -341,11 +342,12 @@ def _array_nodes(documents: dict[str, bytes]):
 
 
 def _lazy(array: ArrayMeta, version: int) -> bool:
-    """Whether an array's chunk keys may be computed rather than stored: a v2 array whose keys sit in
-    its own directory ("1.0"; "1/0" would need a directory per row). A store is lazy when all of its
-    arrays are. (v3 stores stay eager: their default keys "c/1/0" are nested, and their v2 form for the
-    decoded view, refmount.view.zarr3, is built from stored keys.)"""
-    return version == 2 and array.separator == "."
+    """Whether an array's chunk keys may be computed rather than stored: every v3 array (its nested
+    keys' directories are computed too: lazygrid.ChunkDirs; its v2 form for the decoded view is lazy as
+    well, `ZarrStoreRefSet.v2_form`), and a v2 array whose keys sit in its own directory ("1.0"; v2
+    "1/0" stays eager: the decoded view serves v2 arrays as they are, and reads chunk directories from
+    the stored tree). A store is lazy when all of its arrays are."""
+    return version == 3 or array.separator == "."
 
 
 class ZarrStoreRefSet(LazyGridRefSet):
@@ -353,24 +355,42 @@ class ZarrStoreRefSet(LazyGridRefSet):
     chunk of a grid is a key whether or not the store holds it (`may_lack`), a whole remote object at
     the store's url joined with its key. A chunk's url is interned (given a url id, which the block
     cache and the views key by) the first time its target is asked for: memory grows with the chunks
-    looked at, not with the grid."""
+    looked at, not with the grid. v3's nested keys ("c/0/1") have directories computed as well
+    (lazygrid.ChunkDirs). `stored`: for a set that serves a store's arrays in another form (Zarr v3 as
+    v2 for the decoded view, `v2_form`), each array's stored metadata, by which a chunk's object is
+    named (a sharded array's inner chunk: its shard's)."""
 
     may_lack = True  # (a 404 is a chunk the store lacks: refmount.view.raw)
     MAX_LISTED = 10_000  # chunks a listing of one array's directory shows (a stat or read of any works)
 
-    def __init__(self, store: RemoteStore, meta: RefSet, arrays: list[tuple[str, ArrayMeta]]) -> None:
+    def __init__(self, store: RemoteStore, meta: RefSet, arrays: list[tuple[str, ArrayMeta]],
+                 zarr_format: int = 2, stored: dict[str, ArrayMeta] | None = None) -> None:
         self.store = store
         self.location = store.base
+        self.zarr_format = zarr_format
+        self._stored = stored or {}
         self._unlisted_warned: set[int] = set()
         super().__init__(meta, arrays)
 
     def exists(self, i: int) -> bool:
-        return self.meta.exists(i) if i < self.meta.capacity else 0 <= i < self.capacity
+        return self.meta.exists(i) if i < self.meta.capacity else i < self.chunk_end
+
+    def _object_key(self, i: int) -> str:
+        """The store's key of the object behind chunk key `i`."""
+        array, n = self._locate(i)
+        stored = self._stored.get(array.path)
+        if stored is None:
+            return self.key(i)
+        index = np.unravel_index(n, array.grid) if not array.meta.scalar else ()
+        if stored.sharding is not None:  # (the inner chunk's shard: shards are whole inner chunks)
+            index = tuple(c * inner // shard for c, inner, shard in zip(index, array.meta.chunks, stored.chunks))
+        key = stored.chunk_key(tuple(int(c) for c in index))
+        return f"{array.path}/{key}" if array.path else key
 
     def target(self, i: int) -> tuple[int, int, int]:
         if i < self.meta.capacity:
             return self.meta.target(i)
-        return self.intern(self.store.url(self.key(i))), 0, WHOLE_FILE
+        return self.intern(self.store.url(self._object_key(i))), 0, WHOLE_FILE
 
     def inline_data(self, i: int) -> bytes | None:
         return self.meta.inline_data(i) if i < self.meta.capacity else None
@@ -380,23 +400,59 @@ class ZarrStoreRefSet(LazyGridRefSet):
 
     async def files_from(self, dir_id: int, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
         """As `RefSet.files_from`: metadata files, then the grid's chunks in C order, at most MAX_LISTED of
-        them (a listing of a grid of millions would not end; said once per array)."""
+        them (a listing of a grid of millions would not end; said once per array). A directory of
+        nested chunk keys holds chunks only: those of its last coordinate."""
+        if dir_id >= len(self.dirs):
+            found = self.chunk_dirs.chunks(dir_id) if self.chunk_dirs is not None else None
+            if found is None:
+                return _NO_FILES
+            array, first, count_here = found
+            return self._listed(array, first + start, first + min(start + count, count_here), -first, first)
         meta_count = self.meta.file_count(dir_id)
         array = self._array_of_dir.get(dir_id)
-        if start < meta_count or array is None:
+        if start < meta_count or array is None or array.nested is not None:
             return await self.meta.files_from(dir_id, start, count)
         n = start - meta_count
-        stop = min(n + count, array.count, self.MAX_LISTED)
-        if stop >= self.MAX_LISTED < array.count and dir_id not in self._unlisted_warned:
-            self._unlisted_warned.add(dir_id)
+        return self._listed(array, n, min(n + count, array.count), meta_count)
+
+    def _listed(self, array, n: int, stop: int, position: int, first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, key indexes) of chunks n to stop of `array` that a listing of a directory whose
+        chunks begin at chunk `first` shows (chunk number + `position` is a chunk's position in it)."""
+        stop_listed = first + self.MAX_LISTED
+        if stop > stop_listed:
+            self.listing_capped(array)
+        chunks = np.arange(n, max(min(stop, stop_listed), n), dtype=np.int64)
+        return position + chunks, array.base + chunks
+
+    def listing_capped(self, array) -> None:
+        """(said once per array)"""
+        if array.dir_id not in self._unlisted_warned:
+            self._unlisted_warned.add(array.dir_id)
             log.warning("%s: listing the first %s of its %s chunks (each of the others opens by its name)",
                         self.store.url(array.path) if array.path else self.store.base,
                         f"{self.MAX_LISTED:,}", f"{array.count:,}")
-        chunks = np.arange(n, max(stop, n), dtype=np.int64)
-        return meta_count + chunks, array.base + chunks
+
+    def v2_form(self, metadata: dict[str, bytes], arrays: list[tuple[str, ArrayMeta, ArrayMeta]]) -> ZarrStoreRefSet:
+        """This v3 store's arrays as Zarr v2 (`arrays`: path, v2 form with "." keys, v3 metadata), beside
+        `metadata` (every .zgroup, .zarray, .zattrs), for the decoded view (refmount.view.zarr3): chunk
+        "0.1" is the object "c/0/1" (a sharded array's inner chunk: its shard), with the same url ids."""
+        builder = RefSetBuilder()
+        keys = list(metadata)
+        builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
+                          np.array([len(metadata[k]) for k in keys], np.int64), dict(enumerate(metadata.values())))
+        meta = builder.build()
+        arrays = sorted(arrays, key=lambda a: meta.dirs.ids[a[0]])
+        form = ZarrStoreRefSet(self.store, meta, [(path, v2) for path, v2, _ in arrays], 2,
+                               {path: v3 for path, _, v3 in arrays})
+        form.urls, form._url_ids, form._intern_lock = self.urls, self._url_ids, self._intern_lock
+        form.url_check = self.url_check
+        return form
 
     def statistics(self) -> dict:
         return {"arrays": len(self.arrays), "chunk_urls_interned": len(self.urls)}
+
+
+_NO_FILES = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 
 def load_remote_store(location: str, *, remote_options: dict | None = None, max_keys: int | None = None,
@@ -413,7 +469,7 @@ def load_remote_store(location: str, *, remote_options: dict | None = None, max_
     if arrays and all(_lazy(array, version) for _, array, version in arrays):
         refset = builder.build()  # (only metadata: a lazy set's url table holds chunks' urls alone)
         arrays.sort(key=lambda a: refset.dirs.ids[a[0]])
-        refset = ZarrStoreRefSet(store, refset, [(path, array) for path, array, _ in arrays])
+        refset = ZarrStoreRefSet(store, refset, [(path, array) for path, array, _ in arrays], _version_of(documents))
     else:
         for path, array, _ in arrays:
             total = int(np.prod(array.grid(), dtype=np.float64))

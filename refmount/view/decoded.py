@@ -233,7 +233,8 @@ class DecodedView:
         lines = ArrayLines()
         for info in self.arrays:
             if info.strlen and getattr(self.refset, "lazy", False):
-                info.hidden_reason = "strings served as characters need their chunk keys renamed, not done for Parquet sets"
+                info.hidden_reason = ("strings served as characters need their chunk keys renamed, not done where "
+                                      "chunk keys are computed (Parquet sets, native Zarr stores)")
             if info.hidden_reason:
                 lines.say(logging.WARNING, "hidden", "decoded view: hiding array %s: %s", info.name, info.hidden_reason)
                 self._hide_tree(info.dir_id)

@@ -64,7 +64,9 @@ class ShardLayout:
         self.index_dtype, self.crc = _index_codecs(index_codecs)
         self.index_bytes = 16 * self.count + (4 if self.crc else 0)
         self.fill_chunk = b""  # decoded bytes of an empty inner chunk (set by the caller)
-        self.present = np.zeros(0, np.int64)  # sorted C-order numbers of the shards that exist
+        # sorted C-order numbers of the shards that exist; None: not known (a native store's, which are
+        # not listed: a missing one is found by reading it)
+        self.present: np.ndarray | None = np.zeros(0, np.int64)
 
     def shard_of(self, coords: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
         """(shard coordinates, C-order position within the shard) of an inner chunk."""
@@ -77,6 +79,8 @@ class ShardLayout:
         return int(np.ravel_multi_index(tuple(shard), self.shard_grid)) if len(shard) else 0
 
     def has_shard(self, shard: tuple[int, ...]) -> bool:
+        if self.present is None:
+            return True
         number = self.number(shard)
         k = int(np.searchsorted(self.present, number))
         return k < len(self.present) and int(self.present[k]) == number

@@ -54,8 +54,8 @@ MAX_INNER_CHUNKS = 50_000_000  # inner chunk keys one sharded array may list (ab
 
 def is_v3(refset) -> bool:
     """A reference set whose metadata is Zarr v3 (a zarr.json at the root or in a top-level directory)."""
-    if getattr(refset, "lazy", False):
-        return False
+    if getattr(refset, "lazy", False):  # (a native store's: refs/zarrremote.py; Parquet's are v2)
+        return getattr(refset, "zarr_format", 2) == 3
     if refset.find("zarr.json") >= 0:
         return True
     return any(refset.find(f"{name}/zarr.json") >= 0 for name in refset.dirs.children[0])
@@ -274,12 +274,17 @@ def _array_chunks(refset: RefSet, path: str, array: ArrayMeta, ndim: int, v2_sep
 
 def v2_refset(refset: RefSet) -> RefSet:
     """The v2 form of a v3 reference set (see the module docstring); unsupported arrays keep their
-    .zarray with a codec id nobody knows, so that the decoded view hides them with one log line."""
-    builder = RefSetBuilder(None)
-    builder.url_ids(refset.urls)  # the same url ids as the v3 set
+    .zarray with a codec id nobody knows, so that the decoded view hides them with one log line. A lazy
+    set (a native store's, refs/zarrremote.py) gets a lazy v2 form: its chunk keys computed from the
+    grids, its shards' presence learnt by reading them (a missing one reads as the fill)."""
+    lazy = getattr(refset, "lazy", False)
+    builder = None if lazy else RefSetBuilder(None)
+    if builder is not None:
+        builder.url_ids(refset.urls)  # the same url ids as the v3 set
     metadata: dict[str, bytes] = {}
     layouts: dict[str, ShardLayout] = {}  # sharded arrays
     absent_fills: dict[str, object] = {}  # array path -> its v3 fill_value in v2 form
+    lazy_arrays: list[tuple[str, ArrayMeta, ArrayMeta]] = []  # (path, v2 form, v3) of a lazy set's arrays
     for d, path in enumerate(refset.dirs.paths):
         base = f"{path}/" if path else ""
         i = refset.find(base + "zarr.json")
@@ -302,8 +307,10 @@ def v2_refset(refset: RefSet) -> RefSet:
         try:
             array = ArrayMeta.from_zarr_json(meta)
             zarray, zattrs = v2_metadata(array)
+            if lazy:
+                zarray.pop("dimension_separator", None)  # (its keys are computed: "0.1" in the array's directory)
             out = ArrayMeta.from_zarray(zarray)
-            layout = shard_layout(path, array, out)
+            layout = shard_layout(path, array, out, listed=not lazy)
         except (Unsupported, UnsupportedSharding, KeyError, TypeError, ValueError) as e:
             log.warning("decoded view: hiding array %s: %s", path or "/", f"unsupported Zarr v3 {e}"
                         if isinstance(e, (Unsupported, UnsupportedSharding)) else
@@ -313,9 +320,15 @@ def v2_refset(refset: RefSet) -> RefSet:
         absent_fills[path] = v2_fill(array.fill_value, np.dtype(out.dtype))
         metadata[base + ".zarray"] = json.dumps(zarray, allow_nan=True).encode()
         metadata[base + ".zattrs"] = json.dumps(zattrs, allow_nan=True).encode()
-        batches = list(_array_chunks(refset, path, array, out.ndim, out.separator))
         if layout is not None:
             layouts[path] = layout
+        if lazy:
+            if layout is not None:
+                layout.present = None  # (not listed: a shard is found, or not, when read)
+            lazy_arrays.append((path, out, array))
+            continue
+        batches = list(_array_chunks(refset, path, array, out.ndim, out.separator))
+        if layout is not None:
             batches = list(_inner_chunks(batches, layout, base, out))
         for encoded, indexes in batches:
             inline = {int(k): refset.inline_data(int(indexes[k]))
@@ -324,10 +337,13 @@ def v2_refset(refset: RefSet) -> RefSet:
                                 refset.length[indexes], inline)
         _fill_chunks(builder, base, array, out, sum(len(ix) for _, ix in batches),
                      lambda: {key[len(base):] for encoded, _ in batches for key in encoded.decode().split("\x00")})
-    keys = list(metadata)
-    builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
-                      np.array([len(metadata[k]) for k in keys], np.int64), dict(enumerate(metadata.values())))
-    out = builder.build()
+    if lazy:
+        out = refset.v2_form(metadata, lazy_arrays)
+    else:
+        keys = list(metadata)
+        builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
+                          np.array([len(metadata[k]) for k in keys], np.int64), dict(enumerate(metadata.values())))
+        out = builder.build()
     for name in ("checksums", "snapshot_id", "origins", "may_lack", "format"):  # (origins: what its inline keys were read from)
         if hasattr(refset, name):
             setattr(out, name, getattr(refset, name))
@@ -338,9 +354,10 @@ def v2_refset(refset: RefSet) -> RefSet:
 
 # -- sharding: inner chunks as v2 chunks ---------------------------------------------------------------
 
-def shard_layout(path: str, array: ArrayMeta, out: ArrayMeta) -> ShardLayout | None:
+def shard_layout(path: str, array: ArrayMeta, out: ArrayMeta, listed: bool = True) -> ShardLayout | None:
     """The layout of a sharded array (`array` its v3 metadata, `out` its v2 form), None if it is not
-    sharded; raises what hides the array."""
+    sharded; raises what hides the array (`listed`: its inner chunk keys are to be made, at most
+    MAX_INNER_CHUNKS of them; a lazy set's are computed)."""
     config = sharding(array.codecs)
     if config is None:
         return None
@@ -350,7 +367,7 @@ def shard_layout(path: str, array: ArrayMeta, out: ArrayMeta) -> ShardLayout | N
     layout = ShardLayout(path, out.shape, array.chunks, array.inner_chunks,
                          config.get("index_codecs", _DEFAULT_INDEX_CODECS), config.get("index_location", "end"))
     inner = out.nchunks()
-    if inner > MAX_INNER_CHUNKS or layout.count > MAX_INNER_CHUNKS:
+    if layout.count > MAX_INNER_CHUNKS or (listed and inner > MAX_INNER_CHUNKS):
         raise Unsupported(f"sharding into {max(inner, layout.count):,} inner chunks, more than the decoded view "
                           f"lists ({MAX_INNER_CHUNKS:,})")
     layout.fill_chunk = fill_bytes(array.fill_value, dtype, out.chunks)
