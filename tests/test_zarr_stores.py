@@ -79,6 +79,60 @@ def write_huge_store(path: Path) -> None:
     zarr.consolidate_metadata(str(path))
 
 
+HUGE3_SHAPE, HUGE3_CHUNKS, HUGE3_WRITTEN = (1_000_000, 100, 100), (1, 100, 100), (5, 999_999)
+HUGE3_SHARDED = {"shape": (1_000_000, 10), "shards": (10, 10), "chunks": (1, 10), "written": (3, 999_995)}
+
+
+def write_huge_v3_store(path: Path) -> None:
+    """A Zarr v3 store whose grid has a million chunks ("c/t/0/0", nested) of which two are written,
+    and a sharded array of a million inner chunks in 100,000 shards, two of them written."""
+    g = zarr.open_group(str(path), mode="w", zarr_format=3)
+    tas = g.create_array("tas", shape=HUGE3_SHAPE, chunks=HUGE3_CHUNKS, dtype="f4", fill_value=-1.0,
+                         dimension_names=["time", "lat", "lon"])
+    for t in HUGE3_WRITTEN:
+        tas[t] = np.full(HUGE3_CHUNKS[1:], t % 1000, "f4")
+    sharded = g.create_array("sharded", shape=HUGE3_SHARDED["shape"], chunks=HUGE3_SHARDED["chunks"],
+                             shards=HUGE3_SHARDED["shards"], dtype="i2", fill_value=-5,
+                             dimension_names=["time", "band"])
+    for t in HUGE3_SHARDED["written"]:
+        sharded[t] = np.arange(10, dtype="i2") + t % 100
+    zarr.consolidate_metadata(str(path))
+
+
+def write_key_encodings(store) -> None:
+    """A v3 store with every chunk key encoding: v2's "0.1" and "0/1/0", default "c.0.1", a scalar's
+    "c"; each with chunks the store lacks."""
+    g = zarr.open_group(store, mode="w", zarr_format=3)
+    a = g.create_array("v2dot", shape=(5, 6), chunks=(2, 4), dtype="i4", fill_value=-1,
+                       chunk_key_encoding={"name": "v2", "separator": "."}, dimension_names=["p", "q"])
+    a[:2] = np.arange(12).reshape(2, 6)
+    b = g.create_array("v2slash", shape=(4, 3, 2), chunks=(2, 2, 1), dtype="f8", fill_value=np.nan,
+                       chunk_key_encoding={"name": "v2", "separator": "/"}, dimension_names=["r", "s", "t"])
+    b[:2] = np.arange(12).reshape(2, 3, 2)
+    c = g.create_array("cdot", shape=(3, 4), chunks=(2, 2), dtype="u2", fill_value=9,
+                       chunk_key_encoding={"name": "default", "separator": "."}, dimension_names=["u", "v"])
+    c[:2, :2] = 5
+    scalar = g.create_array("scalar", shape=(), dtype="f4", fill_value=0)
+    scalar[...] = 2.5
+    zarr.consolidate_metadata(store)
+
+
+def write_shapes(store) -> None:
+    """Grids whose nested key directories are odd: four dimensions, an empty axis, a 1-D array with v2's
+    "/" encoding (no directory of its own), a 2-D one with v2's "/" (level 0 is the array's directory)."""
+    g = zarr.open_group(store, mode="w", zarr_format=3)
+    four = g.create_array("four", shape=(3, 2, 2, 5), chunks=(2, 1, 2, 2), dtype="i2", fill_value=-2)
+    four[:2] = np.arange(40, dtype="i2").reshape(2, 2, 2, 5)
+    g.create_array("empty", shape=(3, 0), chunks=(2, 2), dtype="i1", fill_value=1)
+    one = g.create_array("one", shape=(5,), chunks=(2,), dtype="u1", fill_value=4,
+                         chunk_key_encoding={"name": "v2", "separator": "/"})
+    one[:2] = [8, 9]
+    two = g.create_array("two", shape=(3, 3), chunks=(2, 2), dtype="u1", fill_value=4,
+                         chunk_key_encoding={"name": "v2", "separator": "/"})
+    two[2:, 2:] = 6
+    zarr.consolidate_metadata(store)
+
+
 @pytest.fixture(scope="module")
 def www(tmp_path_factory) -> Path:
     import warnings
@@ -98,6 +152,9 @@ def www(tmp_path_factory) -> Path:
                                   fill_value=-1, zarr_format=fmt, **_dims(fmt, ["p", "q"]))
         array[:2] = np.arange(6).reshape(2, 3)
     write_huge_store(root / "huge.zarr")
+    write_huge_v3_store(root / "huge3.zarr")
+    write_key_encodings(str(root / "v3keys.zarr"))
+    write_shapes(str(root / "v3shapes.zarr"))
     # a zip whose chunks are DEFLATED (zip -r without -0)
     with zipfile.ZipFile(root / "z2.zarr.zip") as src, zipfile.ZipFile(root / "deflated.zarr.zip", "w",
                                                                         zipfile.ZIP_DEFLATED) as out:
@@ -444,13 +501,20 @@ def test_a_store_of_ten_million_chunks_mounts_without_listing_them(mount, www, n
     assert ".zarray" in names and "0.0.0" in names and len(names) <= ZarrStoreRefSet.MAX_LISTED + 2
     assert "listing the first" in m.log()
     # the decoded view: netCDF-C's header, with no request for a chunk
-    d = mount(f"{nginx.url}/huge.zarr").wait_announced()
+    decoded_header_asks_nothing(mount, nginx, "huge.zarr", "float tas(time, lat, lon)", "time = 10000000")
+
+
+def decoded_header_asks_nothing(mount, nginx, name: str, *expected: str):
+    """A decoded mount of nginx's `name` whose `ncdump -h` says each of `expected` and makes no
+    request (nginx's log); the mount."""
+    d = mount(f"{nginx.url}/{name}").wait_announced()
     before = len(access_log(nginx))
     header = subprocess.run([*NCDUMP, "-h", nczarr_url(d.path)], capture_output=True, text=True, timeout=60)
     assert header.returncode == 0, header.stderr
-    assert "float tas(time, lat, lon)" in header.stdout and "time = 10000000" in header.stdout, header.stdout
+    assert all(text in header.stdout for text in expected), header.stdout
     time.sleep(0.3)
     assert access_log(nginx)[before:] == []
+    return d
 
 
 @pytest.mark.parametrize("where", ["http", "s3"])
@@ -473,3 +537,126 @@ def test_a_lazy_store_reads_alike_in_both_views(mount, www, nginx, s3, where):
     tas = zarr.open_group(str(raw.path), mode="r")["tas"]
     np.testing.assert_array_equal(tas[HUGE_WRITTEN[1], :2, :2], np.full((2, 2), HUGE_WRITTEN[1] % 1000, "f4"))
     np.testing.assert_array_equal(tas[3, :2, :2], np.full((2, 2), -1.0, "f4"))
+
+
+# -- Zarr v3 stores: chunk keys and their directories computed from the grids ---------------------------------
+
+def _walk_files(root: Path) -> set[str]:
+    return {str((Path(d) / f).relative_to(root)) for d, _, files in os.walk(root) for f in files}
+
+
+@pytest.mark.parametrize("where", ["http", "s3"])
+def test_v3_chunk_key_encodings_read_alike_in_both_views(mount, www, nginx, s3, where):
+    """v2's "0.1" and "0/1/0", default "c.0.1" and "c/0/1", a scalar's "c": zarr-python and xarray read
+    the raw view as the store, netCDF-C the decoded view; a listing shows every chunk of the grid,
+    written or not, in the directories the keys imply (a missing one: not found when opened)."""
+    store = str(www / "v3keys.zarr")
+    url, args = source_url(where, "v3keys.zarr", nginx, s3)
+    raw = mount(url, "--view", "raw", *args)
+    assert_same_datasets(raw.path, store)
+    got, want = store_values_flat(str(raw.path)), store_values_flat(store)
+    assert sorted(got) == sorted(want) == ["cdot", "scalar", "v2dot", "v2slash"]
+    for path in want:
+        np.testing.assert_array_equal(got[path], want[path], err_msg=path)
+    listed = _walk_files(raw.path)
+    grid = {f"v2dot/{i}.{j}" for i in range(3) for j in range(2)} | \
+        {f"v2slash/{i}/{j}/{k}" for i in range(2) for j in range(2) for k in range(2)} | \
+        {f"cdot/c.{i}.{j}" for i in range(2) for j in range(2)} | {"scalar/c"}
+    assert listed == grid | {"zarr.json", *(f"{a}/zarr.json" for a in want)}, listed ^ grid
+    assert os.path.isdir(raw.path / "v2slash" / "1" / "1") and not os.path.exists(raw.path / "v2slash" / "2")
+    with pytest.raises(FileNotFoundError):
+        (raw.path / "v2slash" / "1" / "0" / "0").read_bytes()  # (listed, but the store lacks it)
+    decoded = mount(url, *args)
+    dumped = parse_ncdump(ncdump(nczarr_url(decoded.path)))
+    for path, values in want.items():
+        fill = zarr.open_array(store, path=path, mode="r").fill_value
+        compare_dumped(dumped[path], values.astype(values.dtype.newbyteorder("<")), [fill], f"ncdump {path}")
+
+
+def store_values_flat(store) -> dict[str, np.ndarray]:
+    return {path: np.asarray(array[...]) for path, array in zarr.open_group(store, mode="r").arrays()}
+
+
+def test_v3_nested_chunk_directories_list_as_the_store_does(mount, www, nginx):
+    """The raw view of a v3 store lists "c/0/1" as directories "c", "c/0" holding "1", as the store's
+    own tree, plus the chunks it lacks; a directory's ".." is its parent."""
+    m = mount(f"{nginx.url}/v3c.zarr", "--view", "raw")
+    assert sorted(os.listdir(m.path / "temp")) == ["c", "zarr.json"]
+    assert sorted(os.listdir(m.path / "temp" / "c")) == ["0", "1"]
+    assert sorted(os.listdir(m.path / "temp" / "c" / "1")) == ["0", "1"]
+    assert os.stat(m.path / "temp" / "c" / "1" / "..").st_ino == os.stat(m.path / "temp" / "c").st_ino
+    assert os.stat(m.path / "temp" / "c" / "..").st_ino == os.stat(m.path / "temp").st_ino
+    own = _walk_files(www / "v3c.zarr")
+    assert own <= _walk_files(m.path), own - _walk_files(m.path)
+    for key in sorted(own):
+        assert (m.path / key).read_bytes() == (www / "v3c.zarr" / key).read_bytes() or key.endswith("zarr.json"), key
+    for bad in ("temp/c/2", "temp/c/x", "temp/c/0/0/0", "temp/c/0/2", "temp/d"):
+        assert not os.path.exists(m.path / bad), bad
+
+
+def test_a_v3_store_of_a_million_chunks_mounts_without_listing_them(mount, www, nginx):
+    """A million chunks in nested "c/t/0/0" keys, and a sharded array of a million inner chunks: the
+    load computes neither keys nor directories (no url interned, memory as a small store's); written
+    chunks read right in both views, the others as the fill value (one 404 each); a listing ends
+    (the directories of the first 10,000 chunks); ncdump -h makes no request."""
+    from refmount.refs.zarrremote import ZarrStoreRefSet, load_remote_store
+
+    refset = load_remote_store(f"{nginx.url}/huge3.zarr")
+    assert isinstance(refset, ZarrStoreRefSet) and refset.chunk_end > HUGE3_SHAPE[0] and not refset.urls
+    assert refset.find("tas/c/5/0/0") >= 0 and refset.find(f"tas/c/{HUGE3_SHAPE[0]}/0/0") < 0
+    small = mount(f"{nginx.url}/v3c.zarr", "--view", "raw").wait_announced()
+    m = mount(f"{nginx.url}/huge3.zarr", "--view", "raw").wait_announced()
+    assert _rss(m.proc.pid) - _rss(small.proc.pid) < 100 << 20
+    group = zarr.open_group(str(m.path), mode="r")
+    for t in HUGE3_WRITTEN:
+        np.testing.assert_array_equal(group["tas"][t], np.full(HUGE3_CHUNKS[1:], t % 1000, "f4"))
+    np.testing.assert_array_equal(group["tas"][6, :2, :3], np.full((2, 3), -1.0, "f4"))
+    for t in HUGE3_SHARDED["written"]:
+        np.testing.assert_array_equal(group["sharded"][t], np.arange(10, dtype="i2") + t % 100)
+    np.testing.assert_array_equal(group["sharded"][HUGE3_SHARDED["written"][0] + 1], np.full(10, -5, "i2"))
+    np.testing.assert_array_equal(group["sharded"][500_000], np.full(10, -5, "i2"))  # (a shard the store lacks)
+    assert os.stat(m.path / "tas" / "c" / "5" / "0" / "0").st_size > 0
+    before = len(access_log(nginx))
+    for _ in range(2):
+        with pytest.raises(FileNotFoundError):
+            os.stat(m.path / "tas" / "c" / "7" / "0" / "0")  # (a chunk the store lacks: one 404)
+        with pytest.raises(FileNotFoundError):
+            os.stat(m.path / "tas" / "c" / str(HUGE3_SHAPE[0]) / "0" / "0")  # (outside the grid: no request)
+    asked = [line for line in access_log(nginx)[before:] if "/huge3.zarr/tas/c/" in line]
+    assert [line.partition(" ")[2] for line in asked] == ["/huge3.zarr/tas/c/7/0/0 404"], asked
+    listed = os.listdir(m.path / "tas" / "c")
+    assert len(listed) == ZarrStoreRefSet.MAX_LISTED and "0" in listed and "9999" in listed and "10000" not in listed
+    assert os.listdir(m.path / "tas" / "c" / "999999") == ["0"]  # (unlisted, found by its name: its own entries)
+    assert os.listdir(m.path / "tas" / "c" / "999999" / "0") == ["0"]
+    assert "listing the first" in m.log()
+    # the decoded view: netCDF-C's header with no request, and xarray's values
+    d = decoded_header_asks_nothing(mount, nginx, "huge3.zarr", "float tas(time, lat, lon)", "time = 1000000 ;")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with xr.open_zarr(str(d.path), consolidated=True, mask_and_scale=False) as ds:
+            np.testing.assert_array_equal(ds["tas"][HUGE3_WRITTEN[1], :2, :2].values,
+                                          np.full((2, 2), HUGE3_WRITTEN[1] % 1000, "f4"))
+            np.testing.assert_array_equal(ds["tas"][6, :2, :2].values, np.full((2, 2), -1.0, "f4"))
+            np.testing.assert_array_equal(ds["sharded"][HUGE3_SHARDED["written"][1]].values,
+                                          np.arange(10, dtype="i2") + HUGE3_SHARDED["written"][1] % 100)
+            np.testing.assert_array_equal(ds["sharded"][500_000].values, np.full(10, -5, "i2"))
+
+
+def test_v3_grid_directories_hold_every_chunk_of_the_grid(mount, www, nginx):
+    """A walk of the raw view finds every chunk key of each grid (ArrayMeta.chunk_keys: the keys zarr
+    writes) in the directories they imply, and nothing else; zarr-python reads the same values."""
+    from refmount.refs.arraymeta import ArrayMeta
+
+    store = www / "v3shapes.zarr"
+    m = mount(f"{nginx.url}/v3shapes.zarr", "--view", "raw")
+    want = {"zarr.json"}
+    for name in ("four", "empty", "one", "two"):
+        meta = ArrayMeta.from_zarr_json(json.loads((store / name / "zarr.json").read_text()))
+        want |= {f"{name}/zarr.json", *meta.chunk_keys(f"{name}/")}
+    assert _walk_files(m.path) == want, _walk_files(m.path) ^ want
+    got, expected = store_values_flat(str(m.path)), store_values_flat(str(store))
+    assert sorted(got) == sorted(expected)
+    for path in expected:
+        np.testing.assert_array_equal(got[path], expected[path], err_msg=path)
