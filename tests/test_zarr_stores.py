@@ -660,3 +660,23 @@ def test_v3_grid_directories_hold_every_chunk_of_the_grid(mount, www, nginx):
     assert sorted(got) == sorted(expected)
     for path in expected:
         np.testing.assert_array_equal(got[path], expected[path], err_msg=path)
+
+
+V3_DECODED = [("http", "v3c"), ("index", "v3u"), ("s3", "v3u")]
+
+
+@pytest.mark.parametrize("where,name", V3_DECODED, ids=[f"{w}-{n}" for w, n in V3_DECODED])
+def test_xarray_on_the_decoded_view_of_a_v3_store_equals_the_store(mount, www, nginx, s3, where, name):
+    """The decoded view's Zarr v2 form of a v3 store, computed from the grids (sharded, zstd, blosc,
+    missing chunks and shards): xarray reads the values xarray reads from the store."""
+    import warnings
+
+    url, args = source_url(where, f"{name}.zarr", nginx, s3)
+    decoded = mount(url, *args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for group in (None, "sub"):
+            with xr.open_zarr(str(decoded.path), group=group, consolidated=None) as got, \
+                    xr.open_zarr(str(www / f"{name}.zarr"), group=group, consolidated=None) as want:
+                assert sorted(got.variables) == sorted(want.variables)
+                xr.testing.assert_equal(got.load(), want.load())
