@@ -286,7 +286,8 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "files only for a user who may read those files (checked at each open; files show as 0444)")
     g.add_argument("--allow-protocols", type=parse_protocols, metavar="LIST",
                    help="comma-separated target protocols allowed, e.g. 'https,s3' (default: all, except that "
-                        "a remote reference set may not point at local files)")
+                        "a remote reference set may not point at local files, nor one from a public address at "
+                        "ftp, sftp, smb, webhdfs and the like, whose connections refmount cannot check)")
     add_redirect_option(g)
     g.add_argument("--max-keys", type=positive_int, default=DEFAULT_MAX_KEYS, metavar="N",
                    help="refuse reference sets (or gen sections) with more keys than this (default: half the "

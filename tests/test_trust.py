@@ -91,11 +91,14 @@ def test_a_refusal_is_a_refmount_error_with_credentials_redacted():
 
 
 def test_logins_and_limits_travel_with_every_location():
-    logins, limits = object(), {"max_keys": 10}
+    from refmount.fetch.auth import Logins
+
+    logins, limits = Logins(), {"max_keys": 10}
     root = Location.argument("@l.txt", None, logins=logins, limits=limits)
     child = root.names("https://h/a.dmrpp").names("https://h/a.h5")
     assert child.policy.logins is logins and child.policy.limits is limits
     assert child.named_by == "https://h/a.dmrpp"
+    assert logins.public_only == {"h"}  # (a name that resolves nowhere counts as public: held to public addresses)
 
 
 def test_the_argument_is_shown_as_given_or_absolute(tmp_path, monkeypatch):

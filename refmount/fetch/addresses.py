@@ -9,7 +9,14 @@ which resolves the name, checks every address it gets against the guard of the r
 context variable set around that hop) and hands aiohttp exactly the addresses it checked, so the
 address connected to is one that was checked (a DNS answer that changes between a check and the
 connection, "DNS rebinding", finds no gap). Answers are kept for DNS_TTL seconds here rather than in
-aiohttp's own cache, which would skip this check.
+aiohttp's own cache, which would skip this check. The stdlib engine (direct.py) connects through
+`connection`, which does the same for its own sockets.
+
+The same guard holds every request of a url that a document from a public address named (a catalog's
+items and stores, a remote reference set's targets, a DMR++'s data file: fetch/trust.py records them
+in the mount's Logins, auth.py's `Trail.guards` names them), for the mount's whole life: a name that
+answered a public address when it was listed and answers 127.0.0.1 when its bytes are read is refused
+as it connects.
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ import time
 DNS_TTL = 300.0
 _MAX_KEPT = 4096
 
-# The host a request in hand must reach on a public address only (None: no guard)
-_GUARDED: contextvars.ContextVar[str | None] = contextvars.ContextVar("refmount_public_only", default=None)
+# (the host a request in hand must reach on a public address only, why), or None: no guard
+_GUARDED: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("refmount_public_only",
+                                                                                   default=None)
+REDIRECTED = "which a redirect from a public host may not lead to (--allow-cross-host-redirects allows it)"
 _resolved: dict[str, tuple[float, tuple[str, ...]]] = {}  # host -> (when, the addresses last handed out)
 
 
@@ -52,20 +61,26 @@ def is_literal(host: str) -> bool:
     return True
 
 
-def began_internal(host: str) -> bool:
+def began_internal(host: str, resolve: bool = False) -> bool:
     """Whether a chain whose first request went to `host` began inside the machine's network: an
     address literal that is internal, or a name every address of which (as last resolved for a
-    connection) is. Unknown: no (the guard applies)."""
+    connection; with `resolve`, else resolved now: not from the asyncio loop) is. Unknown: no (the
+    guard applies)."""
+    if not host:
+        return False
     if is_literal(host):
         return is_internal(host)
     kept = _resolved.get(host.lower())
+    if kept is None and resolve:  # (fetched on the stdlib engine, which keeps no answers: asked now)
+        kept = (0.0, _addresses_of(host))
     return bool(kept and kept[1]) and all(is_internal(a) for a in kept[1])
 
 
 @contextlib.contextmanager
-def guarded(host: str | None):
-    """While this block sends its request, a connection to `host` may reach public addresses only."""
-    token = _GUARDED.set(host.lower() if host else None)
+def guarded(host: str | None, why: str = REDIRECTED):
+    """While this block sends its request, a connection to `host` may reach public addresses only
+    (`why`: what the refusal says)."""
+    token = _GUARDED.set((host.lower(), why) if host else None)
     try:
         yield
     finally:
@@ -74,13 +89,41 @@ def guarded(host: str | None):
 
 def check(host: str, addresses) -> None:
     """Refuse, if the request in hand is guarded for `host`, when any of its addresses is internal."""
-    if _GUARDED.get() != host.lower():
+    guard = _GUARDED.get()
+    if guard is None or guard[0] != host.lower():
         return
     inside = [a for a in addresses if is_internal(a)]
     if inside:
-        raise InternalAddress(f"{host} resolves to {inside[0]}, an address of this machine's own network "
-                              "(loopback, link-local or private), which a redirect from a public host may not "
-                              "lead to (--allow-cross-host-redirects allows it)")
+        raise InternalAddress(f"{host} resolves to {inside[0]}, {INTERNAL}, {guard[1]}")
+
+
+INTERNAL = "an address of this machine's own network (loopback, link-local or private)"
+
+
+def connection(address: tuple, timeout=socket._GLOBAL_DEFAULT_TIMEOUT, source_address=None, **kwargs):
+    """socket.create_connection for the stdlib engine (http.client's `_create_connection`): the name
+    resolved once, every address checked against the guard of the request in hand, and only those
+    addresses tried (no second lookup that could answer otherwise)."""
+    host, port = address
+    try:
+        infos = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+    except UnicodeError as e:
+        raise OSError(f"{host}: {e}") from None
+    check(host, [info[4][0] for info in infos])
+    error = None
+    for family, kind, proto, _, where in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            if timeout is not socket._GLOBAL_DEFAULT_TIMEOUT:
+                sock.settimeout(timeout)
+            if source_address:
+                sock.bind(source_address)
+            sock.connect(where)
+            return sock
+        except OSError as e:
+            sock.close()
+            error = e
+    raise error or OSError(f"{host}: no address to connect to")
 
 
 def resolver():
@@ -127,8 +170,12 @@ def inside_from_outside(origin_host: str, target_host: str) -> str | None:
         return None  # (its own host: where the document itself was fetched from)
     if is_literal(target_host):
         return target_host if is_internal(target_host) else None
+    return next((a for a in sorted(_addresses_of(target_host)) if is_internal(a)), None)
+
+
+def _addresses_of(host: str) -> tuple[str, ...]:
+    """The addresses `host` resolves to now (none when it does not)."""
     try:
-        found = {a[4][0] for a in socket.getaddrinfo(target_host, None, type=socket.SOCK_STREAM)}
+        return tuple({a[4][0] for a in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)})
     except (OSError, UnicodeError):
-        return None
-    return next((a for a in sorted(found) if is_internal(a)), None)
+        return ()

@@ -8,9 +8,12 @@ tells it every answer. The rules:
   file, reread when the file changes), else its own `~/.netrc` (or $NETRC) entry as HTTP Basic, and
   the cookies of the jar scoped to it (cookies.py). A host reached by a redirect gets only an entry
   named for it (never netrc's `default`). Credentials go over plain http only when the chain began
-  on http (https never turns into http: http.py refuses that redirect).
+  on http, and never to a host a public document chose (`strangers`: its `http://` would carry them
+  in clear); https never turns into http (http.py refuses that redirect).
 - The user's own headers (--remote-options "headers", e.g. Authorization, X-Api-Key) go only to the
-  origin (scheme, host and port) the chain began at, never to a host a redirect leads to.
+  origin (scheme, host and port) the chain began at, never to a host a redirect leads to, nor to an
+  origin that only a document from a public address named on another origin than its own (a
+  catalog's CDN: `Logins.strangers`); nor does netrc's `default` entry.
 - Redirects (`Trail.redirect_refused`, the one decision every client asks: the HTTP engine, the
   reference file's fsspec client, index pages): only to http(s), never from https down to http.
   Within the host, to a login host (one with a netrc entry or a bearer token of its own) and back
@@ -20,7 +23,10 @@ tells it every answer. The rules:
   host's own (the signed-url hop of NASA's Earthdata Cloud: data host -> a presigned object-store
   url, as GDAL, curl -L and earthaccess follow it) - except into this machine's own network
   (loopback, link-local, private addresses: addresses.py) from a chain that did not begin there,
-  which needs --allow-cross-host-redirects. A listing's index page is not followed to another
+  which needs --allow-cross-host-redirects. A url that a document from a public address named (a
+  catalog's item, a remote reference set's target: fetch/trust.py records its host here,
+  `reach_public_only`) is reached on public addresses only, on every hop of every request, whatever
+  its name answers later (DNS rebinding): no flag lifts that. A listing's index page is not followed to another
   origin at all (its links would name files there), nor is a presigned s3 request (its signature
   and session token are in its url, and a redirect may carry them along).
 - A refused login (401; 403 to a request that carried credentials; the login host reached a second
@@ -146,6 +152,8 @@ class Logins:
             self.cookies  # noqa: B018 - the file is read now: a bad one fails the mount, not a read
         self.tokens = BearerTokens(bearer_tokens)
         self.allow_cross_host_redirects = allow_cross_host_redirects
+        self.public_only: set[str] = set()  # hosts a document from a public address named (fetch/trust.py)
+        self.strangers: set[tuple[str, str]] = set()  # origins it named away from its own: none of the user's
         self.counters: dict[str, dict[str, int]] = {"logins": {}, "login_failures": {}, "bearer_requests": {},
                                                    "s3_credential_refreshes": {}, "s3_credential_failures": {}}
 
@@ -185,6 +193,25 @@ class Logins:
         url (s3), whose signature and session token a redirect elsewhere might carry along."""
         return Trail(self, origin, user_headers, same_origin=same_origin, signed=signed)
 
+    def reach_public_only(self, url: str, stranger: bool = False) -> None:
+        """From now on, every request to `url`'s host may connect to public addresses only: a document
+        from a public address named it (fetch/trust.py decides, once, as it names it); `stranger`: on
+        another origin than that document's, so none of the user's headers (nor netrc's default) go there."""
+        host = _host(url)
+        if host in self.public_only and not (stranger and _origin(url) not in self.strangers):
+            return  # (known: a reference set names its hosts again and again)
+        with self._lock:  # (new sets: readers in other threads iterate none)
+            if host and host not in self.public_only:
+                self.public_only = self.public_only | {host}
+            if stranger and _origin(url) not in self.strangers:
+                self.strangers = self.strangers | {_origin(url)}
+
+    def is_public_only(self, url: str) -> bool:
+        return bool(self.public_only) and _host(url) in self.public_only
+
+    def is_stranger(self, url: str) -> bool:
+        return bool(self.strangers) and _origin(url) in self.strangers
+
     def is_login_host(self, url: str) -> bool:
         """A host the user gave credentials for: a redirect to it is followed."""
         return self.netrc.entry(_host(url), explicit=True) is not None or self.tokens.file_for(url) is not None
@@ -205,6 +232,8 @@ class Trail:
         self.logged_in_at: set[str] = set()  # login hosts that sent us back with a code in this chain
         self.credited: set[str] = set()  # netlocs the last request to which carried credentials
         self.basic: set[str] = set()  # netlocs the last request to which carried a netrc entry
+        self.public_only = logins.is_public_only(origin)  # every hop on public addresses only (guards)
+        self.stranger = logins.is_stranger(origin)  # none of the user's headers, no netrc default
 
     def at_origin(self, url: str) -> bool:
         """`url` is on the origin (scheme, host and port) the chain began at."""
@@ -214,7 +243,7 @@ class Trail:
         """The headers a request of `url` in this chain carries besides its own: the user's headers
         (--remote-options "headers") on the chain's origin only, and the credentials of `url`'s host.
         A presigned url (s3) carries its own; the user's own Authorization header wins over ours."""
-        own = self.user_headers if self.at_origin(url) else {}
+        own = self.user_headers if self.at_origin(url) and not self.stranger else {}
         user_authorization = any(name.lower() == "authorization" for name in own)
         return {**own, **self._credentials(url, signed=signed, user_authorization=user_authorization)}
 
@@ -227,7 +256,7 @@ class Trail:
         carried = []
         self.credited.discard(netloc)
         self.basic.discard(netloc)
-        plain = urlsplit(url).scheme == "http" and self.origin_scheme != "http"
+        plain = urlsplit(url).scheme == "http" and (self.origin_scheme != "http" or self.stranger)
         if signed or plain:
             self.sent[netloc] = "nothing (presigned url)" if signed else "nothing (plain http)"
             return out
@@ -241,7 +270,7 @@ class Trail:
                 carried.append(f"the bearer token from {token_file}")
                 self.logins.count("bearer_requests", netloc)
             else:
-                entry = self.logins.netrc.entry(_host(url), explicit=not first_hop)
+                entry = self.logins.netrc.entry(_host(url), explicit=not first_hop or self.stranger)
                 if entry is not None:
                     out["Authorization"] = "Basic " + base64.b64encode(f"{entry[0]}:{entry[1]}".encode()).decode()
                     carried.append(f"the {self.logins.netrc.path} entry for {_host(url)} (login {entry[0]!r})")
@@ -294,8 +323,6 @@ class Trail:
         """Why a redirect from `here` to `there` is not followed, or None: the one decision of every
         http client of the mount (see the module's docstring). A followed hop to a host name that
         `guards` names must then reach a public address (addresses.py checks it as it connects)."""
-        from refmount.fetch import addresses
-
         scheme, target = urlsplit(here).scheme, urlsplit(there)
         shown = f"{target.scheme}://{_netloc(there)}"
         if target.scheme not in ("http", "https"):
@@ -307,26 +334,47 @@ class Trail:
         if self.signed and _netloc(there) != _netloc(here):
             return (f"redirect to another host {shown} refused (a signed s3 request: its signature and session "
                     "token would go along)")
-        if not self.guards(there) or not addresses.is_literal(target.hostname or ""):
-            return None
-        if addresses.is_internal(target.hostname):
+        if self.unreachable(there):
+            if self.public_only:
+                return f"redirect to {shown} refused: {self.unreachable(there)}"
             return (f"redirect to another host {shown} refused: an address of this machine's own network "
                     "(loopback, link-local or private), from a chain that began elsewhere "
                     "(--allow-cross-host-redirects allows it)")
         return None
 
     def guards(self, url: str) -> str | None:
-        """The host a hop to `url` may reach on public addresses only, or None: a hop to another host
-        than the chain's own, not a login host, from a chain that did not begin inside this machine's
-        network (unless --allow-cross-host-redirects)."""
+        """The host a hop to `url` may reach on public addresses only, or None: every hop of a chain
+        that began at a url a document from a public address named (`Logins.reach_public_only`);
+        else a hop to another host than the chain's own, not a login host, from a chain that did not
+        begin inside this machine's network (unless --allow-cross-host-redirects)."""
         from refmount.fetch import addresses
 
+        if self.public_only:
+            return _host(url)
         if self.logins.allow_cross_host_redirects or _netloc(url) == _netloc(self.origin):
             return None
         if self.logins.is_login_host(url) or addresses.began_internal(_host(self.origin)):
             return None
         return _host(url)
 
+    def why_guarded(self) -> str:
+        """What a refused address says: the rule that guards this chain."""
+        from refmount.fetch import addresses
+
+        return PUBLIC_ONLY if self.public_only else addresses.REDIRECTED
+
+    def unreachable(self, url: str) -> str | None:
+        """Why a hop to `url` is refused before it is sent: an address literal inside this machine's
+        network, where the chain is guarded (a name is judged as it resolves: addresses.py)."""
+        from refmount.fetch import addresses
+
+        host = urlsplit(url).hostname or ""
+        if self.guards(url) and addresses.is_literal(host) and addresses.is_internal(host):
+            return f"{host} is {addresses.INTERNAL}, {self.why_guarded()}"
+        return None
+
+
+PUBLIC_ONLY = "which a url named by a document from a public address may not reach"
 
 _active: Logins | None = None
 

@@ -54,8 +54,10 @@ class Origin:
     with the time it went idle; newest first)."""
 
     def __init__(self, scheme: str, host: str, port: int | None, *, ssl_context, connect_timeout: float,
-                 stall_timeout: float, max_idle: int = 8) -> None:
+                 stall_timeout: float, max_idle: int = 8, guard=None) -> None:
         self.scheme, self.host, self.port = scheme, host, port
+        # guard() -> (host, why) when each connection must reach public addresses only (addresses.py)
+        self.guard = guard
         self.ssl_context = ssl_context
         self.connect_timeout, self.stall_timeout = connect_timeout, stall_timeout
         self.max_idle = max_idle
@@ -105,7 +107,15 @@ class Origin:
                                                context=self.ssl_context)
         else:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
-        conn.connect()
+        guard = self.guard() if self.guard is not None else None
+        if guard is None:
+            conn.connect()
+        else:  # (resolved once, each address checked, only those tried: addresses.connection)
+            from refmount.fetch import addresses
+
+            conn._create_connection = addresses.connection
+            with addresses.guarded(*guard):
+                conn.connect()
         conn.sock.settimeout(self.stall_timeout)  # from now on: seconds without a byte
         if not isinstance(conn.sock, ssl.SSLSocket):
             # a blocking receive of a body (_recv_body) waits at most half the stall timeout per call

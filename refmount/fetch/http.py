@@ -442,19 +442,24 @@ class HttpBackend:
             url = self.signer(url, method)
         trail = self.logins.trail(url, self.headers, same_origin=same_origin, signed=signed)
         login = None  # the lock of the login host this chain is logging in at, while it does
+        first = url
         try:
             for _ in range(_MAX_REDIRECTS + 1):
                 credentials = trail.headers(url, signed=signed)
                 sent = {**credentials, **headers, "Accept-Encoding": "identity"}
                 where = url if not signed else URL(url, encoded=True)  # (as signed, not re-quoted)
                 guarded = trail.guards(url) if not self._route(url) else None  # (a proxy resolves it)
+                refused = trail.unreachable(url) if guarded else None  # (aiohttp resolves no address literal)
                 try:
-                    with addresses.guarded(guarded):
+                    if refused:
+                        raise addresses.InternalAddress(refused)
+                    with addresses.guarded(guarded, trail.why_guarded()):
                         resp = await session.request(method, where, headers=sent, allow_redirects=False,
                                                      data=body, **self._route(url))
-                except _aiohttp().ClientConnectorError as e:
-                    if isinstance(e.os_error, addresses.InternalAddress):
-                        raise FetchError(f"{redact(url)}: redirect refused: {e.os_error}") from None
+                except (_aiohttp().ClientConnectorError, addresses.InternalAddress) as e:
+                    internal = e if isinstance(e, addresses.InternalAddress) else e.os_error
+                    if isinstance(internal, addresses.InternalAddress):
+                        raise _refused_address(first, url, internal) from None
                     raise
                 redirect = resp.status in _REDIRECTS
                 target = urljoin(url, resp.headers.get("Location", "")) if redirect else None
@@ -651,6 +656,9 @@ class HttpBackend:
                 except ValueError as e:  # http.client refuses a header value (a line break in it)
                     self.stats.error(url, "other")
                     raise FetchError(f"{redact(url)}: {e}") from None
+                except addresses.InternalAddress as e:  # (final: the same on every path, at every try)
+                    self.stats.error(url, "other")
+                    raise _refused_address(url, url, e) from None
                 except TimeoutError:
                     raise HandOver(("timed out (connection stalled)", None)) from None
                 except (direct.ShortBody, http.client.HTTPException, OSError) as e:
@@ -684,13 +692,23 @@ class HttpBackend:
                 created = direct.Origin(parsed.scheme, parsed.raw_host, parsed.explicit_port,
                                         ssl_context=self._tls_for(parsed.scheme),
                                         connect_timeout=self.policy.connect_timeout,
-                                        stall_timeout=self.policy.stall_timeout, max_idle=self.connections_per_host)
+                                        stall_timeout=self.policy.stall_timeout, max_idle=self.connections_per_host,
+                                        guard=self._guard_of(wire))
                 origin = self._origins.setdefault(key, created)
                 if origin is created and len(self._origins) <= _WARMED_ORIGINS:  # first contact: open them now
                     origin.start_warming()
             target = (origin, parsed.raw_path_qs, wire)
         self._direct_targets[url] = target
         return target
+
+    def _guard_of(self, url: str):
+        """What the stdlib engine's connections to `url`'s origin are held to, asked as each one is made
+        (a catalog may name the host after its first connection): (host, why) when a document from a
+        public address named it (auth.py), else None."""
+        def guard():
+            trail = self.logins.trail(url)
+            return (trail.guards(url), trail.why_guarded()) if trail.public_only else None
+        return guard
 
     def _accept_direct(self, url: str, resp: http.client.HTTPResponse, start: int, end: int) -> int | None:
         """In the worker thread: the body length of a plain 206 (its headers checked), None to hand
@@ -1005,6 +1023,14 @@ class _SharedDownload:
             index, data = self._block
             self.backend.passing.keep(self.url, index, bytes(data))
         self._block = None
+
+
+def _refused_address(first: str, url: str, internal: OSError) -> FetchError:
+    """The final error of a request refused as it connected (its reader gets EIO), logged once by
+    whoever reads it: the url and the address."""
+    if url == first:
+        return FetchError(f"{redact(url)}: not connected: {internal}")
+    return FetchError(f"{redact(first)}: redirect refused: {internal}")
 
 
 def _route_from_env(url: str) -> dict:

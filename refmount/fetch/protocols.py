@@ -20,6 +20,14 @@ NETWORK_PROTOCOLS = frozenset({
 })
 
 
+# Network protocols whose url names the host their fsspec client connects to, through connections
+# refmount cannot check (fetch/addresses.py checks its own http clients'): a document from a public
+# address may not name them (fetch/trust.py) unless --allow-protocols lists them. (s3, gs, az and the
+# like go to the endpoint the user's options name, whatever the url's bucket.)
+HOST_NAMING_PROTOCOLS = frozenset({"ftp", "sftp", "ssh", "smb", "webdav", "webhdfs", "hdfs", "arrow_hdfs", "root",
+                                   "jupyter", "jlab"})
+
+
 def protocol_of(location: str) -> str:
     """'file' for plain paths and file:// urls, else the url scheme."""
     if "://" not in location:

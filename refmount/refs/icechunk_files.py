@@ -47,7 +47,12 @@ class RepoFiles:
         if self.remote:
             import fsspec
 
-            self._fs, self._root = fsspec.core.url_to_fs(self.location, **self.remote_options)
+            from refmount.refs.source import fsspec_options
+
+            # (http(s): the mount's one Trail, as the reference file's client: its logins, the user's
+            # headers to the origin only, redirects as auth.py decides, addresses as addresses.py checks)
+            self._fs, self._root = fsspec.core.url_to_fs(self.location, **fsspec_options(self.location,
+                                                                                          self.remote_options))
         else:
             self._root = os.path.abspath(local_path(self.location))
 

@@ -101,7 +101,10 @@ def fsspec_options(location: str, remote_options: dict) -> dict:
         url = str(request.url)
         trail = chain.get(None) or logins.trail(url, user_headers)
         request.headers.update(trail.headers(url))
-        with addresses.guarded(trail.guards(url)):
+        guard = trail.guards(url)
+        if guard and trail.unreachable(url):  # (aiohttp resolves no address literal: judged here)
+            raise addresses.InternalAddress(trail.unreachable(url))
+        with addresses.guarded(guard, trail.why_guarded()):
             response = await handler(request)
         location = response.headers.get("Location")
         from urllib.parse import urljoin

@@ -136,7 +136,7 @@ class RangeServer:
     """Serve the files under ``root`` on http://127.0.0.1:<ephemeral port>."""
 
     def __init__(self, root, *, log_size: int = 1000, host: str = "127.0.0.1", ssl_context=None,
-                 keepalive_timeout: float = 75.0):
+                 keepalive_timeout: float = 75.0, port: int = 0):
         self.root = Path(root).resolve()
         self.keepalive_timeout = keepalive_timeout  # seconds before an idle kept-alive connection is closed
         self.host = host
@@ -148,6 +148,7 @@ class RangeServer:
         self.redirects: dict = {}
         self.body_rate: float | None = None  # bytes per second for bodies (None: as fast as possible)
         self.port: Optional[int] = None
+        self._port = port  # the port asked for (0: any free one)
         # Plain attributes: assignment is atomic in CPython, and the handler reads each
         # one once per request, so tests may flip them at any time.
         self.fail_paths: dict = {}
@@ -207,7 +208,7 @@ class RangeServer:
             keepalive_timeout=self.keepalive_timeout,
         )
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0, ssl_context=self.ssl_context)
+        site = web.TCPSite(self._runner, self.host, self._port, ssl_context=self.ssl_context)
         await site.start()
         self.port = self._runner.addresses[0][1]
 

@@ -7,8 +7,10 @@ redirects to another origin; every link that leads to another document of the ca
 child/item/next link, a THREDDS catalogRef) stays on the catalog's origin. The data urls it names
 may be on other hosts (archives keep their files on a CDN or a bucket) but only http(s):// or s3://:
 a catalog cannot send the mount to local files or another scheme (each such link is left out with
-one line, and fetch/trust.py checks them all again). Documents, pages, items, depth and each
-document's bytes are bounded.
+one line, and fetch/trust.py checks them all again); from a catalog on a public address, none at an
+address of this machine's own network (fetch/trust.py decides; each one it keeps is then reached on
+public addresses only, at every request). Documents, pages, items, depth and each document's bytes
+are bounded.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urljoin, urlsplit
 
 from refmount.errors import RefmountError, quote
 from refmount.fetch.stats import redact
+from refmount.fetch.trust import Location, TargetRefused
 
 log = logging.getLogger("refmount")
 
@@ -96,7 +99,7 @@ class _Walk:
         self.fetched = 0
         self.seen: set[str] = set()
         self.items = 0
-        self.hosts: dict[str, str | None] = {}  # data hosts judged (inside)
+        self.trust = Location.argument(location)  # what the catalog may name (fetch/trust.py)
         self.skipped: list[str] = []  # assets of kinds the mount does not read (said once, at the end)
 
     def fetch(self, url: str, send: dict | None = None, post: bytes | None = None) -> tuple[str, dict, bytes]:
@@ -156,21 +159,12 @@ class _Walk:
             log.warning("%s: a data url %s is not http(s):// or s3://, which a catalog may name; left out",
                         redact(base), quote(redact(url)))
             return None
-        inside = self.inside(url) if scheme != "s3" else None
-        if inside:
-            log.warning("%s: a data url %s is at %s, an address of this machine's own network, which a catalog "
-                        "from outside it may not name; left out", redact(base), quote(redact(url)), inside)
+        try:
+            self.trust.check(url)
+        except TargetRefused as e:
+            log.warning("%s: %s; left out", redact(base), e)
             return None
         return url
-
-    def inside(self, url: str) -> str | None:
-        """addresses.inside_from_outside for the host of `url` (asked once a host)."""
-        from refmount.fetch.addresses import inside_from_outside
-
-        host = (urlsplit(url).hostname or "").lower()
-        if host not in self.hosts:
-            self.hosts[host] = inside_from_outside(urlsplit(self.location).hostname or "", host)
-        return self.hosts[host]
 
     def counted(self, n: int = 1) -> None:
         self.items += n
