@@ -29,7 +29,7 @@ def consolidated_metadata(refset, served_json) -> bytes:
     return dump_json(value) if value is not None else b""
 
 
-def _metadata(refset):
+def metadata_items(refset):
     """(key, index) of each .zgroup, .zattrs and .zarray of the set, directory by directory; none inside
     an array (a chunk subdirectory with the "/" separator)."""
     dirs = refset.dirs
@@ -46,12 +46,13 @@ def _metadata(refset):
                 yield prefix + name, i
 
 
-def consolidated_value(refset, served_json, quiet: bool = False) -> dict | None:
+def consolidated_value(refset, served_json, quiet: bool = False, keys=None) -> dict | None:
     """The JSON value of `consolidated_metadata` (None: no .zmetadata). `quiet`: say nothing of
-    metadata stored remotely (a view building one per reader's form says it once)."""
+    metadata stored remotely (a view building one per reader's form says it once). `keys`:
+    metadata_items(refset), when a view builds one per form (each a lookup per directory)."""
     entries = {}
     unread = []
-    for key, i in _metadata(refset):
+    for key, i in metadata_items(refset) if keys is None else keys:
         value = served_json(i)
         if value is None:
             if refset.inline_data(i) is None:
@@ -96,7 +97,7 @@ def metadata_keys(refset) -> np.ndarray | None:
     when one is stored remotely (said once: no .zmetadata then), or there is none. No JSON is read."""
     found = []
     unread = []
-    for key, i in _metadata(refset):
+    for key, i in metadata_items(refset):
         found.append(i)
         if refset.inline_data(i) is None and len(unread) < 1:
             unread.append(key)

@@ -29,7 +29,7 @@ from refmount.view.metajson import dump_json
 from refmount.view.forms import (FORMS, joins_last_dimension, nczarr_tree, sees_zarr_json, served_array,
                                  served_group_attributes, zarr_json_form)
 from refmount.view.bounded import decode_bounded, decode_into
-from refmount.view.consolidated import consolidated_text, consolidated_value
+from refmount.view.consolidated import consolidated_text, consolidated_value, metadata_items
 from refmount.errors import Absent, RefmountError
 from refmount.refs.origins import origins_of
 from refmount.cache.budget import ScratchLimiter
@@ -311,6 +311,7 @@ class DecodedView:
         if all(f.chars in ("char", "ubyte", "nczarr") for f in self.forms):  # (no form reads their own names)
             self._renamed_away = set(strlen_renames.values())
         by_index = {self.refset.find(k): v for k, v in served.items()}
+        metadata = list(metadata_items(self.refset))  # (once, not once a form)
         for n in range(len(self.forms)):
             def served_json(i: int, n=n):
                 if self.hidden(i):
@@ -319,7 +320,8 @@ class DecodedView:
                     return by_index[i][n]
                 return self._inline_json(i)
 
-            by_index[self.refset.find(".zmetadata")][n] = consolidated_value(self.refset, served_json, quiet=n > 0)
+            by_index[self.refset.find(".zmetadata")][n] = consolidated_value(self.refset, served_json, quiet=n > 0,
+                                                                            keys=metadata)
         if zarr_jsons:
             documents = _zarr_json(by_index[self.refset.find(".zmetadata")][json_form])
             for key in zarr_jsons:  # (the same bytes for every reader; none: hidden)
