@@ -95,3 +95,18 @@ def test_strings_with_runs_of_spaces_keep_them():
     assert dump_json(value) == oracle(value)
     deep = {"a  ": json.loads("[" * 70 + '"  "' + "]" * 70)}  # (deeper than the indents made four in one pass)
     assert dump_json(deep) == oracle(deep)
+
+
+def test_a_zmetadata_made_from_its_entries_texts_is_the_dump_of_the_whole():
+    from refmount.view.consolidated import consolidated_text
+
+    entries = {".zgroup": {"zarr_format": 2}, ".zattrs": {"title": "é\n", "n": math.nan, "e": 1e-05},
+               "a/.zarray": {"chunks": [2], "compressor": None, "dtype": "<f8", "fill_value": "NaN", "filters": None,
+                             "order": "C", "shape": [4], "zarr_format": 2},
+               "a/.zattrs": {}, "b  c/.zattrs": {"k": [[], {}, "  "]}, "\u00e9/.zattrs": {"x": -math.inf}}
+    value = {"metadata": entries, "zarr_consolidated_format": 1}
+    assert consolidated_text(value) == oracle(value)
+    assert consolidated_text(value, lambda entry: oracle(entry)) == oracle(value)
+    for other in ({"metadata": {}, "zarr_consolidated_format": 1}, {"metadata": entries, "zarr_consolidated_format": True},
+                  {"metadata": entries, "zarr_consolidated_format": 1, "x": 2}):
+        assert consolidated_text(other) == oracle(other)
