@@ -155,11 +155,6 @@ def load_json_value(data: bytes):
     return json.loads(data.decode("utf-8"))
 
 
-def dump_json(value) -> bytes:
-    """Metadata as netCDF-C reads it best: UTF-8 text without \\u escapes (NOTES §1)."""
-    return json.dumps(value, ensure_ascii=False, indent=4, sort_keys=True).encode("utf-8")
-
-
 def _inline(refset: RefSet, key: str):
     i = refset.find(key)
     if i < 0:

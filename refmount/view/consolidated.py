@@ -8,13 +8,13 @@ built once at mount from exactly the bytes served for every ``.zgroup``, ``.zatt
 
 from __future__ import annotations
 
-import json
 import logging
 
 import numpy as np
 
 from refmount.refs.origins import origins_of
-from refmount.view.arrays import dump_json, load_json_value
+from refmount.view.arrays import load_json_value
+from refmount.view.metajson import dump_json, json_key
 
 log = logging.getLogger("refmount")
 
@@ -29,7 +29,7 @@ def consolidated_metadata(refset, served_json) -> bytes:
     return dump_json(value) if value is not None else b""
 
 
-def _metadata(refset):
+def metadata_items(refset):
     """(key, index) of each .zgroup, .zattrs and .zarray of the set, directory by directory; none inside
     an array (a chunk subdirectory with the "/" separator)."""
     dirs = refset.dirs
@@ -46,12 +46,13 @@ def _metadata(refset):
                 yield prefix + name, i
 
 
-def consolidated_value(refset, served_json, quiet: bool = False) -> dict | None:
+def consolidated_value(refset, served_json, quiet: bool = False, keys=None) -> dict | None:
     """The JSON value of `consolidated_metadata` (None: no .zmetadata). `quiet`: say nothing of
-    metadata stored remotely (a view building one per reader's form says it once)."""
+    metadata stored remotely (a view building one per reader's form says it once). `keys`:
+    metadata_items(refset), when a view builds one per form (each a lookup per directory)."""
     entries = {}
     unread = []
-    for key, i in _metadata(refset):
+    for key, i in metadata_items(refset) if keys is None else keys:
         value = served_json(i)
         if value is None:
             if refset.inline_data(i) is None:
@@ -72,7 +73,23 @@ def consolidated_value(refset, served_json, quiet: bool = False) -> dict | None:
 # dump_json({"metadata": entries, "zarr_consolidated_format": 1}), written a piece at a time
 _HEAD = b'{\n    "metadata": {'
 _TAIL = b'\n    },\n    "zarr_consolidated_format": 1\n}'
-_ENTRY_INDENT = "\n        "  # (an entry's value, two levels down)
+_ENTRY_INDENT = b"\n        "  # (an entry's value, two levels down)
+
+
+def _entry(key: str, text: bytes, first: bool) -> bytes:
+    """One entry of the .zmetadata text, given its value's text (dump_json's)."""
+    return (b"" if first else b",") + _ENTRY_INDENT + json_key(key) + b": " + text.replace(b"\n", _ENTRY_INDENT)
+
+
+def consolidated_text(value: dict, text_of=dump_json) -> bytes:
+    """dump_json(value) of a `consolidated_value`, from its entries' texts, `text_of(entry)` (a view has
+    made most of them already: the whole again was half of a 10,000-array decoded view's JSON)."""
+    entries = value.get("metadata")
+    if type(entries) is not dict or not entries or value.keys() != {"metadata", "zarr_consolidated_format"} \
+            or type(value["zarr_consolidated_format"]) is not int or value["zarr_consolidated_format"] != 1:
+        return dump_json(value)
+    pieces = [_entry(key, text_of(entries[key]), n == 0) for n, key in enumerate(sorted(entries))]
+    return b"".join([_HEAD, *pieces, _TAIL])
 
 
 def metadata_keys(refset) -> np.ndarray | None:
@@ -80,7 +97,7 @@ def metadata_keys(refset) -> np.ndarray | None:
     when one is stored remotely (said once: no .zmetadata then), or there is none. No JSON is read."""
     found = []
     unread = []
-    for key, i in _metadata(refset):
+    for key, i in metadata_items(refset):
         found.append(i)
         if refset.inline_data(i) is None and len(unread) < 1:
             unread.append(key)
@@ -118,11 +135,7 @@ class StreamedConsolidated:
 
     def _piece(self, i: int, first: bool) -> bytes:
         value = self._value(i)
-        if value is None:
-            return b""
-        body = dump_json(value).decode("utf-8").replace("\n", _ENTRY_INDENT)
-        key = json.dumps(self.refset.key(i), ensure_ascii=False)
-        return (("" if first else ",") + _ENTRY_INDENT + key + ": " + body).encode("utf-8")
+        return b"" if value is None else _entry(self.refset.key(i), dump_json(value), first)
 
     def _measure(self) -> None:
         ends = np.empty(len(self._keys), dtype=np.int64)

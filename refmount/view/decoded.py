@@ -24,11 +24,12 @@ import os
 import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from refmount.view.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, dump_json, fixed_strings, load_json_value, scan_arrays
+from refmount.view.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, fixed_strings, load_json_value, scan_arrays
+from refmount.view.metajson import dump_json
 from refmount.view.forms import (FORMS, joins_last_dimension, nczarr_tree, sees_zarr_json, served_array,
                                  served_group_attributes, zarr_json_form)
 from refmount.view.bounded import decode_bounded, decode_into
-from refmount.view.consolidated import consolidated_value
+from refmount.view.consolidated import consolidated_text, consolidated_value, metadata_items
 from refmount.errors import Absent, RefmountError
 from refmount.refs.origins import origins_of
 from refmount.cache.budget import ScratchLimiter
@@ -311,6 +312,7 @@ class DecodedView:
         if all(f.chars in ("char", "ubyte", "nczarr") for f in self.forms):  # (no form reads their own names)
             self._renamed_away = set(strlen_renames.values())
         by_index = {self.refset.find(k): v for k, v in served.items()}
+        metadata = list(metadata_items(self.refset))  # (once, not once a form)
         for n in range(len(self.forms)):
             def served_json(i: int, n=n):
                 if self.hidden(i):
@@ -319,28 +321,39 @@ class DecodedView:
                     return by_index[i][n]
                 return self._inline_json(i)
 
-            by_index[self.refset.find(".zmetadata")][n] = consolidated_value(self.refset, served_json, quiet=n > 0)
+            by_index[self.refset.find(".zmetadata")][n] = consolidated_value(self.refset, served_json, quiet=n > 0,
+                                                                            keys=metadata)
         if zarr_jsons:
             documents = _zarr_json(by_index[self.refset.find(".zmetadata")][json_form])
             for key in zarr_jsons:  # (the same bytes for every reader; none: hidden)
                 by_index[self.refset.find(key)] = [documents.get(key)] * len(self.forms)
             self._zarr_json = {self.refset.find(key) for key in zarr_jsons if key in documents}
+        zmetadata = self.refset.find(".zmetadata")
+        made: dict[int, bytes] = {}  # id of a value in by_index -> its JSON (the .zmetadata is made of them)
         for i, values in by_index.items():
-            self._set_versions(i, values)
+            if i != zmetadata:
+                self._set_versions(i, values, made)
 
-    def _set_versions(self, i: int, values: list) -> None:
+        def entry_text(value) -> bytes:
+            return made.get(id(value)) or dump_json(value)
+
+        self._set_versions(zmetadata, by_index[zmetadata], dump=lambda value: consolidated_text(value, entry_text))
+
+    def _set_versions(self, i: int, values: list, made: dict | None = None, dump=dump_json) -> None:
         """Key i's bytes in each form, padded with spaces (JSON allows them) to one length: a file has
-        one size for every reader. None: hidden."""
+        one size for every reader. None: hidden. `made`: each value's JSON is kept there by its id."""
         if all(v is None for v in values):
             self._hidden_keys.add(i)
             return
-        texts: list[tuple[object, bytes]] = []  # (value, its JSON): the forms' values are mostly equal, and
-        datas = []  # json's indented encoder is pure Python (a third of a 10,000-array mount): dump each once
+        texts: list[tuple[object, bytes]] = []  # (value, its JSON): the forms' values are mostly equal: dump
+        datas = []  # each once
         for value in values:
             data = next((text for seen, text in texts if seen == value), None)
             if data is None:
-                data = dump_json(value)
+                data = dump(value)
                 texts.append((value, data))
+            if made is not None:
+                made[id(value)] = data
             datas.append(data)
         size = max(map(len, datas))
         padded: dict[bytes, bytes] = {}

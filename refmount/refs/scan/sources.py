@@ -9,6 +9,7 @@ reads at most MAX_INDEX_BYTES of each index page and MAX_ENTRIES entries in all.
 from __future__ import annotations
 
 import datetime
+import functools
 import glob
 import logging
 import os
@@ -213,7 +214,9 @@ def _glob_base(pattern: str) -> str:
 
 # -- patterns over listings (http, s3): '*', '?', '[...]' within a segment, '**' across segments ------
 
+@functools.lru_cache(maxsize=64)
 def _segment_regex(segment: str) -> re.Pattern:
+    """(kept: a listing of 400 names translated its pattern 600 times, 6 ms of a warm mount)"""
     import fnmatch
 
     return re.compile(fnmatch.translate(segment))
