@@ -348,7 +348,7 @@ class DecodedView:
         texts: list[tuple[object, bytes]] = []  # (value, its JSON): the forms' values are mostly equal: dump
         datas = []  # each once
         for value in values:
-            data = next((text for seen, text in texts if seen == value), None)
+            data = next((text for seen, text in texts if _same_json(seen, value)), None)
             if data is None:
                 data = dump(value)
                 texts.append((value, data))
@@ -708,3 +708,19 @@ class DecodedView:
         return {"decodes": self._decoded.computed, "decoded_cached": len(self._decoded),
                 "decoded_bytes": self._decoded.weight, "decoded_capacity": self._decoded.capacity,
                 **self._scratch.statistics(), **self._shard_reader.statistics()}
+
+
+def _same_json(a, b) -> bool:
+    """Do a and b dump to the same JSON? == alone is not enough: 1 == 1.0 == True, which dump as
+    1, 1.0 and true (a reader types an attribute by its text)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_json(v, b[k]) for k, v in a.items())
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(map(_same_json, a, b))
+    if isinstance(a, float):
+        return repr(a) == repr(b)  # (-0.0 == 0.0; nan != nan)
+    return a == b
