@@ -9,7 +9,7 @@ import io
 import lzma
 import os
 
-from refmount.errors import LoginFailed, RefmountError, quote
+from refmount.errors import FetchError, LoginFailed, RefmountError, quote
 from refmount.fetch.protocols import is_remote, local_path, protocol_of
 
 _MAGIC = {
@@ -57,6 +57,9 @@ def _open_raw(location: str, remote_options: dict):
         tls = certificate_problem(e)
         if tls is not None:
             raise RefmountError(f"{tls} for reference file {redact(location)!r}") from None
+        passing = unavailable(f"reference file {quote(redact(location))}", e)
+        if passing is not None:
+            raise passing from None
         if isinstance(e, FileNotFoundError):  # fsspec's http raises this for connection failures too
             reason = _connection_failure(e)
             if reason:
@@ -167,6 +170,46 @@ def _connection_failure(error: BaseException) -> str | None:
         if isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError):
             return f"{type(cause).__name__}: {cause}"
     return None
+
+
+def passing_failure(error: BaseException) -> str | None:
+    """Why an fsspec backend's fetch failed, when the reason may pass: a connection refused, reset or timed
+    out, a host not resolved, an answer the retry policy retries (408, 429, 5xx); read off `error` and its
+    cause chain (fsspec's http gives a 503 as FileNotFoundError from the aiohttp error). None for anything
+    else (a 404, a refusal, a malformed answer): those stay as they are."""
+    import asyncio
+    import socket
+    import sys
+
+    from refmount.fetch.retry import RETRY_STATUSES
+
+    aiohttp = sys.modules.get("aiohttp")  # (only an aiohttp already in use raised one of its errors)
+    lost = (ConnectionError, TimeoutError, asyncio.TimeoutError, socket.gaierror) + \
+        ((aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) if aiohttp else ())
+    cause, depth = error, 0
+    while cause is not None and depth < 10:
+        status = getattr(cause, "status", None)
+        if type(status) is int and status in RETRY_STATUSES:
+            return f"HTTP {status}" + (f" {cause.message}" if isinstance(getattr(cause, "message", None), str) else "")
+        if isinstance(cause, socket.gaierror):
+            return f"cannot resolve its host ({cause.strerror})"
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, lost):
+            return f"{type(cause).__name__}: {cause}".rstrip(": ")
+        cause, depth = cause.__cause__ or cause.__context__, depth + 1
+    return None
+
+
+def unavailable(what: str, error: BaseException) -> FetchError | None:
+    """The FetchError of `what` (its kind and quoted url: "reference file 'http://...'") when the reason it
+    failed may pass (passing_failure): asked again later where something asks again (a catalog's store
+    item, refmount.fuse.datasets), not refused for good. None otherwise."""
+    reason = passing_failure(error)
+    if reason is None:
+        return None
+    return FetchError(f"{'cannot fetch' if reason.startswith('HTTP ') else 'cannot reach the server of'} {what}: "
+                      f"{reason}")
 
 
 def compression_of(location: str, head: bytes) -> str | None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import orjson
 import trio
 
-from refmount.errors import FetchError, RefmountError, RefsError, quote
+from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused, RefmountError, RefsError, quote
 from refmount.fetch.stats import redact
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.origins import Origins, files
@@ -940,7 +940,9 @@ class ArchiveScanner:
         """A catalog item's Zarr store, Icechunk repository or Parquet references (`entry.store`), loaded
         by the loader of a direct mount of its url (refs.load_refs), in a thread, within the mount's
         limits; its targets checked against the store's url as the catalog named it (fetch/trust.py).
-        ScanRefused (its directory EIO, one log line naming the url) when it cannot be loaded."""
+        ScanRefused (its directory EIO, one log line naming the url) when it cannot be loaded; FetchError
+        when it cannot be loaded now for a reason that may pass (a 503, a connection refused: asked again
+        at a lookup after a while, fuse/datasets.py)."""
         archive = self.archive
         options = archive.options
         if options.load_store is None:  # (a library's LazyArchive without the loader)
@@ -974,6 +976,10 @@ class ArchiveScanner:
                 from None
         except ScanRefused:
             raise
+        except FetchError as e:
+            if not isinstance(e, (NotFound, LoginFailed, ReadRefused)):
+                raise FetchError(f"{redact(entry.url)}: {e}") from None  # (may pass: asked again after a while)
+            raise ScanRefused(entry.url, str(e)) from None
         except (RefmountError, MemoryError) as e:  # (TargetRefused among them: it names the target and the store)
             raise ScanRefused(entry.url, str(e) or "out of memory") from None
         self.files_scanned += 1
