@@ -250,7 +250,7 @@ def test_growing_archive_on_nginx_concat_time(mount, days, tmp_path):
         wait_for(lambda: len(ncdump_time(m.path)) == 72, "the removed file leaves", m)
         assert ncdump_time(m.path) == ncrcat_time(sorted(www.iterdir()), tmp_path)
 
-        # the server stops: the tree stays (a listing of a server that is down is retried for 20 s)
+        # the server stops: the tree stays (a refresh's listing of a server that is down fails in seconds)
         nginx.__exit__()
         time.sleep(1.5)
         assert sorted(n for n in os.listdir(m.path) if not n.startswith(".")) == ["lat", "lon", "tas", "time"]
@@ -305,6 +305,41 @@ def test_lazy_glob_refresh_new_directory_appears_removed_leaves_replaced_rescann
     wait_for(lambda: second not in os.listdir(m.path), "the removed file's directory leaves", m)
     assert not (m.path / second).exists()
     assert m.stats()["refresh"]["files_removed"] == 1
+
+
+@pytest.mark.usefixtures("scans")
+def test_a_refresh_of_an_index_page_whose_server_is_down_fails_fast_and_keeps_the_tree(mount, days, tmp_path):
+    """nginx stops under a lazily mounted index page: the next refresh fails in seconds (not after a mount's
+    --read-timeout of retries), said once; ls shows the last good tree and what was read is read again
+    while refreshes keep failing; nginx back with a new file: the next refresh says it works again and
+    the new file's directory appears, equal to the file."""
+    import xarray as xr
+
+    www = first_two(days, tmp_path / "www" / "data")
+    first, third = days[0].name, days[2].name
+    with Nginx(tmp_path / "nginx", f"root {www.parent}; location /data/ {{ autoindex on; }}") as nginx:
+        m = mount(f"{nginx.url}/data/", "--refresh", "1s")
+        with xr.open_dataset(days[0]) as want:
+            expected = want["tas"].values
+        with xr.open_zarr(m.path / first, consolidated=False) as got:
+            np.testing.assert_array_equal(got["tas"].values, expected)
+        nginx.__exit__()
+        # (the bound: a refresh that retried as a mount's reads do took 22 s to fail)
+        wait_for(lambda: "failed; the mount keeps what it showed" in m.log(), "the failed refresh said", m,
+                 timeout=15)
+        for _ in range(3):  # reads while refreshes keep failing: the tree and its cached bytes
+            assert sorted(os.listdir(m.path)) == [first, days[1].name]
+            with xr.open_zarr(m.path / first, consolidated=False) as got:
+                np.testing.assert_array_equal(got["tas"].values, expected)
+            time.sleep(1)
+        assert m.log().count("failed; the mount keeps what it showed") == 1, m.log()
+        assert "cannot list" in m.log() and m.stats()["refresh"]["failing"]
+        shutil.copy(days[2], www)
+        nginx.__enter__()
+        wait_for(lambda: third in os.listdir(m.path), "the new file's directory appears", m)
+        assert "works again" in m.log()
+        with xr.open_zarr(m.path / third, consolidated=False) as got, xr.open_dataset(days[2]) as want:
+            np.testing.assert_array_equal(got["tas"].values, want["tas"].values)
 
 
 # -- an Icechunk branch: its newest snapshot ------------------------------------------------------------

@@ -10,17 +10,23 @@ refresh that changed something; counters in the mount's stats ("refresh": fuse/s
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
 import time
 
 import trio
 
 from refmount.errors import RefmountError
+from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import redact
 
 log = logging.getLogger("refmount")
 
 IDENTIFY_CONNECTIONS = 16  # HEADs at once, for files a listing gives no version of
+# A refresh asks once more after a hiccup, then gives up: a server that is down fails it in a second or
+# two (connection refused) or a few (no answer), not after a mount's --read-timeout of retries (22 s
+# measured); the next interval asks again, and the tree stays as it was meanwhile.
+REFRESH_POLICY = RetryPolicy(read_timeout=6.0, connect_timeout=3.0, stall_timeout=3.0, max_attempts=3, backoff_max=0.5)
 
 
 _QUIET = contextvars.ContextVar("refmount_refresh_quiet", default=False)
@@ -79,11 +85,15 @@ class Refresher:
                 "files_removed": self.removed, "seconds": round(self.seconds, 3), "failing": self._said is not None}
 
     async def run(self) -> None:
-        from refmount.fetch import Fetcher, RetryPolicy
+        from refmount.fetch import Fetcher
+        from refmount.fetch.pages import fetch_pages_under
 
         o = self.options
+        policy = REFRESH_POLICY if o is None else \
+            dataclasses.replace(REFRESH_POLICY, read_timeout=min(REFRESH_POLICY.read_timeout, o.read_timeout))
+        fetch_pages_under(policy)  # (this task's listings, and the threads it starts: a rebuild's too)
         if o is not None:  # (files to identify) its own fetcher: the mount's pins the version of each object it read
-            self._probe = Fetcher(policy=RetryPolicy(read_timeout=o.read_timeout, stall_timeout=o.stall_timeout),
+            self._probe = Fetcher(policy=policy,
                                   remote_options=o.remote_options, connections_per_host=self.connections,
                                   allow_cross_host_redirects=o.allow_cross_host_redirects,
                                   s3_credentials_url=o.s3_credentials_url)
