@@ -629,3 +629,29 @@ def test_deflate_twice_on_a_chunk_deflated_once_reads_as_hyrax_reads_it(tmp_path
     (tmp_path / "f.h5.dmrpp").write_bytes(_dmrpp(body))
     m = mount(tmp_path / "f.h5.dmrpp")
     assert _cdl_data(ncdump(nczarr_url(m.path)))["v"] == "7, 1007, 2007, 3007, 4007, 5007, 6007, 7007"
+
+
+def test_a_dmrpp_href_whose_server_answers_503_is_not_taken_for_a_missing_file(tmp_path):
+    """A relative dmrpp:href whose file does not exist gives way to the file beside the DMR++ (Hyrax writes
+    hrefs relative to its data root); one whose server answers 503 is not "missing": the conversion fails
+    for now (a FetchError: asked again later, never kept in the scan store pointing at the other file)."""
+    from xml.etree import ElementTree
+
+    from refmount.errors import FetchError
+    from refmount.refs.dmrpp import data_url_of
+    from tests.support.rangeserver import RangeServer
+
+    (tmp_path / "a" / "other").mkdir(parents=True)
+    (tmp_path / "a" / "x.h5").write_bytes(b"beside the DMR++")
+    (tmp_path / "a" / "other" / "x.h5").write_bytes(b"named by its href")
+    root = ElementTree.fromstring('<Dataset xmlns:dmrpp="http://xml.opendap.org/dap/dmrpp/1.0.0#" '
+                                  'dmrpp:href="other/x.h5"/>')
+    with RangeServer(tmp_path) as server:
+        dmrpp = server.url_for("a/x.h5.dmrpp")
+        server.fail_paths = {"a/other/x.h5": 503}
+        with pytest.raises(FetchError, match="503"):
+            data_url_of(root, dmrpp, None)
+        server.fail_paths = {}
+        assert data_url_of(root, dmrpp, None)[0] == server.url_for("a/other/x.h5")
+        (tmp_path / "a" / "other" / "x.h5").unlink()
+        assert data_url_of(root, dmrpp, None)[0] == server.url_for("a/x.h5")
