@@ -24,7 +24,7 @@ import types
 
 import trio
 
-from refmount.errors import LoginFailed, RefmountError, quote
+from refmount.errors import LoginFailed, RefmountError, quote, same_failure
 from refmount.fuse.fs import (DIR_MODE, FORM_SHIFT, ROOT_INODE, XATTR_PREFIX, FileEntries, Filesystem, FsError,
                               ForwardsInvalidate)
 from refmount.refs.model import name_problem
@@ -176,7 +176,7 @@ class DatasetRoot(ForwardsInvalidate):
         backoff = min(backoff * 2, RETRY_AFTER[1])
         self._unavailable[k] = (time.monotonic() + backoff, backoff, why)
         self._errors[k] = FsError(errno.EIO)
-        (log.debug if why == said else log.warning)(
+        (log.debug if same_failure(why, said) else log.warning)(
             "dataset %s cannot be had now: %s; its directory is EIO, and a lookup after %g s tries again",
             quote(self.names[k]), why, backoff)
 

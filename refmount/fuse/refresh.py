@@ -3,7 +3,8 @@ worker thread, through the same listing and trust rules as at mount: refs/scan/a
 `listed_entries`), each file identified (a stat, the listing's date or ETag, else a HEAD), and what
 changed since the last good listing (refs/scan/changes.py, pure) handed to `apply(changes, entries)`:
 the tree's one swap (fuse/datasets.py `show` for a lazily mounted glob, fuse/generations.py `swap`
-for a rebuilt set). A refresh that fails keeps the last good tree and says why once; one log line per
+for a rebuilt set), which returns the names it left out for a fetch error: new again to the next
+refresh, which asks again (a 503 of one new file is not a file left out for the mount's life). A refresh that fails keeps the last good tree and says why once; one log line per
 refresh that changed something; counters in the mount's stats ("refresh": fuse/served.py exports them).
 """
 
@@ -16,7 +17,7 @@ import time
 
 import trio
 
-from refmount.errors import RefmountError
+from refmount.errors import RefmountError, same_failure
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import redact
 
@@ -144,9 +145,10 @@ class Refresher:
             changes = listing_changes(self.known, now)
             if changes and now == self._refused:
                 return None  # (the listing that failed to apply, again: still failing, said already)
+            left = None
             if changes:
                 try:
-                    await self.apply(changes, entries)
+                    left = await self.apply(changes, entries)
                 except BaseException:
                     self._refused = now
                     raise
@@ -159,7 +161,7 @@ class Refresher:
             return None
         self.seconds += time.monotonic() - started
         self.refreshes += 1
-        self.known = now
+        self.known = {name: ident for name, ident in now.items() if name not in (left or ())}  # (new again next time)
         self._refused = None
         if self._said is not None:
             log.info("refresh of %s works again", redact(self.location))
@@ -176,7 +178,7 @@ class Refresher:
     def _failed(self, why: str) -> bool:
         """Said once while it fails for the same reason (True then); the mount keeps its last good tree."""
         self.failures += 1
-        if why == self._said:
+        if same_failure(why, self._said):
             log.debug("refresh of %s failed again: %s", redact(self.location), why)
             return False
         log.warning("refresh of %s failed; the mount keeps what it showed: %s", redact(self.location), why)
