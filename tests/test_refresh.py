@@ -116,6 +116,34 @@ def test_generations_keep_an_open_trees_inodes_and_give_the_root_to_the_newest()
     trio.run(main)
 
 
+def test_changes_that_failed_to_fetch_are_applied_again_and_refused_ones_are_not():
+    """A listing whose changes could not be applied for a fetch error (a server down while the new tree
+    was made) is applied again at the next refresh; one that was refused (a file that cannot be combined)
+    is not, while the listing stays the same."""
+    import trio
+
+    from refmount.errors import FetchError, RefmountError
+    from refmount.fuse.refresh import Refresher
+
+    listing = {"a": ("a", 1)}
+    outcomes = [FetchError("a: gave up after 3 attempts in 0.1s; last error: HTTP 503"), None]
+    applied = []
+
+    async def apply(changes, entries):
+        applied.append(changes.added)
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+
+    refresher = Refresher("src", None, 1.0, apply, shown=set(), listing=lambda: ([], dict(listing)), known={})
+    assert trio.run(refresher.refresh) is None and trio.run(refresher.refresh)
+    assert applied == [("a",), ("a",)] and refresher.known == listing
+    listing["b"] = ("b", 1)
+    outcomes.append(RefmountError("b cannot be combined"))
+    assert trio.run(refresher.refresh) is None and trio.run(refresher.refresh) is None
+    assert applied == [("a",), ("a",), ("b",)] and refresher.failures == 2
+
+
 def test_a_bad_refresh_value_is_one_line_naming_the_option(tmp_path):
     result = run_refmount("mount", "--refresh", "soon", str(tmp_path / "*.nc"), str(tmp_path / "mnt"))
     assert result.returncode != 0

@@ -4,8 +4,11 @@ worker thread, through the same listing and trust rules as at mount: refs/scan/a
 changed since the last good listing (refs/scan/changes.py, pure) handed to `apply(changes, entries)`:
 the tree's one swap (fuse/datasets.py `show` for a lazily mounted glob, fuse/generations.py `swap`
 for a rebuilt set), which returns the names it left out for a fetch error: new again to the next
-refresh, which asks again (a 503 of one new file is not a file left out for the mount's life). A refresh that fails keeps the last good tree and says why once; one log line per
-refresh that changed something; counters in the mount's stats ("refresh": fuse/served.py exports them).
+refresh, which asks again (a 503 of one new file is not a file left out for the mount's life). A
+refresh that fails keeps the last good tree and says why once; a listing whose changes cannot be
+applied is not applied again until it changes, unless what failed was a fetch (that may pass). One
+log line per refresh that changed something; counters in the mount's stats ("refresh": fuse/served.py
+exports them).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import time
 
 import trio
 
-from refmount.errors import RefmountError, same_failure
+from refmount.errors import FetchError, RefmountError, same_failure
 from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import redact
 
@@ -149,8 +152,9 @@ class Refresher:
             if changes:
                 try:
                     left = await self.apply(changes, entries)
-                except BaseException:
-                    self._refused = now
+                except BaseException as e:
+                    if not isinstance(e, FetchError):  # (bytes that could not be had now: asked again next time)
+                        self._refused = now
                     raise
         except RefmountError as e:
             self._failed(str(e))

@@ -176,18 +176,30 @@ def passing_failure(error: BaseException) -> str | None:
     """Why an fsspec backend's fetch failed, when the reason may pass: a connection refused, reset or timed
     out, a host not resolved, an answer the retry policy retries (408, 429, 5xx); read off `error` and its
     cause chain (fsspec's http gives a 503 as FileNotFoundError from the aiohttp error). None for anything
-    else (a 404, a refusal, a malformed answer): those stay as they are."""
+    else (a 404, a malformed answer) and for a refusal that asking again does not change (a certificate
+    that does not verify, an internal address, a redirect or login refused), whatever carries it."""
     import asyncio
     import socket
+    import ssl
     import sys
 
+    from refmount.fetch.addresses import InternalAddress
     from refmount.fetch.retry import RETRY_STATUSES
 
+    chain, cause = [], error
+    while cause is not None and len(chain) < 10:
+        chain.append(cause)
+        if isinstance(getattr(cause, "os_error", None), BaseException):  # (aiohttp's connector errors hold it)
+            chain.append(cause.os_error)
+        cause = cause.__cause__ or cause.__context__
     aiohttp = sys.modules.get("aiohttp")  # (only an aiohttp already in use raised one of its errors)
+    refused = (ssl.SSLCertVerificationError, InternalAddress, RefmountError) + \
+        ((aiohttp.ClientConnectorCertificateError,) if aiohttp else ())
+    if any(isinstance(c, refused) for c in chain):
+        return None
     lost = (ConnectionError, TimeoutError, asyncio.TimeoutError, socket.gaierror) + \
         ((aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) if aiohttp else ())
-    cause, depth = error, 0
-    while cause is not None and depth < 10:
+    for cause in chain:  # (the most telling first)
         status = getattr(cause, "status", None)
         if type(status) is int and status in RETRY_STATUSES:
             return f"HTTP {status}" + (f" {cause.message}" if isinstance(getattr(cause, "message", None), str) else "")
@@ -195,10 +207,8 @@ def passing_failure(error: BaseException) -> str | None:
             return f"cannot resolve its host ({cause.strerror})"
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
-        if isinstance(cause, lost):
-            return f"{type(cause).__name__}: {cause}".rstrip(": ")
-        cause, depth = cause.__cause__ or cause.__context__, depth + 1
-    return None
+    lost = next((c for c in chain if isinstance(c, lost)), None)
+    return None if lost is None else f"{type(lost).__name__}: {lost}".rstrip(": ")
 
 
 def unavailable(what: str, error: BaseException) -> FetchError | None:

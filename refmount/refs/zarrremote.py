@@ -185,6 +185,8 @@ class RemoteStore:
         page = self.url(prefix) + "/" if prefix else self.base + "/"
         try:
             final, html = _fetch_index(page, dict(self.remote_options.get("headers") or {}))
+        except FetchError:
+            raise  # (its server down: asked again later, not taken for a store without index pages)
         except RefmountError:
             return None  # no index page: the hierarchy below cannot be known
         _, dirs = index_links(final, html)
