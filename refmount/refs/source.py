@@ -162,14 +162,19 @@ def _connection_failure(error: BaseException) -> str | None:
         cause = cause.__cause__ or cause.__context__
     for cause in chain:
         if isinstance(cause, socket.gaierror):
-            host = next((getattr(c, "host", None) for c in chain if getattr(c, "host", None)), None)
-            return "cannot resolve host" + (f" {host!r}" if host else "") + f" ({cause.strerror})"
+            return _unresolved(cause, chain)
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
     for cause in chain:
         if isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError):
             return f"{type(cause).__name__}: {cause}"
     return None
+
+
+def _unresolved(error, chain: list) -> str:
+    """A name resolution's failure, naming the host when an error of the chain does (aiohttp's)."""
+    host = next((getattr(c, "host", None) for c in chain if getattr(c, "host", None)), None)
+    return "cannot resolve host" + (f" {host!r}" if host else "") + f" ({error.strerror})"
 
 
 def passing_failure(error: BaseException) -> str | None:
@@ -204,7 +209,7 @@ def passing_failure(error: BaseException) -> str | None:
         if type(status) is int and status in RETRY_STATUSES:
             return f"HTTP {status}" + (f" {cause.message}" if isinstance(getattr(cause, "message", None), str) else "")
         if isinstance(cause, socket.gaierror):
-            return f"cannot resolve its host ({cause.strerror})"
+            return _unresolved(cause, chain)
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
     lost = next((c for c in chain if isinstance(c, lost)), None)
