@@ -76,7 +76,7 @@ def load_parquet(location: str, *, remote_options: dict, max_keys: int | None = 
                  loaded_records: int = DEFAULT_LOADED_RECORDS, max_bytes: int | None = None) -> ParquetRefSet:
     try:
         raw = _read_bytes(_join(location, ".zmetadata"), remote_options, max_bytes)
-    except Exception as e:  # noqa: BLE001 - every backend's errors
+    except Exception as e:  # (every backend's errors)
         passing = unavailable(quote(_join(location, ".zmetadata")), e)  # (fsspec's http says 503 as FileNotFoundError)
         if passing is not None:
             raise passing from None
