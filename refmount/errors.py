@@ -44,6 +44,17 @@ class ReadRefused(FetchError):
         self.once = once
 
 
+def same_failure(message: str, said: str | None) -> bool:
+    """Whether a failure's message says what `said` said, whatever its counts and seconds ("gave up after 3
+    attempts in 0.1s" and "... in 0.2s" are one failure): a failure that recurs is said once."""
+    import re
+
+    def kind(text: str) -> str:
+        return re.sub(r"\b\d+(\.\d+)?( ?s\b| attempts\b)", "#", text)
+
+    return said is not None and kind(message) == kind(said)
+
+
 def quote(value, limit: int = 120) -> str:
     """repr() of a key or url, shortened so error lines stay one line."""
     text = repr(value)

@@ -477,3 +477,67 @@ def test_a_store_item_a_remote_catalog_names_locally_is_refused_at_lookup(tmp_pa
         assert local.as_uri() in str(e.value) and e.value.once
     finally:
         scanner.close()
+
+
+def test_a_store_item_whose_server_hiccups_is_tried_again_after_a_while(mount, scans, stores):
+    """A store item whose server answers 503 (every store kind: its first metadata document) is EIO, said
+    in one line naming the item and its url; lookups during the backoff are EIO without asking the server
+    again; once the server recovers, a later lookup loads it and xarray reads what it reads on the store.
+    A 404 of a store's metadata stays refused, said once."""
+    import errno
+
+    import xarray as xr
+
+    from refmount.fuse.datasets import RETRY_AFTER
+    from tests.support.rangeserver import RangeServer
+
+    failing = {"zarr2": "stores/v2.zarr/.zmetadata", "zarr3": "stores/v3.zarr/zarr.json",
+               "parquet": "stores/refs.parq/.zmetadata", "icechunk": "stores/repo.icechunk/refs/branch.main/ref.json"}
+    with RangeServer(stores["root"].parent) as server:
+        server.fail_paths = {path: 503 for path in failing.values()}
+        m = mount(server.url_for("stores/stac/catalog.json"))
+        def asked(ident: str) -> int:
+            return sum(1 for _, path, _ in server.stats["log"] if path == "/" + failing[ident])
+
+        for ident in failing:
+            with pytest.raises(OSError) as e:  # (the first lookup asks, and fails)
+                os.listdir(m.path / ident)
+            failed, before = time.monotonic(), asked(ident)
+            for _ in range(3):  # (the others fall in its backoff: EIO without asking)
+                with pytest.raises(OSError) as e:
+                    os.listdir(m.path / ident)
+                assert e.value.errno == errno.EIO
+            assert before > 0
+            if time.monotonic() - failed < RETRY_AFTER[0]:  # (a machine so slow that the backoff passed: not checked)
+                assert asked(ident) == before, ident
+        text = m.log()
+        for ident, path in failing.items():
+            said = [line for line in text.splitlines() if f"dataset '{ident}' cannot be had now" in line]
+            assert len(said) == 1 and "503" in said[0] and server.url_for("/".join(path.split("/")[:2])) in said[0], text
+
+        server.fail_paths = {"stores/v2.zarr/.zmetadata": 404}  # the others recover; this one is gone for good
+        deadline = time.monotonic() + 120
+        for ident in ("zarr3", "parquet", "icechunk"):
+            while True:
+                try:
+                    with xr.open_zarr(m.path / ident) as got:
+                        xr.testing.assert_allclose(got.load(), stores["dataset"])
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, m.log()
+                    time.sleep(0.5)
+        with xr.open_zarr(stores["root"] / "v3.zarr") as want, xr.open_zarr(m.path / "zarr3") as got:
+            xr.testing.assert_identical(got.load(), want.load())
+        while True:  # the 404: refused once its backoff has passed, and it stays so
+            text = m.log()
+            if "v2.zarr' has no consolidated metadata" in text:
+                break
+            with pytest.raises(OSError):
+                os.listdir(m.path / "zarr2")
+            assert time.monotonic() < deadline, text
+            time.sleep(0.5)
+        with pytest.raises(OSError):
+            os.listdir(m.path / "zarr2")
+        text = m.log()
+        assert text.count("works again") == 3, text
+        assert len([line for line in text.splitlines() if "v2.zarr' has no consolidated metadata" in line]) == 1, text

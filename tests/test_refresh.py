@@ -116,6 +116,34 @@ def test_generations_keep_an_open_trees_inodes_and_give_the_root_to_the_newest()
     trio.run(main)
 
 
+def test_changes_that_failed_to_fetch_are_applied_again_and_refused_ones_are_not():
+    """A listing whose changes could not be applied for a fetch error (a server down while the new tree
+    was made) is applied again at the next refresh; one that was refused (a file that cannot be combined)
+    is not, while the listing stays the same."""
+    import trio
+
+    from refmount.errors import FetchError, RefmountError
+    from refmount.fuse.refresh import Refresher
+
+    listing = {"a": ("a", 1)}
+    outcomes = [FetchError("a: gave up after 3 attempts in 0.1s; last error: HTTP 503"), None]
+    applied = []
+
+    async def apply(changes, entries):
+        applied.append(changes.added)
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+
+    refresher = Refresher("src", None, 1.0, apply, shown=set(), listing=lambda: ([], dict(listing)), known={})
+    assert trio.run(refresher.refresh) is None and trio.run(refresher.refresh)
+    assert applied == [("a",), ("a",)] and refresher.known == listing
+    listing["b"] = ("b", 1)
+    outcomes.append(RefmountError("b cannot be combined"))
+    assert trio.run(refresher.refresh) is None and trio.run(refresher.refresh) is None
+    assert applied == [("a",), ("a",), ("b",)] and refresher.failures == 2
+
+
 def test_a_bad_refresh_value_is_one_line_naming_the_option(tmp_path):
     result = run_refmount("mount", "--refresh", "soon", str(tmp_path / "*.nc"), str(tmp_path / "mnt"))
     assert result.returncode != 0
@@ -250,19 +278,19 @@ def test_growing_archive_on_nginx_concat_time(mount, days, tmp_path):
         wait_for(lambda: len(ncdump_time(m.path)) == 72, "the removed file leaves", m)
         assert ncdump_time(m.path) == ncrcat_time(sorted(www.iterdir()), tmp_path)
 
-        # the server stops: the tree stays (a listing of a server that is down is retried for 20 s)
+        # the server stops: the tree stays (a refresh's listing of a server that is down fails in seconds)
         nginx.__exit__()
-        time.sleep(1.5)
+        wait_for(lambda: "failed; the mount keeps what it showed" in m.log(), "the failed refresh said", m)
         assert sorted(n for n in os.listdir(m.path) if not n.startswith(".")) == ["lat", "lon", "tas", "time"]
         assert len(ncdump_time(m.path)) == 72
-        # it refuses the listing: the tree stays, and the log says why once
+        # it refuses the listing: the tree stays, and the log says why once (another reason: said again)
         served = nginx.server_block
         nginx.server_block = f"root {www.parent}; location /data/ {{ deny all; }}"
         nginx.__enter__()
-        wait_for(lambda: "failed; the mount keeps what it showed" in m.log(), "the failed refresh said", m)
+        wait_for(lambda: "access refused" in m.log(), "the refused refresh said", m)
         time.sleep(2.5)  # (two more intervals fail)
-        assert m.log().count("failed; the mount keeps what it showed") == 1, m.log()
-        assert "access refused" in m.log()
+        assert m.log().count("failed; the mount keeps what it showed") == 2, m.log()
+        assert m.log().count("access refused") == 1, m.log()
         assert len(ncdump_time(m.path)) == 72
         stats = m.stats()["refresh"]
         assert stats["failing"] and stats["failures"] >= 2 and stats["changes"] >= 3, stats
@@ -276,6 +304,37 @@ def test_growing_archive_on_nginx_concat_time(mount, days, tmp_path):
     names = {family.name: samples for family, samples in REGISTRY.collect({"refresh": stats})}
     assert names["refmount_refresh_changes_total"] == [({}, stats["changes"])]
     assert ({"change": "added"}, stats["files_added"]) in names["refmount_refresh_files_total"]
+
+
+@pytest.mark.usefixtures("scans")
+def test_a_new_file_whose_server_answers_503_at_a_refresh_is_asked_again_at_the_next(mount, days, tmp_path):
+    """A --concat set grows by a file whose server answers 503 (nginx, while a flag file exists): to its
+    HEAD too, the refresh fails, said once in one line naming it; to its GETs only, the refresh leaves it
+    out and says so, and does not take it as seen: once the server answers, a later refresh combines it,
+    and ncdump -v time equals ncrcat of all the files."""
+    www = first_two(days, tmp_path / "www" / "data")
+    every, gets, new = tmp_path / "refuse-all", tmp_path / "refuse-get", days[2].name
+    block = (f"root {www.parent}; location /data/ {{ autoindex on; }} "
+             f"location = /data/{new} {{ set $refuse ''; if (-f {every}) {{ return 503; }} "
+             f"if (-f {gets}) {{ set $refuse g; }} if ($request_method = GET) {{ set $refuse ${{refuse}}e; }} "
+             f"if ($refuse = ge) {{ return 503; }} }}")
+    with Nginx(tmp_path / "nginx", block) as nginx:
+        m = mount(f"{nginx.url}/data/", "--concat", "time", "--refresh", "1s", "--read-timeout", "3")
+        assert len(ncdump_time(m.path)) == 48
+        every.touch()
+        shutil.copy(days[2], www)
+        wait_for(lambda: "failed; the mount keeps what it showed" in m.log(), "the failed refresh said", m)
+        time.sleep(2.5)  # (two more intervals fail)
+        failed = [line for line in m.log().splitlines() if "failed; the mount keeps what it showed" in line]
+        assert len(failed) == 1 and new in failed[0] and "503" in failed[0], m.log()
+        assert "internal error" not in m.log() and len(ncdump_time(m.path)) == 48
+        gets.touch()
+        every.unlink()
+        wait_for(lambda: re.search(f"{new}: .*503.*left out of the mount", m.log()), "the file left out for now", m)
+        assert len(ncdump_time(m.path)) == 48
+        gets.unlink()
+        wait_for(lambda: len(ncdump_time(m.path)) == 72, "the file asked again once its server answers", m)
+        assert ncdump_time(m.path) == ncrcat_time(sorted(www.iterdir()), tmp_path)
 
 
 # -- a lazily mounted glob: a directory per file ------------------------------------------------------
@@ -305,6 +364,41 @@ def test_lazy_glob_refresh_new_directory_appears_removed_leaves_replaced_rescann
     wait_for(lambda: second not in os.listdir(m.path), "the removed file's directory leaves", m)
     assert not (m.path / second).exists()
     assert m.stats()["refresh"]["files_removed"] == 1
+
+
+@pytest.mark.usefixtures("scans")
+def test_a_refresh_of_an_index_page_whose_server_is_down_fails_fast_and_keeps_the_tree(mount, days, tmp_path):
+    """nginx stops under a lazily mounted index page: the next refresh fails in seconds (not after a mount's
+    --read-timeout of retries), said once; ls shows the last good tree and what was read is read again
+    while refreshes keep failing; nginx back with a new file: the next refresh says it works again and
+    the new file's directory appears, equal to the file."""
+    import xarray as xr
+
+    www = first_two(days, tmp_path / "www" / "data")
+    first, third = days[0].name, days[2].name
+    with Nginx(tmp_path / "nginx", f"root {www.parent}; location /data/ {{ autoindex on; }}") as nginx:
+        m = mount(f"{nginx.url}/data/", "--refresh", "1s")
+        with xr.open_dataset(days[0]) as want:
+            expected = want["tas"].values
+        with xr.open_zarr(m.path / first, consolidated=False) as got:
+            np.testing.assert_array_equal(got["tas"].values, expected)
+        nginx.__exit__()
+        # (the bound: a refresh that retried as a mount's reads do took 22 s to fail)
+        wait_for(lambda: "failed; the mount keeps what it showed" in m.log(), "the failed refresh said", m,
+                 timeout=15)
+        for _ in range(3):  # reads while refreshes keep failing: the tree and its cached bytes
+            assert sorted(os.listdir(m.path)) == [first, days[1].name]
+            with xr.open_zarr(m.path / first, consolidated=False) as got:
+                np.testing.assert_array_equal(got["tas"].values, expected)
+            time.sleep(1)
+        assert m.log().count("failed; the mount keeps what it showed") == 1, m.log()
+        assert "cannot list" in m.log() and m.stats()["refresh"]["failing"]
+        shutil.copy(days[2], www)
+        nginx.__enter__()
+        wait_for(lambda: third in os.listdir(m.path), "the new file's directory appears", m)
+        assert "works again" in m.log()
+        with xr.open_zarr(m.path / third, consolidated=False) as got, xr.open_dataset(days[2]) as want:
+            np.testing.assert_array_equal(got["tas"].values, want["tas"].values)
 
 
 # -- an Icechunk branch: its newest snapshot ------------------------------------------------------------

@@ -181,6 +181,20 @@ def test_self_signed_target_fails_at_once_naming_the_certificate(mount, tls_serv
     assert f"certificate verify failed (self-signed certificate) for {url}" in mnt.log()
 
 
+def test_a_store_whose_certificate_does_not_verify_is_refused_not_unavailable(tls_server):
+    """A failure that may pass (a 503, a connection refused) makes a catalog's store item asked again later;
+    a certificate that does not verify is no such failure, whatever aiohttp wraps it in: refused, naming it."""
+    from refmount.errors import FetchError
+    from refmount.refs import load_refs
+
+    (tls_server.root / "s.zarr").mkdir()
+    (tls_server.root / "s.zarr" / ".zmetadata").write_text(json.dumps({"metadata": {".zgroup": {"zarr_format": 2}},
+                                                                       "zarr_consolidated_format": 1}))
+    with pytest.raises(RefmountError, match="certificate verify failed") as e:
+        load_refs(tls_server.url_for("s.zarr"), store="zarr", serving=True, load_timeout=None)
+    assert not isinstance(e.value, FetchError)
+
+
 CA_VARIABLES = ("REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR", "AWS_CA_BUNDLE")
 
 

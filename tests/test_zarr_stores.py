@@ -680,3 +680,32 @@ def test_xarray_on_the_decoded_view_of_a_v3_store_equals_the_store(mount, www, n
                     xr.open_zarr(str(www / f"{name}.zarr"), group=group, consolidated=None) as want:
                 assert sorted(got.variables) == sorted(want.variables)
                 xr.testing.assert_equal(got.load(), want.load())
+
+def test_an_unconsolidated_store_whose_index_page_answers_503_is_unavailable_not_unlistable(tmp_path):
+    """A Zarr v2 store without consolidated metadata is walked through its server's index pages. One that
+    answers 503 is a server down for now (a FetchError: a catalog's store item is asked again later), not a
+    server without index pages (a refusal for good), which a 404 is."""
+    import contextvars
+
+    import zarr
+
+    from refmount.errors import FetchError, RefsError
+    from refmount.fetch.pages import fetch_pages_under
+    from refmount.fetch.retry import RetryPolicy
+    from refmount.refs import load_refs
+    from tests.support.rangeserver import RangeServer
+
+    group = zarr.open_group(str(tmp_path / "v2.zarr"), mode="w", zarr_format=2)
+    group.create_array("a", shape=(4,), chunks=(4,), dtype="i2")[...] = np.arange(4)
+
+    def load():
+        fetch_pages_under(RetryPolicy(read_timeout=2.0, max_attempts=2))  # (in this context only: no 20 s of retries)
+        return load_refs(server.url_for("v2.zarr"), store="zarr", serving=True, load_timeout=None)
+
+    with RangeServer(tmp_path) as server:
+        server.fail_paths = {"v2.zarr/": 503}
+        with pytest.raises(FetchError, match="cannot list .*503"):
+            contextvars.copy_context().run(load)
+        server.fail_paths = {}
+        with pytest.raises(RefsError, match="gives no index page"):
+            contextvars.copy_context().run(load)

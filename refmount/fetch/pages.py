@@ -4,6 +4,19 @@ credentials and redirect decisions as every read of the mount, never a client of
 
 from __future__ import annotations
 
+import contextvars
+
+# the retry policy of pages fetched in this context (None: RetryPolicy()'s): a --refresh's task sets its own,
+# and the threads it starts through trio copy it (fuse/refresh.py)
+_policy = contextvars.ContextVar("refmount_page_policy", default=None)
+
+
+def fetch_pages_under(policy) -> None:
+    """Pages fetched from now on by this task (or thread), and by the threads it starts through trio,
+    retry as `policy` says: a --refresh's listing of a server that is down fails in seconds, not after
+    the --read-timeout a mount gives a page it needs."""
+    _policy.set(policy)
+
 
 def _on_engine(remote_options: dict | None, call, first=None):
     """`call(backend)` (a coroutine) on a fresh HttpBackend with the mount's logins, on the asyncio loop;
@@ -17,7 +30,7 @@ def _on_engine(remote_options: dict | None, call, first=None):
     from refmount.fetch.tls import ssl_setting
 
     options = remote_options or {}
-    backend = HttpBackend(RetryPolicy(), FetchStats(), headers=options.get("headers"),
+    backend = HttpBackend(_policy.get() or RetryPolicy(), FetchStats(), headers=options.get("headers"),
                           ssl=lambda: ssl_setting(options), logins=active(), client="stdlib" if first else "aiohttp")
     if first is not None and (answer := first(backend)) is not None:
         return answer

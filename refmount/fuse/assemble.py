@@ -299,9 +299,10 @@ def build_filesystem(opts):
 
         fs = Generations(tree)
 
-        async def rebuild(changes, entries) -> None:
+        async def rebuild(changes, entries) -> set | None:
             """A new tree of the source as it is listed now, made as at mount (listed, checked, scanned
-            or taken from the scan store, combined) in a thread; then the one swap."""
+            or taken from the scan store, combined) in a thread; then the one swap. The names of the files
+            it left out for a fetch error (the next refresh asks again)."""
             nonlocal raw, view, refset, tree
             new = await trio.to_thread.run_sync(quietly, load_reference_set, opts, abandon_on_cancel=True)
             by_name = {e.name: e for e in entries}
@@ -328,6 +329,7 @@ def build_filesystem(opts):
             fs.swap(tree)
             if fs.forget_entries is not None:
                 fs.forget_entries(ROOT_INODE, names)
+            return getattr(new, "unavailable", None)
 
         if getattr(tree.refset, "snapshot_id", None):  # an Icechunk branch: its newest snapshot
             refresher = snapshot_refresher(opts, rebuild, tree.refset.snapshot_id)

@@ -6,8 +6,10 @@ Inodes: 1 is the root; file k's subtree holds its own Filesystem's inodes with k
 and none moves when one is. A file handle keeps the per-reader form bits above (fs.FORM_SHIFT).
 
 Requests for a directory that is being scanned wait for the same scan. A file that cannot be scanned
-makes its directory EIO, with one log line naming the file and why (the FUSE glue says it once); a file
-whose bytes cannot be had now (a fetch error) is tried again at its next lookup.
+makes its directory EIO, with one log line naming the file and why (the FUSE glue says it once). A file
+whose bytes cannot be had now (a fetch error: a server down, a 503) makes its directory EIO for a while
+(RETRY_AFTER, doubling while it keeps failing), said in one line; lookups meanwhile get EIO at once,
+without asking the server, and the first lookup after that tries again ("works again" when it does).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import types
 
 import trio
 
-from refmount.errors import RefmountError, quote
+from refmount.errors import LoginFailed, RefmountError, quote, same_failure
 from refmount.fuse.fs import (DIR_MODE, FORM_SHIFT, ROOT_INODE, XATTR_PREFIX, FileEntries, Filesystem, FsError,
                               ForwardsInvalidate)
 from refmount.refs.model import name_problem
@@ -33,6 +35,7 @@ FILE_SHIFT = 32  # a file's own inodes stay below 2**32
 _LOCAL_BITS = (1 << FILE_SHIFT) - 1
 _FILE_BITS = (1 << (FORM_SHIFT - FILE_SHIFT)) - 1
 MAX_FILES = _FILE_BITS - 1
+RETRY_AFTER = (5.0, 60.0)  # seconds a file that could not be had now stays EIO: first, and at most
 
 
 class DatasetRoot(ForwardsInvalidate):
@@ -56,6 +59,7 @@ class DatasetRoot(ForwardsInvalidate):
         self._pending: dict[int, trio.Event] = {}
         self._refused: dict[int, RefmountError] = {}  # files that cannot be scanned (for the mount's life)
         self._errors: dict[int, Exception] = {}  # the last attempt's error, for its waiters
+        self._unavailable: dict[int, tuple[float, float, str]] = {}  # k: (tried again after, backoff, why)
         self.view = types.SimpleNamespace(name=view_name)  # (the daemon and root xattrs ask its name)
         self.attr_timeout = attr_timeout
         self.uid = os.getuid()
@@ -128,6 +132,9 @@ class DatasetRoot(ForwardsInvalidate):
         refused = self._refused.get(k)
         if refused is not None:
             raise refused
+        unavailable = self._unavailable.get(k)
+        if unavailable is not None and time.monotonic() < unavailable[0]:
+            raise FsError(errno.EIO)  # (said when it failed; the server is not asked again yet)
         event = self._pending.get(k)
         if event is None:  # the first request: the scan runs on its own, so that no waiter's interrupt ends it
             event = self._pending[k] = trio.Event()
@@ -145,16 +152,33 @@ class DatasetRoot(ForwardsInvalidate):
             child.local_access = self.local_access
             self.children[k] = child
             self._errors.pop(k, None)
+            if self._unavailable.pop(k, None) is not None:
+                log.info("dataset %s works again", quote(self.names[k]))
         except RefmountError as e:
             if getattr(e, "once", None) is not None:
                 self._refused[k] = e  # cannot be scanned: it will not be tried again
-            self._errors[k] = e
+                self._errors[k] = e
+            elif isinstance(e, LoginFailed):
+                self._errors[k] = e  # (EACCES, said by the glue: the credentials, not the server, are wrong)
+            else:
+                self._postpone(k, str(e))
         except Exception as e:  # noqa: BLE001 - a system task must not raise (trio would end the mount)
             log.exception("internal error making the dataset of %s", self.names[k])
             self._errors[k] = e
         finally:
             del self._pending[k]
             event.set()
+
+    def _postpone(self, k: int, why: str) -> None:
+        """File k could not be had now: EIO until its backoff has passed (doubling while it keeps failing),
+        said once while it fails for the same reason."""
+        _, backoff, said = self._unavailable.get(k, (0.0, RETRY_AFTER[0] / 2, None))
+        backoff = min(backoff * 2, RETRY_AFTER[1])
+        self._unavailable[k] = (time.monotonic() + backoff, backoff, why)
+        self._errors[k] = FsError(errno.EIO)
+        (log.debug if same_failure(why, said) else log.warning)(
+            "dataset %s cannot be had now: %s; its directory is EIO, and a lookup after %g s tries again",
+            quote(self.names[k]), why, backoff)
 
     # -- Filesystem's interface -------------------------------------------------------------------
 

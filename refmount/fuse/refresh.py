@@ -3,24 +3,34 @@ worker thread, through the same listing and trust rules as at mount: refs/scan/a
 `listed_entries`), each file identified (a stat, the listing's date or ETag, else a HEAD), and what
 changed since the last good listing (refs/scan/changes.py, pure) handed to `apply(changes, entries)`:
 the tree's one swap (fuse/datasets.py `show` for a lazily mounted glob, fuse/generations.py `swap`
-for a rebuilt set). A refresh that fails keeps the last good tree and says why once; one log line per
-refresh that changed something; counters in the mount's stats ("refresh": fuse/served.py exports them).
+for a rebuilt set), which returns the names it left out for a fetch error: new again to the next
+refresh, which asks again (a 503 of one new file is not a file left out for the mount's life). A
+refresh that fails keeps the last good tree and says why once; a listing whose changes cannot be
+applied is not applied again until it changes, unless what failed was a fetch (that may pass). One
+log line per refresh that changed something; counters in the mount's stats ("refresh": fuse/served.py
+exports them).
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
 import time
 
 import trio
 
-from refmount.errors import RefmountError
+from refmount.errors import FetchError, RefmountError, same_failure
+from refmount.fetch.retry import RetryPolicy
 from refmount.fetch.stats import redact
 
 log = logging.getLogger("refmount")
 
 IDENTIFY_CONNECTIONS = 16  # HEADs at once, for files a listing gives no version of
+# A refresh asks once more after a hiccup, then gives up: a server that is down fails it in a second or
+# two (connection refused) or a few (no answer), not after a mount's --read-timeout of retries (22 s
+# measured); the next interval asks again, and the tree stays as it was meanwhile.
+REFRESH_POLICY = RetryPolicy(read_timeout=6.0, connect_timeout=3.0, stall_timeout=3.0, max_attempts=3, backoff_max=0.5)
 
 
 _QUIET = contextvars.ContextVar("refmount_refresh_quiet", default=False)
@@ -79,11 +89,15 @@ class Refresher:
                 "files_removed": self.removed, "seconds": round(self.seconds, 3), "failing": self._said is not None}
 
     async def run(self) -> None:
-        from refmount.fetch import Fetcher, RetryPolicy
+        from refmount.fetch import Fetcher
+        from refmount.fetch.pages import fetch_pages_under
 
         o = self.options
+        policy = REFRESH_POLICY if o is None else \
+            dataclasses.replace(REFRESH_POLICY, read_timeout=min(REFRESH_POLICY.read_timeout, o.read_timeout))
+        fetch_pages_under(policy)  # (this task's listings, and the threads it starts: a rebuild's too)
         if o is not None:  # (files to identify) its own fetcher: the mount's pins the version of each object it read
-            self._probe = Fetcher(policy=RetryPolicy(read_timeout=o.read_timeout, stall_timeout=o.stall_timeout),
+            self._probe = Fetcher(policy=policy,
                                   remote_options=o.remote_options, connections_per_host=self.connections,
                                   allow_cross_host_redirects=o.allow_cross_host_redirects,
                                   s3_credentials_url=o.s3_credentials_url)
@@ -134,11 +148,13 @@ class Refresher:
             changes = listing_changes(self.known, now)
             if changes and now == self._refused:
                 return None  # (the listing that failed to apply, again: still failing, said already)
+            left = None
             if changes:
                 try:
-                    await self.apply(changes, entries)
-                except BaseException:
-                    self._refused = now
+                    left = await self.apply(changes, entries)
+                except BaseException as e:
+                    if not isinstance(e, FetchError):  # (bytes that could not be had now: asked again next time)
+                        self._refused = now
                     raise
         except RefmountError as e:
             self._failed(str(e))
@@ -149,7 +165,7 @@ class Refresher:
             return None
         self.seconds += time.monotonic() - started
         self.refreshes += 1
-        self.known = now
+        self.known = {name: ident for name, ident in now.items() if name not in (left or ())}  # (new again next time)
         self._refused = None
         if self._said is not None:
             log.info("refresh of %s works again", redact(self.location))
@@ -166,7 +182,7 @@ class Refresher:
     def _failed(self, why: str) -> bool:
         """Said once while it fails for the same reason (True then); the mount keeps its last good tree."""
         self.failures += 1
-        if why == self._said:
+        if same_failure(why, self._said):
             log.debug("refresh of %s failed again: %s", redact(self.location), why)
             return False
         log.warning("refresh of %s failed; the mount keeps what it showed: %s", redact(self.location), why)

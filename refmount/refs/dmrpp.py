@@ -135,18 +135,24 @@ def _server_root(url: str) -> str:
 
 def _exists(url: str, remote_options: dict | None) -> bool | None:
     """Whether `url` exists (None: cannot tell). A remote one costs a HEAD, with the reference file's
-    own options and redirect policy."""
+    own options and redirect policy. FetchError when its server cannot answer now (a 503, a connection
+    refused): not taken for "not there", which would send the chunks to the file beside the DMR++ and be
+    kept so in the scan store; the scan fails for now, and is asked again later."""
     if not is_remote(url):
         return os.path.exists(local_path(url))
+    from refmount.refs.source import fsspec_options, unavailable
+
     try:
         import fsspec
 
-        from refmount.refs.source import fsspec_options
-
         fs, path = fsspec.core.url_to_fs(url, **fsspec_options(url, remote_options or {}))
-        return bool(fs.exists(path))
-    except Exception:  # of every backend: then the href stands, and a read that fails names it
-        return None
+        fs.info(path)  # (not fs.exists: fsspec's http says False for a 503)
+    except Exception as e:  # noqa: BLE001 - of every backend: then the href stands, and a read that fails names it
+        passing = unavailable(quote(url), e)
+        if passing is not None:
+            raise passing from None
+        return False if isinstance(e, FileNotFoundError) else None
+    return True
 
 
 def data_url_of(root, dmrpp_url: str, data_url: str | None, remote_options: dict | None = None, *,

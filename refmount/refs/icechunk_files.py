@@ -63,10 +63,21 @@ class RepoFiles:
     def exists(self, relpath: str) -> bool:
         if not self.remote:
             return os.path.exists(os.path.join(self._root, relpath))
-        try:
-            return bool(self._fs.exists(f"{self._root}/{relpath}"))
-        except Exception:
+        try:  # (not fsspec's exists: its http says False for a 503, and a branch would be "not there")
+            self._fs.info(f"{self._root}/{relpath}")
+        except Exception as e:  # noqa: BLE001 - every backend's errors
+            self._unavailable(relpath, e)
             return False
+        return True
+
+    def _unavailable(self, relpath: str, error: Exception) -> None:
+        """A FetchError when `relpath` could not be had for a reason that may pass (a 503, a connection
+        refused): asked again later, not taken for an object the repository lacks."""
+        from refmount.refs.source import unavailable
+
+        passing = unavailable(f"{relpath} of Icechunk repository {quote(self.location)}", error)
+        if passing is not None:
+            raise passing from None
 
     def read(self, relpath: str) -> bytes:
         try:
@@ -74,11 +85,14 @@ class RepoFiles:
                 with open(os.path.join(self._root, relpath), "rb") as f:
                     return f.read()
             return self._fs.cat_file(f"{self._root}/{relpath}")
-        except FileNotFoundError:
+        except FileNotFoundError as e:
+            self._unavailable(relpath, e)  # (fsspec's http says a 503 so too)
             raise RefsError(f"Icechunk repository {quote(self.location)} has no {relpath}") from None
         except OSError as e:
+            self._unavailable(relpath, e)
             raise RefsError(f"cannot read {relpath} of Icechunk repository {quote(self.location)}: {e}") from None
         except Exception as e:  # network errors of every kind from every fsspec backend
+            self._unavailable(relpath, e)
             raise RefsError(f"cannot read {relpath} of Icechunk repository {quote(self.location)}: "
                             f"{type(e).__name__}: {e}") from None
 

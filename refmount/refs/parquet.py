@@ -30,7 +30,7 @@ from refmount.refs.model import INLINE, MAX_LENGTH, WHOLE_FILE, RefSet, RefSetBu
 from refmount.refs.origins import Origins, files
 from refmount.refs.relative import RelativeTargets, base_of
 from refmount.fetch.protocols import is_remote, local_path
-from refmount.refs.source import fsspec_options
+from refmount.refs.source import fsspec_options, unavailable
 
 MISSING = -2  # url id of a row that holds no reference
 DEFAULT_LOADED_RECORDS = 128  # as fsspec's LazyReferenceMapper
@@ -76,11 +76,16 @@ def load_parquet(location: str, *, remote_options: dict, max_keys: int | None = 
                  loaded_records: int = DEFAULT_LOADED_RECORDS, max_bytes: int | None = None) -> ParquetRefSet:
     try:
         raw = _read_bytes(_join(location, ".zmetadata"), remote_options, max_bytes)
-    except FileNotFoundError:
-        raise RefmountError(f"{quote(location)} is a directory without .zmetadata (not a Parquet reference set)") \
-            from None
-    except OSError as e:
-        raise RefmountError(f"cannot read {quote(_join(location, '.zmetadata'))}: {e}") from None
+    except Exception as e:  # (every backend's errors)
+        passing = unavailable(quote(_join(location, ".zmetadata")), e)  # (fsspec's http says 503 as FileNotFoundError)
+        if passing is not None:
+            raise passing from None
+        if isinstance(e, FileNotFoundError):
+            raise RefmountError(f"{quote(location)} is a directory without .zmetadata (not a Parquet reference "
+                                "set)") from None
+        if isinstance(e, OSError):
+            raise RefmountError(f"cannot read {quote(_join(location, '.zmetadata'))}: {e}") from None
+        raise
     try:
         zmeta = orjson.loads(raw)
     except orjson.JSONDecodeError as e:

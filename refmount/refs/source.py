@@ -9,7 +9,7 @@ import io
 import lzma
 import os
 
-from refmount.errors import LoginFailed, RefmountError, quote
+from refmount.errors import FetchError, LoginFailed, RefmountError, quote
 from refmount.fetch.protocols import is_remote, local_path, protocol_of
 
 _MAGIC = {
@@ -57,6 +57,9 @@ def _open_raw(location: str, remote_options: dict):
         tls = certificate_problem(e)
         if tls is not None:
             raise RefmountError(f"{tls} for reference file {redact(location)!r}") from None
+        passing = unavailable(f"reference file {quote(redact(location))}", e)
+        if passing is not None:
+            raise passing from None
         if isinstance(e, FileNotFoundError):  # fsspec's http raises this for connection failures too
             reason = _connection_failure(e)
             if reason:
@@ -162,14 +165,69 @@ def _connection_failure(error: BaseException) -> str | None:
         cause = cause.__cause__ or cause.__context__
     for cause in chain:
         if isinstance(cause, socket.gaierror):
-            host = next((getattr(c, "host", None) for c in chain if getattr(c, "host", None)), None)
-            return "cannot resolve host" + (f" {host!r}" if host else "") + f" ({cause.strerror})"
+            return _unresolved(cause, chain)
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
     for cause in chain:
         if isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError):
             return f"{type(cause).__name__}: {cause}"
     return None
+
+
+def _unresolved(error, chain: list) -> str:
+    """A name resolution's failure, naming the host when an error of the chain does (aiohttp's)."""
+    host = next((getattr(c, "host", None) for c in chain if getattr(c, "host", None)), None)
+    return "cannot resolve host" + (f" {host!r}" if host else "") + f" ({error.strerror})"
+
+
+def passing_failure(error: BaseException) -> str | None:
+    """Why an fsspec backend's fetch failed, when the reason may pass: a connection refused, reset or timed
+    out, a host not resolved, an answer the retry policy retries (408, 429, 5xx); read off `error` and its
+    cause chain (fsspec's http gives a 503 as FileNotFoundError from the aiohttp error). None for anything
+    else (a 404, a malformed answer) and for a refusal that asking again does not change (a certificate
+    that does not verify, an internal address, a redirect or login refused), whatever carries it."""
+    import asyncio
+    import socket
+    import ssl
+    import sys
+
+    from refmount.fetch.addresses import InternalAddress
+    from refmount.fetch.retry import RETRY_STATUSES
+
+    chain, cause = [], error
+    while cause is not None and len(chain) < 10:
+        chain.append(cause)
+        if isinstance(getattr(cause, "os_error", None), BaseException):  # (aiohttp's connector errors hold it)
+            chain.append(cause.os_error)
+        cause = cause.__cause__ or cause.__context__
+    aiohttp = sys.modules.get("aiohttp")  # (only an aiohttp already in use raised one of its errors)
+    refused = (ssl.SSLCertVerificationError, InternalAddress, RefmountError) + \
+        ((aiohttp.ClientConnectorCertificateError,) if aiohttp else ())
+    if any(isinstance(c, refused) for c in chain):
+        return None
+    lost = (ConnectionError, TimeoutError, asyncio.TimeoutError, socket.gaierror) + \
+        ((aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) if aiohttp else ())
+    for cause in chain:  # (the most telling first)
+        status = getattr(cause, "status", None)
+        if type(status) is int and status in RETRY_STATUSES:
+            return f"HTTP {status}" + (f" {cause.message}" if isinstance(getattr(cause, "message", None), str) else "")
+        if isinstance(cause, socket.gaierror):
+            return _unresolved(cause, chain)
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+    lost = next((c for c in chain if isinstance(c, lost)), None)
+    return None if lost is None else f"{type(lost).__name__}: {lost}".rstrip(": ")
+
+
+def unavailable(what: str, error: BaseException) -> FetchError | None:
+    """The FetchError of `what` (its kind and quoted url: "reference file 'http://...'") when the reason it
+    failed may pass (passing_failure): asked again later where something asks again (a catalog's store
+    item, refmount.fuse.datasets), not refused for good. None otherwise."""
+    reason = passing_failure(error)
+    if reason is None:
+        return None
+    return FetchError(f"{'cannot fetch' if reason.startswith('HTTP ') else 'cannot reach the server of'} {what}: "
+                      f"{reason}")
 
 
 def compression_of(location: str, head: bytes) -> str | None:

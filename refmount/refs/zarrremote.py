@@ -38,7 +38,7 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
-from refmount.errors import RefmountError, RefsError, quote
+from refmount.errors import FetchError, RefmountError, RefsError, quote
 from refmount.fetch.protocols import is_remote, local_path, protocol_of
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.lazygrid import LazyGridRefSet
@@ -97,10 +97,13 @@ def _filesystem(location: str, remote_options: dict):
 
 def _fetch_failure(url: str, e: Exception) -> RefmountError:
     from refmount.fetch.stats import redact
-    from refmount.refs.source import _connection_failure
+    from refmount.refs.source import _connection_failure, unavailable
 
     if isinstance(e, RefmountError):
         return e
+    passing = unavailable(quote(redact(url)), e)  # (a FetchError: a catalog's store item is asked again later)
+    if passing is not None:
+        return passing
     if isinstance(e, FileNotFoundError):
         reason = _connection_failure(e)
         if reason:
@@ -140,7 +143,7 @@ class RemoteStore:
             data = self._read_bounded(path)
         except FileNotFoundError as e:
             failure = _fetch_failure(url, e)
-            if "cannot reach" in str(failure):
+            if isinstance(failure, FetchError) or "cannot reach" in str(failure):
                 raise failure from None
             return None
         except Exception as e:  # noqa: BLE001 - every backend's errors, said in one line
@@ -183,6 +186,8 @@ class RemoteStore:
         page = self.url(prefix) + "/" if prefix else self.base + "/"
         try:
             final, html = _fetch_index(page, dict(self.remote_options.get("headers") or {}))
+        except FetchError:
+            raise  # (its server down: asked again later, not taken for a store without index pages)
         except RefmountError:
             return None  # no index page: the hierarchy below cannot be known
         _, dirs = index_links(final, html)

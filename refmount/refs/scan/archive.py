@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import orjson
 import trio
 
-from refmount.errors import FetchError, RefmountError, RefsError, quote
+from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused, RefmountError, RefsError, quote
 from refmount.fetch.stats import redact
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.origins import Origins, files
@@ -199,12 +199,13 @@ def _first_bytes_format(location: str, options: ArchiveOptions) -> str | None:
 
 
 def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, timeout: float | None,
-                then=None, max_keys: int | None = None, kept=None) -> tuple:
+                then=None, max_keys: int | None = None, kept=None, unavailable: set | None = None) -> tuple:
     """(kind, [Scanned], then's result) of a source: kind 'file' (one data file) or 'many'. `then`
     (kind, scanned, read) runs in a thread once the files are scanned, with `read` a synchronous
     (url, offset, length) -> bytes through the same fetcher and block cache (combining reads coordinates).
     `max_keys` bounds each DMR++ conversion as it runs. `kept` (refs/scan/kept.py): asked with the listing
-    first, and what it keeps for that listing is the result: ([Scanned] standing for the files, its result)."""
+    first, and what it keeps for that listing is the result: ([Scanned] standing for the files, its result).
+    `unavailable`: a set the names of the files left out for a fetch error are added to (_settle)."""
     _check_parsers()
     options = with_trust(options, location)
     single = not looks_like_many(location, options.remote_options)
@@ -229,7 +230,7 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
     async def main():
         async with _Reader(options) as reader:
             results, failures = await _scan_all(entries, reader, options, store, max_refs_size, timeout, max_keys)
-            scanned = _settle(location, single, options, results, failures)
+            scanned = _settle(location, single, options, results, failures, unavailable)
             if not single:
                 store.put_names(location, [s.name for s in scanned])
             log.info("scanned %d file(s) of %s in %.2f s", len(scanned), redact(location),
@@ -282,16 +283,22 @@ async def identities(entries: list[Entry], fetcher, connections: int) -> dict[st
     `fetcher` must be one that pins no version: it forgets what it saw of each url first).
     FetchError when a file cannot be identified now."""
     out: dict[str, tuple] = {}
+    failed: list[FetchError] = []
     limiter = trio.CapacityLimiter(max(1, connections))
 
     async def one(entry: Entry) -> None:
         async with limiter:
             fetcher.forget(entry.url)
-            out[entry.name] = (entry.url, entry.sidecar, entry.sidecar_listed, *await _identify(fetcher, entry))
+            try:
+                out[entry.name] = (entry.url, entry.sidecar, entry.sidecar_listed, *await _identify(fetcher, entry))
+            except FetchError as e:  # (not out of the nursery: a group of them would be an "internal error")
+                failed.append(e)
 
     async with trio.open_nursery() as nursery:
         for entry in entries:
             nursery.start_soon(one, entry)
+    if failed:
+        raise failed[0]
     return {e.name: out[e.name] for e in entries}
 
 
@@ -303,13 +310,18 @@ def _check_parsers() -> None:
         raise RefmountError(f"scanning data files needs {' and '.join(missing)}: pip install 'refmount[archives]'")
 
 
-def _settle(location: str, single: bool, options: ArchiveOptions, results, failures) -> list[Scanned]:
-    """The files scanned; each failure a log line (or the error, for one file or with --strict)."""
+def _settle(location: str, single: bool, options: ArchiveOptions, results, failures,
+            unavailable: set | None = None) -> list[Scanned]:
+    """The files scanned; each failure a log line (or the error, for one file or with --strict). The names
+    of those whose bytes could not be had now (a fetch error: the next refresh asks again) go to
+    `unavailable`."""
     scanned = [r for r in results if r is not None]
-    for entry, message in failures:
+    for entry, message, passing in failures:
         if single or options.strict:
             raise RefmountError(f"{quote(redact(entry.url))}: {message}")
         log.warning("%s: %s; left out of the mount", redact(entry.url), message)
+        if passing and unavailable is not None:
+            unavailable.add(entry.name)
     if not single and not scanned:
         raise RefmountError(f"no file of {quote(redact(location))} could be scanned")
     for s in scanned:
@@ -411,7 +423,7 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
             scanned.files = files(entry.url, entry.sidecar)
             results[i] = scanned
         except (ScanFailed, FetchError) as e:
-            failures.append((entry, str(e)))
+            failures.append((entry, str(e), isinstance(e, FetchError)))
         finally:
             finished()
 
@@ -721,10 +733,11 @@ def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_s
     options = with_trust(options, location)  # (a kept combination's targets are checked as a fresh one's)
     kept = KeptCombination(location, options, max_refs_size, combine=combined_refs, targets=scanned_targets,
                            scanned_as=Scanned)
+    unavailable: set[str] = set()
 
     def loaded(shortcut):
         kind, scanned, refs = scan_source(location, options, max_refs_size=max_refs_size, timeout=timeout,
-                                          then=kept.then, max_keys=max_keys, kept=shortcut)
+                                          then=kept.then, max_keys=max_keys, kept=shortcut, unavailable=unavailable)
         return kind, scanned, refset_of(refs, location, max_keys=max_keys, max_refs_size=max_refs_size,
                                         max_value_size=max_value_size)
 
@@ -735,6 +748,7 @@ def load_archive(location: str, options: ArchiveOptions, *, max_keys, max_refs_s
         kind, scanned, refset = loaded(None)
     refset.refused = {s.name: list(s.refused) for s in scanned if s.refused}
     refset.formats = {s.name: s.format for s in scanned}  # (refmount inspect says what each makes arrays of)
+    refset.unavailable = unavailable  # (files left out for now: a --refresh asks again, fuse/refresh.py)
     refset.scanned = kind
     refset.origins = combined_origins(kind, scanned, options)
     return refset
@@ -940,7 +954,9 @@ class ArchiveScanner:
         """A catalog item's Zarr store, Icechunk repository or Parquet references (`entry.store`), loaded
         by the loader of a direct mount of its url (refs.load_refs), in a thread, within the mount's
         limits; its targets checked against the store's url as the catalog named it (fetch/trust.py).
-        ScanRefused (its directory EIO, one log line naming the url) when it cannot be loaded."""
+        ScanRefused (its directory EIO, one log line naming the url) when it cannot be loaded; FetchError
+        when it cannot be loaded now for a reason that may pass (a 503, a connection refused: asked again
+        at a lookup after a while, fuse/datasets.py)."""
         archive = self.archive
         options = archive.options
         if options.load_store is None:  # (a library's LazyArchive without the loader)
@@ -974,6 +990,10 @@ class ArchiveScanner:
                 from None
         except ScanRefused:
             raise
+        except FetchError as e:
+            if not isinstance(e, (NotFound, LoginFailed, ReadRefused)):
+                raise FetchError(f"{redact(entry.url)}: {e}") from None  # (may pass: asked again after a while)
+            raise ScanRefused(entry.url, str(e)) from None
         except (RefmountError, MemoryError) as e:  # (TargetRefused among them: it names the target and the store)
             raise ScanRefused(entry.url, str(e) or "out of memory") from None
         self.files_scanned += 1

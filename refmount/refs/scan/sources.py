@@ -308,8 +308,10 @@ def _fetch_index(url: str, headers: dict) -> tuple[str, str]:
     except FetchError as e:
         why = str(e).removeprefix(f"{redact(url)}: ")
         if isinstance(e, LoginFailed) or getattr(e, "status", None) in (401, 403):
-            why = f"access refused: {why}"
-        raise RefmountError(f"cannot list {quote(redact(url))}: {why}") from None
+            raise RefmountError(f"cannot list {quote(redact(url))}: access refused: {why}") from None
+        # (no status: the retries gave up, a server down that may come back; a 404 or 410 is an answer)
+        kind = FetchError if getattr(e, "status", None) is None else RefmountError
+        raise kind(f"cannot list {quote(redact(url))}: {why}") from None
     if _origin(final) != _origin(url):  # (after a login host, the chain must come back home)
         raise RefmountError(f"listing {quote(redact(url))}: redirected to another host ({redact(final)}), "
                             "which is not followed")
