@@ -249,3 +249,34 @@ def test_concurrent_readers_share_fetches(mount, datasets, http_data):
         results = list(pool.map(lambda _: key.read_bytes(), range(32)))
     assert all(r == expected for r in results)
     assert http_data.stats["requests"] <= 2
+
+
+def test_a_chunk_file_is_read_in_one_piece(mount, server):
+    """A file of up to 1 MiB (a chunk file) shows a st_blksize that holds it, in a listing and in a
+    stat: `cat` reads it in one piece, which the kernel asks of the mount as one read (not a
+    readahead window and then the rest). Smaller and bigger files keep 128 KiB. Bytes as the file's."""
+    import json
+    import random
+    import subprocess
+
+    data = random.Random(39).randbytes(3 << 20)
+    (server.root / "data.bin").write_bytes(data)
+    url = server.url_for("data.bin")
+    sizes = {"small": (7, 5000), "chunk": (100, 640_000), "whole": (200, 1 << 20), "big": (0, 3_000_000)}
+    mnt = mount({"version": 1, "refs": {key: [url, start, length] for key, (start, length) in sizes.items()}},
+                "--view", "raw")
+    expected = {"small": 128 << 10, "chunk": 1 << 20, "whole": 1 << 20, "big": 128 << 10}
+    with os.scandir(mnt.path) as listing:  # (the listing's attributes, READDIRPLUS)
+        listed = {e.name: e.stat().st_blksize for e in listing if e.name in sizes}
+    assert listed == expected
+    assert {key: os.stat(mnt / key).st_blksize for key in sizes} == expected
+
+    def reads() -> int:
+        return json.loads(os.getxattr(mnt.path, "user.refmount.stats"))["served"]["reads"]
+
+    before = reads()
+    out = subprocess.run(["cat", str(mnt / "chunk")], capture_output=True, timeout=60).stdout
+    assert out == data[100:640_100]
+    assert reads() - before == 1
+    for key, (start, length) in sizes.items():
+        assert (mnt / key).read_bytes() == data[start:start + length], key

@@ -58,6 +58,20 @@ def _reply(handler):
     return wrapper
 
 
+# st_blksize, the piece size `cat`, `cp` and stdio read a file in. A file of up to WHOLE_PIECE (a
+# chunk file: raw.py fetches one of up to a block whole at its first read anyway) gets a piece that
+# holds it, so the kernel asks for it in one read rather than a readahead window of 512 KiB and then
+# the rest: 4 `cat`s of 640 kB chunk files sent 2 reads per file, now 1 (bench/NOTES.md, issue 39).
+# Bigger files keep 128 KiB: a buffered reader at random pulls no more per read than before.
+WHOLE_PIECE = 1 << 20
+PIECE = 1 << 17
+
+
+def io_piece(size: int) -> int:
+    """st_blksize for a file of `size` bytes (a power of two)."""
+    return PIECE if size <= PIECE or size > WHOLE_PIECE else 1 << (size - 1).bit_length()
+
+
 def _caller(ctx) -> Caller | None:
     return Caller(ctx.uid, ctx.gid, ctx.pid) if ctx is not None else None
 
@@ -130,7 +144,7 @@ class FuseOperations(pyfuse3.Operations):
         e.st_uid = self.fs.uid
         e.st_gid = self.fs.gid
         e.st_size = a.size
-        e.st_blksize = 1 << 17
+        e.st_blksize = io_piece(a.size)
         e.st_blocks = (a.size + 511) // 512
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = self.fs.mtime_ns
         return e
@@ -154,6 +168,7 @@ class FuseOperations(pyfuse3.Operations):
         known = size is not None
         entry.st_size = size if known else 0
         entry.st_blocks = (size + 511) // 512 if known else 0
+        entry.st_blksize = io_piece(size if known else 0)
         entry.entry_timeout = entry.attr_timeout = self.fs.attr_timeout if known else 0.0
 
     @_reply

@@ -24,6 +24,7 @@ an exhausted budget shrinks the plan. Everything here runs on the trio thread.
 from __future__ import annotations
 
 import logging
+import operator
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -164,7 +165,11 @@ class GridPlanner:
         # (what this walk already wasted, say a first row's overshoot, counts against the lead: the bytes
         # target is for the whole selection)
         cap = min(state.window, max(floor, int(walk.count * LEAD_FRACTION) - state.wasted))
-        guessing = sum(1 for index in state.pending if not walk.in_box(index, model) or index[outer] not in entered)
+        # (every pending chunk is on the walk now: in its box is within its bounds)
+        lo, hi = model[1], model[2]
+        guessing = sum(1 for index in state.pending
+                       if index[outer] not in entered or not all(map(operator.le, lo, index))
+                       or not all(map(operator.le, index, hi)))
         wanted = min(cap - guessing, room_in_window - len(certain))
         guesses: list[tuple] = []
         if wanted >= max(cap // 4, 1):  # (topped up by quarters: chunks predicted together go out in fewer requests)

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections import deque
+from itertools import repeat
 
 HISTORY = 64  # chunk reads a walk remembers (its box and strides come from these)
 MAX_BOX = 4096  # the largest box whose holes are looked for
@@ -65,7 +67,7 @@ class Walk:
             # a second read: the walk's line if it moved along one axis only, or a near neighbour
             moved = [a for a in range(len(index)) if index[a] != lo[a]]
             return len(moved) <= 1 or all(abs(index[a] - lo[a]) <= 1 for a in moved)
-        strides = known[3] if known is not None else self.strides(lo)
+        strides = known[3] if known is not None else self.strides(lo, hi)
         outer = next((a for a in range(len(lo)) if lo[a] != hi[a]), None)
         for a, v in enumerate(index):
             if a == outer:
@@ -80,9 +82,11 @@ class Walk:
         columns = list(zip(*self.history))  # (per axis, in C: this runs at every chunk read)
         return list(map(min, columns)), list(map(max, columns))
 
-    def strides(self, lo) -> list[int]:
-        """Per axis, the step between the chunks read along it (1 where only one was read)."""
-        return [math.gcd(*(v - low for v in column)) or 1 for column, low in zip(zip(*self.history), lo)]
+    def strides(self, lo, hi=None) -> list[int]:
+        """Per axis, the step between the chunks read along it (1 where only one was read). `hi`, if
+        given (the box's top), spares the axes that did not move their pass over the history."""
+        return [1 if hi is not None and hi[a] == low else math.gcd(*map(operator.sub, column, repeat(low))) or 1
+                for a, (column, low) in enumerate(zip(zip(*self.history), lo))]
 
     def model(self):
         """(varying axes, lo, hi, strides, direction of the outermost varying axis), or None before
@@ -98,7 +102,7 @@ class Walk:
         varying = [a for a in range(len(lo)) if lo[a] != hi[a]]
         if not varying:
             return None
-        strides = self.strides(lo)
+        strides = self.strides(lo, hi)
         if len(self.history) == 2 and any(hi[a] - lo[a] > 1 for a in varying):
             return None  # two reads far apart may be two random reads: wait for a third
         outer = varying[0]
@@ -153,11 +157,10 @@ class Walk:
         if m is None:
             return False
         varying, lo, hi, strides, _ = m
-        for a, v in enumerate(index):
-            if a not in varying:
-                if v != lo[a]:
-                    return False
-            elif (v - lo[a]) % strides[a] or (a != varying[0] and not lo[a] <= v <= hi[a]):
+        outer = varying[0]
+        for a, v in enumerate(index):  # (an axis that does not move has lo == hi: at its value)
+            low = lo[a]
+            if (v - low) % strides[a] or (a != outer and not low <= v <= hi[a]):
                 return False
         return True
 
@@ -232,13 +235,10 @@ class Walk:
             return r
 
         here = rank(latest)
-        holes = []
-        for steps in itertools.product(*(range(n) for n in extents)):
-            pos = list(latest)
-            for a, k in zip(varying, steps):
-                pos[a] = lo[a] + k * strides[a]
-            index = tuple(pos)
-            if index not in self.read and index not in skip:
-                holes.append((abs(rank(index) - here), index))
+        # the box's chunks in C order (an axis that does not move has lo == hi: the latest read's value)
+        axes = [range(lo[a], hi[a] + 1, strides[a]) if lo[a] != hi[a] else (latest[a],) for a in range(len(latest))]
+        read = self.read
+        holes = [(abs(rank(index) - here), index) for index in itertools.product(*axes)
+                 if index not in read and index not in skip]
         holes.sort()
         return [index for _, index in holes[:count]]
