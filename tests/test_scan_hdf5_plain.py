@@ -3,7 +3,7 @@ references kerchunk's way makes, key for key, byte for byte and in the same orde
 kind: compression and filters, strings, variable-length and compound types, groups, fill values,
 unlimited dimensions, chunks skipping a filter, dimension scales, inline-sized chunks; netCDF-C's own CDL
 slice (tests/conformance/slice.txt) as ncgen and nccopy write it, the realistic files, daily archive
-files. Both ways run on the same file through the scanner's PipeReader; the oracle is kerchunk's own
+files, the HDF5 files of tests/data. Both ways run on the same file through the scanner's PipeReader; the oracle is kerchunk's own
 translation (the straight path off)."""
 
 from __future__ import annotations
@@ -81,6 +81,9 @@ def _h5py_files(directory: Path) -> list[Path]:
         f.create_dataset("never_written_chunked", shape=(10, 10), dtype="u2", chunks=(5, 5))
         f.create_dataset("never_written_contiguous", shape=(10,), dtype="i8")
         f.create_dataset("scalar", data=np.float64(3.25))
+        f.create_dataset("zero_size", shape=(0,), dtype="f4")
+        f.create_dataset("zero_rows", shape=(0, 5), dtype="i4", chunks=(1, 5), maxshape=(None, 5))
+        f.create_dataset("chunk_past_end", data=np.arange(5.0), chunks=(100,), maxshape=(None,))
         f.create_dataset("half", data=np.arange(50, dtype="f2"), chunks=(10,))
         f.create_dataset("u64", data=np.arange(40, dtype="u8") * (2**60), chunks=(7,))
         f.create_dataset("i1_ascii", data=np.frombuffer(b"[1, 2]  ", dtype="i1"), chunks=(8,))  # (JSON-looking bytes)
@@ -203,8 +206,19 @@ def corpus(tmp_path_factory) -> list[Path]:
     directory = tmp_path_factory.mktemp("plain")
     files = _h5py_files(directory) + _netcdf_files(directory) + _cdl_slice(directory)
     files += write_all(directory / "realistic") + make_daily(directory / "daily", 2, 19, 36)
-    shared = Path("/work/shared/data/air.nc")  # (a real NCEP file, where this machine has it)
-    return files + ([shared] if shared.exists() else [])
+    return files + _repository_files()
+
+
+def _repository_files() -> list[Path]:
+    """The HDF5 files of tests/data: kerchunk's and netCDF4-python's test files, air.nc, the DMR++ tests'."""
+    found = []
+    for path in sorted((ROOT / "tests" / "data").rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            with open(path, "rb") as f:
+                if f.read(8) == b"\x89HDF\r\n\x1a\n":
+                    found.append(path)
+    assert len(found) >= 50
+    return found
 
 
 def test_the_straight_path_makes_kerchunks_references(corpus, monkeypatch):

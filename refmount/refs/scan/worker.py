@@ -420,9 +420,9 @@ def worker_main(conn, memory: int, max_result: int) -> None:
     """Scan the files the parent sends, one at a time, until told to stop."""
     logging.disable(logging.CRITICAL)  # kerchunk's and cfgrib's chatter; what matters goes back in messages
     preload()
-    # What the imports made is kept for good: each scan's gc.collect() below (_scan_hdf5) then walks what
-    # the scans made, not the ~60,000 objects of h5py, kerchunk, zarr and numpy (17-28 ms a file, 60% of
-    # a scanner's CPU on 0.3 MB netCDF files), and a collection writes to none of the pages the fork shares.
+    # What the imports made is kept for good: each scan's gc.collect() (_scan_hdf5) then walks what the
+    # scans made, not the ~60,000 objects of h5py, kerchunk, zarr and numpy (17-44 ms a file, half of a
+    # scanner's CPU on 0.3 MB netCDF files: bench/NOTES.md), and writes to none of the pages the fork shares.
     gc.freeze()
     _current["memory"] = memory
     _current["max_result"] = max_result
