@@ -161,51 +161,11 @@ def _repoint(refs: dict, pipe_url: str, url: str) -> dict:
     return refs
 
 
-def _fixed_strings(store: dict, name: str, h5obj) -> None:
-    """A fixed-length string dataset's .zarray as HDF5 reads it. kerchunk gives every one the fill value
-    b" " (zarr then reads a chunk never written as spaces; HDF5 and h5py read NULs, or the dataset's own
-    fill): here the dataset's. And its padding (refmount.refs.hdf5: the decoded view cuts each value at
-    its terminator, as h5py and netCDF-C read it; kerchunk keeps the bytes after), not for one-byte
-    strings (netCDF-4's char data), which cutting leaves as they are."""
-    import h5py
-    import numpy as np
-
-    from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
-
-    key = f"{name.strip('/')}/.zarray"
-    if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind != "S" or key not in store:
-        return
-    raw = store[key]  # (zarr 3's Buffer in kerchunk's store)
-    meta = orjson.loads(raw.to_bytes() if hasattr(raw, "to_bytes") else raw)
-    size = h5obj.dtype.itemsize
-    fill = bytes(np.asarray(h5obj.fillvalue, dtype=h5obj.dtype).item()).ljust(size, b"\0")[:size]
-    meta["fill_value"] = base64.b64encode(fill).decode()
-    pad = h5obj.id.get_type().get_strpad()  # (H5T_STR_NULLTERM 0, NULLPAD 1, SPACEPAD 2)
-    if size > 1 and 0 <= pad < len(STRING_PADS):
-        meta[STRING_PAD_KEY] = STRING_PADS[pad]
-    data = orjson.dumps(meta)
-    store[key] = type(raw).from_bytes(data) if hasattr(type(raw), "from_bytes") else data
-
-
 def _scan_hdf5(conn, url: str, size: int, refused: list) -> dict:
-    from kerchunk.hdf import SingleHdf5ToZarr
-
-    class Translator(SingleHdf5ToZarr):
-        """kerchunk's, but a variable it cannot reference is left out whole and named, not half-written."""
-
-        def _translator(self, name, h5obj):
-            try:
-                super()._translator(name, h5obj)
-                _fixed_strings(self.store_dict, name, h5obj)
-            except Exception as e:  # noqa: BLE001 - kerchunk's reasons are of every kind
-                reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                refused.append(f"{name}: {reason}")
-                prefix = name.strip("/") + "/"
-                for key in [k for k in self.store_dict if k.startswith(prefix)]:
-                    del self.store_dict[key]
+    from refmount.refs.scan.hdf5scan import Translator
 
     fileobj = PipeReader(conn, size)
-    translator = Translator(fileobj, url=url, error="raise")
+    translator = Translator(fileobj, url, refused)
     # The garbage collector off while kerchunk walks the file: a collection that zarr's I/O thread runs
     # frees h5py objects, which takes h5py's lock, which kerchunk holds while it waits for that thread:
     # a deadlock (kerchunk's NEONDSTowerTemperatureData.hdf5 hung every scan). Refcounting still frees
@@ -460,6 +420,10 @@ def worker_main(conn, memory: int, max_result: int) -> None:
     """Scan the files the parent sends, one at a time, until told to stop."""
     logging.disable(logging.CRITICAL)  # kerchunk's and cfgrib's chatter; what matters goes back in messages
     preload()
+    # What the imports made is kept for good: each scan's gc.collect() (_scan_hdf5) then walks what the
+    # scans made, not the ~60,000 objects of h5py, kerchunk, zarr and numpy (17-44 ms a file, half of a
+    # scanner's CPU on 0.3 MB netCDF files: bench/NOTES.md), and writes to none of the pages the fork shares.
+    gc.freeze()
     _current["memory"] = memory
     _current["max_result"] = max_result
     while True:
