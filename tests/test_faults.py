@@ -74,10 +74,13 @@ def test_permanent_failure_is_eio_within_read_timeout_and_daemon_keeps_serving(m
             (mnt / "bad" / "503").read_bytes()
         assert e.value.errno == errno.EIO
         assert time.monotonic() - started < 6
-        started = time.monotonic()
+        http_data.reset_stats()  # (its log keeps the latest requests only: an index into it may not hold)
         with pytest.raises(OSError) as e:
             (mnt / "bad" / "404").read_bytes()
-        assert e.value.errno == errno.EIO and time.monotonic() - started < 1  # 404 is not retried
+        # a 404 is not retried: one request (the kernel's retry of the read fails at once). Counted,
+        # not timed: "within 1 s" is no promise on a loaded machine
+        assert e.value.errno == errno.EIO
+        assert [path for _, path, _ in http_data.stats["log"]] == ["/missing.bin"]
         assert (mnt / "c" / "1").read_bytes() == blob.read_bytes()[CHUNK:2 * CHUNK]
         log = mnt.log()
         assert "bad/503" in log and "HTTP 503" in log and "attempts" in log

@@ -132,6 +132,30 @@ def test_a_stalled_body_fails_within_the_read_timeout(server, blob, client, wher
 
 
 @pytest.mark.parametrize("client", CLIENTS)
+def test_a_read_timeout_during_an_attempt_keeps_the_reason_before_it(server, blob, client):
+    """A server answering 503, then an attempt the read's own limit cuts (a slow answer on a busy
+    machine): the error says 503, not a stall that never happened."""
+    server.fail_paths = {"blob.bin": 503}
+
+    async def body(fetcher):
+        async def stall_after_a_503():
+            with trio.fail_after(30):
+                while server.stats["requests"] < 1:
+                    await trio.sleep(0.01)
+            server.fail_paths = {}
+            server.stall_paths.add("/blob.bin")
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stall_after_a_503)
+            with pytest.raises(FetchError) as e:
+                await fetcher.read(server.url_for("blob.bin"), 0, 1 << 20)
+        return str(e.value)
+
+    message = with_fetcher(client, body, read_timeout=2.0, stall_timeout=30)
+    assert "last error: HTTP 503 (the last attempt cut short by --read-timeout)" in message, message
+
+
+@pytest.mark.parametrize("client", CLIENTS)
 def test_a_body_that_stops_halfway_is_retried_after_the_stall_timeout(server, blob, client):
     """Half a 1 MiB body, then silence: each attempt ends after the stall timeout (0.4 s; the direct
     path's blocking receive counts it in half-timeout waits), not at the read's own limit."""

@@ -98,14 +98,16 @@ def test_a_mount_looks_up_the_sizes_of_a_few_whole_files_at_once(mount, server):
     for k in range(20):
         (server.root / f"{k}.bin").write_bytes(bytes([k]) * (1000 + k))
 
-    def requests_soon(refs: dict, expected: int) -> int:
-        """The requests made within 2 s of the mount's announcement (counted as soon as `expected`
-        are in). Timed from the announcement, not from `mount`'s return: the lookups start when
-        the client is warm, as the mount is announced, and the fixture returns as soon as the
-        kernel mount answers, a second earlier on a loaded machine."""
+    def requests_unasked(refs: dict, expected: int, wait: float) -> int:
+        """The requests the mount makes before anything in it is used: counted once `expected` are
+        in, or `wait` s after the mount's announcement (the lookups start when the client is warm,
+        as the mount is announced). A few are looked up without waiting for a read, not within a
+        given time: on a loaded 2-core machine 3 lookups took more than 2 s (3 of 8 runs), so the
+        mount of a few waits for them as long as it may take; the mount of many, which must make
+        none, is watched for 2 s (a lookup made later would go unseen, never fail the test)."""
         server.reset_stats()
         mnt = mount(refs, "--view", "raw").wait_announced()
-        deadline = time.monotonic() + 2
+        deadline = time.monotonic() + wait
         while server.stats["requests"] < max(expected, 1) and time.monotonic() < deadline:
             time.sleep(0.01)
         made = server.stats["requests"]
@@ -114,8 +116,8 @@ def test_a_mount_looks_up_the_sizes_of_a_few_whole_files_at_once(mount, server):
             assert (mnt / key).read_bytes() == bytes([k]) * (1000 + k)
         return made
 
-    assert requests_soon({f"w{k}": [server.url_for(f"{k}.bin")] for k in range(3)}, 3) == 3
-    assert requests_soon({f"w{k}": [server.url_for(f"{k}.bin")] for k in range(20)}, 0) == 0
+    assert requests_unasked({f"w{k}": [server.url_for(f"{k}.bin")] for k in range(3)}, 3, wait=60) == 3
+    assert requests_unasked({f"w{k}": [server.url_for(f"{k}.bin")] for k in range(20)}, 0, wait=2) == 0
 
 
 def test_read_only_everywhere(mount, datasets):

@@ -137,7 +137,9 @@ def test_redirect_to_file_url_fails_at_once(mount, server):
     started = time.monotonic()
     with pytest.raises(OSError) as e:
         (mnt / "k").read_bytes()
-    assert e.value.errno == errno.EIO and time.monotonic() - started < 2
+    # at once: not retried until --read-timeout (20 s). Not "within 2 s": that took 2.5-5 s on a
+    # loaded 2-core machine (4 runs of 4)
+    assert e.value.errno == errno.EIO and time.monotonic() - started < 20 / 2
     assert "not http" in mnt.log()
 
 
@@ -177,7 +179,7 @@ def test_self_signed_target_fails_at_once_naming_the_certificate(mount, tls_serv
     started = time.monotonic()
     with pytest.raises(OSError) as e:
         (mnt / "k").read_bytes()
-    assert e.value.errno == errno.EIO and time.monotonic() - started < 2
+    assert e.value.errno == errno.EIO and time.monotonic() - started < 20 / 2  # at once: not retried (as above)
     assert f"certificate verify failed (self-signed certificate) for {url}" in mnt.log()
 
 

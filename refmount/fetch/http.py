@@ -852,6 +852,7 @@ class HttpBackend:
         started = loop.time() if started is None else started
         deadline = started + policy.read_timeout
         attempt = 0
+        earlier = None  # why the attempt before this one failed
         while True:
             attempt += 1
             if failed is not None:
@@ -871,11 +872,16 @@ class HttpBackend:
                     raise FetchError(f"{redact(url)}: {e}") from None
                 except (_Retry, _aiohttp().ClientError, asyncio.TimeoutError, ConnectionError) as e:
                     reason, retry_after = _describe(e)
+                    if earlier is not None and isinstance(e, asyncio.TimeoutError) and loop.time() >= deadline:
+                        # --read-timeout ran out during this attempt (a slow answer on a busy machine), no
+                        # stall: the attempts before say why the read failed (say, a server answering 503)
+                        reason = f"{earlier} (the last attempt cut short by --read-timeout)"
             delay = policy.backoff(attempt, retry_after)
             if loop.time() + delay >= deadline or attempt >= policy.max_attempts:
                 self.stats.error(url, reason)
                 raise FetchError(f"{redact(url)}: gave up after {attempt} attempts in "
                                  f"{loop.time() - started:.1f}s; last error: {reason}")
+            earlier = reason
             self.stats.retry(url)
             await asyncio.sleep(delay)
 
