@@ -14,8 +14,7 @@ import socket
 import statistics
 import time
 
-from refmount.fetch.pages import fetch_pages_under
-from refmount.fetch.retry import RetryPolicy
+from refmount.fetch.retry import RetryPolicy, retry_under
 from refmount.fuse.refresh import REFRESH_POLICY
 from refmount.refs.scan.archive import ArchiveOptions, listed_entries, with_trust
 
@@ -32,7 +31,7 @@ def seconds_to_fail(policy: RetryPolicy) -> float:
     url = f"http://127.0.0.1:{closed_port()}/data/"
 
     def listing() -> float:
-        fetch_pages_under(policy)
+        retry_under(policy)
         started = time.monotonic()
         try:
             listed_entries(url, with_trust(ArchiveOptions(), url))

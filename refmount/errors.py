@@ -17,6 +17,12 @@ class FetchError(RefmountError):
     """Remote bytes could not be obtained (after the retry policy gave up)."""
 
 
+class Unavailable(FetchError):
+    """What was asked for could not be had now, for a reason that may pass (fetch/retry.py `passing`: a
+    server down or answering 503; a load that ran out of --load-timeout; a scanner the system killed):
+    asked again later where something asks again (a lazy mount's lookup, a --refresh)."""
+
+
 class NotFound(FetchError):
     """The server says the object does not exist (HTTP 404, S3 NoSuchKey)."""
 

@@ -541,3 +541,35 @@ def test_a_store_item_whose_server_hiccups_is_tried_again_after_a_while(mount, s
         text = m.log()
         assert text.count("works again") == 3, text
         assert len([line for line in text.splitlines() if "v2.zarr' has no consolidated metadata" in line]) == 1, text
+
+
+def test_a_store_item_whose_load_runs_past_load_timeout_is_tried_again_after_a_while(mount, scans, stores):
+    """A store item whose server stalls (headers, then nothing) past --load-timeout is EIO, said once in one
+    line naming --load-timeout, not refused for the mount's life: once the server answers, a later lookup
+    loads it and xarray reads what it reads on the store."""
+    import errno
+
+    import xarray as xr
+
+    from tests.support.rangeserver import RangeServer
+
+    with RangeServer(stores["root"].parent) as server:
+        server.stall_seconds = 20.0
+        server.stall_paths = {"stores/v3.zarr/zarr.json"}
+        m = mount(server.url_for("stores/stac/catalog.json"), "--load-timeout", "3")
+        with pytest.raises(OSError) as e:
+            os.listdir(m.path / "zarr3")
+        assert e.value.errno == errno.EIO
+        said = [line for line in m.log().splitlines() if "dataset 'zarr3' cannot be had now" in line]
+        assert len(said) == 1 and "--load-timeout (3 s)" in said[0], m.log()
+        server.stall_paths = set()
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with xr.open_zarr(m.path / "zarr3") as got:
+                    xr.testing.assert_allclose(got.load(), stores["dataset"])
+                break
+            except OSError:
+                assert time.monotonic() < deadline, m.log()
+                time.sleep(0.5)
+        assert "works again" in m.log() and "cannot be scanned" not in m.log(), m.log()

@@ -283,15 +283,17 @@ def test_a_zero_byte_nc_is_named_and_said_empty(scans, tmp_path):
 def test_a_scanner_that_really_dies_is_said_to_have_died_with_its_signal():
     """'died' is kept for a real death: a crash (SIGSEGV: a parser's bug, or an allocation past the
     memory cap that the C code did not check) and a kill (SIGKILL: the out-of-memory killer)."""
+    from refmount.fetch.retry import passing
     from refmount.refs.scan.pool import _Worker
 
-    for sig, words in ((signal.SIGSEGV, "died on it (SIGSEGV: a crash in the parser, or an allocation past its "
-                                        "1024 MiB memory cap)"),
-                       (signal.SIGKILL, "was killed (SIGKILL: the system's out-of-memory killer")):
+    for sig, words, may_pass in ((signal.SIGSEGV, "died on it (SIGSEGV: a crash in the parser, or an allocation "
+                                                  "past its 1024 MiB memory cap)", False),
+                                 (signal.SIGKILL, "was killed (SIGKILL: the system's out-of-memory killer", True)):
         worker = _Worker(1 << 30, 1 << 20)
         try:
             os.kill(worker.process.pid, sig)
-            assert words in worker.death()
+            death = worker.death()
+            assert words in str(death) and (passing(death) is not None) == may_pass  # (a kill may be tried again)
         finally:
             worker.stop(kill=True)
 

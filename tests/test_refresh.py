@@ -122,11 +122,11 @@ def test_changes_that_failed_to_fetch_are_applied_again_and_refused_ones_are_not
     is not, while the listing stays the same."""
     import trio
 
-    from refmount.errors import FetchError, RefmountError
+    from refmount.errors import RefmountError, Unavailable
     from refmount.fuse.refresh import Refresher
 
     listing = {"a": ("a", 1)}
-    outcomes = [FetchError("a: gave up after 3 attempts in 0.1s; last error: HTTP 503"), None]
+    outcomes = [Unavailable("a: gave up after 3 attempts in 0.1s; last error: HTTP 503"), None]
     applied = []
 
     async def apply(changes, entries):

@@ -690,8 +690,7 @@ def test_an_unconsolidated_store_whose_index_page_answers_503_is_unavailable_not
     import zarr
 
     from refmount.errors import FetchError, RefsError
-    from refmount.fetch.pages import fetch_pages_under
-    from refmount.fetch.retry import RetryPolicy
+    from refmount.fetch.retry import RetryPolicy, retry_under
     from refmount.refs import load_refs
     from tests.support.rangeserver import RangeServer
 
@@ -699,7 +698,7 @@ def test_an_unconsolidated_store_whose_index_page_answers_503_is_unavailable_not
     group.create_array("a", shape=(4,), chunks=(4,), dtype="i2")[...] = np.arange(4)
 
     def load():
-        fetch_pages_under(RetryPolicy(read_timeout=2.0, max_attempts=2))  # (in this context only: no 20 s of retries)
+        retry_under(RetryPolicy(read_timeout=2.0, max_attempts=2))  # (in this context only: no 20 s of retries)
         return load_refs(server.url_for("v2.zarr"), store="zarr", serving=True, load_timeout=None)
 
     with RangeServer(tmp_path) as server:

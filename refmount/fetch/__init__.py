@@ -20,7 +20,7 @@ import time
 
 import trio
 
-from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused
+from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused, Unavailable
 from refmount.fetch.bridge import asyncio_loop, run_on_asyncio
 from refmount.fetch.local import LocalBackend
 from refmount.fetch.protocols import reaches_local
@@ -220,8 +220,8 @@ class Fetcher:
             ago = time.monotonic() - failed[0]
             if ago < self._failure_window():
                 self.stats.error(url, "repeated")
-                # (the same kind: a refused login stays EACCES, a 404 stays a missing object)
-                kind = next((k for k in (LoginFailed, NotFound) if issubclass(failed[1], k)), FetchError)
+                # (the same kind: a refused login stays EACCES, a 404 stays a missing object, a hiccup one that may pass)
+                kind = next((k for k in (LoginFailed, NotFound, Unavailable) if issubclass(failed[1], k)), FetchError)
                 error = kind(f"{failed[2]} ({ago:.1f}s ago; not retried yet)")
                 error.repeated = True  # (a refused login is logged once, not again at the kernel's retry)
                 raise error

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from refmount.errors import FetchError, RefmountError
+from refmount.errors import FetchError, RefmountError, Unavailable
 from refmount.fetch.pieces import split
-from refmount.fetch.retry import RetryPolicy
+from refmount.fetch.retry import RetryPolicy, passing, policy_now
 from refmount.fetch.stats import FetchStats, redact
 from refmount.fetch.tls import certificate_problem
 
@@ -30,6 +30,29 @@ def _with_ca_bundle(protocol: str, options: dict) -> dict:
     return {**options, "client_kwargs": {**client_kwargs, "verify": verify}}
 
 
+def under_policy(protocol: str, options: dict) -> dict:
+    """fsspec's `options` for `protocol`, with the timeouts of this context's retry policy if it has one
+    (fetch/retry.py `retry_under`: a --refresh's), so that a refresh's listing of S3 or its look at an
+    Icechunk branch gives up as its listing of an index page does. Unbounded, s3fs and botocore each
+    retry on their own (5-12 s to fail on a dead endpoint: botocore's backoff is seconds long; s3fs's own,
+    kept, is 0.1 s growing), and fsspec's http waits up to aiohttp's 300 s for an answer (the policy's
+    stall and connect timeouts instead: a large snapshot may take longer than a read_timeout)."""
+    policy = policy_now()
+    if policy is None:
+        return options
+    if protocol in ("s3", "s3a"):
+        return {**options, "config_kwargs": {**(options.get("config_kwargs") or {}),
+                                             "connect_timeout": policy.connect_timeout,
+                                             "read_timeout": policy.stall_timeout,
+                                             "retries": {"total_max_attempts": 1, "mode": "standard"}}}
+    if protocol in ("http", "https"):
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=policy.connect_timeout, sock_read=policy.stall_timeout)
+        return {**options, "client_kwargs": {**(options.get("client_kwargs") or {}), "timeout": timeout}}
+    return options
+
+
 class FsspecBackend:
     """Async fsspec filesystems run on fsspec's asyncio loop; the methods here are coroutines for it."""
 
@@ -50,17 +73,20 @@ class FsspecBackend:
     async def _call(self, url: str, method: str, *args, **kwargs):
         loop = asyncio.get_running_loop()
         started = loop.time()
+        policy = policy_now(self.policy)
         attempt = 0
         while True:
             attempt += 1
             try:
-                async with asyncio.timeout(max(started + self.policy.read_timeout - loop.time(), 0.001)):
+                async with asyncio.timeout(max(started + policy.read_timeout - loop.time(), 0.001)):
                     if self.is_async:
                         return await getattr(self.fs, "_" + method)(*args, **kwargs)
                     return await asyncio.to_thread(getattr(self.fs, method), *args, **kwargs)
             except (FileNotFoundError, PermissionError) as e:
-                self.stats.error(url, e)
-                raise FetchError(f"{redact(url)}: {type(e).__name__}: {e}") from None
+                if passing(e) is None:  # (fsspec's http says a 503 so too: asked again)
+                    self.stats.error(url, e)
+                    raise FetchError(f"{redact(url)}: {type(e).__name__}: {e}") from None
+                reason, last = f"{type(e).__name__}: {e}", e
             except Exception as e:  # each backend raises its own error types
                 tls = certificate_problem(e)
                 if tls is not None:  # a certificate does not get better by asking again
@@ -68,10 +94,11 @@ class FsspecBackend:
                     raise FetchError(f"{tls} for {redact(url)}") from None
                 reason = f"{type(e).__name__}: {e}"
                 last = e
-            delay = self.policy.backoff(attempt)
-            if loop.time() + delay >= started + self.policy.read_timeout or attempt >= self.policy.max_attempts:
+            delay = policy.backoff(attempt)
+            if loop.time() + delay >= started + policy.read_timeout or attempt >= policy.max_attempts:
                 self.stats.error(url, last)
-                raise FetchError(f"{redact(url)}: gave up after {attempt} attempts; last error: {reason}")
+                kind = Unavailable if passing(last) is not None else FetchError  # (another backend's own errors: unknown)
+                raise kind(f"{redact(url)}: gave up after {attempt} attempts; last error: {reason}")
             self.stats.retry(url)
             await asyncio.sleep(delay)
 

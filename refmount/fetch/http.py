@@ -50,11 +50,11 @@ from urllib.parse import urljoin, urlsplit
 import trio
 from yarl import URL
 
-from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused, RemoteChanged, format_size
+from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused, RemoteChanged, Unavailable, format_size
 from refmount.fetch import addresses, direct
 from refmount.fetch.bridge import run_in_worker
 from refmount.fetch.pieces import piece_sizes, split
-from refmount.fetch.retry import RetryPolicy
+from refmount.fetch.retry import Passing, RetryPolicy, passing, passing_status, policy_now
 from refmount.fetch.stats import FetchStats, redact
 from refmount.fetch.tls import certificate_problem
 
@@ -84,14 +84,6 @@ def _aiohttp():
     import aiohttp
 
     return aiohttp
-
-
-class _Retry(Exception):
-    """A transient failure worth another attempt."""
-
-    def __init__(self, reason: str, retry_after: float | None = None):
-        super().__init__(reason)
-        self.retry_after = retry_after
 
 
 class HandOver(Exception):
@@ -587,7 +579,7 @@ class HttpBackend:
                 elif status == 416:
                     total = _total_from(resp.headers.get("Content-Range", ""))
                     if total is not None and start < total:
-                        raise _Retry(f"416 for a range inside the object ({total} bytes)")
+                        raise Passing(f"416 for a range inside the object ({total} bytes)")
                     if total is not None:  # the object's size (and a check that it is the version seen)
                         self._check_response(url, resp.headers, total)
                     pieces = []
@@ -605,22 +597,22 @@ class HttpBackend:
         length = self._check_206(url, resp.headers, resp.content_length, start, end)
         pieces = await _read_pieces(resp, start, start + length, piece)
         if await resp.content.read(1):  # the body must end where its Content-Range says
-            raise _Retry(f"206 body longer than its Content-Range {resp.headers.get('Content-Range')!r}")
+            raise Passing(f"206 body longer than its Content-Range {resp.headers.get('Content-Range')!r}")
         return pieces
 
     def _check_206(self, url, headers, content_length: int | None, start: int, end: int) -> int:
         """The body length a 206 to bytes=start-(end-1) must have, after checking its headers."""
         m = _CONTENT_RANGE.fullmatch(headers.get("Content-Range", "").strip())
         if not m:
-            raise _Retry("206 without a valid Content-Range")
+            raise Passing("206 without a valid Content-Range")
         first, last = int(m.group(1)), int(m.group(2))
         total = None if m.group(3) == "*" else int(m.group(3))
         self._check_response(url, headers, total)
         want_last = end - 1 if total is None else min(end, total) - 1
         if first != start or last != want_last:
-            raise _Retry(f"Content-Range {m.group(0)!r} does not match the requested bytes={start}-{end - 1}")
+            raise Passing(f"Content-Range {m.group(0)!r} does not match the requested bytes={start}-{end - 1}")
         if content_length is not None and content_length != last - first + 1:
-            raise _Retry(f"206 with Content-Length {content_length} for Content-Range {m.group(0)!r}")
+            raise Passing(f"206 with Content-Length {content_length} for Content-Range {m.group(0)!r}")
         return last - first + 1
 
     # -- the stdlib engine (direct.py), from the trio thread ----------------------------------------
@@ -641,7 +633,7 @@ class HttpBackend:
         headers = {**credentials, "Range": f"bytes={start}-{end - 1}", **self._conditions(url),
                    "Accept-Encoding": "identity"}
         request = direct.Request(origin, path, headers, take=self.pool.take if self.pool is not None else None)
-        left = started + self.policy.read_timeout - time.monotonic()  # (trio's clock is not time.monotonic())
+        left = started + policy_now(self.policy).read_timeout - time.monotonic()  # (trio's clock is not time.monotonic())
         with trio.move_on_after(max(left, 0)):
             async with self._trio_slots(url):
                 try:
@@ -651,7 +643,7 @@ class HttpBackend:
                 except FetchError as e:
                     self.stats.error(url, e)
                     raise
-                except _Retry as e:
+                except Passing as e:
                     raise HandOver((str(e), e.retry_after)) from None
                 except ssl.SSLCertVerificationError as e:
                     self.stats.error(url, "tls")
@@ -738,7 +730,7 @@ class HttpBackend:
         if status in (412, 416):  # aiohttp's path handles these
             return None
         self._raise_for_status(url, resp)
-        raise _Retry(f"HTTP {status} to a ranged GET")
+        raise Passing(f"HTTP {status} to a ranged GET")
 
     def _note_range_ignored(self, url: str) -> None:
         """After a second 200 to a ranged GET, and none 206 ever (a lone 200 may be a fault), later reads
@@ -808,8 +800,8 @@ class HttpBackend:
             self.logins.count("login_failures", urlsplit(temporary.url).netloc)
             raise LoginFailed(f"{redact(url)}: HTTP {status} {resp.reason or ''} from S3 to a request signed with the "
                               f"temporary credentials from {redact(temporary.url)} (expired or revoked?)")
-        if self.policy.retryable_status(status):
-            raise _Retry(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
+        if passing_status(status):
+            raise Passing(f"HTTP {status}", _retry_after(resp.headers.get("Retry-After")))
         # (a 401/403 is said as such; a 404 may mean "absent": a remote Zarr store's missing chunk)
         error = (NotFound if status == 404 else FetchError)(f"{redact(url)}: HTTP {status} {resp.reason or ''}".rstrip())
         error.status = status
@@ -819,7 +811,7 @@ class HttpBackend:
         """Refuse an encoded body, and any validator that differs from the first one seen."""
         encoding = headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("identity", ""):
-            raise _Retry(f"the server sent a body with Content-Encoding {encoding!r}, not the object's bytes")
+            raise Passing(f"the server sent a body with Content-Encoding {encoding!r}, not the object's bytes")
         with self._versions_lock:
             self._check_version(url, headers.get("ETag"), headers.get("Last-Modified"), total)
 
@@ -847,7 +839,7 @@ class HttpBackend:
         None; the loop's clock is time.monotonic()). `failed`: the first attempt (on the stdlib engine)
         failed so, and this loop goes on from there."""
         import asyncio
-        policy = self.policy
+        policy = policy_now(self.policy)
         loop = asyncio.get_running_loop()
         started = loop.time() if started is None else started
         deadline = started + policy.read_timeout
@@ -864,13 +856,11 @@ class HttpBackend:
                 except FetchError as e:
                     self.stats.error(url, e)
                     raise
-                except _aiohttp().ClientConnectorCertificateError as e:
-                    self.stats.error(url, "tls")  # a certificate does not get better by asking again
-                    raise FetchError(f"{certificate_problem(e) or 'TLS error'} for {redact(url)}") from None
-                except _aiohttp().NonHttpUrlClientError as e:
-                    self.stats.error(url, "other")
-                    raise FetchError(f"{redact(url)}: {e}") from None
-                except (_Retry, _aiohttp().ClientError, asyncio.TimeoutError, ConnectionError) as e:
+                except (Passing, _aiohttp().ClientError, asyncio.TimeoutError, OSError) as e:
+                    if passing(e) is None:  # (the same at every try: a certificate, an url aiohttp refuses)
+                        tls = certificate_problem(e)
+                        self.stats.error(url, "tls" if tls else "other")
+                        raise FetchError(f"{tls} for {redact(url)}" if tls else f"{redact(url)}: {e}") from None
                     reason, retry_after = _describe(e)
                     if earlier is not None and isinstance(e, asyncio.TimeoutError) and loop.time() >= deadline:
                         # --read-timeout ran out during this attempt (a slow answer on a busy machine), no
@@ -879,8 +869,8 @@ class HttpBackend:
             delay = policy.backoff(attempt, retry_after)
             if loop.time() + delay >= deadline or attempt >= policy.max_attempts:
                 self.stats.error(url, reason)
-                raise FetchError(f"{redact(url)}: gave up after {attempt} attempts in "
-                                 f"{loop.time() - started:.1f}s; last error: {reason}")
+                raise Unavailable(f"{redact(url)}: gave up after {attempt} attempts in "
+                                  f"{loop.time() - started:.1f}s; last error: {reason}")
             earlier = reason
             self.stats.retry(url)
             await asyncio.sleep(delay)
@@ -947,7 +937,7 @@ class _SharedDownload:
                     if resp.status != 200:
                         if resp.status >= 400:
                             backend._raise_for_status(self.url, resp)
-                        raise _Retry(f"HTTP {resp.status} to a plain GET")  # (a 206 to no Range: a lying server)
+                        raise Passing(f"HTTP {resp.status} to a plain GET")  # (a 206 to no Range: a lying server)
                     backend._check_response(self.url, resp.headers, resp.content_length)
                     self.size = resp.content_length
                     self._clip()
@@ -983,7 +973,7 @@ class _SharedDownload:
                     future.set_result(b"".join(parts))
                 else:
                     future.set_exception(error if isinstance(error, Exception)
-                                         else _Retry(f"body ended after {self.pos} bytes"))
+                                         else Passing(f"body ended after {self.pos} bytes"))
 
     def _clip(self) -> None:
         for reader in self.readers:
@@ -1105,7 +1095,7 @@ async def _read_exactly(resp, n: int, allow_eof: bool = False) -> bytes:
         if not chunk:
             if allow_eof:
                 break
-            raise _Retry(f"body ended after {got} of {n} bytes")
+            raise Passing(f"body ended after {got} of {n} bytes")
         parts.append(chunk)
         got += len(chunk)
     return b"".join(parts)
@@ -1126,7 +1116,7 @@ def _retry_after(value: str | None) -> float | None:
 
 
 def _describe(e: BaseException) -> tuple[str, float | None]:
-    if isinstance(e, _Retry):
+    if isinstance(e, Passing):
         return str(e), e.retry_after
     if isinstance(e, TimeoutError):  # (asyncio's, since 3.11)
         return "timed out (connection stalled)", None

@@ -1,21 +1,9 @@
 """Small http(s) pages (a listing's index pages, a directory's `.zmetadata` probe) fetched from
 synchronous code, through the mount's HTTP engine (http.py) and logins (auth.py): the same headers,
-credentials and redirect decisions as every read of the mount, never a client of their own."""
+credentials and redirect decisions as every read of the mount, never a client of their own; retried
+as the context says (fetch/retry.py `retry_under`: a --refresh's listing gives up in seconds)."""
 
 from __future__ import annotations
-
-import contextvars
-
-# the retry policy of pages fetched in this context (None: RetryPolicy()'s): a --refresh's task sets its own,
-# and the threads it starts through trio copy it (fuse/refresh.py)
-_policy = contextvars.ContextVar("refmount_page_policy", default=None)
-
-
-def fetch_pages_under(policy) -> None:
-    """Pages fetched from now on by this task (or thread), and by the threads it starts through trio,
-    retry as `policy` says: a --refresh's listing of a server that is down fails in seconds, not after
-    the --read-timeout a mount gives a page it needs."""
-    _policy.set(policy)
 
 
 def _on_engine(remote_options: dict | None, call, first=None):
@@ -25,12 +13,12 @@ def _on_engine(remote_options: dict | None, call, first=None):
     from refmount.fetch.auth import active
     from refmount.fetch.bridge import asyncio_loop
     from refmount.fetch.http import HttpBackend
-    from refmount.fetch.retry import RetryPolicy
+    from refmount.fetch.retry import RetryPolicy, policy_now
     from refmount.fetch.stats import FetchStats
     from refmount.fetch.tls import ssl_setting
 
     options = remote_options or {}
-    backend = HttpBackend(_policy.get() or RetryPolicy(), FetchStats(), headers=options.get("headers"),
+    backend = HttpBackend(policy_now(RetryPolicy()), FetchStats(), headers=options.get("headers"),
                           ssl=lambda: ssl_setting(options), logins=active(), client="stdlib" if first else "aiohttp")
     if first is not None and (answer := first(backend)) is not None:
         return answer

@@ -20,17 +20,16 @@ import time
 
 import trio
 
-from refmount.errors import FetchError, RefmountError, same_failure
-from refmount.fetch.retry import RetryPolicy
+from refmount.errors import RefmountError, same_failure
+from refmount.fetch.retry import ASKED_AGAIN, passing, retry_under
 from refmount.fetch.stats import redact
 
 log = logging.getLogger("refmount")
 
 IDENTIFY_CONNECTIONS = 16  # HEADs at once, for files a listing gives no version of
-# A refresh asks once more after a hiccup, then gives up: a server that is down fails it in a second or
-# two (connection refused) or a few (no answer), not after a mount's --read-timeout of retries (22 s
-# measured); the next interval asks again, and the tree stays as it was meanwhile.
-REFRESH_POLICY = RetryPolicy(read_timeout=6.0, connect_timeout=3.0, stall_timeout=3.0, max_attempts=3, backoff_max=0.5)
+# A refresh asks once more after a hiccup, then gives up (the next interval asks again, and the tree stays
+# as it was meanwhile): fetch/retry.py RetryPolicy.asked_again
+REFRESH_POLICY = ASKED_AGAIN
 
 
 _QUIET = contextvars.ContextVar("refmount_refresh_quiet", default=False)
@@ -90,12 +89,10 @@ class Refresher:
 
     async def run(self) -> None:
         from refmount.fetch import Fetcher
-        from refmount.fetch.pages import fetch_pages_under
-
         o = self.options
         policy = REFRESH_POLICY if o is None else \
             dataclasses.replace(REFRESH_POLICY, read_timeout=min(REFRESH_POLICY.read_timeout, o.read_timeout))
-        fetch_pages_under(policy)  # (this task's listings, and the threads it starts: a rebuild's too)
+        retry_under(policy)  # (this task's listings, and the threads it starts: a rebuild's, S3's, Icechunk's too)
         if o is not None:  # (files to identify) its own fetcher: the mount's pins the version of each object it read
             self._probe = Fetcher(policy=policy,
                                   remote_options=o.remote_options, connections_per_host=self.connections,
@@ -153,7 +150,7 @@ class Refresher:
                 try:
                     left = await self.apply(changes, entries)
                 except BaseException as e:
-                    if not isinstance(e, FetchError):  # (bytes that could not be had now: asked again next time)
+                    if passing(e) is None:  # (bytes that could not be had now: asked again next time)
                         self._refused = now
                     raise
         except RefmountError as e:

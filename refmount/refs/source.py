@@ -9,7 +9,7 @@ import io
 import lzma
 import os
 
-from refmount.errors import FetchError, LoginFailed, RefmountError, quote
+from refmount.errors import LoginFailed, RefmountError, Unavailable, quote
 from refmount.fetch.protocols import is_remote, local_path, protocol_of
 
 _MAGIC = {
@@ -83,8 +83,10 @@ def fsspec_options(location: str, remote_options: dict) -> dict:
     host gets only its own netrc entry, bearer token and cookies (the mount's jar), a redirect goes
     where `Trail.redirect_refused` lets it, and names are resolved through addresses.py's guard; a
     refused login fails the mount in one line."""
+    from refmount.fetch.fsspec_backend import under_policy
+
     if protocol_of(location) not in ("http", "https"):
-        return remote_options
+        return under_policy(protocol_of(location), remote_options)
     import contextvars
 
     import aiohttp
@@ -138,8 +140,8 @@ def fsspec_options(location: str, remote_options: dict) -> dict:
         kwargs.setdefault("connector", aiohttp.TCPConnector(resolver=addresses.resolver(), use_dns_cache=False))
         return aiohttp.ClientSession(**kwargs)
 
-    options = {**{k: v for k, v in remote_options.items() if k != "headers"}, "ssl": ssl_setting(remote_options),
-               "client_kwargs": client_kwargs}
+    options = under_policy("http", {**{k: v for k, v in remote_options.items() if k != "headers"},
+                                    "ssl": ssl_setting(remote_options), "client_kwargs": client_kwargs})
     options.setdefault("get_client", get_client)
     return options
 
@@ -158,6 +160,8 @@ def _connection_failure(error: BaseException) -> str | None:
     """Why a connection failed, if the cause chain of `error` says so (else None: truly not found)."""
     import socket
 
+    from refmount.fetch.retry import unresolved
+
     chain = []
     cause = error.__cause__ or error.__context__
     while cause is not None and len(chain) < 10:
@@ -165,7 +169,7 @@ def _connection_failure(error: BaseException) -> str | None:
         cause = cause.__cause__ or cause.__context__
     for cause in chain:
         if isinstance(cause, socket.gaierror):
-            return _unresolved(cause, chain)
+            return unresolved(cause, chain)
         if isinstance(cause, ConnectionRefusedError):
             return "connection refused"
     for cause in chain:
@@ -174,60 +178,17 @@ def _connection_failure(error: BaseException) -> str | None:
     return None
 
 
-def _unresolved(error, chain: list) -> str:
-    """A name resolution's failure, naming the host when an error of the chain does (aiohttp's)."""
-    host = next((getattr(c, "host", None) for c in chain if getattr(c, "host", None)), None)
-    return "cannot resolve host" + (f" {host!r}" if host else "") + f" ({error.strerror})"
+def unavailable(what: str, error: BaseException) -> Unavailable | None:
+    """The error of `what` (its kind and quoted url: "reference file 'http://...'") when the reason it
+    failed may pass (fetch/retry.py `passing`): asked again later where something asks again (a
+    catalog's store item, refmount.fuse.datasets), not refused for good. None otherwise."""
+    from refmount.fetch.retry import passing
 
-
-def passing_failure(error: BaseException) -> str | None:
-    """Why an fsspec backend's fetch failed, when the reason may pass: a connection refused, reset or timed
-    out, a host not resolved, an answer the retry policy retries (408, 429, 5xx); read off `error` and its
-    cause chain (fsspec's http gives a 503 as FileNotFoundError from the aiohttp error). None for anything
-    else (a 404, a malformed answer) and for a refusal that asking again does not change (a certificate
-    that does not verify, an internal address, a redirect or login refused), whatever carries it."""
-    import asyncio
-    import socket
-    import ssl
-    import sys
-
-    from refmount.fetch.addresses import InternalAddress
-    from refmount.fetch.retry import RETRY_STATUSES
-
-    chain, cause = [], error
-    while cause is not None and len(chain) < 10:
-        chain.append(cause)
-        if isinstance(getattr(cause, "os_error", None), BaseException):  # (aiohttp's connector errors hold it)
-            chain.append(cause.os_error)
-        cause = cause.__cause__ or cause.__context__
-    aiohttp = sys.modules.get("aiohttp")  # (only an aiohttp already in use raised one of its errors)
-    refused = (ssl.SSLCertVerificationError, InternalAddress, RefmountError) + \
-        ((aiohttp.ClientConnectorCertificateError,) if aiohttp else ())
-    if any(isinstance(c, refused) for c in chain):
-        return None
-    lost = (ConnectionError, TimeoutError, asyncio.TimeoutError, socket.gaierror) + \
-        ((aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) if aiohttp else ())
-    for cause in chain:  # (the most telling first)
-        status = getattr(cause, "status", None)
-        if type(status) is int and status in RETRY_STATUSES:
-            return f"HTTP {status}" + (f" {cause.message}" if isinstance(getattr(cause, "message", None), str) else "")
-        if isinstance(cause, socket.gaierror):
-            return _unresolved(cause, chain)
-        if isinstance(cause, ConnectionRefusedError):
-            return "connection refused"
-    lost = next((c for c in chain if isinstance(c, lost)), None)
-    return None if lost is None else f"{type(lost).__name__}: {lost}".rstrip(": ")
-
-
-def unavailable(what: str, error: BaseException) -> FetchError | None:
-    """The FetchError of `what` (its kind and quoted url: "reference file 'http://...'") when the reason it
-    failed may pass (passing_failure): asked again later where something asks again (a catalog's store
-    item, refmount.fuse.datasets), not refused for good. None otherwise."""
-    reason = passing_failure(error)
+    reason = passing(error)
     if reason is None:
         return None
-    return FetchError(f"{'cannot fetch' if reason.startswith('HTTP ') else 'cannot reach the server of'} {what}: "
-                      f"{reason}")
+    return Unavailable(f"{'cannot fetch' if reason.startswith('HTTP ') else 'cannot reach the server of'} {what}: "
+                       f"{reason}")
 
 
 def compression_of(location: str, head: bytes) -> str | None:
@@ -285,8 +246,9 @@ def is_parquet_location(location: str, remote_options: dict | None = None) -> bo
 
         try:
             found = _zmetadata_found[location] = exists(location + ".zmetadata", remote_options)
-        except FetchError as e:
-            raise RefmountError(f"cannot tell what {quote(redact(location))} is: {e}") from None
+        except FetchError as e:  # (a server down for now: asked again where something asks again)
+            kind = Unavailable if isinstance(e, Unavailable) else RefmountError
+            raise kind(f"cannot tell what {quote(redact(location))} is: {e}") from None
     return found
 
 

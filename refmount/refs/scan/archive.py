@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import orjson
 import trio
 
-from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused, RefmountError, RefsError, quote
+from refmount.errors import FetchError, RefmountError, RefsError, Unavailable, quote
+from refmount.fetch.retry import passing, retrying_under
 from refmount.fetch.stats import redact
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.origins import Origins, files
@@ -316,11 +317,11 @@ def _settle(location: str, single: bool, options: ArchiveOptions, results, failu
     of those whose bytes could not be had now (a fetch error: the next refresh asks again) go to
     `unavailable`."""
     scanned = [r for r in results if r is not None]
-    for entry, message, passing in failures:
+    for entry, message, may_pass in failures:
         if single or options.strict:
             raise RefmountError(f"{quote(redact(entry.url))}: {message}")
         log.warning("%s: %s; left out of the mount", redact(entry.url), message)
-        if passing and unavailable is not None:
+        if may_pass and unavailable is not None:
             unavailable.add(entry.name)
     if not single and not scanned:
         raise RefmountError(f"no file of {quote(redact(location))} could be scanned")
@@ -422,8 +423,8 @@ async def _scan_all(entries: list[Entry], reader: _Reader, options: ArchiveOptio
                 reader.keep_small_arrays(entry.url, scanned.refs)
             scanned.files = files(entry.url, entry.sidecar)
             results[i] = scanned
-        except (ScanFailed, FetchError) as e:
-            failures.append((entry, str(e), isinstance(e, FetchError)))
+        except (ScanFailed, FetchError) as e:  # (a fetch error, a scanner killed: the next refresh asks again)
+            failures.append((entry, str(e), isinstance(e, FetchError) or passing(e) is not None))
         finally:
             finished()
 
@@ -474,6 +475,8 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
         try:
             scan = await pool.scan(fmt, entry.url, size)
         except ScanFailed as e:
+            if passing(e) is not None:  # (a scanner killed: not the file's doing)
+                raise
             raise ScanFailed(f"{FORMAT_NAMES[fmt]} file that cannot be scanned: {e}") from None
     refs, refused = scan.get("refs"), scan.get("refused", [])
     if not isinstance(refs, dict) or not isinstance(refused, list):
@@ -926,12 +929,15 @@ class ArchiveScanner:
             refset = await self._store(k, entry)
             log.info("loaded %s %s in %.2f s", entry.store, redact(entry.url), time.monotonic() - started)
             return refset
-        try:
-            scanned = await scan_entry(entry, self.fetcher, self.read, self.pool, self.store, self.lookups,
-                                       archive.max_refs_size,
-                                       dmrpp_limits=lambda: self.dmrpp_limits)
+        try:  # (a server down fails the lookup in a second, not a --read-timeout: a later lookup asks again)
+            with retrying_under(self.fetcher.policy.asked_again()):
+                scanned = await scan_entry(entry, self.fetcher, self.read, self.pool, self.store, self.lookups,
+                                           archive.max_refs_size,
+                                           dmrpp_limits=lambda: self.dmrpp_limits)
             check_scanned(archive.options.trust, entry, scanned)
         except ScanFailed as e:
+            if passing(e) is not None:  # (a scanner killed: a later lookup scans it again)
+                raise Unavailable(f"{redact(entry.url)}: {e}") from None
             raise ScanRefused(entry.url, str(e)) from None
         log_refused(scanned)
         try:
@@ -985,14 +991,14 @@ class ArchiveScanner:
                     document.check(url)
                 own = archive.table.id_of(entry.url)
                 archive.table.share(refset, fallback=(own, own + 1))
-        except trio.TooSlowError:
-            raise ScanRefused(entry.url, f"loading it took longer than --load-timeout ({archive.timeout:g} s)") \
-                from None
+        except trio.TooSlowError:  # (a server slow for now, or a machine busy: asked again after a while)
+            raise Unavailable(f"{redact(entry.url)}: loading it took longer than --load-timeout "
+                              f"({archive.timeout:g} s)") from None
         except ScanRefused:
             raise
         except FetchError as e:
-            if not isinstance(e, (NotFound, LoginFailed, ReadRefused)):
-                raise FetchError(f"{redact(entry.url)}: {e}") from None  # (may pass: asked again after a while)
+            if passing(e) is not None:
+                raise Unavailable(f"{redact(entry.url)}: {e}") from None  # (may pass: asked again after a while)
             raise ScanRefused(entry.url, str(e)) from None
         except (RefmountError, MemoryError) as e:  # (TargetRefused among them: it names the target and the store)
             raise ScanRefused(entry.url, str(e) or "out of memory") from None

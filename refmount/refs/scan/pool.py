@@ -17,6 +17,7 @@ import signal
 import orjson
 import trio
 
+from refmount.fetch.retry import Passing
 from refmount.refs.limits import deadline_held
 
 _context = None
@@ -61,6 +62,11 @@ class ScanFailed(Exception):
     """One file could not be scanned; the message says why (one line)."""
 
 
+class ScanKilled(ScanFailed, Passing):
+    """The scanner was killed from outside (SIGKILL: the system's out-of-memory killer, most likely): not
+    the file's doing, so it may be scanned later (fetch/retry.py `passing` says so)."""
+
+
 class _Worker:
     def __init__(self, memory: int, max_result: int) -> None:
         context = _forkserver()
@@ -77,25 +83,36 @@ class _Worker:
         try:
             return orjson.loads(self.conn.recv_bytes(max_bytes))
         except (EOFError, ConnectionError):
-            raise ScanFailed(await trio.to_thread.run_sync(self.death)) from None
+            raise await trio.to_thread.run_sync(self.death) from None
         except OSError:
             raise ScanFailed("the scanner sent more than --max-refs-size") from None
         except orjson.JSONDecodeError:
             raise ScanFailed("the scanner sent a malformed message") from None
 
-    def death(self) -> str:
+    async def send(self, data: bytes | tuple) -> None:
+        """A message to the worker (bytes as they are, else pickled: only the scan's own tuple)."""
+        try:
+            if isinstance(data, tuple):
+                self.conn.send(data)
+            else:
+                await trio.to_thread.run_sync(self.conn.send_bytes, data)
+        except (BrokenPipeError, ConnectionError):  # (it died, or was killed, while idle or scanning)
+            raise await trio.to_thread.run_sync(self.death) from None
+
+    def death(self) -> ScanFailed:
         """How the worker ended, which closed its pipe with no answer (a parser's error is an answer)."""
         self.process.join(5)
         code = self.process.exitcode
         if code is None:
-            return "the scanner process closed its pipe with no answer"
+            return ScanFailed("the scanner process closed its pipe with no answer")
         if code >= 0:
-            return f"the scanner process exited (status {code}) with no answer"
+            return ScanFailed(f"the scanner process exited (status {code}) with no answer")
         name = signal.Signals(-code).name if -code in signal.valid_signals() else f"signal {-code}"
         if -code == signal.SIGKILL:
-            return f"the scanner process was killed ({name}: the system's out-of-memory killer, or another process)"
-        return (f"the scanner process died on it ({name}: a crash in the parser, or an allocation past its "
-                f"{self.memory >> 20} MiB memory cap)")
+            return ScanKilled(f"the scanner process was killed ({name}: the system's out-of-memory killer, or "
+                              "another process)")
+        return ScanFailed(f"the scanner process died on it ({name}: a crash in the parser, or an allocation past "
+                          f"its {self.memory >> 20} MiB memory cap)")
 
     def stop(self, kill: bool = False) -> None:
         with deadline_held():
@@ -160,7 +177,7 @@ class ScanPool:
         self._all.remove(worker)
 
     async def _drive(self, worker: _Worker, fmt: str, url: str, size: int, job: dict) -> dict:
-        worker.conn.send(("scan", fmt, url, size, job))
+        await worker.send(("scan", fmt, url, size, job))
         raw, questions = None, 0
         while True:
             message = await worker.message(self._max_result + (1 << 20))
@@ -169,12 +186,11 @@ class ScanPool:
                 start, end = int(message[1]), int(message[2])
                 if not 0 <= start <= end or end - start > 64 << 20:
                     raise ScanFailed("the scanner asked for a malformed range")
-                data = await self._read(url, start, end)
-                await trio.to_thread.run_sync(worker.conn.send_bytes, data)
+                await worker.send(await self._read(url, start, end))
             elif kind == "exists" and isinstance(message[1], str) and questions < MAX_QUESTIONS:
                 questions += 1
                 answer = await self._exists(message[1]) if self._exists is not None else None
-                await trio.to_thread.run_sync(worker.conn.send_bytes, orjson.dumps(answer))
+                await worker.send(orjson.dumps(answer))
             elif kind == "refs" and raw is None:
                 raw = await trio.to_thread.run_sync(self._receive_raw, worker)
             elif kind == "done" and isinstance(message[1], dict):
@@ -191,7 +207,7 @@ class ScanPool:
         try:
             return worker.conn.recv_bytes(self._max_result + 1)
         except (EOFError, ConnectionError):
-            raise ScanFailed("the scanner process died on it (a crash in the parser)") from None
+            raise worker.death() from None
         except OSError:
             raise ScanFailed("the scanner sent more than --max-refs-size") from None
 

@@ -300,8 +300,9 @@ def _fetch_index(url: str, headers: dict) -> tuple[str, str]:
     """(final url, text) of an index page, through the mount's HTTP engine and logins (its bearer
     tokens, cookies, netrc; the user's headers to the listed origin only); redirects as auth.py's
     `Trail` decides, and only within the same origin (or through a login host and back)."""
-    from refmount.errors import FetchError, LoginFailed
+    from refmount.errors import FetchError, LoginFailed, Unavailable
     from refmount.fetch.pages import fetch_page
+    from refmount.fetch.retry import passing
 
     try:
         final, kind, body = fetch_page(url, MAX_INDEX_BYTES, {"headers": headers}, same_origin=True)
@@ -309,8 +310,8 @@ def _fetch_index(url: str, headers: dict) -> tuple[str, str]:
         why = str(e).removeprefix(f"{redact(url)}: ")
         if isinstance(e, LoginFailed) or getattr(e, "status", None) in (401, 403):
             raise RefmountError(f"cannot list {quote(redact(url))}: access refused: {why}") from None
-        # (no status: the retries gave up, a server down that may come back; a 404 or 410 is an answer)
-        kind = FetchError if getattr(e, "status", None) is None else RefmountError
+        # (a server down that may come back: asked again; a 404 or 410, a certificate, is an answer)
+        kind = Unavailable if passing(e) is not None else RefmountError
         raise kind(f"cannot list {quote(redact(url))}: {why}") from None
     if _origin(final) != _origin(url):  # (after a login host, the chain must come back home)
         raise RefmountError(f"listing {quote(redact(url))}: redirected to another host ({redact(final)}), "
@@ -407,8 +408,12 @@ def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[tup
 def _list_s3(location: str, remote_options: dict, sidecars: bool = False) -> list[tuple[Entry, str]]:
     import s3fs
 
+    from refmount.errors import Unavailable
+    from refmount.fetch.fsspec_backend import under_policy
+    from refmount.fetch.retry import passing
+
     proto, _, rest = location.partition("://")
-    options = {k: v for k, v in remote_options.items() if k not in ("headers",)}
+    options = under_policy(proto, {k: v for k, v in remote_options.items() if k not in ("headers",)})
     try:
         fs = s3fs.S3FileSystem(skip_instance_cache=True, **options)
         if has_glob(rest):
@@ -423,7 +428,8 @@ def _list_s3(location: str, remote_options: dict, sidecars: bool = False) -> lis
     except FileNotFoundError:
         raise RefmountError(f"{quote(redact(location))} lists nothing (no such bucket or prefix)") from None
     except Exception as e:  # noqa: BLE001 - botocore's errors of every kind
-        raise RefmountError(f"cannot list {quote(redact(location))}: {type(e).__name__}: {e}") from None
+        kind = Unavailable if passing(e) is not None else RefmountError  # (a refresh or lookup asks again)
+        raise kind(f"cannot list {quote(redact(location))}: {type(e).__name__}: {e}") from None
     found = []
     for path in sorted(listed):
         info = listed[path]
