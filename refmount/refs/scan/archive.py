@@ -12,6 +12,7 @@ log line and is left out (the whole source fails with `strict`, or when it is th
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import itertools
 import logging
@@ -929,8 +930,13 @@ class ArchiveScanner:
             refset = await self._store(k, entry)
             log.info("loaded %s %s in %.2f s", entry.store, redact(entry.url), time.monotonic() - started)
             return refset
-        try:  # (a server down fails the lookup in a second, not a --read-timeout: a later lookup asks again)
-            with retrying_under(self.fetcher.policy.asked_again()):
+        # A server down fails the lookup in a second, not a --read-timeout of retries: a later lookup asks
+        # again. A slow one keeps --read-timeout and --stall-timeout: a scan may read a whole GRIB message.
+        policy = self.fetcher.policy
+        first_look = dataclasses.replace(policy.asked_again(), read_timeout=policy.read_timeout,
+                                         stall_timeout=policy.stall_timeout)
+        try:
+            with retrying_under(first_look):
                 scanned = await scan_entry(entry, self.fetcher, self.read, self.pool, self.store, self.lookups,
                                            archive.max_refs_size,
                                            dmrpp_limits=lambda: self.dmrpp_limits)
