@@ -28,11 +28,11 @@ from refmount.refs import INLINE, WHOLE_FILE
 from refmount.refs.arraymeta import ArrayMeta
 
 # Bytes one coalesced request may span: what a server sends in one round trip on a connection that has
-# carried nothing yet (RFC 6928's initial window, 10 segments of 1448 bytes). A bigger answer on a cold
-# connection waits a second round trip, and servers that pace (BBR, fq) send it at a fraction of the link
-# at first: at 80 ms a 3-chunk row of 17 KB took 107-165 ms against 85-90 for one chunk. Requests this
-# small go out side by side on several connections instead, each answered in one round trip.
-MAX_GROUP = 10 * 1448
+# carried nothing yet (RFC 6928's initial window, 10 segments of 1448 bytes, less 1 KiB for the answer's
+# headers). A bigger answer on a cold connection waits a second round trip, and servers that pace (BBR,
+# fq) send it at a fraction of the link at first: at 80 ms a 3-chunk row of 17 KB took 107-165 ms against
+# 85-90 for one chunk. Requests this small go out side by side on several connections instead.
+MAX_GROUP = 10 * 1448 - 1024
 GAP_UNMEASURED = 64 << 10  # the largest gap worth fetching before the link is measured
 GAP_SHARE = 0.2  # gaps may add at most this fraction of a coalesced request's wanted bytes (the rest of
                  # the 1.25x bytes target is for predictions past a selection's end)
