@@ -112,8 +112,11 @@ def test_coalesce_near_ranges_within_the_gap_and_the_share():
     assert coalesce([(0, 100), (160, 260), (260, 420)], max_gap=1000) == [[(0, 100)], [(160, 260), (260, 420)]]
     assert coalesce([(0, 100), (140, 240)], max_gap=1000) == [[(0, 100), (140, 240)]]
     assert coalesce([(0, 100), (150, 250)], max_gap=1000) == [[(0, 100)], [(150, 250)]]
-    # and a request stays within its span
+    # and a request stays within its span: by default what a cold connection carries in one round trip
     assert coalesce([(0, 10), (10, 20)], max_gap=64, max_span=15) == [[(0, 10)], [(10, 20)]]
+    row = [(0, 6000), (6000, 12000), (12000, 18000)]  # three 6 KB chunks side by side
+    assert coalesce(row, max_gap=64) == [row[:2], row[2:]]
+    assert coalesce([(0, 20000), (20000, 20100)], max_gap=64) == [[(0, 20000)], [(20000, 20100)]]
 
 
 # -- GridAhead over a real reference set and block cache (a remote that records requests) -------------
