@@ -42,7 +42,15 @@ from harness.mounts import refmount_mounted, remove_scratch
 from harness.peers import curl_whole
 from harness.record import Record
 from harness.servers import nginx_serving
-from harness.system import TICKS, dd_bytes, drop_caches, exit_on_signals, proc_minflt, timed, wait_for
+from harness.system import (
+    TICKS,
+    dd_bytes,
+    drop_caches,
+    exit_on_signals,
+    proc_minflt,
+    timed,
+    wait_for,
+)
 
 HERE = Path(__file__).resolve().parent
 

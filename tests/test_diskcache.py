@@ -247,7 +247,7 @@ def test_blocks_not_in_the_page_cache_are_read_around_it_byte_exact(tmp_path):
         assert got == data, sizes[k]
         assert isinstance(got, memoryview) == (sizes[k] >= pool.min_pooled)  # (small ones: bytes, not pooled)
     around = cache.statistics()["direct_reads"]
-    assert around == (len(sizes) - 1 if cache.direct else 0)
+    assert around == (len(sizes) - 1 if cache.use_direct else 0)
 
     paths[0].read_bytes()  # now in the page cache: copied from there
     fd = os.open(paths[0], os.O_RDONLY | os.O_CLOEXEC)
@@ -280,13 +280,13 @@ def test_a_filesystem_without_o_direct_is_read_through_the_page_cache(tmp_path, 
     monkeypatch.setattr(direct, "read_direct", refused)
     monkeypatch.setattr(direct, "cached", lambda fd, length: False)
     cache = DiskCache(str(tmp_path), capacity=8 * MiB, block_size=MiB)
-    cache.direct = True  # (as where the platform has O_DIRECT)
+    cache.use_direct = True  # (as where the platform has O_DIRECT)
     obj = cache.object_id("http://x/y", "etag 1")
     data = os.urandom(MiB - 100)
     cache.store(obj, 0, data)
     cache.store(obj, 1, data[:70_000])
     assert cache.load(obj, 0, BufferPool()) == data
-    assert not cache.direct  # not tried again
+    assert not cache.use_direct  # not tried again
     assert cache.load(obj, 1, BufferPool()) == data[:70_000]
     assert cache.statistics()["direct_reads"] == 0 and cache.statistics()["corrupt"] == 0
     cache.close()

@@ -57,10 +57,11 @@ def read_direct(fd: int, skip: int, data: memoryview, size: int) -> tuple[bytes,
     cache's copy) and the rest follows it."""
     whole = size - size % ALIGN
     rest = skip + size - whole  # (< ALIGN + skip)
+    span = -(-rest // ALIGN) * ALIGN
     tail = getattr(_tails, "buffer", None)
-    if tail is None or len(tail) < rest + ALIGN:
-        tail = _tails.buffer = mmap.mmap(-1, -(-(rest + ALIGN) // ALIGN) * ALIGN)
-    got = os.preadv(fd, [data[:whole], memoryview(tail)[: -(-rest // ALIGN) * ALIGN]], 0) - skip
+    if tail is None or len(tail) < span:
+        tail = _tails.buffer = mmap.mmap(-1, span)
+    got = os.preadv(fd, [data[:whole], memoryview(tail)[:span]], 0) - skip
     if got != size:
         return bytes(skip), got  # (short: a header of zeros, which the caller's check fails)
     header = bytes(data[:skip])

@@ -76,7 +76,7 @@ class DiskCache:
         self.capacity = capacity
         self.block_size = block_size
         self.enabled = True
-        self.direct = bool(direct.O_DIRECT)  # cleared when the filesystem refuses O_DIRECT
+        self.use_direct = bool(direct.O_DIRECT)  # cleared when the filesystem refuses O_DIRECT
         self._lock = threading.Lock()
         self._lru: OrderedDict[str, int] = OrderedDict()  # relative path -> bytes on disk
         self._bytes = 0
@@ -100,8 +100,8 @@ class DiskCache:
 
     def statistics(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "corrupt": self.corrupt, "stores": self.stores,
-                "evictions": self.evictions, "direct_reads": self.direct_reads, "bytes": self._bytes, "capacity": self.capacity,
-                "blocks": len(self._lru), "enabled": self.enabled}
+                "evictions": self.evictions, "direct_reads": self.direct_reads, "bytes": self._bytes,
+                "capacity": self.capacity, "blocks": len(self._lru), "enabled": self.enabled}
 
     def object_id(self, url: str, validator: str) -> str:
         return hashlib.sha256(f"{url}\0{validator}\0{self.block_size}".encode()).hexdigest()[:40]
@@ -153,7 +153,7 @@ class DiskCache:
     def _read(self, fd: int, header: bytearray, data, size: int) -> int:
         """Read the block file's header into `header` and its data into `data`; the data bytes read.
         With O_DIRECT into a pool slot (page-aligned) unless the page cache holds the file already."""
-        if (not self.direct or size < direct.ALIGN or not isinstance(getattr(data, "obj", None), mmap.mmap)
+        if (not self.use_direct or size < direct.ALIGN or not isinstance(getattr(data, "obj", None), mmap.mmap)
                 or direct.cached(fd, _HEADER.size + size)):
             return os.preadv(fd, [header, data], 0) - _HEADER.size
         try:
@@ -162,7 +162,7 @@ class DiskCache:
         except OSError as e:
             if e.errno != errno.EINVAL:
                 raise
-            self.direct = False
+            self.use_direct = False
             log.debug("disk cache %s: no O_DIRECT (%s); reading through the page cache", self.root, e.strerror)
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~direct.O_DIRECT)
             return os.preadv(fd, [header, data], 0) - _HEADER.size
