@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import fcntl
 import os
 import shlex
 import shutil
@@ -38,7 +37,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from harness.inputs import big_file
-from harness.mounts import refmount_mounted, remove_scratch
+from harness.mounts import refmount_mounted, remove_scratch, wait_cache_dir_free
 from harness.peers import curl_whole
 from harness.record import Record
 from harness.servers import nginx_serving
@@ -174,8 +173,8 @@ def main() -> int:
         rates, cpus, trio_cpus = {who: [] for who in codes}, {who: [] for who in codes}, {who: [] for who in codes}
         gils, replies = {who: [] for who in codes}, {who: [] for who in codes}
         for n, who in ((n, who) for n in range(args.runs) for who in (list(codes) if n % 2 == 0 else list(codes)[::-1])):
-            if args.disk:  # (the daemon before holds the directory's lock until it has exited)
-                wait_for(lambda: cache_dir_free(disk_dir), "the last daemon to let go of the disk cache", 120)
+            if args.disk:
+                wait_cache_dir_free(disk_dir)
             with refmount_mounted(refs, run_dir / "mnt-refmount", options, codes[who]) as m:
                 drop_caches()
                 spy = None
@@ -275,19 +274,6 @@ def fill_disk_cache(refs: Path, mnt: Path, options: list[str], size: int) -> Non
     with refmount_mounted(refs, mnt, options) as m:
         timed(f"dd if={m.path / 'big'} of=/dev/null bs=1M")
         wait_for(lambda: m.stats()["disk"]["bytes"] >= size, "the disk cache to be written", 300)
-
-
-def cache_dir_free(disk_dir: Path) -> bool:
-    """Whether no daemon holds the disk cache's lock (a pid may be reused by then: not asked)."""
-    for lock in disk_dir.glob("*/lock"):
-        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False
-        finally:
-            os.close(fd)  # (the lock goes with it)
-    return True
 
 
 def cat_blocks_mbps(disk_dir: Path, size: int) -> float:
