@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from harness.inputs import generated, write_big, write_netcdf
-from harness.mounts import refmount_mounted, scratch_dir
+from harness.mounts import refmount_mounted, scratch_dir, wait_cache_dir_free
 from harness.peers import chunk_keys, fsspec_cat, kerchunk_refs, rclone_mounted
 from harness.record import Record
 from harness.servers import nginx_serving
@@ -382,6 +382,7 @@ def measure_memory(ctx: Context) -> list[Row]:
                     "remote_requests_during_hits": m.remote_requests() - requests_before,
                     "peak_rss_mib": m.peak_rss_mib()}
             wait_for(lambda: m.stats()["disk"]["bytes"] >= size, "the disk cache to be written", 120)
+        wait_cache_dir_free(disk_dir)
         with ctx.mount("big", *cached) as m:  # a fresh daemon: empty memory, full disk cache
             from_disk = cold_dd(m.path / "big", size)
             hits["disk_reread_mbps"] = from_disk

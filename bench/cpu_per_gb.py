@@ -1,7 +1,7 @@
 """The daemon's CPU per GB on a cold sequential read from a loopback nginx, optionally profiled.
 
     python bench/cpu_per_gb.py [--mb 256] [--runs 3] [--profile OUT.txt] [--refmount-options='...']
-        [--baseline TREE] [--gil-share] [--quick] [--out JSON]
+        [--baseline TREE] [--gil-share] [--disk] [--quick] [--out JSON]
 
 Needs root (FUSE mounts, drop_caches). Starts its own nginx (bench/harness), mounts a whole-file
 reference with --view raw, reads it with `dd bs=1M` after dropping the page cache, and prints MB/s
@@ -15,6 +15,10 @@ With --gil-share two py-spys sample the daemon in every run (`--idle`: every thr
 `--gil`: only the thread holding the GIL), and the share of samples in which the FUSE thread (the
 trio thread) holds the GIL during the read is printed per run and as a median; a tree whose `pyfuse3` is refmount's
 build (.ci/pyfuse3/build-nogil) as --baseline compares it with the plain one.
+With --disk the read is the disk cache's re-read instead: the file is read once through a mount with
+`--cache-dir` (filling it), then each run remounts (empty memory, full disk cache), drops the page cache
+and reads it again; after each run's reads `cat` of the cache's block files, cold, gives the disk's own
+limit, and the ratio to it is printed.
 """
 
 from __future__ import annotations
@@ -33,11 +37,19 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from harness.inputs import big_file
-from harness.mounts import refmount_mounted, remove_scratch
+from harness.mounts import refmount_mounted, remove_scratch, wait_cache_dir_free
 from harness.peers import curl_whole
 from harness.record import Record
 from harness.servers import nginx_serving
-from harness.system import TICKS, dd_bytes, drop_caches, exit_on_signals, proc_minflt, timed
+from harness.system import (
+    TICKS,
+    dd_bytes,
+    drop_caches,
+    exit_on_signals,
+    proc_minflt,
+    timed,
+    wait_for,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -130,6 +142,8 @@ def main() -> int:
     p.add_argument("--baseline", type=Path, metavar="TREE", help="also run refmount's code from TREE, alternating")
     p.add_argument("--gil-share", action="store_true", help="py-spy --idle and --gil in every run: the FUSE "
                    "thread's share of samples holding the GIL")
+    p.add_argument("--disk", action="store_true", help="the re-read from a full disk cache after a remount, "
+                   "beside `cat` of its block files")
     p.add_argument("--quick", action="store_true", help="a 64 MB file, 1 run (as --mb 64 --runs 1)")
     p.add_argument("--out", type=Path, default=HERE / "out" / "cpu_per_gb.json", help="the run's JSON")
     args = p.parse_args()
@@ -150,11 +164,18 @@ def main() -> int:
         refs = run_dir / "big.json"
         refs.write_text('{"big": ["%sbig.bin"]}' % url)
         codes = {"this": None, **({"baseline": args.baseline} if args.baseline else {})}
+        options = ["--view", "raw", *shlex.split(args.refmount_options)]
+        cats = []
+        if args.disk:
+            disk_dir = run_dir / "disk-cache"
+            options += ["--cache-dir", str(disk_dir)]
+            fill_disk_cache(refs, run_dir / "mnt-refmount", options, size)
         rates, cpus, trio_cpus = {who: [] for who in codes}, {who: [] for who in codes}, {who: [] for who in codes}
         gils, replies = {who: [] for who in codes}, {who: [] for who in codes}
         for n, who in ((n, who) for n in range(args.runs) for who in (list(codes) if n % 2 == 0 else list(codes)[::-1])):
-            with refmount_mounted(refs, run_dir / "mnt-refmount",
-                                  ["--view", "raw", *shlex.split(args.refmount_options)], codes[who]) as m:
+            if args.disk:
+                wait_cache_dir_free(disk_dir)
+            with refmount_mounted(refs, run_dir / "mnt-refmount", options, codes[who]) as m:
                 drop_caches()
                 spy = None
                 if args.profile and n == args.runs - 1 and who == "this":
@@ -192,6 +213,11 @@ def main() -> int:
                     print(f"  GIL held by the FUSE thread {fuse_share:.1%} of the read's time (by any thread {any_share:.1%}); "
                           f"in pyfuse3's Cython code {replying:.1%}")
                 stats = m.stats()
+                if args.disk and stats["disk"]["hits"] * (2 << 20) < size:  # (blocks of 1 MiB or more)
+                    raise RuntimeError(f"only {stats['disk']['hits']} blocks came from the disk cache")
+                if args.disk:
+                    print(f"  disk cache: {stats['disk']['hits']} blocks read, "
+                          f"{stats['disk'].get('direct_reads', '-')} of them with O_DIRECT")
                 fetch = stats["fetch"]
                 served = stats.get("served", {})
                 if served.get("reads"):
@@ -208,6 +234,9 @@ def main() -> int:
                       f"(trio thread {trio_cpus[who][-1]:.2f}), "
                       f"{faults / (size / 1e9):.0f} minor page faults/GB, load average {os.getloadavg()[0]:.1f}",
                       flush=True)
+            if args.disk and who == list(codes)[-1 if n % 2 == 0 else 0]:
+                cats.append(cat_blocks_mbps(disk_dir, size))
+                print(f"  cat of the block files, cold: {cats[-1]:.0f} MB/s", flush=True)
         curl = curl_cpu(url + "big.bin", size, args.runs)  # the wire's own cost, in the same run
     for who in codes:
         print(f"median ({who}): {statistics.median(rates[who]):.0f} MB/s, {statistics.median(cpus[who]):.2f} CPU-s/GB "
@@ -216,6 +245,10 @@ def main() -> int:
         if gils[who]:
             print(f"median ({who}): the FUSE thread holds the GIL {statistics.median(gils[who]):.1%} of the read's time, "
                   f"is in pyfuse3's Cython code {statistics.median(replies[who]):.1%}")
+    for who in codes if cats else ():
+        ratios = [r / c for r, c in zip(rates[who], cats)]
+        print(f"disk-cache re-read ({who}) / cat of the block files, per run: {' '.join(f'{r:.2f}' for r in ratios)} "
+              f"-> median {statistics.median(ratios):.2f} (cat median {statistics.median(cats):.0f} MB/s)")
     if args.baseline:
         speed = statistics.median(a / b for a, b in zip(rates["this"], rates["baseline"]))
         cpu = statistics.median(a / b for a, b in zip(cpus["this"], cpus["baseline"]))
@@ -232,8 +265,22 @@ def main() -> int:
     lines.append(f"| curl | {statistics.median(curl['mbps']):.0f} | {statistics.median(curl['cpu']):.2f} | — | — |")
     record.write(args.out, {f"cold `dd bs=1M` of {args.mb} MB, medians of {args.runs}": "\n".join(lines)},
                  mb=args.mb, runs=args.runs, rates=rates, cpus=cpus, trio_cpus=trio_cpus, gil_shares=gils,
-                 curl=curl)
+                 curl=curl, disk=args.disk, cat_mbps=cats)
     return 0
+
+
+def fill_disk_cache(refs: Path, mnt: Path, options: list[str], size: int) -> None:
+    """Read the file once through a mount with --cache-dir and wait until its blocks are on disk."""
+    with refmount_mounted(refs, mnt, options) as m:
+        timed(f"dd if={m.path / 'big'} of=/dev/null bs=1M")
+        wait_for(lambda: m.stats()["disk"]["bytes"] >= size, "the disk cache to be written", 300)
+
+
+def cat_blocks_mbps(disk_dir: Path, size: int) -> float:
+    """`cat` of the disk cache's block files after dropping the page cache: the disk's own limit."""
+    drop_caches()
+    seconds, _, _ = timed(f"find {shlex.quote(str(disk_dir))} -type f -name '[0-9]*' -print0 | xargs -0 cat > /dev/null")
+    return size / seconds / 1e6
 
 
 def curl_cpu(url: str, size: int, runs: int) -> dict:

@@ -217,6 +217,81 @@ def test_blocks_read_into_pool_slots_and_both_checksums_are_checked(tmp_path, mo
     cache.close()
 
 
+def _evict_from_page_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def test_blocks_not_in_the_page_cache_are_read_around_it_byte_exact(tmp_path):
+    """A block file the page cache does not hold is read with O_DIRECT (where the filesystem has it)
+    into its pool slot, whatever its size against the 4 KiB alignment; one it holds is copied from
+    there; a flipped byte or a cut file read either way is caught."""
+    from refmount.cache import direct
+    from refmount.cache.buffers import BufferPool
+
+    pool = BufferPool()
+    cache = DiskCache(str(tmp_path), capacity=64 * MiB, block_size=MiB)
+    obj = cache.object_id("http://x/y", "etag 1")
+    sizes = [MiB, MiB - 1, MiB - HEADER_SIZE, 16_384, 16_385, 20_480 - HEADER_SIZE, 65_536 + 7, 4097]
+    blocks = [os.urandom(n) for n in sizes]
+    paths = [Path(cache.root) / obj[:2] / obj / str(k) for k in range(len(sizes))]
+    for k, data in enumerate(blocks):
+        cache.store(obj, k, data)
+        _evict_from_page_cache(paths[k])
+    for k, data in enumerate(blocks):
+        got = cache.load(obj, k, pool)
+        assert got == data, sizes[k]
+        assert isinstance(got, memoryview) == (sizes[k] >= pool.min_pooled)  # (small ones: bytes, not pooled)
+    around = cache.statistics()["direct_reads"]
+    assert around == (len(sizes) - 1 if cache.use_direct else 0)
+
+    paths[0].read_bytes()  # now in the page cache: copied from there
+    fd = os.open(paths[0], os.O_RDONLY | os.O_CLOEXEC)
+    held = direct.cached(fd, HEADER_SIZE + MiB)  # (False where the kernel cannot tell: before 6.5)
+    os.close(fd)
+    if held:
+        assert cache.load(obj, 0, pool) == blocks[0]
+        assert cache.statistics()["direct_reads"] == around
+
+    for k, path in [(1, paths[1]), (2, paths[2])]:
+        raw = bytearray(path.read_bytes())
+        if k == 1:
+            raw[HEADER_SIZE + sizes[k] - 3] ^= 1  # a byte in the part read into the tail buffer
+        else:
+            del raw[-5000:]  # cut short
+        path.write_bytes(raw)
+        _evict_from_page_cache(path)
+        assert cache.load(obj, k, pool) is None and not path.exists()
+    assert cache.statistics()["corrupt"] == 2
+    cache.close()
+
+
+def test_a_filesystem_without_o_direct_is_read_through_the_page_cache(tmp_path, monkeypatch):
+    from refmount.cache import direct
+    from refmount.cache.buffers import BufferPool
+
+    def refused(*args):
+        raise OSError(22, "Invalid argument")
+
+    monkeypatch.setattr(direct, "read_direct", refused)
+    monkeypatch.setattr(direct, "cached", lambda fd, length: False)
+    cache = DiskCache(str(tmp_path), capacity=8 * MiB, block_size=MiB)
+    cache.use_direct = True  # (as where the platform has O_DIRECT)
+    obj = cache.object_id("http://x/y", "etag 1")
+    data = os.urandom(MiB - 100)
+    cache.store(obj, 0, data)
+    cache.store(obj, 1, data[:70_000])
+    assert cache.load(obj, 0, BufferPool()) == data
+    assert not cache.use_direct  # not tried again
+    assert cache.load(obj, 1, BufferPool()) == data[:70_000]
+    assert cache.statistics()["direct_reads"] == 0 and cache.statistics()["corrupt"] == 0
+    cache.close()
+
+
 @pytest.mark.parametrize("server_quirk", ["head refused", "no validators"])
 def test_objects_whose_version_cannot_be_checked_are_read_but_not_cached_on_disk(mount, server, tmp_path,
                                                                                   server_quirk):

@@ -6,6 +6,7 @@ The daemon runs this checkout's code (PYTHONPATH=ROOT first) unless `code` names
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import ROOT
-from harness.system import TreePeak, proc_status_mib, stop, vmhwm_mib
+from harness.system import TreePeak, proc_status_mib, stop, vmhwm_mib, wait_for
 
 PYTHON = sys.executable
 
@@ -48,6 +49,25 @@ def code_env(code: Path | None = None, env: dict | None = None) -> dict:
     env = dict(os.environ if env is None else env)
     env["PYTHONPATH"] = os.pathsep.join([str(code or ROOT), *filter(None, [env.get("PYTHONPATH")])])
     return env
+
+
+def wait_cache_dir_free(cache_dir: Path, timeout: float = 120) -> None:
+    """Until no daemon holds the lock of the --cache-dir `cache_dir`: `refmount umount` waits 10 s at
+    most for its daemon to exit, and one took 29 s under load, so the next mount of the directory was
+    refused. (Not by the daemon's pid: pids were reused within a minute here.)"""
+
+    def free() -> bool:
+        for lock in cache_dir.glob("*/lock"):
+            fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            finally:
+                os.close(fd)  # (the lock goes with it)
+        return True
+
+    wait_for(free, f"the last daemon to let go of {cache_dir}", timeout)
 
 
 def is_mounted(path: Path) -> bool:

@@ -13,6 +13,9 @@ the url, validator and block index the block belongs to) and the data; a block t
 evicting the least recently used blocks; file mtimes carry that order across remounts. A disk that
 fills up (or turns read-only) degrades to memory-only caching with one warning, never an error.
 
+A block file the page cache does not hold already is read with O_DIRECT into its pool slot
+(cache/direct.py says why); a filesystem without O_DIRECT is read through the page cache.
+
 `DiskCache` is synchronous and runs in worker threads; `DiskBackedFetch` is the block cache's fetch
 function (block-aligned ranges, answered as a list of blocks) that looks on disk before asking the
 remote.
@@ -24,6 +27,7 @@ import errno
 import fcntl
 import hashlib
 import logging
+import mmap
 import os
 import struct
 import threading
@@ -33,6 +37,7 @@ from collections import OrderedDict
 
 import trio
 
+from refmount.cache import direct
 from refmount.errors import RefmountError
 
 log = logging.getLogger("refmount")
@@ -71,10 +76,11 @@ class DiskCache:
         self.capacity = capacity
         self.block_size = block_size
         self.enabled = True
+        self.use_direct = bool(direct.O_DIRECT)  # cleared when the filesystem refuses O_DIRECT
         self._lock = threading.Lock()
         self._lru: OrderedDict[str, int] = OrderedDict()  # relative path -> bytes on disk
         self._bytes = 0
-        self.hits = self.misses = self.corrupt = self.stores = self.evictions = 0
+        self.hits = self.misses = self.corrupt = self.stores = self.evictions = self.direct_reads = 0
         try:
             os.makedirs(self.root, exist_ok=True)
             self._lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -94,8 +100,8 @@ class DiskCache:
 
     def statistics(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "corrupt": self.corrupt, "stores": self.stores,
-                "evictions": self.evictions, "bytes": self._bytes, "capacity": self.capacity,
-                "blocks": len(self._lru), "enabled": self.enabled}
+                "evictions": self.evictions, "direct_reads": self.direct_reads, "bytes": self._bytes,
+                "capacity": self.capacity, "blocks": len(self._lru), "enabled": self.enabled}
 
     def object_id(self, url: str, validator: str) -> str:
         return hashlib.sha256(f"{url}\0{validator}\0{self.block_size}".encode()).hexdigest()[:40]
@@ -126,7 +132,7 @@ class DiskCache:
             size = st.st_size - _HEADER.size
             if 0 <= size <= self.block_size:
                 data = pool.take(size) if pool is not None and size >= pool.min_pooled else bytearray(size)
-                got = os.preadv(fd, [header, data], 0) - _HEADER.size
+                got = self._read(fd, header, data, size)
             if time.time() - st.st_mtime > _TOUCH_AFTER:
                 os.utime(fd)  # recency survives a remount
         except OSError:
@@ -143,6 +149,25 @@ class DiskCache:
             if rel in self._lru:
                 self._lru.move_to_end(rel)
         return bytes(data) if isinstance(data, bytearray) else data.toreadonly()
+
+    def _read(self, fd: int, header: bytearray, data, size: int) -> int:
+        """Read the block file's header into `header` and its data into `data`; the data bytes read.
+        With O_DIRECT into a pool slot (page-aligned) unless the page cache holds the file already."""
+        if (not self.use_direct or size < direct.ALIGN or not isinstance(getattr(data, "obj", None), mmap.mmap)
+                or direct.cached(fd, _HEADER.size + size)):
+            return os.preadv(fd, [header, data], 0) - _HEADER.size
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | direct.O_DIRECT)
+            header[:], got = direct.read_direct(fd, _HEADER.size, data, size)
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            self.use_direct = False
+            log.debug("disk cache %s: no O_DIRECT (%s); reading through the page cache", self.root, e.strerror)
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~direct.O_DIRECT)
+            return os.preadv(fd, [header, data], 0) - _HEADER.size
+        self.direct_reads += 1
+        return got
 
     def _drop(self, rel: str, why: str) -> None:
         self.corrupt += 1
