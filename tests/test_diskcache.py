@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -308,3 +310,20 @@ def test_objects_whose_version_cannot_be_checked_are_read_but_not_cached_on_disk
     assert read_all(m, refs)["c/2"] == data[2 * MiB :]
     assert blocks_on_disk(cache_dir) == []
     assert "not caching" in m.log()
+
+
+def test_direct_reads_only_on_a_local_disk(tmp_path):
+    """O_DIRECT only where it saves the page cache's copy: a local disk's filesystem, not tmpfs (or a
+    network filesystem, whose client cache it would skip)."""
+    from refmount.cache import direct
+
+    assert direct.filesystem_type(str(tmp_path)) == direct.filesystem_type(os.path.dirname(str(tmp_path)))
+    assert not direct.suits("/proc")
+    if os.path.isdir("/dev/shm") and direct.filesystem_type("/dev/shm") == "tmpfs":
+        memory = tempfile.mkdtemp(dir="/dev/shm")
+        try:
+            cache = DiskCache(memory, capacity=MiB, block_size=MiB)
+            assert not cache.use_direct
+            cache.close()
+        finally:
+            shutil.rmtree(memory)

@@ -38,15 +38,59 @@ except (OSError, AttributeError):
     _syscall = None
 
 
-def cached(fd: int, length: int) -> bool:
-    """Whether the page cache holds all `length` bytes of the file (from offset 0)."""
+def _cachestat(fd: int, length: int) -> _Stat | None:
+    """The page cache's count of the file's first `length` bytes, or None where the kernel cannot tell."""
     if _syscall is None:
-        return False
+        return None
     span, stat = _Range(0, length), _Stat()
     if _syscall(ctypes.c_long(_CACHESTAT), ctypes.c_long(fd), ctypes.byref(span), ctypes.byref(stat),
                 ctypes.c_long(0)) != 0:
-        return False  # (ENOSYS before 6.5)
-    return stat.nr_cache * mmap.PAGESIZE >= length
+        return None  # (ENOSYS before 6.5)
+    return stat
+
+
+def cached(fd: int, length: int) -> bool:
+    """Whether the page cache holds all `length` bytes of the file (from offset 0)."""
+    stat = _cachestat(fd, length)
+    return stat is not None and stat.nr_cache * mmap.PAGESIZE >= length
+
+
+# Filesystems on a local block device: on a network or cluster filesystem (nfs, lustre, gpfs, cifs, fuse)
+# O_DIRECT skips the client's cache and sends every re-read to the server, which is what a cache is for.
+LOCAL_FILESYSTEMS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "bcachefs", "jfs", "reiserfs"})
+
+
+def filesystem_type(path: str) -> str | None:
+    """The type of the filesystem `path` is on (/proc/self/mountinfo: the deepest mount point above it)."""
+    path = os.path.realpath(path)
+    best, kind = "", None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                point = fields[4].replace("\\040", " ")
+                within = path == point or path.startswith(point.rstrip("/") + "/")
+                if within and len(point) >= len(best) and " - " in line:
+                    best, kind = point, line.split(" - ", 1)[1].split()[0]
+    except OSError:
+        return None
+    return kind
+
+
+def suits(root: str) -> bool:
+    """Whether block files under `root` are best read with O_DIRECT: the platform has it, the kernel can
+    say what the page cache holds (cachestat: else a block written moments ago would be read from the
+    disk), and the filesystem is on a local disk."""
+    if not O_DIRECT or filesystem_type(root) not in LOCAL_FILESYSTEMS:
+        return False
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return _cachestat(fd, 1) is not None
+    finally:
+        os.close(fd)
 
 
 def read_direct(fd: int, skip: int, data: memoryview, size: int) -> tuple[bytes, int]:

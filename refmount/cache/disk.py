@@ -76,7 +76,6 @@ class DiskCache:
         self.capacity = capacity
         self.block_size = block_size
         self.enabled = True
-        self.use_direct = bool(direct.O_DIRECT)  # cleared when the filesystem refuses O_DIRECT
         self._lock = threading.Lock()
         self._lru: OrderedDict[str, int] = OrderedDict()  # relative path -> bytes on disk
         self._bytes = 0
@@ -93,6 +92,7 @@ class DiskCache:
             os.close(self._lock_fd)
             raise RefmountError(f"--cache-dir {directory!r} is in use by another refmount mount; "
                                 "give each mount its own directory") from None
+        self.use_direct = direct.suits(self.root)  # (cleared if the filesystem refuses O_DIRECT after all)
         self._scan()
 
     def close(self) -> None:
