@@ -31,6 +31,7 @@ import mmap
 import os
 import struct
 import threading
+import weakref
 import time
 import zlib
 from collections import OrderedDict
@@ -41,6 +42,7 @@ from refmount.cache import direct
 from refmount.errors import RefmountError
 
 log = logging.getLogger("refmount")
+_open: weakref.WeakSet = weakref.WeakSet()  # the caches holding their directory's lock
 
 LAYOUT = "refmount-cache-v2"
 _HEADER = struct.Struct("<4sIQ16s")  # magic, checksum, data length, tag of (object id, block index)
@@ -92,11 +94,24 @@ class DiskCache:
             os.close(self._lock_fd)
             raise RefmountError(f"--cache-dir {directory!r} is in use by another refmount mount; "
                                 "give each mount its own directory") from None
+        _open.add(self)
         self.use_direct = direct.suits(self.root)  # (cleared if the filesystem refuses O_DIRECT after all)
         self._scan()
 
     def close(self) -> None:
-        os.close(self._lock_fd)
+        """Let another mount have the directory (once: a second call does nothing)."""
+        fd, self._lock_fd = self._lock_fd, -1
+        if fd >= 0:
+            os.close(fd)
+            _open.discard(self)
+
+    @staticmethod
+    def close_all() -> None:
+        """Let other mounts have this process's directories: at unmount, before the process's exit
+        (which can take seconds unmapping a large heap), so that `refmount umount` then `refmount mount`
+        with the same --cache-dir does not find it in use."""
+        for cache in list(_open):
+            cache.close()
 
     def statistics(self) -> dict:
         return {"hits": self.hits, "misses": self.misses, "corrupt": self.corrupt, "stores": self.stores,

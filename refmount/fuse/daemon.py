@@ -485,6 +485,9 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     finally:
         sd_notify("STOPPING=1")
         pyfuse3.close(unmount=True)
+        disk = sys.modules.get("refmount.cache.disk")  # (imported only with --cache-dir)
+        if disk is not None:
+            disk.DiskCache.close_all()
     log.info("unmounted %s", opts.mountpoint)
     return 0
 
