@@ -114,16 +114,15 @@ def write_idx(path: Path) -> Path:
     short name, level, step) read with eccodes."""
     import eccodes
 
-    rows, offset = [], 0
+    rows = []
     with open(path, "rb") as f:
         while (h := eccodes.codes_grib_new_from_file(f)) is not None:
             try:
                 get = lambda key: eccodes.codes_get(h, key)  # noqa: E731
                 run = f"{get('dataDate')}{get('dataTime') // 100:02d}"
-                level = f"{get('level')} {get('typeOfLevel')}"
-                rows.append(f"{len(rows) + 1}:{offset}:d={run}:{get('shortName').upper()}:{level}:"
+                level = f"{get('level')} {get('typeOfLevel')}"  # (offset: MARS pads messages to 120 bytes)
+                rows.append(f"{len(rows) + 1}:{int(get('offset'))}:d={run}:{get('shortName').upper()}:{level}:"
                             f"{get('stepRange')} fcst:")
-                offset += get("totalLength")
             finally:
                 eccodes.codes_release(h)
     idx = Path(str(path) + ".idx")
