@@ -357,11 +357,10 @@ GRIB2_REFUSED = {"cfgrib_alternate-scanning.grib2": "alternativeRowScanning",
                  "cfgrib_step_60m.grib2": "cannot be scanned",  # (kerchunk's grib_tree: an IndexError)
                  "eccodes_lambert_bf_grib2.grib2": "cannot be scanned",  # (bi-Fourier: no latitudes)
                  "eccodes_sh_sfc_grib2.grib2": "cannot be scanned",  # (spherical harmonics: no grid)
-                 # reduced grids: kerchunk shapes their latitudes (Nj, Ni) with Ni "missing" (2**32 - 1)
-                 "eccodes_reduced_gg_pl_32_grib2.grib2": "more than the scanner's",
-                 "eccodes_reduced_gg_sfc_jpeg_grib2.grib2": "more than the scanner's",
-                 "eccodes_reduced_ll_sfc_grib2.grib2": "more than the scanner's",
-                 "eccodes_reduced_rotated_gg_sfc_jpeg_grib2.grib2": "more than the scanner's"}
+                 "eccodes_reduced_gg_pl_32_grib2.grib2": "reduced grid",
+                 "eccodes_reduced_gg_sfc_jpeg_grib2.grib2": "reduced grid",
+                 "eccodes_reduced_ll_sfc_grib2.grib2": "reduced grid",
+                 "eccodes_reduced_rotated_gg_sfc_jpeg_grib2.grib2": "reduced grid"}
 GRIB2_FILES = sorted(p.name for p in GRIB2_OTHERS.glob("*2"))
 
 

@@ -191,7 +191,7 @@ _GRIB_ORDERS = [("alternativeRowScanning", "every other row stored reversed (alt
                 ("jPointsAreConsecutive", "stored column by column (jPointsAreConsecutive)")]
 
 
-def _grib_order_refused(message: bytes) -> str | None:
+def _grib_refused(message: bytes) -> str | None:
     """Why a message cannot be referenced as it is stored, or None."""
     import eccodes
 
@@ -200,6 +200,9 @@ def _grib_order_refused(message: bytes) -> str | None:
     except Exception:
         return None  # (kerchunk's own parse says what is wrong with it)
     try:
+        if eccodes.codes_is_defined(h, "Ni") and eccodes.codes_is_missing(h, "Ni"):
+            # (kerchunk shapes its values (Nj, Ni) with Ni "missing", 2**31 - 1: a 1 TiB array refused)
+            return f"{eccodes.codes_get(h, 'shortName')}: a GRIB field on a reduced grid (rows of different lengths)"
         for key, why in _GRIB_ORDERS:
             if eccodes.codes_is_defined(h, key) and eccodes.codes_get(h, key):
                 return f"{eccodes.codes_get(h, 'shortName')}: a GRIB field {why}, which kerchunk's codec returns unreordered"
@@ -212,8 +215,7 @@ def _split_grib(f, skip=0, refused=None):
     """kerchunk.grib2._split_file (0.2.10), ending where no message is left: kerchunk's steps back 4 bytes
     whenever 1 KiB holds no "GRIB", and at a file's end that is forever (MARS pads files to a multiple of
     120 bytes: cfgrib's alternate-scanning.grib, 83 zero bytes after its one message, spun a scan worker
-    until --load-timeout). Messages whose values would read in the wrong order are left out, said in
-    `refused`."""
+    until --load-timeout). Messages kerchunk would shape or order wrongly are left out, said in `refused`."""
     size = f.size if hasattr(f, "size") else f.seek(0, 2)
     f.seek(0)
     part = 0
@@ -229,7 +231,7 @@ def _split_grib(f, skip=0, refused=None):
         part_size = int.from_bytes(head[ind + 12:ind + 16], "big")
         f.seek(start)
         message = f.read(part_size)
-        why = _grib_order_refused(message)
+        why = _grib_refused(message)
         if why is not None and refused is not None:
             refused.append(why)
         else:
