@@ -2,7 +2,8 @@
 same tool on the file: HDF4's own test files (The HDF Group's hdp, hdiff, hdfimport and example files)
 and HDF-EOS2 grid and swath files (pyhdfeos's), tests/data/hdf4/hdfgroup, with pyhdf; real GRIB2 messages of kerchunk's tests (HRRR sub-hourly, GEFS,
 CMC) with NOAA-style `.idx` files, a glob of them served by nginx, with cfgrib; astropy's FITS test files
-with astropy; zipped Zarr stores written by zarr's ZipStore with zarr. Every variable of every file is
+with astropy; zipped Zarr stores written by zarr's ZipStore with zarr; OPeNDAP's HDF4 files (scanned, and by their
+DMR++) and netCDF-C's, with pyhdf; ecCodes' GRIB2 samples and cfgrib's and pygrib's GRIB2 files with cfgrib. Every variable of every file is
 either read with the oracle's values or named in one log line of the mount (what is not virtualised);
 never a wrong value. The READMEs beside the data say where each file comes from and its licence.
 One mount per format, shared by the module's tests."""
@@ -20,8 +21,9 @@ import pytest
 from tests.conftest import Mount
 
 DATA = Path(__file__).parent / "data"
-HDF4_SUITE = DATA / "hdf4" / "hdfgroup"
-HDF4_FILES = sorted(p.name for p in HDF4_SUITE.glob("*.hdf")) + ["partial_chunks.hdf"]
+# (The HDF Group's, OPeNDAP's and Unidata's test files: one glob)
+HDF4_SUITE = [DATA / "hdf4" / name for name in ("hdfgroup", "opendap", "unidata")]
+HDF4_FILES = sorted(p.name for d in HDF4_SUITE for p in d.glob("*.hdf")) + ["partial_chunks.hdf"]
 GRIB_REAL = DATA / "gribidx" / "real"
 FITS_DIR = DATA / "fits"
 FITS_FILES = sorted(p.name for p in FITS_DIR.glob("*.fits")) + ["unsigned.fits"]
@@ -104,7 +106,7 @@ def pyhdf_sds(path: Path) -> dict[str, np.ndarray | None]:
 @pytest.fixture(scope="module")
 def hdf4_mount(tmp_path_factory):
     pytest.importorskip("pyhdf")
-    yield from _suite(tmp_path_factory.mktemp("hdf4suite"), HDF4_SUITE.glob("*.hdf"), _partial_chunks,
+    yield from _suite(tmp_path_factory.mktemp("hdf4suite"), [p for d in HDF4_SUITE for p in d.glob("*.hdf")], _partial_chunks,
                       "partial_chunks.hdf")
 
 
@@ -163,6 +165,90 @@ def test_hdf4_what_is_not_virtualised_is_said_per_variable(hdf4_mount):
                            ("Swath219.hdf", "Swath1", "swath dimension maps")]:
         assert len(_log_names(log, name, f"{var}: ", why)) == 1, (name, var, log)
     assert "Traceback" not in log
+
+
+# ----------------------------------------------------------------------------- HDF4 by its DMR++ (pyhdf)
+
+HDF4_DMRPP = DATA / "hdf4" / "opendap"
+# (file, variable, why): what OPeNDAP's DMR++ of an HDF4 file holds that a reference cannot
+DMRPP_REFUSED = [("SDS_unlimited_2.hdf", "/AppendableData", "linked blocks"),
+                 ("vdata_linked_blocks.hdf", "/Solid_Particle_Mass", "linked blocks"),
+                 ("grid_1_2d.hdf", "/GeoGrid/XDim_GeoGrid", "dmrpp:missingdata"),
+                 ("vdata_test.hdf", "/vgroup/Test_Vset_Name", "compound type"),
+                 ("PointFile.hdf", "/Simple_Point/Data_Vgroup/Sensor", "compound type")]
+
+
+@pytest.fixture(scope="module")
+def hdf4_dmrpp_mount(tmp_path_factory):
+    """A glob of OPeNDAP's HDF4 files with their DMR++ beside them (each X.dmrpp stands for X)."""
+    pytest.importorskip("pyhdf")
+    root = tmp_path_factory.mktemp("hdf4dmrpp")
+    shutil.copytree(HDF4_DMRPP, root / "data")
+    m = _mount(root, f"{root / 'data'}/*.hdf", "--view", "raw")
+    yield root / "data", m
+    m.stop()
+
+
+def _hdf4_by_ref(path: Path, attrs: dict) -> np.ndarray:
+    """What pyhdf reads of the SDS (dmr_sds_ref) or single-field Vdata (dmr_vdata_ref) a DMR++ variable is:
+    its reference number, not its name (h_swath.hdf has two SDSs named temperature)."""
+    from pyhdf.HDF import HDF
+    from pyhdf.SD import SD, SDC
+
+    if "dmr_sds_ref" in attrs:
+        sd = SD(str(path), SDC.READ)
+        try:
+            sds = sd.select(sd.reftoindex(attrs["dmr_sds_ref"]))
+            try:
+                return np.asarray(sds[:])
+            finally:
+                sds.endaccess()
+        finally:
+            sd.end()
+    import pyhdf.VS  # noqa: F401  (HDF.vstart needs it imported)
+
+    f = HDF(str(path))
+    vs = f.vstart()
+    try:
+        vd = vs.attach(attrs["dmr_vdata_ref"])
+        try:
+            return np.asarray(vd[:] if vd.inquire()[0] else [])
+        finally:
+            vd.detach()
+    finally:
+        vs.end()
+        f.close()
+
+
+@pytest.mark.parametrize("name", sorted(p.name[:-len(".dmrpp")] for p in HDF4_DMRPP.glob("*.hdf.dmrpp")
+                                        if p.with_suffix("").exists()))
+def test_hdf4_dmrpp_reads_as_pyhdf_reads_the_file(hdf4_dmrpp_mount, name):
+    """Every array of OPeNDAP's DMR++ of an HDF4 file holds pyhdf's values of the SDS or Vdata field it names
+    by reference number (a Vdata field's type as the DMR++ declares it); what it cannot hold is one log line."""
+    import zarr
+
+    data, m = hdf4_dmrpp_mount
+    try:
+        (m.path / name).is_dir()  # (a glob's file is converted when first looked up)
+    except OSError:
+        pass
+    log = m.log()
+    assert "Traceback" not in log
+    if not os.path.exists(m.path / name / ".zgroup"):  # (OPeNDAP's own SDS_simple.hdf.dmrpp has text before its XML)
+        assert len(_log_names(log, f"/{name}.dmrpp", "not well-formed XML")) == 1, log
+        return
+    for _, var, why in [r for r in DMRPP_REFUSED if r[0] == name]:
+        assert len(_log_names(log, f"/{name}.dmrpp: variable {var} left out", why)) == 1, (var, log)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for var, arr in _arrays(zarr.open_group(str(m.path / name), mode="r")):
+            want, got = _hdf4_by_ref(data / name, dict(arr.attrs)), arr[...]
+            if want.dtype.kind == "U":  # (pyhdf: a char Vdata field as text without its NULs; the DMR++: Int8)
+                want = np.frombuffer("".join(want.ravel()).encode("latin-1").ljust(got.size, b"\0"), got.dtype)
+            assert want.size == got.size, (name, var, want.shape, got.shape)
+            if "dmr_sds_ref" in arr.attrs:
+                assert got.shape == want.shape and got.dtype.newbyteorder("=") == want.dtype.newbyteorder("="), var
+            np.testing.assert_array_equal(got, want.reshape(got.shape).astype(got.dtype), err_msg=f"{name}: {var}")
 
 
 # ----------------------------------------------------------------------------- GRIB2 + .idx (cfgrib)
@@ -261,6 +347,99 @@ def test_real_grib_reads_as_cfgrib_reads_it(grib_mount, name):
         assert times["valid_time"] == expected.valid_time.values.astype("datetime64[s]").astype(int), var
 
 
+# ----------------------------------------------------------------------------- GRIB2 of other projects (cfgrib)
+
+GRIB2_OTHERS = DATA / "grib2"
+# files kerchunk's scan cannot give right, each said in one line: (a word of that line)
+GRIB2_REFUSED = {"cfgrib_alternate-scanning.grib2": "alternativeRowScanning",
+                 "pygrib_scanning_mode.grib2": "jPointsAreConsecutive",
+                 "pygrib_scanning_mode_with_bitmap.grib2": "jPointsAreConsecutive",
+                 "cfgrib_step_60m.grib2": "cannot be scanned",  # (kerchunk's grib_tree: an IndexError)
+                 "eccodes_lambert_bf_grib2.grib2": "cannot be scanned",  # (bi-Fourier: no latitudes)
+                 "eccodes_sh_sfc_grib2.grib2": "cannot be scanned",  # (spherical harmonics: no grid)
+                 "eccodes_reduced_gg_pl_32_grib2.grib2": "reduced grid",
+                 "eccodes_reduced_gg_sfc_jpeg_grib2.grib2": "reduced grid",
+                 "eccodes_reduced_ll_sfc_grib2.grib2": "reduced grid",
+                 "eccodes_reduced_rotated_gg_sfc_jpeg_grib2.grib2": "reduced grid"}
+GRIB2_FILES = sorted(p.name for p in GRIB2_OTHERS.glob("*2"))
+
+
+@pytest.fixture(scope="module")
+def grib2_mount(tmp_path_factory):
+    """eccodes' GRIB2 samples and cfgrib's and pygrib's GRIB2 test files, each with a NOAA-style .idx
+    written here, one glob mount (decoded view)."""
+    pytest.importorskip("cfgrib")
+    from tests.support.gribfiles import write_idx
+
+    root = tmp_path_factory.mktemp("grib2others")
+    data = root / "data"
+    shutil.copytree(GRIB2_OTHERS, data, ignore=shutil.ignore_patterns("README.md"))
+    for path in data.iterdir():
+        write_idx(path)
+    m = _mount(root, f"{data}/*2")
+    yield data, m
+    m.stop()
+
+
+@pytest.mark.parametrize("name", GRIB2_FILES)
+def test_other_projects_grib2_reads_as_cfgrib_reads_it(grib2_mount, name):
+    """Every field cfgrib reads (each of its hypercubes: cfgrib.open_datasets), netCDF-C's values on the
+    decoded view, levels in either order; a file kerchunk cannot give right is one log line, never values."""
+    import cfgrib
+    import netCDF4
+
+    from tests.support.clients import nczarr_url
+
+    data, m = grib2_mount
+    if name in GRIB2_REFUSED:
+        with pytest.raises(OSError):
+            (m.path / name / ".zgroup").stat()
+        log = m.log()
+        assert len(_log_names(log, f"/{name}: ", GRIB2_REFUSED[name])) == 1, log
+        assert "Traceback" not in log
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = cfgrib.open_datasets(str(data / name), indexpath="")
+    with netCDF4.Dataset(nczarr_url(m.path / name)) as nc:
+        groups = dict(_groups(nc))
+        for ds in expected:
+            for var in ds.data_vars:
+                a = ds[var].attrs
+                group = groups.get(f"/{var}/{a['GRIB_stepType']}/{a['GRIB_typeOfLevel']}", groups[""])
+                v = group[var]
+                v.set_auto_maskandscale(False)
+                got, want = np.asarray(v[...]).squeeze(), ds[var].values
+                level = a["GRIB_typeOfLevel"]
+                if level in ds[var].dims:  # (cfgrib orders pressure levels downwards, kerchunk upwards)
+                    mounted = list(np.asarray(group[level][:]).ravel())
+                    got = got[[mounted.index(x) for x in ds[level].values]]
+                np.testing.assert_array_equal(got.reshape(want.shape).astype(want.dtype), want, err_msg=f"{name}: {var}")
+
+
+def test_grib_split_ends_at_bytes_after_the_last_message():
+    """kerchunk's splitter stepped back 4 bytes for ever at trailing bytes that hold no message (MARS pads
+    files to 120 bytes); refmount's ends, and reads no more than the file."""
+    import io
+
+    from refmount.refs.scan.worker import _split_grib
+
+    message = (DATA / "grib2" / "eccodes_GRIB2.grib2").read_bytes()
+
+    class Counted(io.BytesIO):
+        reads = 0
+
+        def read(self, size=-1):
+            Counted.reads += 1
+            assert Counted.reads < 100, "the splitter does not end"
+            return super().read(size)
+
+    for tail in (b"", b"\0" * 3, b"\0" * 83, b"\0" * 5000):
+        Counted.reads = 0
+        parts = list(_split_grib(Counted(message * 2 + tail)))
+        assert [(start, size) for start, size, _ in parts] == [(0, len(message)), (len(message), len(message))]
+
+
 # ----------------------------------------------------------------------------- FITS (astropy)
 
 
@@ -315,7 +494,7 @@ def test_fits_test_file_reads_as_astropy_reads_it(fits_mount, name):
     log = m.log()
     for hdu, stored, _ in hdus:
         if stored is None:
-            assert len(_log_names(log, name, f"{hdu}: ")) == 1, (name, hdu, log)
+            assert len(_log_names(log, f"/{name}: ", f"{hdu}: ")) == 1, (name, hdu, log)
     if not images:
         assert not [n for n in listed if not n.startswith(".")], listed
         return

@@ -689,7 +689,12 @@ class _Converter:
             raise Refused("no dmrpp:chunks, dmrpp:compact or dmrpp:vlsa: the DMR++ does not say where its data is")
         out = {}
         grid = [-(-n // c) if c else 0 for n, c in zip(shape, chunks)]
-        for chunk in _children(chunks_el, "chunk"):
+        chunk_els = _children(chunks_el, "chunk")
+        if not chunk_els and _children(chunks_el, "block"):
+            if list(chunks) != [max(n, 1) for n in shape]:
+                raise Refused("dmrpp:block outside a dmrpp:chunk of a chunked variable")
+            chunk_els = [chunks_el]  # (HDF4's linked blocks of an unchunked SDS or Vdata: the whole array's blocks)
+        for chunk in chunk_els:
             try:
                 blocks = [(int(_attr(b, "offset")), int(_attr(b, "nBytes"))) for b in _children(chunk, "block")]
                 offset, length = blocks[0] if blocks else (int(_attr(chunk, "offset")), int(_attr(chunk, "nBytes")))

@@ -107,3 +107,24 @@ def another_cycle(src: Path, dst: Path, hours: int) -> Path:
         re.sub(r"^(\d+):\d+:d=\d+:", f"\\g<1>:{offset}:d={run:%Y%m%d%H}:", row) + "\n"
         for row, offset in zip(rows, offsets)))
     return dst
+
+
+def write_idx(path: Path) -> Path:
+    """`path.idx` for a GRIB2 file that has none: one wgrib2-style row per message (offset, run date,
+    short name, level, step) read with eccodes."""
+    import eccodes
+
+    rows = []
+    with open(path, "rb") as f:
+        while (h := eccodes.codes_grib_new_from_file(f)) is not None:
+            try:
+                get = lambda key: eccodes.codes_get(h, key)  # noqa: E731
+                run = f"{get('dataDate')}{get('dataTime') // 100:02d}"
+                level = f"{get('level')} {get('typeOfLevel')}"  # (offset: MARS pads messages to 120 bytes)
+                rows.append(f"{len(rows) + 1}:{int(get('offset'))}:d={run}:{get('shortName').upper()}:{level}:"
+                            f"{get('stepRange')} fcst:")
+            finally:
+                eccodes.codes_release(h)
+    idx = Path(str(path) + ".idx")
+    idx.write_text("".join(row + "\n" for row in rows))
+    return idx

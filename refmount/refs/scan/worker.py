@@ -185,12 +185,72 @@ def _scan_netcdf3(url: str, pipe_url: str) -> dict:
     return NetCDF3ToZarr(pipe_url, inline_threshold=100).translate()
 
 
-def _scan_grib(url: str, pipe_url: str) -> dict:
+# (eccodes key, why): messages whose values eccodes gives in an order kerchunk's codec and coordinates do
+# not undo (cfgrib reorders them): every other row reversed, or column by column (pygrib's scanning_mode.grib2)
+_GRIB_ORDERS = [("alternativeRowScanning", "every other row stored reversed (alternativeRowScanning)"),
+                ("jPointsAreConsecutive", "stored column by column (jPointsAreConsecutive)")]
+
+
+def _grib_refused(message: bytes) -> str | None:
+    """Why a message cannot be referenced as it is stored, or None."""
+    import eccodes
+
+    try:
+        h = eccodes.codes_new_from_message(message)
+    except Exception:
+        return None  # (kerchunk's own parse says what is wrong with it)
+    try:
+        if eccodes.codes_is_defined(h, "Ni") and eccodes.codes_is_missing(h, "Ni"):
+            # (kerchunk shapes its values (Nj, Ni) with Ni "missing", 2**31 - 1: a 1 TiB array refused)
+            return f"{eccodes.codes_get(h, 'shortName')}: a GRIB field on a reduced grid (rows of different lengths)"
+        for key, why in _GRIB_ORDERS:
+            if eccodes.codes_is_defined(h, key) and eccodes.codes_get(h, key):
+                return f"{eccodes.codes_get(h, 'shortName')}: a GRIB field {why}, which kerchunk's codec returns unreordered"
+        return None
+    finally:
+        eccodes.codes_release(h)
+
+
+def _split_grib(f, skip=0, refused=None):
+    """kerchunk.grib2._split_file (0.2.10), ending where no message is left: kerchunk's steps back 4 bytes
+    whenever 1 KiB holds no "GRIB", and at a file's end that is forever (MARS pads files to a multiple of
+    120 bytes: cfgrib's alternate-scanning.grib, 83 zero bytes after its one message, spun a scan worker
+    until --load-timeout). Messages kerchunk would shape or order wrongly are left out, said in `refused`."""
+    size = f.size if hasattr(f, "size") else f.seek(0, 2)
+    f.seek(0)
+    part = 0
+    while f.tell() < size:
+        head = f.read(1024)
+        if b"GRIB" not in head:
+            if len(head) < 1024:
+                break  # (the end, or the file shorter than its size said)
+            f.seek(-4, 1)  # ("GRIB" may straddle two reads)
+            continue
+        ind = head.index(b"GRIB")
+        start = f.tell() - len(head) + ind
+        part_size = int.from_bytes(head[ind + 12:ind + 16], "big")
+        f.seek(start)
+        message = f.read(part_size)
+        why = _grib_refused(message)
+        if why is not None and refused is not None:
+            refused.append(why)
+        else:
+            yield start, part_size, message
+        part += 1
+        if skip and part >= skip:
+            break
+
+
+def _scan_grib(url: str, pipe_url: str, refused: list) -> dict:
+    import functools
+
+    import kerchunk.grib2
     from kerchunk.grib2 import grib_tree, scan_grib
 
+    kerchunk.grib2._split_file = functools.partial(_split_grib, refused=refused)  # (this worker's kerchunk only)
     messages = scan_grib(pipe_url)
     if not messages:
-        raise ValueError("no GRIB message kerchunk can reference")
+        raise ValueError("; ".join(["no GRIB message kerchunk can reference", *refused]))
     _steps_in_hours(messages)
     if len(messages) == 1:
         return messages[0]
@@ -358,7 +418,7 @@ def scan_file(conn, fmt: str, url: str, size: int, job: dict | None = None) -> d
         elif fmt == "netcdf3":
             refs = _scan_netcdf3(url, pipe_url)
         elif fmt == "grib":
-            refs = _scan_grib(url, pipe_url)
+            refs = _scan_grib(url, pipe_url, refused)
         elif fmt == "tiff":
             refs = _scan_tiff(url, pipe_url)
         elif fmt == "hdf4":
