@@ -16,7 +16,9 @@ import tempfile
 
 import orjson
 
-FORMAT_VERSION = 1  # bump when what is kept changes meaning: older entries are then scanned again
+FORMAT_VERSION = 2  # bump when what is kept changes meaning: older entries are then scanned again
+# (2: GRIB fields in a scanning order kerchunk does not undo, and DMR++ linked blocks, are now left out:
+# version 1 entries kept them with wrong values)
 
 
 def default_scan_dir(cache_dir: str | None = None) -> str:
