@@ -66,17 +66,21 @@ def _ahead_key(url, limit, remote_options, same_origin) -> tuple:
 
 
 def fetch_page_ahead(url: str, limit: int, remote_options: dict | None = None, *, same_origin: bool = False) -> None:
-    """fetch_page(...) now, in this thread, for the first later fetch_page of the same arguments, with the
-    same logins and retry policy, to take (a mount's first index page, asked while its daemon imports):
-    its answer, or the error it met after its retries (not asked twice: a server that is down fails
-    the mount in the time one listing takes)."""
+    """fetch_page(...) begun now in a thread, for the first later fetch_page of the same arguments, with
+    the same logins and retry policy, to take (a mount's first index page, asked while its daemon
+    imports): its answer, or the error it met after its retries (not asked twice: a server that is
+    down fails the mount in the time one listing takes). Returns once the page is promised."""
     ahead = _ahead[_ahead_key(url, limit, remote_options, same_origin)] = _Ahead()
-    try:
-        ahead.answer = _fetch_page(url, limit, remote_options, same_origin)
-    except Exception as e:  # noqa: BLE001 - raised in the caller's thread
-        ahead.error = e
-    finally:
-        ahead.done.set()
+
+    def ask() -> None:
+        try:
+            ahead.answer = _fetch_page(url, limit, remote_options, same_origin)
+        except Exception as e:  # noqa: BLE001 - raised in the caller's thread
+            ahead.error = e
+        finally:
+            ahead.done.set()
+
+    threading.Thread(target=ask, name="refmount-page-ahead", daemon=True).start()
 
 
 def fetch_page(url: str, limit: int, remote_options: dict | None = None, *,

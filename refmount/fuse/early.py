@@ -7,7 +7,10 @@ fetch code only, so that the request leaves early."""
 
 from __future__ import annotations
 
+import logging
 import threading
+
+log = logging.getLogger("refmount")
 
 
 def install_logins(opts) -> None:
@@ -33,8 +36,8 @@ def prepare(opts) -> None:
 
 
 class BeginLoading:
-    """prepare(opts), then the listing's first page asked (refs/scan/sources.py `ask_first_page`), in a
-    thread started now; `prepared()` waits for the first part."""
+    """prepare(opts), then the listing's first page promised (refs/scan/sources.py `ask_first_page`), in
+    a thread started now; `prepared()` waits for both."""
 
     def __init__(self, opts) -> None:
         self._prepared = threading.Event()
@@ -44,17 +47,20 @@ class BeginLoading:
     def _run(self, opts) -> None:
         try:
             prepare(opts)
+            try:  # (promised before prepared(): the listing, which waits for that, finds it)
+                from refmount.refs.scan.sources import ask_first_page
+
+                ask_first_page(opts.refs, (opts.remote_options or {}).get("headers"))
+            except Exception as e:  # noqa: BLE001 - the listing asks for itself
+                log.debug("first index page not asked early: %s", e)
         except BaseException as e:  # noqa: BLE001 - raised in the loading thread (prepared())
             self._error = e
-            return
         finally:
             self._prepared.set()
-        from refmount.refs.scan.sources import ask_first_page
-
-        ask_first_page(opts.refs, (opts.remote_options or {}).get("headers"))
 
     def prepared(self) -> None:
-        """Once prepare(opts) is done; what it raised (a bad token file) is raised here."""
+        """Once prepare(opts) is done and the page promised; what prepare raised (a bad token file) is
+        raised here."""
         self._prepared.wait()
         if self._error is not None:
             raise self._error
