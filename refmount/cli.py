@@ -574,7 +574,7 @@ def _scan(args) -> int:
 
     from types import SimpleNamespace
 
-    from refmount.fuse.assemble import install_logins
+    from refmount.fuse.early import install_logins
     from refmount.refs import default_max_refs_size
     from refmount.refs.scan.archive import ArchiveOptions
     from refmount.refs.scan.export import scan_to_file

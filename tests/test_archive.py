@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import run_refmount
+from tests.conftest import REFMOUNT, run_refmount
 from tests.support.clients import NCDUMP, ncdump, nczarr_url
 from tests.support.daily import make_daily
 from tests.support.moto import moto_server
@@ -619,6 +619,47 @@ def test_archive_of_settled_files_cold_one_request_a_file_warm_none(mount, scans
         assert {line.split()[1] for line in file_requests(before)} >= {f"/data/{files[0].name}"}
         with xr.open_zarr(again.path, consolidated=False) as ds:
             assert float(ds["tas"][0, 0, 0]) == pytest.approx(1234.5)
+
+
+def test_the_first_index_page_is_asked_once_as_the_daemon_starts(scans, tmp_path):
+    """A mount of an http(s) glob asks its first index page in a thread as its daemon starts
+    (fuse/early.py), and the listing takes that answer: one GET of the page, cold and warm; the
+    message names the source as the daemon shows it. A page that fails fails the mount with one
+    line, asked once too (its retries are not run twice)."""
+    from tests.support.nginx import Nginx
+
+    www = tmp_path / "www" / "data"
+    files = make_daily(www, 2, nlat=5, nlon=8)
+    settled = time.time() - 3 * 86400
+    for f in files:
+        os.utime(f, (settled, settled))
+    block = (f"root {www.parent}; location /data/ {{ autoindex on; }} "
+             "location /gone/ { return 404; }")
+    with Nginx(tmp_path / "nginx", block, log_format='$request_method $uri "$http_range" $status') as nginx:
+        url = f"{nginx.url}/data/tas_*.nc"
+        for state in ("cold", "warm"):
+            mnt = tmp_path / f"mnt-{state}"
+            mnt.mkdir()
+            before = len(nginx.access_log())
+            done = subprocess.run([*REFMOUNT, "mount", "--concat", "time", "--view", "raw", url, str(mnt)],
+                                  capture_output=True, text=True, timeout=300)
+            try:
+                assert done.returncode == 0, done.stderr
+                assert f"refmount: mounted {url} on {mnt}; log: " in done.stderr
+                assert json.loads((mnt / "tas" / ".zarray").read_text())["shape"][0] == 48
+                pages = [line for line in nginx.access_log()[before:] if line.startswith("GET /data/ ")]
+                assert len(pages) == 1, nginx.access_log()[before:]
+            finally:
+                subprocess.run([*REFMOUNT, "umount", str(mnt)], capture_output=True, timeout=60)
+        mnt = tmp_path / "mnt-gone"
+        mnt.mkdir()
+        before = len(nginx.access_log())
+        done = subprocess.run([*REFMOUNT, "mount", "--concat", "time", f"{nginx.url}/gone/*.nc", str(mnt)],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 1 and not os.path.ismount(mnt)
+        assert done.stderr.count("\n") == 1 and "cannot list" in done.stderr and "404" in done.stderr, done.stderr
+        asked = [line for line in nginx.access_log()[before:] if line.startswith("GET /gone/ ")]
+        assert 1 <= len(asked) <= 2, asked  # (the stdlib engine's try, then aiohttp's: once each)
 
 
 def test_warm_concat_mount_of_an_unchanged_listing_reads_one_kept_combination(mount, scans, tmp_path):

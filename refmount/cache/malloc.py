@@ -32,7 +32,10 @@ class _MallInfo2(ctypes.Structure):
 @cache
 def _libc():
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        try:  # (glibc's name first: find_library runs `ldconfig -p` in a subprocess, 10-30 ms of a mount)
+            libc = ctypes.CDLL("libc.so.6")
+        except OSError:
+            libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.malloc_trim, libc.mallopt  # noqa: B018 - glibc only
     except (OSError, AttributeError):  # not glibc
         return None

@@ -5,6 +5,9 @@ as the context says (fetch/retry.py `retry_under`: a --refresh's listing gives u
 
 from __future__ import annotations
 
+import contextvars
+import threading
+
 
 def _on_engine(remote_options: dict | None, call, first=None):
     """`call(backend)` (a coroutine) on a fresh HttpBackend with the mount's logins, on the asyncio loop;
@@ -33,10 +36,59 @@ def _on_engine(remote_options: dict | None, call, first=None):
     return asyncio.run_coroutine_threadsafe(once(), asyncio_loop()).result()
 
 
+class _Ahead:
+    """A fetch_page begun ahead of its caller (fetch_page_ahead): its answer, or the error it met."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.answer = None
+        self.error: BaseException | None = None
+
+
+_ahead: dict = {}  # fetch_page's arguments and the logins -> _Ahead (taken once)
+
+
+def _ahead_key(url, limit, remote_options, same_origin) -> tuple:
+    from refmount.fetch.auth import active
+    from refmount.fetch.retry import policy_now
+
+    headers = (remote_options or {}).get("headers") or {}
+    return url, limit, tuple(sorted(headers.items())), same_origin, id(policy_now()), id(active())
+
+
+def fetch_page_ahead(url: str, limit: int, remote_options: dict | None = None, *, same_origin: bool = False) -> None:
+    """fetch_page(...) begun now in a thread, for the first later fetch_page of the same arguments, with
+    the same logins and retry policy, to take (a mount's first index page, asked while its daemon
+    imports): its answer, or the error it met after its retries (not asked twice: a server that is
+    down fails the mount in the time one listing takes). Returns once the page is promised."""
+    ahead = _ahead[_ahead_key(url, limit, remote_options, same_origin)] = _Ahead()
+
+    def ask() -> None:
+        try:
+            ahead.answer = _fetch_page(url, limit, remote_options, same_origin)
+        except Exception as e:  # noqa: BLE001 - raised in the caller's thread
+            ahead.error = e
+        finally:
+            ahead.done.set()
+
+    context = contextvars.copy_context()  # (the caller's retry policy: a thread does not inherit it)
+    threading.Thread(target=context.run, args=(ask,), name="refmount-page-ahead", daemon=True).start()
+
+
 def fetch_page(url: str, limit: int, remote_options: dict | None = None, *,
                same_origin: bool = False) -> tuple[str, str, bytes]:
     """(the url found at after redirects, Content-Type, body) of a 200 answer of at most `limit`
     bytes; FetchError (LoginFailed for a refused login) otherwise. Not from the asyncio loop's thread."""
+    ahead = _ahead.pop(_ahead_key(url, limit, remote_options, same_origin), None) if _ahead else None
+    if ahead is not None:
+        ahead.done.wait()
+        if ahead.error is not None:
+            raise ahead.error
+        return ahead.answer
+    return _fetch_page(url, limit, remote_options, same_origin)
+
+
+def _fetch_page(url, limit, remote_options, same_origin):
     return _on_engine(remote_options, lambda backend: backend.page(url, limit, same_origin=same_origin),
                       first=lambda backend: backend.page_direct(url, limit))
 

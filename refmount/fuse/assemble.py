@@ -19,7 +19,7 @@ from refmount.view.consolidated import with_consolidated_metadata
 from refmount.errors import FetchError, RefmountError, quote
 from refmount.fetch import Fetcher, RetryPolicy, redact
 from refmount.fetch.stats import host_of
-from refmount.fetch.tls import set_ca_bundle
+from refmount.fuse.early import prepare
 from refmount.fuse.fs import Filesystem
 from refmount.fuse.pyfuse3_build import describe as pyfuse3_build
 from refmount.cache.pacer import HostPacer
@@ -129,12 +129,15 @@ def archive_options(opts, progress=None, lazy=False, trust=None):
                           load_store=load_refs)
 
 
-def load_reference_set(opts, lazy=False):
+def load_reference_set(opts, lazy=False, early=None):
     """The reference set of `opts.refs`, loaded within the options' limits and checked against the
     protocol policy (a mount and --dry-run alike). `lazy` (a mount): a glob of data files without
-    --concat comes back only listed, a `refs.scan.archive.LazyArchive`."""
-    set_ca_bundle(opts.ca_bundle)  # the reference file may be on https
-    install_logins(opts)  # ... behind a login
+    --concat comes back only listed, a `refs.scan.archive.LazyArchive`. `early`: the mount's
+    fuse.early.BeginLoading, which prepares (CA bundle, logins) in its thread."""
+    if early is None:
+        prepare(opts)
+    else:
+        early.prepared()
     progress = load_progress()
     root = mount_location(opts)
     scan_progress = None
@@ -162,26 +165,12 @@ def load_reference_set(opts, lazy=False):
     return refset
 
 
-def install_logins(opts) -> None:
-    """The mount's credentials (netrc, cookie jar, bearer tokens: fetch/auth.py), for the reference
-    file's client and the fetcher alike; a token file that cannot be read fails the mount now."""
-    from refmount.fetch.auth import Logins, check_token_files, install
-
-    check_token_files(opts.bearer_tokens)
-    if opts.s3_credentials_url:
-        from refmount.fetch.s3creds import check_options
-
-        check_options(opts.s3_credentials_url, opts.remote_options)
-    install(Logins(cookie_jar=opts.cookie_jar, bearer_tokens=opts.bearer_tokens,
-                   allow_cross_host_redirects=opts.allow_cross_host_redirects))
-
-
-def build_filesystem(opts):
+def build_filesystem(opts, early=None):
     from refmount.fetch.auth import active
 
     if opts.refresh:
         check_refreshable(opts)
-    refset = load_reference_set(opts, lazy=True)
+    refset = load_reference_set(opts, lazy=True, early=early)
     policy = RetryPolicy(read_timeout=opts.read_timeout, stall_timeout=opts.stall_timeout)
     fetcher = Fetcher(policy=policy, remote_options=opts.remote_options, connections_per_host=opts.connections,
                       allow_cross_host_redirects=opts.allow_cross_host_redirects, verify_remote=opts.verify_remote,

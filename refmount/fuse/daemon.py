@@ -318,8 +318,8 @@ def mount(opts: MountOptions) -> int:
         raise
     finally:
         os.close(read_fd)
-    if message.startswith("OK"):
-        sys.stderr.write(f"refmount: mounted {shown_refs(opts.refs)} on {opts.mountpoint}; log: {shown}\n")
+    if message.startswith("OK "):  # "OK <the source as shown>": the daemon has fetch.trust (and trio) imported
+        sys.stderr.write(f"refmount: mounted {message[3:]} on {opts.mountpoint}; log: {shown}\n")
         return 0
     if message.startswith("ERR "):
         os.waitpid(pid, 0)
@@ -416,12 +416,8 @@ def fsname_option(refs: str) -> str:
 
 def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -> int:
     """Load, mount and serve until unmounted or signalled. Runs in the daemon process."""
-    import pyfuse3
-    import trio
-
     from refmount.cache.malloc import configure_malloc
-    from refmount.fuse.assemble import build_filesystem
-    from refmount.fuse.fuse_ops import FuseOperations
+    from refmount.fuse.early import BeginLoading
 
     configure_malloc()  # before any thread makes a heap of its own
     metrics = None
@@ -432,7 +428,15 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     if opts.proxy:  # the http(s) targets' client follows the usual variables (as aiohttp's trust_env)
         for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
             os.environ[name] = opts.proxy
-    fs, fetcher = build_filesystem(opts)
+    # the listing's first page is asked while the code below is imported (--refresh: checked first)
+    early = None if opts.refresh else BeginLoading(opts)
+    import pyfuse3
+    import trio
+
+    from refmount.fuse.assemble import build_filesystem
+    from refmount.fuse.fuse_ops import FuseOperations
+
+    fs, fetcher = build_filesystem(opts, early)
     fetcher.begin_warm_up(fs.refset.urls)  # imports in a thread while the mount comes up
     check_remote_options(fs.refset.urls, opts.remote_options)
     fs.mount_info = {"refs": shown_refs(opts.refs), "log": log_shown or opts.log_file or "stderr"}
@@ -563,7 +567,7 @@ async def _announce_ready(opts: MountOptions, ready: int | None, warmed=None) ->
     if warmed is not None:
         with trio.move_on_after(_WARM_UP_WAIT):
             await warmed.wait()
-    if ready is not None and not _report(ready, "OK"):  # the CLI gave up waiting: undo the mount
+    if ready is not None and not _report(ready, f"OK {shown_refs(opts.refs)}"):  # the CLI gave up: undo the mount
         log.warning("mount of %s on %s was interrupted: unmounting", opts.refs, opts.mountpoint)
         pyfuse3.terminate()
         return

@@ -22,7 +22,6 @@ from refmount.errors import RefmountError, quote
 from refmount.fetch.protocols import is_remote, local_path, protocol_of
 from refmount.fetch.stats import redact
 from refmount.refs.scan.entry import Entry  # noqa: F401 (the listings' unit, imported from here too)
-from refmount.refs.model import name_problem
 
 log = logging.getLogger("refmount")
 
@@ -114,6 +113,8 @@ def _named(found: list[tuple[Entry, str]], source: str, sidecars: bool) -> list[
     different directories) by their path below the listed root, '/' shown as '~'. Every name comes from
     outside (a server, a bucket, a list, a file system): one that name_problem refuses, or that another
     file has already, is left out with one log line naming `source`; the listing goes on."""
+    from refmount.refs.model import name_problem  # (numpy: not for a listing begun early, ask_first_page)
+
     if sidecars:
         found = pair_sidecars(found)
     seen: dict[str, int] = {}
@@ -338,6 +339,8 @@ def index_links(page_url: str, html: str) -> tuple[list[str], list[str]]:
 def index_entries(page_url: str, html: str) -> tuple[list[str], list[str], dict]:
     """index_links's (files, directories), and {file url: (size, version)} for the files whose date and
     size the page gives (listed_version)."""
+    from refmount.refs.model import name_problem
+
     parser = _Links()
     parser.feed(html)
     base = page_url if page_url.endswith("/") else page_url + "/"
@@ -366,7 +369,9 @@ def index_entries(page_url: str, html: str) -> tuple[list[str], list[str], dict]
     return list(dict.fromkeys(files)), list(dict.fromkeys(dirs)), listed
 
 
-def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[tuple[Entry, str]]:
+def _index_root(location: str) -> tuple[str, str, list[str]]:
+    """(the url of the first index page an http(s) listing of `location` asks, its path, the pattern of
+    names under it)."""
     parts = urlsplit(location)
     if has_glob(location):
         first = min(i for i, c in enumerate(parts.path) if c in "*[")
@@ -375,7 +380,23 @@ def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[tup
     else:
         base_path = parts.path if parts.path.endswith("/") else parts.path + "/"
         pattern = ["**", "*"]
-    base = f"{parts.scheme}://{parts.netloc}{base_path}"
+    return f"{parts.scheme}://{parts.netloc}{base_path}", base_path, pattern
+
+
+def ask_first_page(location: str, headers: dict | None) -> None:
+    """A mount of an http(s) glob asks its first index page, in a thread, as its daemon starts
+    (fuse/early.py): the page's round trips (2, or 3 past TCP's first window) pass while the daemon
+    imports its code, and the listing (`_fetch_index`, the same request) takes that answer."""
+    from refmount.fetch.pages import fetch_page_ahead
+    from refmount.refs.scan.catalogs import catalog_kind
+
+    if protocol_of(location) not in ("http", "https") or not has_glob(location) or catalog_kind(location):
+        return  # (listed otherwise, or not at all: load_refs decides)
+    fetch_page_ahead(_index_root(location)[0], MAX_INDEX_BYTES, {"headers": headers or {}}, same_origin=True)
+
+
+def _list_http(location: str, headers: dict, sidecars: bool = False) -> list[tuple[Entry, str]]:
+    base, base_path, pattern = _index_root(location)
     deep = "**" in pattern
     depth = MAX_DEPTH if deep else len(pattern) - 1
     found: list[str] = []
