@@ -301,7 +301,11 @@ def _store_documents(store: RemoteStore) -> tuple[dict[str, bytes], bool]:
     """(metadata documents by key, consolidated?)"""
     root = store.get("zarr.json")
     if root is not None:
-        documents = _consolidated_v3(store, root, _json(root, store.url("zarr.json")))
+        doc = _json(root, store.url("zarr.json"))
+        if doc.get("zarr_format") != 3:  # (zarrita's draft v3 put a url there, and its metadata under meta/)
+            raise RefsError(f"{quote(store.url('zarr.json'))}: zarr_format is {doc.get('zarr_format')!r}, not 3: "
+                            "not a Zarr v3 store of the final spec (a draft one?)")
+        documents = _consolidated_v3(store, root, doc)
         if documents is not None:
             return documents, True
         return _walk(store, 3, root), False
