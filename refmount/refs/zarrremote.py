@@ -26,7 +26,6 @@ refuses the mount in one line (zarr's ZipStore writes STORED members; ``zip -0``
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -330,13 +329,6 @@ def _array_meta(meta: dict, version: int, where: str) -> ArrayMeta:
     return array
 
 
-def _chunk_keys(prefix: str, array: ArrayMeta):
-    """Batches of the chunk keys of one array (under `prefix`), in C order over its grid."""
-    keys = array.chunk_keys(f"{prefix}/" if prefix else "")  # (no chunk when a dimension is 0)
-    while batch := list(itertools.islice(keys, BATCH)):
-        yield batch
-
-
 def _array_nodes(documents: dict[str, bytes]):
     """(array path, metadata, Zarr version, where) of every array the documents describe."""
     for key, data in documents.items():
@@ -348,15 +340,6 @@ def _array_nodes(documents: dict[str, bytes]):
         if name == "zarr.json" and meta.get("node_type") != "array":
             continue
         yield path, meta, 3 if name == "zarr.json" else 2, key
-
-
-def _lazy(array: ArrayMeta, version: int) -> bool:
-    """Whether an array's chunk keys may be computed rather than stored: every v3 array (its nested
-    keys' directories are computed too: lazygrid.ChunkDirs; its v2 form for the decoded view is lazy as
-    well, `ZarrStoreRefSet.v2_form`), and a v2 array whose keys sit in its own directory ("1.0"; v2
-    "1/0" stays eager: the decoded view serves v2 arrays as they are, and reads chunk directories from
-    the stored tree). A store is lazy when all of its arrays are."""
-    return version == 3 or array.separator == "."
 
 
 class ZarrStoreRefSet(LazyGridRefSet):
@@ -475,22 +458,10 @@ def load_remote_store(location: str, *, remote_options: dict | None = None, max_
                       np.array([len(documents[k]) for k in keys], np.int64), dict(enumerate(documents.values())))
     arrays = [(path, _array_meta(meta, version, store.url(where)), version)
               for path, meta, version, where in _array_nodes(documents)]
-    if arrays and all(_lazy(array, version) for _, array, version in arrays):
-        refset = builder.build()  # (only metadata: a lazy set's url table holds chunks' urls alone)
+    refset = builder.build()  # (only metadata: a lazy set's url table holds chunks' urls alone)
+    if arrays:  # (chunk keys computed from the grids, and nested ones' directories: refs/lazygrid.py)
         arrays.sort(key=lambda a: refset.dirs.ids[a[0]])
         refset = ZarrStoreRefSet(store, refset, [(path, array) for path, array, _ in arrays], _version_of(documents))
-    else:
-        for path, array, _ in arrays:
-            total = int(np.prod(array.grid(), dtype=np.float64))
-            builder.reserve(total, f"the chunk grid of array {quote(path or '/')}")
-            for batch in _chunk_keys(path, array):
-                urls = [store.url(k) for k in batch]
-                builder.reserve_bytes(sum(map(len, batch)) + sum(map(len, urls)),
-                                      f"the chunk keys of {quote(path or '/')}")
-                n = len(batch)
-                builder.add_batch(batch, builder.url_ids(urls), np.zeros(n, np.int64),
-                                  np.full(n, WHOLE_FILE, np.int64))
-        refset = builder.build()
     refset.may_lack = True  # (chunk keys from the grid: a 404 is a chunk the store lacks)
     how = "consolidated metadata" if consolidated else \
         "metadata walked node by node, " + ("S3 listing" if store.listing == "s3" else "HTML index pages")
