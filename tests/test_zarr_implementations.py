@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import run_refmount
 from tests.support.clients import NCDUMP, compare_dumped, ncdump, nczarr_url, parse_ncdump
-from tests.support.moto import moto_server
+from tests.support.moto import bucket_of
 from tests.support.nginx import Nginx
 
 zarr = pytest.importorskip("zarr")
@@ -33,7 +33,6 @@ xr = pytest.importorskip("xarray")
 DATA = Path(__file__).parent / "data" / "zarrimpl"
 STORES = ("z5py_v2.zarr", "z5py_v2_nested.zarr", "z5py_v3.zarr", "tensorstore_v2.zarr",
           "tensorstore_v3.zarr")
-S3 = {"key": "AKIATESTTESTTEST0000", "secret": "test/secret/0000"}
 
 
 def write_variants(store: str, fmt: int) -> None:
@@ -123,15 +122,7 @@ def nginx(www, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def s3(www):
-    import s3fs
-
-    with moto_server() as endpoint:
-        options = {**S3, "endpoint_url": endpoint}
-        fs = s3fs.S3FileSystem(**options)
-        fs.mkdir("stores")
-        for path in sorted(www.rglob("*")):
-            if path.is_file():
-                fs.pipe_file(f"stores/{path.relative_to(www)}", path.read_bytes())
+    with bucket_of(www) as options:
         yield options
 
 
@@ -289,3 +280,21 @@ def test_a_v2_store_of_nested_keys_is_lazy(mount, www, nginx):
     tas = zarr.open_group(str(decoded.path), mode="r")["tas"]
     np.testing.assert_array_equal(tas[NESTED_WRITTEN[1] - 1 : NESTED_WRITTEN[1] + 1],
                                   [np.full(4, -7), np.arange(4) + NESTED_WRITTEN[1]])
+
+
+def test_strings_of_a_parquet_set_are_served_as_characters(mount, tmp_path):
+    """The other lazy set: a Parquet reference set (kerchunk's refs_to_dataframe) of an |S8 array with a
+    missing chunk; ncdump reads it as characters (it was hidden)."""
+    kerchunk_df = pytest.importorskip("kerchunk.df")
+    store = tmp_path / "s.zarr"
+    g = zarr.open_group(str(store), mode="w", zarr_format=2)
+    s = g.create_array("names", shape=(5,), chunks=(2,), dtype="S8", fill_value=b"", compressors=None,
+                       attributes={"_ARRAY_DIMENSIONS": ["site"]})
+    s[:4] = [b"alpha", b"b", b"12345678", b"d"]
+    refs = {key: (store / key).read_text() for key in (".zgroup", "names/.zarray", "names/.zattrs")}
+    refs.update({f"names/{n}": [str(store / "names" / str(n))] for n in (0, 1)})
+    kerchunk_df.refs_to_dataframe({"version": 1, "refs": refs}, str(tmp_path / "s.parq"), record_size=2)
+    decoded = mount(str(tmp_path / "s.parq"))
+    assert "hiding array names" not in decoded.log()
+    dumped = ncdump(nczarr_url(decoded.path))
+    assert 'char names(site, string8)' in dumped and '"alpha",\n  "b",\n  "12345678",\n  "d",\n  ""' in dumped, dumped
