@@ -9,12 +9,11 @@ A remote store:
   listing (S3 ListObjects, one level at a time) or over plain HTTP by the server's HTML index page. A
   group without consolidated metadata on a server that gives no index cannot be listed: refused in one
   line (only a store whose root is an array mounts so);
-- its chunk keys come from each array's grid (chunks are never listed), each a whole remote object:
-  computed on demand (`ZarrStoreRefSet`, refs/lazygrid.py; v3's nested "c/1/0" with their directories)
-  for a v3 store and a v2 one whose arrays keep their chunks in their own directory ("1.0"), else (v2
-  "1/0") made at mount; a
-  chunk the server answers 404 for is one the store lacks (`RefSet.may_lack`: refmount.view.raw reads
-  it as absent once and remembers; a 403 or 5xx stays an error);
+- its chunk keys come from each array's grid (chunks are never listed), each a whole remote object,
+  computed on demand (`ZarrStoreRefSet`, refs/lazygrid.py; nested ones, v3's "c/1/0" and v2's "1/0",
+  with their directories); a chunk the server answers 404 for is one the store lacks
+  (`RefSet.may_lack`: refmount.view.raw reads it as absent once and remembers; a 403 or 5xx stays an
+  error);
 - every key passes `key_problem` (no ``..``, no empty or over-long segment) and its url is the store's
   own url joined with it: no key reaches another host or a path outside the store.
 

@@ -320,7 +320,7 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
             out["fill_value"] = int(m.fill_value)
     if dtype.kind in "Mm":  # (the same bytes: int64 ticks, with CF units: _plan_times)
         out_dtype = np.dtype("i8").newbyteorder(dtype.byteorder)
-        fill = stored_fill(m.fill_value, dtype)
+        fill = stored_fill(m.fill_value, dtype) if m.fill_value is not None else None
         out["fill_value"] = None if fill is None else int(np.array(fill).view("i8"))
     if dtype.byteorder == ">":
         out_dtype = out_dtype.newbyteorder("<")
