@@ -320,3 +320,39 @@ def test_strings_of_a_parquet_set_are_served_as_characters(mount, tmp_path):
     assert "hiding array names" not in decoded.log()
     dumped = ncdump(nczarr_url(decoded.path))
     assert 'char names(site, string8)' in dumped and '"alpha",\n  "b",\n  "12345678",\n  "d",\n  ""' in dumped, dumped
+
+
+NC4_VALUES = """
+import json, sys, netCDF4
+with netCDF4.Dataset(sys.argv[1]) as ds:
+    ds.set_auto_maskandscale(False)
+    print(json.dumps({k: v[:].astype("f8").ravel().tolist() for k, v in ds.variables.items()}))
+"""
+
+
+def netcdf4_values(target: str) -> dict[str, list]:
+    """Every variable's raw values as netCDF4-python (netCDF-C 4.10.1, with filters) reads them, in a
+    process of its own (one that loads netCDF-C is served netCDF-C's form of a mount)."""
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", NC4_VALUES, target], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("name", ["z5py_v2.zarr", "z5py_v2_nested.zarr", "tensorstore_v2.zarr"])
+def test_netcdf_c_410_reads_the_decoded_view_as_zarr_reads_the_store(mount, www, nginx, name):
+    """netCDF-C 4.10.1 reads these v2 stores itself (zlib, blosc, "/" keys, big-endian) but not
+    tensorstore's F order (it reads the chunks as C order); through the decoded view every value is
+    zarr-python's."""
+    pytest.importorskip("netCDF4")
+    want = {path: values.astype("f8").ravel() for path, values in arrays_of(str(www / name)).items()}
+
+    def same(got: dict) -> bool:
+        return sorted(got) == sorted(want) and all(np.array_equal(got[k], want[k], equal_nan=True) for k in want)
+
+    decoded = mount(f"{nginx.url}/idx/{name}")
+    got = netcdf4_values(f"file://{decoded.path}#mode=zarr,file")
+    assert same(got), got
+    own = netcdf4_values(f"file://{www / name}#mode=zarr,file")
+    assert same(own) == (name != "tensorstore_v2.zarr"), own
