@@ -44,7 +44,7 @@ def _dims(fmt: int, name: str, ndim: int, attributes: dict | None = None) -> dic
 
 
 def write_variants(store: str, fmt: int) -> None:
-    """Every array has a missing chunk (read as the fill) unless it is one chunk; v3's NaN fill is
+    """Every array has a missing chunk (read as the fill) unless it is one chunk; v3's NaN fills are
     spelled in hex, as other writers do."""
     g = zarr.open_group(store, mode="w", zarr_format=fmt, attributes={"title": "Température ±2 °C", "note": "日本語"})
 
@@ -55,6 +55,8 @@ def write_variants(store: str, fmt: int) -> None:
     for name, fill in (("nan", np.nan), ("inf", np.inf), ("ninf", -np.inf)):
         a = arr(name, np.zeros(6, "f8"), chunks=(3,), fill_value=fill)
         a[:3] = [1.5, -2.5, 3.0]  # (the second chunk missing: the fill)
+    nanf = arr("nanf", np.zeros(4, "f4"), chunks=(2,), fill_value=np.nan)
+    nanf[:2] = [0.25, -0.5]
     b = arr("flag", np.zeros(5, bool), chunks=(2,), fill_value=True)
     b[:2] = [False, True]
     big = arr("big", np.zeros(5, ">f8"), chunks=(2,), fill_value=-1.0)
@@ -87,9 +89,10 @@ def write_variants(store: str, fmt: int) -> None:
     if fmt == 3:
         doc = json.loads(Path(store, "zarr.json").read_text())
         meta = doc["consolidated_metadata"]["metadata"]
-        meta["nan"]["fill_value"] = "0x7ff8000000000000"
-        node = json.loads(Path(store, "nan", "zarr.json").read_text())
-        Path(store, "nan", "zarr.json").write_text(json.dumps({**node, "fill_value": "0x7ff8000000000000"}))
+        for name, fill in (("nan", "0x7ff8000000000000"), ("nanf", "0x7fc00000")):
+            meta[name]["fill_value"] = fill
+            node = json.loads(Path(store, name, "zarr.json").read_text())
+            Path(store, name, "zarr.json").write_text(json.dumps({**node, "fill_value": fill}))
         Path(store, "zarr.json").write_text(json.dumps(doc))
 
 
@@ -137,7 +140,9 @@ def s3(www):
         yield options
 
 
-def source(where: str, name: str, nginx, s3) -> tuple[str, list[str]]:
+def source(where: str, name: str, nginx, s3, www: Path | None = None) -> tuple[str, list[str]]:
+    if where == "local":
+        return str(www / name), []
     if where == "s3":
         return f"s3://stores/{name}", ["--remote-options", json.dumps(s3)]
     return f"{nginx.url}/idx/{name}", []
@@ -226,19 +231,19 @@ def served(values: np.ndarray) -> np.ndarray:
 
 
 HIDDEN = {"cplx": "complex numbers", "vlen": "variable-length strings", "zerolen": "a dimension of length 0"}
-VARIANTS = [("http", 2), ("http", 3), ("s3", 2), ("s3", 3)]
+VARIANTS = [("http", 2), ("http", 3), ("s3", 2), ("s3", 3), ("local", 2), ("local", 3)]
 
 
 @pytest.mark.parametrize("where,fmt", VARIANTS, ids=[f"{w}-v{f}" for w, f in VARIANTS])
 def test_zarr_python_variants_read_right_or_are_hidden_in_one_line(mount, www, nginx, s3, where, fmt):
-    """NaN, Infinity and -Infinity fills (v3's NaN in hex), bool, big-endian, F order (v2), datetime64 and
+    """NaN, Infinity and -Infinity fills (v3's NaN in hex, float64 and float32), bool, big-endian, F order (v2), datetime64 and
     timedelta64, |S8, <U5, vlen strings, a 0-d array, a 0-length dimension, complex, empty and nested
     groups, non-ASCII attributes, each with a missing chunk: the raw view reads as the store; the
     decoded view serves each array's values (times as int64 with CF units, strings as characters, the
     missing chunks as the fill) or hides it with one log line naming it; ncdump reads the whole of it."""
     name = f"variants{fmt}.zarr"
     want = all_arrays(str(www / name))
-    url, args = source(where, name, nginx, s3)
+    url, args = source(where, name, nginx, s3, www)
     raw = mount(url, "--view", "raw", *args)
     got = all_arrays(str(raw.path))
     assert sorted(got) == sorted(want)
@@ -265,7 +270,7 @@ def test_zarr_python_variants_read_right_or_are_hidden_in_one_line(mount, www, n
         with xr.open_zarr(str(raw.path)) as got_ds, xr.open_zarr(str(www / name)) as want_ds:
             xr.testing.assert_identical(got_ds.load(), want_ds.load())
             with xr.open_zarr(str(decoded.path)) as dec_ds:
-                for path in ("time", "delta", "nan", "inf", "ninf", "big"):
+                for path in ("time", "delta", "nan", "nanf", "inf", "ninf", "big"):
                     np.testing.assert_array_equal(dec_ds[path].values, want_ds[path].values, err_msg=path)
     dump = ncdump(nczarr_url(decoded.path))
     assert ':title = "Température ±2 °C"' in dump and 'w:units = "µm"' in dump and "group: empty {" in dump
