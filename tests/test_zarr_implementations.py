@@ -110,6 +110,35 @@ def write_nested_v2(store: str) -> None:
     zarr.consolidate_metadata(store)
 
 
+FILLS = {"nanf": ("f4", float("nan"), [1.5, float("nan")]), "neg": ("i4", -1, [1, -1]), "nofill": ("i4", None, [1, 0])}
+
+NC_COPY = """
+import json, sys, netCDF4
+with netCDF4.Dataset(sys.argv[1], "w") as ds:
+    ds.createDimension("x", 4)
+    for name, (dtype, fill, values) in json.loads(sys.argv[2]).items():
+        v = ds.createVariable(name, dtype, ("x",), fill_value=False if fill is None else float(fill))
+        v[:2] = values
+"""
+
+
+def write_fills(root: Path) -> None:
+    """fills2.zarr, fills3.zarr: a float32 NaN fill, an int32 -1 fill and none (v3: zarr-python's 0),
+    the first chunk written (a fill among its values), the second missing; fills.nc: netCDF-C's own
+    copy (netCDF4-python, in a process of its own), the same fills declared, the same values written."""
+    import sys
+
+    for fmt in (2, 3):
+        g = zarr.open_group(str(root / f"fills{fmt}.zarr"), mode="w", zarr_format=fmt)
+        for name, (dtype, fill, values) in FILLS.items():
+            dims = {"dimension_names": ["x"]} if fmt == 3 else {"attributes": {"_ARRAY_DIMENSIONS": ["x"]}}
+            a = g.create_array(name, shape=(4,), chunks=(2,), dtype=dtype, fill_value=fill if fill is not None
+                               or fmt == 2 else 0, **dims)
+            a[:2] = values
+        zarr.consolidate_metadata(str(root / f"fills{fmt}.zarr"))
+    subprocess.run([sys.executable, "-c", NC_COPY, str(root / "fills.nc"), json.dumps(FILLS)], check=True, timeout=120)
+
+
 @pytest.fixture(scope="module")
 def www(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("www")
@@ -123,6 +152,11 @@ def www(tmp_path_factory) -> Path:
         for fmt in (2, 3):
             write_variants(str(root / f"variants{fmt}.zarr"), fmt)
     write_nested_v2(str(root / "nested.zarr"))
+    for name, store in RENAMED.items():  # (stores by other names: known by their metadata)
+        shutil.copytree(DATA / store, root / name)
+    (root / "plain").mkdir()
+    (root / "plain" / "notes.txt").write_text("no store here\n")
+    write_fills(root)
     return root
 
 
@@ -160,7 +194,23 @@ def assert_same_arrays(got: dict, want: dict, what: str) -> None:
         np.testing.assert_array_equal(got[path], values, err_msg=f"{what} {path}")
 
 
+def views_read_as_the_store(mount, url: str, args: list[str], want: dict):
+    """zarr-python reads the raw and the decoded view of `url` as the store (`want`); the decoded mount."""
+    raw = mount(url, "--view", "raw", *args)
+    assert_same_arrays(arrays_of(str(raw.path)), want, f"raw view of {url}")
+    decoded = mount(url, *args)
+    got = arrays_of(str(decoded.path))
+    # (the decoded view is Zarr v2 in native byte order: values, not byte order, are compared)
+    assert_same_arrays({k: v.astype(v.dtype.newbyteorder("=")) for k, v in got.items()},
+                       {k: v.astype(v.dtype.newbyteorder("=")) for k, v in want.items()}, f"decoded view of {url}")
+    return decoded
+
+
 CASES = [(w, n) for n in STORES for w in ("http", "s3")]
+# zarr_implementations names its stores .zr (v2) and .zr3; ARCO-ERA5's ends in .zarr-v3; many have no suffix
+RENAMED = {"z5py_v2.zr": "z5py_v2.zarr", "z5py_v3.zr3": "z5py_v3.zarr", "tensorstore_v3.zarr-v3": "tensorstore_v3.zarr",
+           "tensorstore_v2": "tensorstore_v2.zarr"}
+NAMED = [(w, n + slash) for n in RENAMED for w in ("http", "s3") for slash in ("", "/")]
 
 
 @pytest.mark.parametrize("where,name", CASES, ids=[f"{w}-{n}" for w, n in CASES])
@@ -169,17 +219,51 @@ def test_zarr_reads_the_mount_as_the_store(mount, www, nginx, s3, where, name):
     (missing chunks as the fill value, shards, big-endian, F order, gzip, blosc, zlib, zstd)."""
     url, args = source(where, name, nginx, s3)
     want = arrays_of(str(www / name))
-    raw = mount(url, "--view", "raw", *args)
-    assert_same_arrays(arrays_of(str(raw.path)), want, f"raw view of {name}")
-    decoded = mount(url, *args)
-    got = arrays_of(str(decoded.path))
-    # (the decoded view is Zarr v2 in native byte order: values, not byte order, are compared)
-    assert_same_arrays({k: v.astype(v.dtype.newbyteorder("=")) for k, v in got.items()},
-                       {k: v.astype(v.dtype.newbyteorder("=")) for k, v in want.items()}, f"decoded view of {name}")
+    decoded = views_read_as_the_store(mount, url, args, want)
     dumped = parse_ncdump(ncdump(nczarr_url(decoded.path)))
     for path, values in want.items():
         fill = zarr.open_array(str(www / name), path=path, mode="r").fill_value
         compare_dumped(dumped[path], values.astype(values.dtype.newbyteorder("<")), [fill], f"ncdump {name} {path}")
+
+
+@pytest.mark.parametrize("where,name", NAMED, ids=[f"{w}-{n}" for w, n in NAMED])
+def test_a_store_is_known_by_its_metadata_whatever_its_name(mount, www, nginx, s3, where, name):
+    """A url whose name says nothing (.zr, .zr3, .zarr-v3, none, a trailing '/') is asked for a store's
+    root metadata: mounted as the store, both views read as zarr-python reads the store."""
+    url, args = source(where, name, nginx, s3)
+    views_read_as_the_store(mount, url, args, arrays_of(str(www / name.rstrip("/"))))
+
+
+@pytest.mark.parametrize("where", ["http", "s3"])
+def test_a_url_that_holds_no_store_is_refused_in_one_line(tmp_path, nginx, s3, where):
+    """A directory of neither a store nor data files: one line naming the url and what it was asked as;
+    the store's metadata asked once each (nginx's log), nothing more of it."""
+    url, args = source(where, "plain", nginx, s3)
+    log = nginx.root / "logs" / "access.log"
+    before = len(log.read_text().splitlines())
+    (tmp_path / "mnt").mkdir()
+    result = run_refmount("mount", url, tmp_path / "mnt", *args, timeout=180)
+    if result.returncode == 0:
+        subprocess.run(["fusermount3", "-u", str(tmp_path / "mnt")], timeout=60)
+    assert result.returncode != 0
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    assert url in line and "nor is it a Zarr store (no zarr.json, .zmetadata, .zgroup or .zarray under it)" in line, line
+    if where == "http":
+        asked = [e.split()[1] for e in log.read_text().splitlines()[before:]]
+        assert sorted(a for a in asked if a.startswith("/idx/plain/.") or a.endswith("zarr.json")) == \
+            ["/idx/plain/.zarray", "/idx/plain/.zgroup", "/idx/plain/.zmetadata", "/idx/plain/zarr.json"], asked
+
+
+@pytest.mark.parametrize("where,fmt", [("http", 2), ("http", 3), ("s3", 3)])
+def test_fills_are_declared_as_netcdf_c_declares_them(mount, www, nginx, s3, where, fmt):
+    """A NaN fill, a -1 fill and none: ncdump of the decoded view (v2 or v3 store) prints what ncdump of
+    netCDF-C's own copy prints, declarations and values ('_' where the fill is, written or missing)."""
+    url, args = source(where, f"fills{fmt}.zarr", nginx, s3)
+    decoded = mount(url, *args)
+    mine = ncdump(nczarr_url(decoded.path)).splitlines()[1:]
+    own = ncdump(str(www / "fills.nc")).splitlines()[1:]
+    assert mine == own, "\n".join(mine)
 
 
 def test_a_chunk_its_codec_cannot_decode_is_an_error_never_values(mount, www, nginx):

@@ -54,9 +54,12 @@ _REMOTE = ("http", "https", "s3", "s3a")
 
 
 def zarr_store_kind(location: str) -> str | None:
-    """'zip' for a zipped store (a name ending in .zip: a local file or a remote url), 'remote' for an
-    http(s) or s3 url whose path ends in .zarr, else None. (Told by the name alone: no request.)"""
-    from refmount.refs.scan.sources import has_glob
+    """What the name of `location` says of it: 'zip' for a zipped store (a name ending in .zip: a local
+    file or a remote url), 'remote' for an http(s) or s3 url whose path ends in .zarr, 'maybe' for one
+    whose name says nothing (a store's own suffix, .zr, .zarr-v3, none, a trailing '/': asked, by
+    loading it as a store: `NotAStore` when it holds none), else None. (No request.)"""
+    from refmount.refs.scan.catalogs import _ENDINGS, catalog_kind
+    from refmount.refs.scan.sources import REFERENCE_SUFFIXES, has_glob
 
     if location.startswith("@") or has_glob(location):  # (many sources: refs/scan)
         return None
@@ -67,9 +70,18 @@ def zarr_store_kind(location: str) -> str | None:
         if proto in _REMOTE:
             return "zip"
         return "zip" if not is_remote(location) and os.path.isfile(local_path(location)) else None
-    if proto in _REMOTE and name.endswith(".zarr"):
+    if proto not in _REMOTE:
+        return None
+    if name.endswith(".zarr"):
         return "remote"
-    return None
+    bucket = proto in ("s3", "s3a") and "/" not in name.partition("://")[2]
+    if bucket or name.endswith((*REFERENCE_SUFFIXES, *_ENDINGS)) or catalog_kind(location) or urlsplit(location).query:
+        return None  # (a whole bucket, a reference or data file, a catalog, a signed url)
+    return "maybe"
+
+
+class NotAStore(RefsError):
+    """A remote url holds no Zarr store's root metadata."""
 
 
 def load_zarr_location(location: str, kind: str, *, remote_options: dict | None = None,
@@ -309,11 +321,14 @@ def _store_documents(store: RemoteStore) -> tuple[dict[str, bytes], bool]:
         return _walk(store, 3, root), False
     zmetadata = store.get(".zmetadata")
     if zmetadata is not None:
+        if "record_size" in _json(zmetadata, store.url(".zmetadata")):  # (a kerchunk Parquet set's)
+            raise NotAStore(f"{quote(store.base)} is a kerchunk Parquet reference set, not a Zarr store")
         return _consolidated_v2(store, zmetadata), True
     for name in (".zgroup", ".zarray"):
         if store.get(name) is not None:
             return _walk(store, 2, None), False
-    raise RefsError(f"{quote(store.base)} is not a Zarr store (no zarr.json, .zmetadata, .zgroup or .zarray)")
+    raise NotAStore(f"{quote(store.base)} is not a Zarr store (no zarr.json, .zmetadata, .zgroup or .zarray "
+                    "under it)")
 
 
 # -- chunk keys from each array's grid ---------------------------------------------------------------------

@@ -61,6 +61,9 @@ class ArrayInfo:
     recode_from: np.dtype | None = None  # |O or <U strings, served as the fixed-length UTF-8 `dtype`
     # attributes netCDF-C 4.9.0 cannot read (it fails the whole open): left out of its forms only
     left_out: dict = field(default_factory=dict)
+    # a Zarr v3 fill_value without a CF _FillValue attribute: netCDF-C's forms declare it as a v2 store's,
+    # the zarr form does not (xarray masks a v2 fill_value, never a v3 one)
+    zarr_fill: bool = False
     lazy: bool = False  # of a Parquet set, whose chunk keys are not known at mount (none can be renamed)
     string_pad: str | None = None  # HDF5 fixed-length strings: each value cut at its terminator (refs.hdf5)
 
@@ -172,7 +175,8 @@ def scan_arrays(refset: RefSet) -> list[ArrayInfo]:
         i, raw = _inline(refset, prefix + ".zarray")
         if i is None:
             continue
-        info = ArrayInfo(path=path, dir_id=d, zarray={}, zattrs={}, lazy=getattr(refset, "lazy", False))
+        info = ArrayInfo(path=path, dir_id=d, zarray={}, zattrs={}, lazy=getattr(refset, "lazy", False),
+                         zarr_fill=path in (getattr(refset, "zarr_fills", None) or ()))
         if raw is None:
             info.hidden_reason = "its .zarray is stored remotely, so it cannot be rewritten at mount time"
         else:

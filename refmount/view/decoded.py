@@ -418,8 +418,8 @@ class DecodedView:
         if not differ:
             return []
         missing = self._missing_chunk_names(info)
-        if missing == []:  # every chunk is there: the fill is only a nodata, whatever the form
-            return []
+        if missing == [] or getattr(self.refset, "may_lack", False):
+            return []  # (every chunk is there, or a native store's: its missing ones read as its fill)
         if base is None or missing is None or len(fill_keys) + len(missing) > MAX_FILL_CHUNKS:
             for z in differ:
                 z["fill_value"] = base
