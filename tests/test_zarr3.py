@@ -91,13 +91,15 @@ def v3_tree(tmp_path_factory):
     return {"refs": refs, "expected": expected, "store": store_root}
 
 
-def assert_netcdf_c_reads(m, expected: dict, title: str) -> None:
-    """Debian's ncdump and netCDF4-python read every array of the decoded view as `expected`."""
+def assert_netcdf_c_reads(m, expected: dict, title: str, store) -> None:
+    """Debian's ncdump and netCDF4-python read every array of the decoded view as `expected` (ncdump's
+    '_' where the value is the array's fill: the decoded view declares a v3 fill as it does a v2 one)."""
     import netCDF4
 
     dumped = parse_ncdump(ncdump(nczarr_url(m.path)))
     for name, values in expected.items():
-        compare_dumped(dumped[name], values.astype(values.dtype.newbyteorder("<")), [], f"ncdump {name}")
+        fill = zarr.open_array(str(store), path=name, mode="r").fill_value
+        compare_dumped(dumped[name], values.astype(values.dtype.newbyteorder("<")), [fill], f"ncdump {name}")
     with netCDF4.Dataset(nczarr_url(m.path)) as ds:
         assert ds.title == title
         for name, values in expected.items():
@@ -116,7 +118,7 @@ def test_decoded_view_of_v3_codecs(mount, v3_tree):
         got = array[...]
         assert got.dtype.kind == values.dtype.kind and np.array_equal(got, values), name
         assert json.loads((m / name / ".zattrs").read_text())["_ARRAY_DIMENSIONS"]
-    assert_netcdf_c_reads(m, expected, "codecs")
+    assert_netcdf_c_reads(m, expected, "codecs", v3_tree["store"])
 
 
 def test_v3_strings(mount, v3_tree):
@@ -134,16 +136,39 @@ def test_raw_view_of_v3_refs(mount, v3_tree):
         assert np.array_equal(zarr.open_array(str(m / name), mode="r")[...], values), name
 
 
-def test_missing_chunks_keep_the_v3_fill(v3_tree):
-    """A v3 fill_value that is not a CF _FillValue: v2 shows no fill, and the chunk zarr-python left out
-    is served as an explicit chunk of the v3 fill."""
+def test_a_v3_fill_is_the_v2_fill(v3_tree):
+    """A v3 fill_value without a _FillValue attribute is the v2 fill_value, as a v2 store's is (the
+    decoded view declares it alike): the chunks zarr-python left out stay missing, read as that fill."""
     from refmount.refs import load_refs
     from refmount.view.zarr3 import v2_refset
 
     v2 = v2_refset(load_refs(str(v3_tree["refs"])))
     zarray = json.loads(v2.inline_data(v2.find("sparse/.zarray")))
-    assert zarray["fill_value"] is None
-    assert all(v2.find(f"sparse/{k}") >= 0 for k in ("0.0", "0.1", "1.0", "1.1"))
+    assert zarray["fill_value"] == 5
+    assert v2.find("sparse/0.0") >= 0 and all(v2.find(f"sparse/{k}") < 0 for k in ("0.1", "1.0", "1.1"))
+
+
+def test_a_v3_fill_other_than_its_cf_fill_is_served_as_chunks(tmp_path):
+    """A _FillValue attribute that differs from the v3 fill_value (xarray writes both): v2's fill_value is
+    the CF one, and the chunks the store lacks are served as explicit chunks of the v3 fill."""
+    import numcodecs
+
+    from refmount.refs import load_refs
+    from refmount.view.zarr3 import v2_refset
+
+    group = zarr.create_group(str(tmp_path / "store"), zarr_format=3)
+    array = group.create_array("a", shape=(8,), chunks=(4,), dtype="i4", fill_value=5,
+                               attributes={"_FillValue": -9}, dimension_names=["x"])
+    array[:4] = np.arange(4)
+    refs = tmp_path / "refs.json"
+    refs.write_text(json.dumps(v3_reference_set(tmp_path / "store")))
+    v2 = v2_refset(load_refs(str(refs)))
+    zarray = json.loads(v2.inline_data(v2.find("a/.zarray")))
+    assert zarray["fill_value"] == -9
+    data = v2.inline_data(v2.find("a/1"))
+    for config in reversed(zarray["filters"] or []):
+        data = numcodecs.get_codec(dict(config)).decode(data)
+    assert np.frombuffer(data, "<i4").tolist() == [5] * 4
 
 
 # -- sharding: inner chunks in the decoded view ---------------------------------------------------------
@@ -262,7 +287,8 @@ def test_sharded_decoded_view(mount, sharded_tree):
         assert zarray["compressor"] is None and zarray["filters"] is None
         assert consolidated[f"{name}/.zarray"] == zarray
         listed = sorted(chunk_files(m / name))
-        assert listed == sorted(inner_keys(name)), name  # every inner chunk, missing shards' too
+        assert zarray["fill_value"] == SHARDED[name][5], name  # (missing shards' chunks: not listed, read as it)
+        assert set(listed) <= set(inner_keys(name)) and len(listed) >= len(inner_keys(name)) - 4, name
         for key in listed:
             assert os.stat(m / name / key).st_size == int(np.prod(chunks)) * np.dtype(dtype).itemsize
     assert server.stats["requests"] == before  # listing and sizes came from the metadata alone
@@ -273,7 +299,7 @@ def test_sharded_decoded_view(mount, sharded_tree):
     for name, values in expected.items():
         got = zarr.open_array(str(m / name), mode="r", zarr_format=2)[...]
         assert got.dtype == values.dtype.newbyteorder("<") and np.array_equal(got, values), f"zarr {name}"
-    assert_netcdf_c_reads(m, expected, "sharded")
+    assert_netcdf_c_reads(m, expected, "sharded", sharded_tree["store"])
     opened = xr.open_zarr(m.path, zarr_format=2, mask_and_scale=False)
     for name, values in expected.items():
         np.testing.assert_array_equal(opened[name].values, values, err_msg=f"xarray {name}")

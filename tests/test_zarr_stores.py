@@ -23,13 +23,12 @@ import pytest
 
 from tests.conftest import run_refmount
 from tests.support.clients import NCDUMP, compare_dumped, ncdump, nczarr_url, parse_ncdump
-from tests.support.moto import moto_server
+from tests.support.moto import bucket_of
 from tests.support.nginx import Nginx
 
 zarr = pytest.importorskip("zarr")
 xr = pytest.importorskip("xarray")
 
-S3 = {"key": "AKIATESTTESTTEST0000", "secret": "test/secret/0000"}
 STORES = ("v2c", "v2u", "v2plain", "v3c", "v3u")
 
 
@@ -197,15 +196,7 @@ def nginx(www, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def s3(www):
-    import s3fs
-
-    with moto_server() as endpoint:
-        options = {**S3, "endpoint_url": endpoint}
-        fs = s3fs.S3FileSystem(**options)
-        fs.mkdir("stores")
-        for path in sorted(www.rglob("*")):
-            if path.is_file():
-                fs.pipe_file(f"stores/{path.relative_to(www)}", path.read_bytes())
+    with bucket_of(www) as options:
         yield options
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from refmount.errors import RefmountError, RefsError, quote
+from refmount.errors import FetchError, RefmountError, RefsError, quote
 from refmount.refs.limits import (DEFAULT_LOAD_TIMEOUT, DEFAULT_MAX_VALUE_SIZE, RefsTooBig, ValueTooBig,
                                   default_max_keys, default_max_refs_size, format_size, load_deadline, memory_budget,
                                   memory_limit)
@@ -62,20 +62,27 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
 
     if max_refs_size is None:
         max_refs_size = default_max_refs_size()
-    from refmount.refs.zarrremote import load_zarr_location, zarr_store_kind
+    from refmount.refs.zarrremote import NotAStore, load_zarr_location, zarr_store_kind
 
     import contextlib
 
     def memory_net():
         return contextlib.nullcontext() if serving else memory_limit(memory_budget(max_keys, max_refs_size))
 
+    asked = False  # (a url whose name said nothing, asked as a store first: an error says so too)
     try:
-        # (by its name: before a remote .zarr/ is taken for a prefix)
-        zarr_kind = zarr_store_kind(location) or ("remote" if store == "zarr" else None)
-        if zarr_kind is not None:
-            with load_deadline(load_timeout), memory_net():
-                return load_zarr_location(location, zarr_kind, remote_options=remote_options, max_keys=max_keys,
-                                          max_bytes=max_refs_size)
+        # (first: a remote store is taken for a store before it is taken for a prefix or a file)
+        zarr_kind = zarr_store_kind(location)
+        zarr_kind = "remote" if store == "zarr" and zarr_kind != "zip" else zarr_kind
+        if zarr_kind is not None and (store is None or zarr_kind != "maybe"):
+            try:
+                with load_deadline(load_timeout), memory_net():
+                    return load_zarr_location(location, zarr_kind, remote_options=remote_options,
+                                              max_keys=max_keys, max_bytes=max_refs_size)
+            except NotAStore:
+                if zarr_kind != "maybe":
+                    raise
+                asked = True
         if store is None and is_archive_source(location, remote_options, archive):
             options = archive or ArchiveOptions(remote_options=remote_options or {})
             return load_archive(location, options, max_keys=max_keys, max_refs_size=max_refs_size,
@@ -106,6 +113,11 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
             from None
     except RecursionError:  # a last resort: the loaders use loops, and name the key when they can
         raise RefsError(f"reference file {quote(location)} nests too deeply") from None
+    except RefmountError as e:
+        if not asked or isinstance(e, FetchError):
+            raise
+        raise type(e)(f"{e}; nor is it a Zarr store (no zarr.json, .zmetadata, .zgroup or .zarray under it)") \
+            from None
 
 
 def _load(location, remote_options, max_keys, progress, max_refs_size, version=None, containers=None,

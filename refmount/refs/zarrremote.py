@@ -9,12 +9,11 @@ A remote store:
   listing (S3 ListObjects, one level at a time) or over plain HTTP by the server's HTML index page. A
   group without consolidated metadata on a server that gives no index cannot be listed: refused in one
   line (only a store whose root is an array mounts so);
-- its chunk keys come from each array's grid (chunks are never listed), each a whole remote object:
-  computed on demand (`ZarrStoreRefSet`, refs/lazygrid.py; v3's nested "c/1/0" with their directories)
-  for a v3 store and a v2 one whose arrays keep their chunks in their own directory ("1.0"), else (v2
-  "1/0") made at mount; a
-  chunk the server answers 404 for is one the store lacks (`RefSet.may_lack`: refmount.view.raw reads
-  it as absent once and remembers; a 403 or 5xx stays an error);
+- its chunk keys come from each array's grid (chunks are never listed), each a whole remote object,
+  computed on demand (`ZarrStoreRefSet`, refs/lazygrid.py; nested ones, v3's "c/1/0" and v2's "1/0",
+  with their directories); a chunk the server answers 404 for is one the store lacks
+  (`RefSet.may_lack`: refmount.view.raw reads it as absent once and remembers; a 403 or 5xx stays an
+  error);
 - every key passes `key_problem` (no ``..``, no empty or over-long segment) and its url is the store's
   own url joined with it: no key reaches another host or a path outside the store.
 
@@ -26,7 +25,6 @@ refuses the mount in one line (zarr's ZipStore writes STORED members; ``zip -0``
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -56,9 +54,12 @@ _REMOTE = ("http", "https", "s3", "s3a")
 
 
 def zarr_store_kind(location: str) -> str | None:
-    """'zip' for a zipped store (a name ending in .zip: a local file or a remote url), 'remote' for an
-    http(s) or s3 url whose path ends in .zarr, else None. (Told by the name alone: no request.)"""
-    from refmount.refs.scan.sources import has_glob
+    """What the name of `location` says of it: 'zip' for a zipped store (a name ending in .zip: a local
+    file or a remote url), 'remote' for an http(s) or s3 url whose path ends in .zarr, 'maybe' for one
+    whose name says nothing (a store's own suffix, .zr, .zarr-v3, none, a trailing '/': asked, by
+    loading it as a store: `NotAStore` when it holds none), else None. (No request.)"""
+    from refmount.refs.scan.catalogs import _ENDINGS, catalog_kind
+    from refmount.refs.scan.sources import REFERENCE_SUFFIXES, has_glob
 
     if location.startswith("@") or has_glob(location):  # (many sources: refs/scan)
         return None
@@ -69,9 +70,18 @@ def zarr_store_kind(location: str) -> str | None:
         if proto in _REMOTE:
             return "zip"
         return "zip" if not is_remote(location) and os.path.isfile(local_path(location)) else None
-    if proto in _REMOTE and name.endswith(".zarr"):
+    if proto not in _REMOTE:
+        return None
+    if name.endswith(".zarr"):
         return "remote"
-    return None
+    bucket = proto in ("s3", "s3a") and "/" not in name.partition("://")[2]
+    if bucket or name.endswith((*REFERENCE_SUFFIXES, *_ENDINGS)) or catalog_kind(location) or urlsplit(location).query:
+        return None  # (a whole bucket, a reference or data file, a catalog, a signed url)
+    return "maybe"
+
+
+class NotAStore(RefsError):
+    """A remote url holds no Zarr store's root metadata."""
 
 
 def load_zarr_location(location: str, kind: str, *, remote_options: dict | None = None,
@@ -301,17 +311,24 @@ def _store_documents(store: RemoteStore) -> tuple[dict[str, bytes], bool]:
     """(metadata documents by key, consolidated?)"""
     root = store.get("zarr.json")
     if root is not None:
-        documents = _consolidated_v3(store, root, _json(root, store.url("zarr.json")))
+        doc = _json(root, store.url("zarr.json"))
+        if doc.get("zarr_format") != 3:  # (zarrita's draft v3 put a url there, and its metadata under meta/)
+            raise RefsError(f"{quote(store.url('zarr.json'))}: zarr_format is {doc.get('zarr_format')!r}, not 3: "
+                            "not a Zarr v3 store of the final spec (a draft one?)")
+        documents = _consolidated_v3(store, root, doc)
         if documents is not None:
             return documents, True
         return _walk(store, 3, root), False
     zmetadata = store.get(".zmetadata")
     if zmetadata is not None:
+        if "record_size" in _json(zmetadata, store.url(".zmetadata")):  # (a kerchunk Parquet set's)
+            raise NotAStore(f"{quote(store.base)} is a kerchunk Parquet reference set, not a Zarr store")
         return _consolidated_v2(store, zmetadata), True
     for name in (".zgroup", ".zarray"):
         if store.get(name) is not None:
             return _walk(store, 2, None), False
-    raise RefsError(f"{quote(store.base)} is not a Zarr store (no zarr.json, .zmetadata, .zgroup or .zarray)")
+    raise NotAStore(f"{quote(store.base)} is not a Zarr store (no zarr.json, .zmetadata, .zgroup or .zarray "
+                    "under it)")
 
 
 # -- chunk keys from each array's grid ---------------------------------------------------------------------
@@ -326,13 +343,6 @@ def _array_meta(meta: dict, version: int, where: str) -> ArrayMeta:
     return array
 
 
-def _chunk_keys(prefix: str, array: ArrayMeta):
-    """Batches of the chunk keys of one array (under `prefix`), in C order over its grid."""
-    keys = array.chunk_keys(f"{prefix}/" if prefix else "")  # (no chunk when a dimension is 0)
-    while batch := list(itertools.islice(keys, BATCH)):
-        yield batch
-
-
 def _array_nodes(documents: dict[str, bytes]):
     """(array path, metadata, Zarr version, where) of every array the documents describe."""
     for key, data in documents.items():
@@ -344,15 +354,6 @@ def _array_nodes(documents: dict[str, bytes]):
         if name == "zarr.json" and meta.get("node_type") != "array":
             continue
         yield path, meta, 3 if name == "zarr.json" else 2, key
-
-
-def _lazy(array: ArrayMeta, version: int) -> bool:
-    """Whether an array's chunk keys may be computed rather than stored: every v3 array (its nested
-    keys' directories are computed too: lazygrid.ChunkDirs; its v2 form for the decoded view is lazy as
-    well, `ZarrStoreRefSet.v2_form`), and a v2 array whose keys sit in its own directory ("1.0"; v2
-    "1/0" stays eager: the decoded view serves v2 arrays as they are, and reads chunk directories from
-    the stored tree). A store is lazy when all of its arrays are."""
-    return version == 3 or array.separator == "."
 
 
 class ZarrStoreRefSet(LazyGridRefSet):
@@ -471,22 +472,10 @@ def load_remote_store(location: str, *, remote_options: dict | None = None, max_
                       np.array([len(documents[k]) for k in keys], np.int64), dict(enumerate(documents.values())))
     arrays = [(path, _array_meta(meta, version, store.url(where)), version)
               for path, meta, version, where in _array_nodes(documents)]
-    if arrays and all(_lazy(array, version) for _, array, version in arrays):
-        refset = builder.build()  # (only metadata: a lazy set's url table holds chunks' urls alone)
+    refset = builder.build()  # (only metadata: a lazy set's url table holds chunks' urls alone)
+    if arrays:  # (chunk keys computed from the grids, and nested ones' directories: refs/lazygrid.py)
         arrays.sort(key=lambda a: refset.dirs.ids[a[0]])
         refset = ZarrStoreRefSet(store, refset, [(path, array) for path, array, _ in arrays], _version_of(documents))
-    else:
-        for path, array, _ in arrays:
-            total = int(np.prod(array.grid(), dtype=np.float64))
-            builder.reserve(total, f"the chunk grid of array {quote(path or '/')}")
-            for batch in _chunk_keys(path, array):
-                urls = [store.url(k) for k in batch]
-                builder.reserve_bytes(sum(map(len, batch)) + sum(map(len, urls)),
-                                      f"the chunk keys of {quote(path or '/')}")
-                n = len(batch)
-                builder.add_batch(batch, builder.url_ids(urls), np.zeros(n, np.int64),
-                                  np.full(n, WHOLE_FILE, np.int64))
-        refset = builder.build()
     refset.may_lack = True  # (chunk keys from the grid: a 404 is a chunk the store lacks)
     how = "consolidated metadata" if consolidated else \
         "metadata walked node by node, " + ("S3 listing" if store.listing == "s3" else "HTML index pages")

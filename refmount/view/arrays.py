@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes
+from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes, stored_fill
 from refmount.refs import RefSet
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS, HDF5Shuffle
@@ -61,6 +61,9 @@ class ArrayInfo:
     recode_from: np.dtype | None = None  # |O or <U strings, served as the fixed-length UTF-8 `dtype`
     # attributes netCDF-C 4.9.0 cannot read (it fails the whole open): left out of its forms only
     left_out: dict = field(default_factory=dict)
+    # a Zarr v3 fill_value without a CF _FillValue attribute: netCDF-C's forms declare it as a v2 store's,
+    # the zarr form does not (xarray masks a v2 fill_value, never a v3 one)
+    zarr_fill: bool = False
     lazy: bool = False  # of a Parquet set, whose chunk keys are not known at mount (none can be renamed)
     string_pad: str | None = None  # HDF5 fixed-length strings: each value cut at its terminator (refs.hdf5)
 
@@ -172,7 +175,8 @@ def scan_arrays(refset: RefSet) -> list[ArrayInfo]:
         i, raw = _inline(refset, prefix + ".zarray")
         if i is None:
             continue
-        info = ArrayInfo(path=path, dir_id=d, zarray={}, zattrs={}, lazy=getattr(refset, "lazy", False))
+        info = ArrayInfo(path=path, dir_id=d, zarray={}, zattrs={}, lazy=getattr(refset, "lazy", False),
+                         zarr_fill=path in (getattr(refset, "zarr_fills", None) or ()))
         if raw is None:
             info.hidden_reason = "its .zarray is stored remotely, so it cannot be rewritten at mount time"
         else:
@@ -294,6 +298,11 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     if dtype.kind == "V":
         info.hidden_reason = f"dtype {m.dtype} (raw bytes) is not a netCDF type"
         return
+    if dtype.kind == "c":  # (netCDF-C 4.9.0 crashes on the whole dataset with such a dtype)
+        info.hidden_reason = f"dtype {m.dtype} (complex numbers) is not a netCDF type"
+        return
+    if dtype.kind in "Mm" and not _plan_times(info, dtype):
+        return
     for config in info.codecs:
         try:
             _check_codec(config)
@@ -313,6 +322,10 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
         info.notes.append("bool stored as |u1 (0/1)")
         if isinstance(m.fill_value, bool):
             out["fill_value"] = int(m.fill_value)
+    if dtype.kind in "Mm":  # (the same bytes: int64 ticks, with CF units: _plan_times)
+        out_dtype = np.dtype("i8").newbyteorder(dtype.byteorder)
+        fill = stored_fill(m.fill_value, dtype) if m.fill_value is not None else None
+        out["fill_value"] = None if fill is None else int(np.array(fill).view("i8"))
     if dtype.byteorder == ">":
         out_dtype = out_dtype.newbyteorder("<")
         info.swap = True
@@ -361,7 +374,7 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
         return
     info.out_zarray = out
     # characters get no _FillValue (NUL is theirs), nor do booleans (a fill of false would mask every false)
-    typed = out_dtype if dtype.kind in "iuf" else None
+    typed = out_dtype if dtype.kind in "iufMm" else None
     fill = out.get("fill_value")
     if typed is not None and fill_number(fill, typed) is not None and _fill_is_declared(info, refset, fills_declared, typed):
         pass  # served as _FillValue, whatever its value
@@ -382,6 +395,24 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     info.notes.extend(attr_notes)
     if info.codecs:
         info.notes.insert(0, "chunks decoded (" + "+".join(str(c.get("id")) for c in info.codecs) + ")")
+
+
+# numpy's datetime64/timedelta64 units, as CF (UDUNITS) names them
+_TIME_UNITS = {"D": "days", "h": "hours", "m": "minutes", "s": "seconds", "ms": "milliseconds",
+               "us": "microseconds", "ns": "nanoseconds"}
+
+
+def _plan_times(info: ArrayInfo, dtype: np.dtype) -> bool:
+    """datetime64/timedelta64 (which netCDF-C 4.9.0 crashes on) served as their int64 ticks with CF
+    units, as xarray writes times to netCDF; False (hidden) for a unit CF has no fixed length for."""
+    unit, count = np.datetime_data(dtype)
+    if unit not in _TIME_UNITS or count != 1:
+        info.hidden_reason = f"dtype {dtype.str}: netCDF has no such time type, and CF no unit of {count} {unit}"
+        return False
+    units = _TIME_UNITS[unit] + (" since 1970-01-01T00:00:00" if dtype.kind == "M" else "")
+    info.zattrs = {**info.zattrs, "units": units, **({"calendar": "proleptic_gregorian"} if dtype.kind == "M" else {})}
+    info.notes.append(f"{dtype.str} served as int64 with units {units!r}")
+    return True
 
 
 def _fill_is_declared(info: ArrayInfo, refset, fills_declared: bool, typed: np.dtype) -> bool:

@@ -34,7 +34,7 @@ from refmount.errors import Absent, RefmountError
 from refmount.refs.origins import origins_of
 from refmount.cache.budget import ScratchLimiter
 from refmount.cache.lru import SingleFlightLRU
-from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes
+from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes, stored_fill
 from refmount.view.overlay import OverlayRefSet
 from refmount.refs.hdf5 import cut_padding
 from refmount.view.shards import ShardReader
@@ -212,6 +212,7 @@ class DecodedView:
         self._renamed: dict[int, int] = {}  # added chunk key index -> the key it serves
         self._renamed_away: set[int] = set()  # chunk keys no form reads by their own name
         self._fill_keys: dict[int, ArrayInfo] = {}  # missing chunks served as files of the fill value
+        self._lazy_strings: dict[int, ArrayInfo] = {}  # array dir id -> strings given a last dimension, of a lazy set
         layouts = getattr(self.refset, "shards", None) or {}  # sharded Zarr v3 arrays, by path
         self._shards = {a.dir_id: layouts[a.path] for a in self.arrays if a.path in layouts}
         self._shard_reader = ShardReader(raw)
@@ -232,10 +233,11 @@ class DecodedView:
         nczarr = [n for n, f in enumerate(self.forms) if f.nczarr]  # forms with NCZarr's own metadata
         nczarr_arrays = {n: [] for n in nczarr}  # (info, .zarray, .zattrs) of each visible array in each of them
         lines = ArrayLines()
+        lazy = getattr(self.refset, "lazy", False)
         for info in self.arrays:
-            if info.strlen and getattr(self.refset, "lazy", False):
+            if info.strlen and lazy and info.separator != ".":
                 info.hidden_reason = ("strings served as characters need their chunk keys renamed, not done where "
-                                      "chunk keys are computed (Parquet sets, native Zarr stores)")
+                                      "chunk keys are computed and nest ('/')")
             if info.hidden_reason:
                 lines.say(logging.WARNING, "hidden", "decoded view: hiding array %s: %s", info.name, info.hidden_reason)
                 self._hide_tree(info.dir_id)
@@ -251,7 +253,10 @@ class DecodedView:
             for n in nczarr:
                 nczarr_arrays[n].append((info, *forms[n]))
             if info.strlen and chars_with_dimension:
-                strlen_renames.update(self._strlen_chunk_names(info))
+                if lazy:  # (its chunk keys are not listed: "1.2.0" is found as "1.2" when asked, `_strlen_alias`)
+                    self._lazy_strings[info.dir_id] = info
+                else:
+                    strlen_renames.update(self._strlen_chunk_names(info))
             if any(joins_last_dimension(info, form) for form in self.forms):
                 renames.update(self._joined_chunk_names(info))
                 prefix_ = f"{info.path}/" if info.path else ""
@@ -303,7 +308,8 @@ class DecodedView:
         served.update((k, [None] * len(self.forms)) for k in zarr_jsons)
         added = {k: b"" for k in served if self.refset.find(k) < 0}
         self.refset = OverlayRefSet(self.refset, {**added, **dict.fromkeys(renames, b""),
-                                                  **dict.fromkeys(fill_keys, b""), **dict.fromkeys(joined_fills, b"")})
+                                                  **dict.fromkeys(fill_keys, b""), **dict.fromkeys(joined_fills, b"")},
+                                    self._strlen_alias if self._lazy_strings else None)
         for key, i in renames.items():
             self._renamed[self.refset.find(key)] = i
         self._fill_keys = {self.refset.find(key): info for key, info in fill_keys.items()}
@@ -381,6 +387,15 @@ class DecodedView:
                     names[f"{prefix}{name}{info.separator}0"] = i
         return names
 
+    def _strlen_alias(self, key: str) -> str | None:
+        """The chunk key that `key` names in a lazy set's array of strings served with an added last
+        dimension ("t/1.2.0" is "t/1.2", the same file: `_strlen_chunk_names` for an eager set)."""
+        path, _, name = key.rpartition("/")
+        d = self.raw.refset.dirs.ids.get(path)
+        if d not in self._lazy_strings or not name.endswith(".0"):
+            return None
+        return key[:-2]
+
     def _fill_missing_chunks(self, info: ArrayInfo, zarrays: list[dict], fill_keys: dict,
                              lines: ArrayLines | None = None) -> list[str]:
         """A form whose fill_value is not the one the array's missing chunks read as (GDAL's nodata,
@@ -403,8 +418,8 @@ class DecodedView:
         if not differ:
             return []
         missing = self._missing_chunk_names(info)
-        if missing == []:  # every chunk is there: the fill is only a nodata, whatever the form
-            return []
+        if missing == [] or getattr(self.refset, "may_lack", False):
+            return []  # (every chunk is there, or a native store's: its missing ones read as its fill)
         if base is None or missing is None or len(fill_keys) + len(missing) > MAX_FILL_CHUNKS:
             for z in differ:
                 z["fill_value"] = base
@@ -571,10 +586,12 @@ class DecodedView:
     async def _absent_chunk(self, i: int, info: ArrayInfo):
         fills = getattr(self.refset, "absent_fills", None) or {}
         fill = fills[info.path] if info.path in fills else info.meta.fill_value
-        if info.recode_from is not None:
-            raise DecodeError(f"chunk {self.refset.key(i)!r} is not in its store, and its strings have no fill")
-        number = fill_number(fill, info.dtype)
-        stored = np.full(info.chunk_shape or (1,), 0 if number is None else number, info.dtype).tobytes()
+        dtype = info.dtype if info.recode_from is None else info.recode_from  # (<U strings: recoded in _decode)
+        value = stored_fill(fill, dtype) if dtype.kind != "O" else None
+        if value is None:
+            raise DecodeError(f"chunk {self.refset.key(i)!r} is not in its store, and its array's fill_value "
+                              f"{fill!r} is not one of {dtype}")
+        stored = np.full(info.chunk_shape or (1,), value, dtype).tobytes()
         return await self._decode_in_thread(i, info, stored, True)
 
     async def read_all(self, i: int) -> bytes:

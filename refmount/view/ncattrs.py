@@ -25,6 +25,7 @@ every number, as netCDF-C's own writer does: `nczarr_types`):
 from __future__ import annotations
 
 import base64
+import binascii
 import math
 
 import numpy as np
@@ -66,6 +67,29 @@ def fill_number(fill, dtype: np.dtype):
     if dtype.kind == "f":
         return float(np.asarray(fill, dtype=dtype))
     return None
+
+
+def stored_fill(fill, dtype: np.dtype):
+    """A Zarr v2 fill_value (v3's in v2 form: zarr3.v2_fill) as one value of the stored `dtype`, as
+    zarr-python reads a missing chunk; None when it is not one. No fill: zeros (empty strings)."""
+    if fill is None:
+        return np.zeros((), dtype)[()]
+    try:
+        if dtype.kind == "c" and isinstance(fill, list) and len(fill) == 2:  # [real, imaginary]
+            part = np.dtype(f"f{dtype.itemsize // 2}")
+            parts = [fill_number(x, part) for x in fill]
+            return None if None in parts else np.array(complex(*parts), dtype)[()]
+        if dtype.kind in "Mm":  # (the int64 of its ticks; NaT is the smallest)
+            return np.array(fill, "i8").view(dtype)[()] if isinstance(fill, int) and not isinstance(fill, bool) \
+                else np.array(fill, dtype)[()] if fill == "NaT" else None
+        if dtype.kind == "S":  # (base64 of its bytes)
+            return np.array(base64.b64decode(fill, validate=True), dtype)[()] if isinstance(fill, str) else None
+        if dtype.kind == "U":
+            return np.array(fill, dtype)[()] if isinstance(fill, str) else None
+        number = fill_number(fill, dtype)
+        return None if number is None else np.array(number, dtype)[()]
+    except (TypeError, ValueError, OverflowError, binascii.Error):
+        return None
 
 
 def _numbers(value) -> list | None:

@@ -14,8 +14,11 @@ from refmount.refs import INLINE
 
 
 class OverlayRefSet:
-    def __init__(self, base, added: dict[str, bytes]) -> None:
+    def __init__(self, base, added: dict[str, bytes], alias=None) -> None:
+        """`alias`: callable(key) -> another key of `base` that a key `base` lacks is found as (None:
+        none), for names a view computes rather than lists (a lazy set's)."""
         self.base = base
+        self._alias = alias
         self.dirs = base.dirs
         self.urls = base.urls
         self.lazy = getattr(base, "lazy", False)
@@ -50,11 +53,21 @@ class OverlayRefSet:
 
     def find(self, key: str) -> int:
         found = self._index.get(key)
-        return self.base.find(key) if found is None else found
+        if found is not None:
+            return found
+        found = self.base.find(key)
+        if found < 0 and self._alias is not None and (other := self._alias(key)) is not None:
+            return self.base.find(other)
+        return found
 
     async def afind(self, key: str) -> int:
         found = self._index.get(key)
-        return await self.base.afind(key) if found is None else found
+        if found is not None:
+            return found
+        found = await self.base.afind(key)
+        if found < 0 and self._alias is not None and (other := self._alias(key)) is not None:
+            return await self.base.afind(other)
+        return found
 
     async def ensure(self, i: int) -> None:
         if self._added(i) is None:

@@ -205,12 +205,15 @@ def v2_metadata(array: ArrayMeta) -> tuple[dict, dict]:
     attrs = decoded_attribute_fill(dict(meta.get("attributes") or {}), dtype)
     # v3 keeps apart the bytes of a missing chunk (fill_value) and the CF marker of a missing value
     # (the _FillValue attribute); v2 clients (xarray, netCDF-C) take fill_value as both. So the v2
-    # fill_value is the CF one (or none), and missing chunks whose v3 fill differs are served as
-    # explicit chunks of it (`_fill_chunks`).
+    # fill_value is the CF one when the array declares one, and missing chunks whose v3 fill differs
+    # are served as explicit chunks of it (`_fill_chunks`). Without that attribute a number's v3 fill
+    # is its v2 fill, as a v2 store's is: netCDF-C's forms declare it as a v2 store's (view/arrays.py's
+    # rules: a NaN or -1 fill is a _FillValue, 0 is data unless nothing was written); the zarr form does
+    # not, as xarray masks no v3 fill_value (view/forms.py: ArrayInfo.zarr_fill).
     fill = attrs.get("_FillValue")
     if isinstance(fill, (int, float)) and not isinstance(fill, bool) and dtype.kind in "iuf":
         zarray["fill_value"] = "NaN" if fill != fill else fill
-    elif dtype.kind in "biufc":
+    elif dtype.kind in "bc" or dtype.kind in "iuf" and "_FillValue" in attrs:
         zarray["fill_value"] = None
     names = meta.get("dimension_names")
     if names and len(names) == len(shape) and all(isinstance(n, str) and n for n in names):
@@ -284,6 +287,7 @@ def v2_refset(refset: RefSet) -> RefSet:
     metadata: dict[str, bytes] = {}
     layouts: dict[str, ShardLayout] = {}  # sharded arrays
     absent_fills: dict[str, object] = {}  # array path -> its v3 fill_value in v2 form
+    zarr_fills: set[str] = set()  # arrays whose v2 fill_value is their v3 fill, no CF _FillValue declared
     lazy_arrays: list[tuple[str, ArrayMeta, ArrayMeta]] = []  # (path, v2 form, v3) of a lazy set's arrays
     for d, path in enumerate(refset.dirs.paths):
         base = f"{path}/" if path else ""
@@ -318,6 +322,8 @@ def v2_refset(refset: RefSet) -> RefSet:
             continue
         # (a chunk a native store lacks reads as the v3 fill: refmount.view.decoded._absent_chunk)
         absent_fills[path] = v2_fill(array.fill_value, np.dtype(out.dtype))
+        if "_FillValue" not in zattrs and zarray["fill_value"] is not None and np.dtype(out.dtype).kind in "iuf":
+            zarr_fills.add(path)
         metadata[base + ".zarray"] = json.dumps(zarray, allow_nan=True).encode()
         metadata[base + ".zattrs"] = json.dumps(zattrs, allow_nan=True).encode()
         if layout is not None:
@@ -349,6 +355,7 @@ def v2_refset(refset: RefSet) -> RefSet:
             setattr(out, name, getattr(refset, name))
     out.shards = layouts
     out.absent_fills = absent_fills
+    out.zarr_fills = zarr_fills
     return out
 
 

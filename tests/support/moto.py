@@ -28,3 +28,23 @@ def moto_server():
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+TEST_KEYS = {"key": "AKIATESTTESTTEST0000", "secret": "test/secret/0000"}
+
+
+@contextlib.contextmanager
+def bucket_of(root, bucket: str = "stores"):
+    """moto's S3 with every file under `root` in `bucket` (same keys as paths); yields s3fs options."""
+    from pathlib import Path
+
+    import s3fs
+
+    with moto_server() as endpoint:
+        options = {**TEST_KEYS, "endpoint_url": endpoint}
+        fs = s3fs.S3FileSystem(**options)
+        fs.mkdir(bucket)
+        for path in sorted(Path(root).rglob("*")):
+            if path.is_file():
+                fs.pipe_file(f"{bucket}/{path.relative_to(root)}", path.read_bytes())
+        yield options
