@@ -56,7 +56,7 @@ _REMOTE = ("http", "https", "s3", "s3a")
 def zarr_store_kind(location: str) -> str | None:
     """What the name of `location` says of it: 'zip' for a zipped store (a name ending in .zip: a local
     file or a remote url), 'remote' for an http(s) or s3 url whose path ends in .zarr, 'maybe' for one
-    whose name says nothing (a store's own suffix, .zr, .zarr-v3, none, a trailing '/': asked, by
+    whose name says nothing (a store's own suffix, .zr, .zarr-v3, no suffix, a trailing '/': asked, by
     loading it as a store: `NotAStore` when it holds none), else None. (No request.)"""
     from refmount.refs.scan.catalogs import _ENDINGS, catalog_kind
     from refmount.refs.scan.sources import REFERENCE_SUFFIXES, has_glob
@@ -77,6 +77,10 @@ def zarr_store_kind(location: str) -> str | None:
     bucket = proto in ("s3", "s3a") and "/" not in name.partition("://")[2]
     if bucket or name.endswith((*REFERENCE_SUFFIXES, *_ENDINGS)) or catalog_kind(location) or urlsplit(location).query:
         return None  # (a whole bucket, a reference or data file, a catalog, a signed url)
+    last = name.rpartition("/")[2]
+    suffix = last.rpartition(".")[2] if "." in last else ""
+    if suffix and not path.endswith("/") and not suffix.startswith(("zarr", "zr")):
+        return None  # (a file's own suffix, .fits or .he5: not asked four times for a store's documents)
     return "maybe"
 
 
