@@ -401,11 +401,13 @@ def _read_report(fd: int) -> str:
 
 
 def shown_refs(refs: str) -> str:
-    """The reference set as `refmount list`, findmnt and df show it: urls as given, paths absolute,
-    an @FILE list as '@' and its absolute path."""
+    """The reference set as `refmount list`, findmnt and df show it: urls as given but their secrets
+    (a signed url's token: /proc/mounts is world-readable), paths absolute, an @FILE list as '@' and
+    its absolute path."""
+    from refmount.fetch.stats import redact
     from refmount.fetch.trust import shown_location
 
-    return shown_location(refs)
+    return redact(shown_location(refs))
 
 
 def fsname_option(refs: str) -> str:
@@ -568,7 +570,7 @@ async def _announce_ready(opts: MountOptions, ready: int | None, warmed=None) ->
         with trio.move_on_after(_WARM_UP_WAIT):
             await warmed.wait()
     if ready is not None and not _report(ready, f"OK {shown_refs(opts.refs)}"):  # the CLI gave up: undo the mount
-        log.warning("mount of %s on %s was interrupted: unmounting", opts.refs, opts.mountpoint)
+        log.warning("mount of %s on %s was interrupted: unmounting", shown_refs(opts.refs), opts.mountpoint)
         pyfuse3.terminate()
         return
     log.info("mounted %s on %s (view: %s; %s)", shown_refs(opts.refs), opts.mountpoint, opts.view, pyfuse3_build())

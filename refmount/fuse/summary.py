@@ -10,6 +10,7 @@ from collections import Counter
 from refmount.errors import RefmountError, quote
 from refmount.refs import INLINE, WHOLE_FILE
 from refmount.fetch.protocols import protocol_of
+from refmount.fetch.stats import redact
 
 
 def summarize(refset) -> dict:
@@ -43,10 +44,10 @@ def print_summary(opts) -> int:
     except RefmountError:
         raise
     except RecursionError:
-        raise RefmountError(f"{quote(opts.refs)}: too deeply nested to load (keys with very many path segments, or nested JSON)") from None
+        raise RefmountError(f"{quote(redact(opts.refs))}: too deeply nested to load (keys with very many path segments, or nested JSON)") from None
     except Exception as e:
-        raise RefmountError(f"cannot check {quote(opts.refs)}: {type(e).__name__}: {e}") from None
-    print(f"{opts.refs}: valid reference set")
+        raise RefmountError(f"cannot check {quote(redact(opts.refs))}: {type(e).__name__}: {e}") from None
+    print(f"{redact(opts.refs)}: valid reference set")
     keys = f"{s['keys']:,}" if isinstance(s["keys"], int) else s["keys"]
     print(f"  keys:             {keys} ({s['range_keys']:,} byte ranges, {s['whole_file_keys']:,} whole "
           f"files, {s['inline_keys']:,} inline{' in the metadata' if 'record_size' in s else ''})")

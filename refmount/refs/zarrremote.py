@@ -110,44 +110,61 @@ def _filesystem(location: str, remote_options: dict):
 
 
 def _fetch_failure(url: str, e: Exception) -> RefmountError:
+    """`e`, met fetching `url`, in one line; secrets redacted (a client's error names the url it
+    asked, a signed url's token with it)."""
     from refmount.fetch.stats import redact
     from refmount.refs.source import _connection_failure, unavailable
 
     if isinstance(e, RefmountError):
         return e
-    passing = unavailable(quote(redact(url)), e)  # (a FetchError: a catalog's store item is asked again later)
+    where = quote(redact(url))
+    passing = unavailable(where, e)  # (a FetchError: a catalog's store item is asked again later)
     if passing is not None:
-        return passing
+        return type(passing)(redact(str(passing)))
     if isinstance(e, FileNotFoundError):
         reason = _connection_failure(e)
         if reason:
-            return RefsError(f"cannot reach the server of {quote(redact(url))}: {reason}")
+            return RefsError(redact(f"cannot reach the server of {where}: {reason}"))
     os_error = getattr(e, "os_error", None)  # (aiohttp's failed connections)
     if isinstance(os_error, OSError):
-        return RefsError(f"cannot reach the server of {quote(redact(url))}: {os_error.strerror or os_error}")
+        return RefsError(redact(f"cannot reach the server of {where}: {os_error.strerror or os_error}"))
     if isinstance(e, PermissionError):
-        return RefsError(f"{quote(redact(url))}: access denied ({e})")
-    return RefsError(f"cannot fetch {quote(redact(url))}: {type(e).__name__}: {e}")
+        return RefsError(redact(f"{where}: access denied ({e})"))
+    return RefsError(redact(f"cannot fetch {where}: {type(e).__name__}: {e}"))
 
 
 class RemoteStore:
     """The documents of a store at `base` (http(s) or s3), each read whole in one request."""
 
     def __init__(self, base: str, remote_options: dict) -> None:
+        from refmount.fetch.stats import redact
+
         parts = urlsplit(base)
-        if parts.query or parts.fragment:  # (a key joined after a query would not be a key of the store)
-            raise RefsError(f"{quote(base)}: a Zarr store's url takes no query or fragment")
-        self.base = base.rstrip("/")
         self.proto = protocol_of(base)
+        if parts.fragment or (parts.query and self.proto not in ("http", "https")):
+            what = "fragment" if parts.fragment else f"query over {self.proto}"
+            raise RefsError(f"{quote(redact(base))}: a Zarr store's url takes no {what}")
+        # An http(s) store's query (a signed url's token, a keeper's ?email=) goes with every key's
+        # request, after the key: ".../x.zarr/temp/0.0?sig=..."; `base` is the url without it.
+        self.query = f"?{parts.query}" if parts.query else ""
+        self.base = base.partition("?")[0].rstrip("/")
         self.remote_options = remote_options
         self.fs = _filesystem(self.base, remote_options)
         self.listing = "s3" if self.proto in ("s3", "s3a") else "index"
 
-    def url(self, key: str) -> str:
-        """The url of a key of the store: always under the store's own url (keys passed key_problem)."""
+    def url(self, key: str, slash: str = "") -> str:
+        """The url of a key of the store: always under the store's own url (keys passed key_problem),
+        its query after the key (and after `slash`, a directory's index page)."""
         if self.proto in ("http", "https"):
-            return f"{self.base}/{url_quote(key, safe='/')}"
+            return f"{self.base}/{url_quote(key, safe='/')}{slash}{self.query}" if key else \
+                f"{self.base}/{self.query}"
         return f"{self.base}/{key}"
+
+    def shown(self, key: str) -> str:
+        """The url of `key` as messages name it: its query's secrets redacted."""
+        from refmount.fetch.stats import redact
+
+        return redact(self.url(key))
 
     def get(self, key: str) -> bytes | None:
         """The document at `key`, or None when the store does not hold it (404, NoSuchKey)."""
@@ -163,7 +180,7 @@ class RemoteStore:
         except Exception as e:  # noqa: BLE001 - every backend's errors, said in one line
             raise _fetch_failure(url, e) from None
         if len(data) > MAX_METADATA_BYTES:
-            raise RefsError(f"{quote(url)} is larger than {MAX_METADATA_BYTES >> 20} MiB")
+            raise RefsError(f"{quote(self.shown(key))} is larger than {MAX_METADATA_BYTES >> 20} MiB")
         return data
 
     def _read_bounded(self, path: str) -> bytes:
@@ -197,7 +214,7 @@ class RemoteStore:
                           if item.get("type") == "directory")
         from refmount.refs.scan.sources import _fetch_index, index_links
 
-        page = self.url(prefix) + "/" if prefix else self.base + "/"
+        page = self.url(prefix, "/")
         try:
             final, html = _fetch_index(page, dict(self.remote_options.get("headers") or {}))
         except FetchError:
@@ -235,15 +252,15 @@ def _checked(key: str, source: str) -> bool:
 
 
 def _consolidated_v2(store: RemoteStore, zmetadata: bytes) -> dict[str, bytes]:
-    doc = _json(zmetadata, store.url(".zmetadata"))
+    doc = _json(zmetadata, store.shown(".zmetadata"))
     entries = doc.get("metadata")
     if not isinstance(entries, dict):
-        raise RefsError(f"{quote(store.url('.zmetadata'))} has no 'metadata' object")
+        raise RefsError(f"{quote(store.shown('.zmetadata'))} has no 'metadata' object")
     documents = {".zmetadata": zmetadata}
     for key, value in entries.items():
         if not isinstance(key, str) or posixpath.basename(key) not in V2_METADATA[:3]:
             continue
-        if _checked(key, store.url(".zmetadata")) and isinstance(value, dict):
+        if _checked(key, store.shown(".zmetadata")) and isinstance(value, dict):
             documents[key] = json.dumps(value, allow_nan=True).encode()
     return documents
 
@@ -257,7 +274,7 @@ def _consolidated_v3(store: RemoteStore, root: bytes, doc: dict) -> dict[str, by
         if not isinstance(path, str) or not isinstance(node, dict):
             continue
         key = _join(path, "zarr.json")
-        if _checked(key, store.url("zarr.json")):
+        if _checked(key, store.shown("zarr.json")):
             documents[key] = json.dumps(node, allow_nan=True).encode()
     return documents
 
@@ -277,7 +294,7 @@ def _walk(store: RemoteStore, version: int, root_doc: bytes) -> dict[str, bytes]
             if data is None:
                 continue  # a directory that is no node (a chunk directory, a leftover)
             documents[_join(path, "zarr.json")] = data
-            group = _json(data, store.url(_join(path, "zarr.json"))).get("node_type") == "group"
+            group = _json(data, store.shown(_join(path, "zarr.json"))).get("node_type") == "group"
         else:
             group = False
             for name in (".zarray", ".zgroup"):
@@ -301,11 +318,11 @@ def _walk(store: RemoteStore, version: int, root_doc: bytes) -> dict[str, bytes]
                                 "e.g. zarr.consolidate_metadata, or serve it with an index)")
             continue
         if depth >= MAX_DEPTH:
-            raise RefsError(f"{quote(store.url(path))}: groups nest deeper than {MAX_DEPTH} levels")
+            raise RefsError(f"{quote(store.shown(path))}: groups nest deeper than {MAX_DEPTH} levels")
         for name in reversed(names):
             if name.startswith(".") or name_problem(name) is not None:
                 if not name.startswith("."):
-                    log.warning("%s: entry %s left out: it %s", store.url(path), quote(name), name_problem(name))
+                    log.warning("%s: entry %s left out: it %s", store.shown(path), quote(name), name_problem(name))
                 continue
             todo.append((_join(path, name), depth + 1, None))
     return documents
@@ -315,9 +332,9 @@ def _store_documents(store: RemoteStore) -> tuple[dict[str, bytes], bool]:
     """(metadata documents by key, consolidated?)"""
     root = store.get("zarr.json")
     if root is not None:
-        doc = _json(root, store.url("zarr.json"))
+        doc = _json(root, store.shown("zarr.json"))
         if doc.get("zarr_format") != 3:  # (zarrita's draft v3 put a url there, and its metadata under meta/)
-            raise RefsError(f"{quote(store.url('zarr.json'))}: zarr_format is {doc.get('zarr_format')!r}, not 3: "
+            raise RefsError(f"{quote(store.shown('zarr.json'))}: zarr_format is {doc.get('zarr_format')!r}, not 3: "
                             "not a Zarr v3 store of the final spec (a draft one?)")
         documents = _consolidated_v3(store, root, doc)
         if documents is not None:
@@ -325,7 +342,7 @@ def _store_documents(store: RemoteStore) -> tuple[dict[str, bytes], bool]:
         return _walk(store, 3, root), False
     zmetadata = store.get(".zmetadata")
     if zmetadata is not None:
-        if "record_size" in _json(zmetadata, store.url(".zmetadata")):  # (a kerchunk Parquet set's)
+        if "record_size" in _json(zmetadata, store.shown(".zmetadata")):  # (a kerchunk Parquet set's)
             raise NotAStore(f"{quote(store.base)} is a kerchunk Parquet reference set, not a Zarr store")
         return _consolidated_v2(store, zmetadata), True
     for name in (".zgroup", ".zarray"):
@@ -439,7 +456,7 @@ class ZarrStoreRefSet(LazyGridRefSet):
         if array.dir_id not in self._unlisted_warned:
             self._unlisted_warned.add(array.dir_id)
             log.warning("%s: listing the first %s of its %s chunks (each of the others opens by its name)",
-                        self.store.url(array.path) if array.path else self.store.base,
+                        self.store.shown(array.path) if array.path else self.store.base,
                         f"{self.MAX_LISTED:,}", f"{array.count:,}")
 
     def v2_form(self, metadata: dict[str, bytes], arrays: list[tuple[str, ArrayMeta, ArrayMeta]]) -> ZarrStoreRefSet:
@@ -474,7 +491,7 @@ def load_remote_store(location: str, *, remote_options: dict | None = None, max_
     builder.reserve(len(keys), f"the metadata of {quote(store.base)}")
     builder.add_batch(keys, np.full(len(keys), INLINE, np.int32), np.zeros(len(keys), np.int64),
                       np.array([len(documents[k]) for k in keys], np.int64), dict(enumerate(documents.values())))
-    arrays = [(path, _array_meta(meta, version, store.url(where)), version)
+    arrays = [(path, _array_meta(meta, version, store.shown(where)), version)
               for path, meta, version, where in _array_nodes(documents)]
     refset = builder.build()  # (only metadata: a lazy set's url table holds chunks' urls alone)
     if arrays:  # (chunk keys computed from the grids, and nested ones' directories: refs/lazygrid.py)
