@@ -98,7 +98,8 @@ def test_in_walk_depends_on_its_key_only():
     # (the planner checks only its newer predictions against a model whose in_walk_key it checked before)
     chunks = list(itertools.product(range(130), (1, 2, 4), (0, 1, 3, 6)))
     walks = [[(t, 4, 3) for t in range(100)], [(t, 2, 1) for t in range(3, 120, 3)],
-             [(t, 4, 3) for t in range(99, 10, -1)], [(t, y, x) for t in range(5, 12) for y in range(2, 5) for x in range(1, 7)]]
+             [(t, 4, 3) for t in range(99, 10, -1)], [(t, y, x) for t in range(5, 12) for y in range(2, 5) for x in range(1, 7)],
+             [(0, y, x) for y in range(4) for x in range(y + 2)]]  # (a box growing along an inner axis)
     for reads in walks:
         walk, seen, keys = Walk(GRID), {}, set()
         for index in reads:
