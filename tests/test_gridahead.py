@@ -8,6 +8,7 @@ chunks, and the values equal the source file's (netCDF4 on it).
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import numpy as np
@@ -91,6 +92,25 @@ def test_two_reads_far_apart_are_no_walk_yet():
     walk = walked((1000,), [(17,), (500,)])
     assert walk.model() is None and walk.predict(4) == []
     assert walked((1000,), [(17,), (18,)]).predict(1) == [(19,)]
+
+
+def test_in_walk_depends_on_its_key_only():
+    # (the planner checks only its newer predictions against a model whose in_walk_key it checked before)
+    chunks = list(itertools.product(range(130), (1, 2, 4), (0, 1, 3, 6)))
+    walks = [[(t, 4, 3) for t in range(100)], [(t, 2, 1) for t in range(3, 120, 3)],
+             [(t, 4, 3) for t in range(99, 10, -1)], [(t, y, x) for t in range(5, 12) for y in range(2, 5) for x in range(1, 7)],
+             [(0, y, x) for y in range(4) for x in range(y + 2)]]  # (a box growing along an inner axis)
+    for reads in walks:
+        walk, seen, keys = Walk(GRID), {}, set()
+        for index in reads:
+            walk.note(index)
+            m = walk.model()
+            if m is not None:
+                key = Walk.in_walk_key(m)
+                keys.add(key)
+                on = frozenset(c for c in chunks if walk.in_walk(c, m))
+                assert seen.setdefault(key, on) == on
+        assert len(keys) < len(reads) - 2  # (the key holds over reads: the check has something to spare)
 
 
 def test_scans_are_recognised():

@@ -13,7 +13,7 @@ heaps, which then hold only what is in use now.
 - `keep(data)` -> a read-only view of a slot holding a copy of `data` (small data is returned as
   it is: a slot is at least a page and a mapping);
 - `take(nbytes)` -> a writable view of a slot, for a fetch path to receive straight into (then
-  `keep` of that view costs no copy);
+  `keep` of that view costs no copy; small ones on the heap, as `keep` leaves them);
 - `release(view)` when a cache evicts the entry: its slot is reused once nobody holds a view of it
   any more (a reader's reply, a decoder's input), which the pool checks itself before reusing it,
   so a released slot never changes under a reader. A slot still in use when the pool looks is
@@ -82,7 +82,11 @@ class BufferPool:
         self.unmapped = 0  # released slots unmapped for want of room in the free list (keep_free)
 
     def take(self, nbytes: int) -> memoryview:
-        """A writable buffer of exactly `nbytes` in a slot of this pool (a reused one if any)."""
+        """A writable buffer of exactly `nbytes` in a slot of this pool (a reused one if any), or on
+        the heap if it is small, as `keep` leaves small data (a 5 KB chunk's body would cost a mapping,
+        a populate call and 1.5x its size in pages, and count against vm.max_map_count)."""
+        if nbytes < self.min_pooled:
+            return memoryview(bytearray(nbytes))
         size = slot_size(nbytes)
         with self._lock:
             self._sort_released()

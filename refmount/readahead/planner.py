@@ -67,7 +67,7 @@ class _WalkState:
     """One reader's walk over one array's grid, and what was predicted for it."""
 
     __slots__ = ("name", "walk", "window", "pending", "used", "wasted", "scanning", "verdict", "chunk_bytes",
-                 "last_read")
+                 "last_read", "checked_key", "unchecked")
 
     def __init__(self, name: str, grid: tuple[int, ...]) -> None:
         self.name = name
@@ -80,6 +80,8 @@ class _WalkState:
         self.verdict: str | None = None  # what the last read from a chunk's start made of the walk
         self.chunk_bytes = 0  # the referenced length of its chunk read last
         self.last_read = 0.0
+        self.checked_key = None  # Walk.in_walk_key of the model every pending chunk was last found on the walk of
+        self.unchecked: list[tuple] = []  # chunks predicted since (not checked against a model yet)
 
 
 class GridPlanner:
@@ -149,7 +151,12 @@ class GridPlanner:
         walk = state.walk
         model = walk.model()
         # predictions the walk has left (a row's end overshot before the next row showed the box)
-        gone = [index for index in state.pending if not walk.in_walk(index, model)]
+        key = walk.in_walk_key(model)
+        # (a model with the key of the last check leaves the chunks found on the walk then on it)
+        pending = state.pending
+        maybe = pending if key != state.checked_key else [index for index in state.unchecked if index in pending]
+        gone = [index for index in maybe if not walk.in_walk(index, model)]
+        state.checked_key, state.unchecked = key, []
         if gone:
             self._drop(state, gone)
         room_in_window = MAX_WINDOW - len(state.pending)
@@ -186,6 +193,7 @@ class GridPlanner:
             room -= end - start
             fetch = Fetch(index, uid, start, end)
             state.pending[index] = (fetch, self.budget.reserve(end - start, state.name))
+            state.unchecked.append(index)
             self.stats["predicted"] += 1
             self.stats["predicted_bytes"] += end - start
             plan.fetches.append(fetch)

@@ -78,15 +78,16 @@ class Walk:
                 return False
         return True
 
-    def _box(self):
-        columns = list(zip(*self.history))  # (per axis, in C: this runs at every chunk read)
+    def _box(self, columns=None):
+        columns = columns or list(zip(*self.history))  # (per axis, in C: this runs at every chunk read)
         return list(map(min, columns)), list(map(max, columns))
 
-    def strides(self, lo, hi=None) -> list[int]:
+    def strides(self, lo, hi=None, columns=None) -> list[int]:
         """Per axis, the step between the chunks read along it (1 where only one was read). `hi`, if
-        given (the box's top), spares the axes that did not move their pass over the history."""
+        given (the box's top), spares the axes that did not move their pass over the history;
+        `columns`, the history per axis if the caller has it already."""
         return [1 if hi is not None and hi[a] == low else math.gcd(*map(operator.sub, column, repeat(low))) or 1
-                for a, (column, low) in enumerate(zip(zip(*self.history), lo))]
+                for a, (column, low) in enumerate(zip(columns or zip(*self.history), lo))]
 
     def model(self):
         """(varying axes, lo, hi, strides, direction of the outermost varying axis), or None before
@@ -98,11 +99,12 @@ class Walk:
     def _work_out_model(self):
         if len(self.history) < 2:
             return None
-        lo, hi = self._box()
+        columns = list(zip(*self.history))  # (one pass over the history for the box and the strides)
+        lo, hi = self._box(columns)
         varying = [a for a in range(len(lo)) if lo[a] != hi[a]]
         if not varying:
             return None
-        strides = self.strides(lo, hi)
+        strides = self.strides(lo, hi, columns)
         if len(self.history) == 2 and any(hi[a] - lo[a] > 1 for a in varying):
             return None  # two reads far apart may be two random reads: wait for a third
         outer = varying[0]
@@ -115,7 +117,9 @@ class Walk:
     @staticmethod
     def _rank_key(varying, direction):
         outer = varying[0]
-        return lambda p: (p[outer] * direction, *(p[a] for a in varying[1:]))
+        if direction > 0:
+            return operator.itemgetter(*varying)  # (in C: max() calls it for each of the history's reads)
+        return lambda p: (-p[outer], *(p[a] for a in varying[1:]))
 
     def is_scan(self) -> bool:
         """Does the walk read the array in C order over whole inner axes (a scan of its remote file)?
@@ -163,6 +167,17 @@ class Walk:
             if (v - low) % strides[a] or (a != outer and not low <= v <= hi[a]):
                 return False
         return True
+
+    @staticmethod
+    def in_walk_key(m) -> tuple:
+        """What `in_walk(index, m)` depends on: a chunk on the walk of one model is on the walk of
+        every model with the same key. (A walk along its outer axis moves that axis's box every read,
+        but not its place on the strides, nor the inner axes' bounds: the planner checks only the
+        chunks it predicted since.)"""
+        varying, lo, hi, strides, _ = m
+        outer = varying[0]
+        return (outer, tuple(strides), lo[outer] % strides[outer],
+                tuple(v for a, v in enumerate(lo) if a != outer), tuple(v for a, v in enumerate(hi) if a != outer))
 
     def predict(self, count: int, skip=()) -> list[tuple[int, ...]]:
         """The next `count` chunks of the walk, within the grid, none of them read already or in
