@@ -45,7 +45,10 @@ class BeginLoading:
         threading.Thread(target=self._run, args=(opts,), name="refmount-early", daemon=True).start()
 
     def _run(self, opts) -> None:
+        from refmount.connectahead import connect_ahead
+
         try:
+            connect_ahead(opts.refs)  # (the origin of the page ask_first_page asks below: its handshake first)
             prepare(opts)
             try:  # (promised before prepared(): the listing, which waits for that, finds it)
                 from refmount.refs.scan.sources import ask_first_page
