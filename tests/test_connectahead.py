@@ -96,6 +96,10 @@ def test_the_first_plain_connection_to_the_origin_is_the_one_opened_ahead(listen
             assert conn.sock.gettimeout() == 30  # (set up as one of its own: the stall timeout)
             assert conn.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
             assert accepted_none(listener)
+            conn.close()
+            conn.connect()  # (http.client's own reconnect: a new connection, not the one taken)
+            with listener.accept()[0] as again:
+                assert conn.sock.getsockname() == again.getpeername()
         finally:
             conn.close()
         second = origin(port).connect()  # (taken once: the next one connects)

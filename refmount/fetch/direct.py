@@ -114,7 +114,10 @@ class Origin:
                 if self.scheme == "http" else None
             if ahead is not None:  # (opened as the daemon started: the first index page's)
                 conn._create_connection = lambda *_args, **_kwargs: ahead
-            conn.connect()
+            try:
+                conn.connect()
+            finally:  # (once: a reconnect of this object makes a new connection)
+                conn._create_connection = socket.create_connection
         else:  # (resolved once, each address checked, only those tried: addresses.connection)
             from refmount.fetch import addresses
 
