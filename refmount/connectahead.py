@@ -4,8 +4,9 @@ while the daemon imports, and the first plain-http connection the fetch code mak
 (fetch/direct.py `Origin.connect`: the listing's first index page) is this one, already open.
 
 Only for an http:// glob (whose first index page fuse/early.py asks ahead: refs/scan/sources.py
-`ask_first_page`), plain http, no credentials in the url, no *_PROXY variable (a proxy's route is fetch/http.py's to
-work out), and taken at most once; a connection nobody takes stays idle until the server closes it."""
+`ask_first_page`), plain http, no credentials in the url, no *_PROXY variable (a proxy's route is
+fetch/http.py's to work out), and taken at most once; a connection nobody takes stays idle until the
+server closes it."""
 
 from __future__ import annotations
 
