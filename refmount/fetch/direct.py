@@ -34,6 +34,7 @@ import struct
 import threading
 import time
 
+from refmount import connectahead
 from refmount.fetch.pieces import piece_sizes
 
 
@@ -109,7 +110,14 @@ class Origin:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
         guard = self.guard() if self.guard is not None else None
         if guard is None:
-            conn.connect()
+            ahead = connectahead.taken(self.host, self.port or 80, self.connect_timeout) \
+                if self.scheme == "http" else None
+            if ahead is not None:  # (opened as the daemon started: the first index page's)
+                conn._create_connection = lambda *_args, **_kwargs: ahead
+            try:
+                conn.connect()
+            finally:  # (once: a reconnect of this object makes a new connection)
+                conn._create_connection = socket.create_connection
         else:  # (resolved once, each address checked, only those tried: addresses.connection)
             from refmount.fetch import addresses
 

@@ -3,7 +3,8 @@ its listing, begun in a thread as the daemon starts: the daemon imports its code
 trio, numpy, pyfuse3, the loaders) while the first index page of an http(s) glob travels (2 round
 trips, 3 for a page past TCP's first window: 0.16-0.24 s at 80 ms), and the listing takes that answer
 (fetch/pages.py `fetch_page_ahead`), the same request with the same logins. Kept light: trio and the
-fetch code only, so that the request leaves early."""
+fetch code only, so that the request leaves early; on plain http its connection is opened before even
+those (refmount/connectahead.py), so that the handshake's round trip passes under the imports too."""
 
 from __future__ import annotations
 
@@ -45,7 +46,10 @@ class BeginLoading:
         threading.Thread(target=self._run, args=(opts,), name="refmount-early", daemon=True).start()
 
     def _run(self, opts) -> None:
+        from refmount.connectahead import connect_ahead
+
         try:
+            connect_ahead(opts.refs)  # (the origin of the page ask_first_page asks below: its handshake first)
             prepare(opts)
             try:  # (promised before prepared(): the listing, which waits for that, finds it)
                 from refmount.refs.scan.sources import ask_first_page
