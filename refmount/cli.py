@@ -548,7 +548,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a closed pipe shows up here, inside the handler below, not at exit
         return status
     except RefmountError as e:
-        sys.stderr.write(f"refmount: {e}\n")
+        from refmount.fetch.stats import redact  # (a signed url a loader's error names: its token)
+
+        sys.stderr.write(f"refmount: {redact(str(e))}\n")
         return 1
     except KeyboardInterrupt:
         sys.stderr.write("refmount: interrupted\n")

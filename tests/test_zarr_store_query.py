@@ -144,3 +144,24 @@ def test_refusals_and_inspect_name_a_store_with_a_query_without_its_secret(tmp_p
     with pytest.raises(RefsError, match="takes no query over s3") as refused:
         load_refs(f"s3://bucket/x.zarr?{QUERY}", store="zarr")
     assert SECRET not in str(refused.value)
+
+
+def test_a_store_without_a_suffix_is_asked_with_its_query_and_a_non_store_refused_without_it(mount, www, nginx, tmp_path):
+    """A store url whose name says nothing (no suffix) but carries a query is asked as a store (its
+    query on each document's request); a directory that holds none is refused in one line that names
+    it with its secret redacted."""
+    named = www / "latest"
+    if not named.exists():
+        named.symlink_to(www / "v2c.zarr")
+    (www / "nothing").mkdir(exist_ok=True)
+    (www / "nothing" / "readme.txt").write_text("not a store\n")
+    m = mount(f"{nginx.url}/latest?{QUERY}")
+    assert_same_datasets(m.path, str(www / "v2c.zarr"))
+    (tmp_path / "mnt").mkdir()
+    result = run_refmount("mount", f"{nginx.url}/nothing?{QUERY}", tmp_path / "mnt", timeout=120)
+    if result.returncode == 0:
+        subprocess.run(["fusermount3", "-u", str(tmp_path / "mnt")], timeout=60)
+    assert result.returncode != 0
+    line = result.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line and SECRET not in line, line
+    assert "/nothing?" in line and "sig=***" in line, line  # (here nginx's 403 for a directory)

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 _SECRET_QUERY = re.compile(r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|signature|sig|"
-                           r"token|access_token|key|api_key|apikey|password|code)=)[^&#\s]+")
+                           r"token|access_token|key|api_key|apikey|password|code)=)[^&#\s'\"]+")  # (not a quote around the url)
 
 # Upper bounds (seconds) of the latency histogram's buckets: loopback to a slow, far link
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -378,11 +378,14 @@ def _parent_gone(fd: int | None) -> bool:
 
 
 def _report(fd: int | None, message: str) -> bool:
-    """Send one line to the waiting CLI; False if nobody is waiting any more."""
+    """Send one line to the waiting CLI, secrets redacted (a signed url a loader's error names); False if
+    nobody is waiting any more."""
+    from refmount.fetch.stats import redact
+
     if fd is None:
         return True
     try:
-        os.write(fd, (message.replace("\n", " ") + "\n").encode())
+        os.write(fd, (redact(message).replace("\n", " ") + "\n").encode())
         return True
     except OSError:
         return False

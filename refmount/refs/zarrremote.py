@@ -75,8 +75,8 @@ def zarr_store_kind(location: str) -> str | None:
     if name.endswith(".zarr"):
         return "remote"
     bucket = proto in ("s3", "s3a") and "/" not in name.partition("://")[2]
-    if bucket or name.endswith((*REFERENCE_SUFFIXES, *_ENDINGS)) or catalog_kind(location) or urlsplit(location).query:
-        return None  # (a whole bucket, a reference or data file, a catalog, a signed url)
+    if bucket or name.endswith((*REFERENCE_SUFFIXES, *_ENDINGS)) or catalog_kind(location):
+        return None  # (a whole bucket, a reference or data file, a catalog)
     last = name.rpartition("/")[2]
     suffix = last.rpartition(".")[2] if "." in last else ""
     if suffix and not path.endswith("/") and not suffix.startswith(("zarr", "zr")):
