@@ -1,7 +1,9 @@
 """The package layout: no import circles, and each layer imports only the layers below it.
 
 The way down is FUSE -> view -> reference sets -> cache -> fetch (fuse/, view/, refs/, cache/,
-fetch/); the front doors (cli, api, dask, fstab) sit on top and `errors` at the bottom. Every
+fetch/); the front doors (cli, api, dask, fstab) sit on top and `errors` at the bottom, with
+`connectahead` (stdlib only: a daemon's first connection, opened before any layer is imported, which
+fetch/ then takes). Every
 import counts, those inside functions too: a lazy import still ties two modules together.
 """
 
@@ -17,7 +19,7 @@ import refmount
 PACKAGE = Path(refmount.__file__).parent
 LAYERS = ["fuse", "view", "refs", "readahead", "cache", "fetch"]  # each may import only those after it
 FRONT_DOORS = {"refmount", "refmount.__main__", "refmount.cli", "refmount.api", "refmount.dask", "refmount.fstab"}
-SHARED = {"refmount.errors"}
+SHARED = {"refmount.errors", "refmount.connectahead"}  # (the bottom: they import no layer)
 
 
 def _modules() -> dict[str, Path]:
