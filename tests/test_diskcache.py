@@ -219,6 +219,34 @@ def test_blocks_read_into_pool_slots_and_both_checksums_are_checked(tmp_path, mo
     cache.close()
 
 
+def test_where_a_block_lands_is_the_pools_decision(tmp_path, monkeypatch):
+    """`load` asks the pool for every block and returns what it gave: a read-only view of a slot, or
+    bytes for what the pool left on the heap (below its own `min_pooled`, or no mapping could be
+    made), as without a pool."""
+    import mmap
+    import types
+
+    from refmount.cache import buffers
+    from refmount.cache.buffers import BufferPool
+
+    cache = DiskCache(str(tmp_path), capacity=MiB, block_size=64 << 10)
+    obj = cache.object_id("http://x/y", "etag 1")
+    data = os.urandom(8 << 10)
+    cache.store(obj, 0, data)
+    got = cache.load(obj, 0, BufferPool(min_pooled=4096))  # a pool that pools 8 KiB
+    assert isinstance(got, memoryview) and isinstance(got.obj, mmap.mmap) and got.readonly and got == data
+    got = cache.load(obj, 0, BufferPool())  # one that does not
+    assert type(got) is bytes and got == data
+
+    def no_mapping(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(buffers, "mmap", types.SimpleNamespace(mmap=no_mapping, MAP_PRIVATE=mmap.MAP_PRIVATE))
+    got = cache.load(obj, 0, BufferPool(min_pooled=4096))
+    assert type(got) is bytes and got == data
+    cache.close()
+
+
 def _evict_from_page_cache(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -133,8 +133,9 @@ class DiskCache:
 
     def load(self, obj: str, index: int, pool=None):
         """The verified block, or None (missing, or corrupt and now deleted). One `preadv` of header
-        and data, the data into a slot of `pool` (the caches' BufferPool: kept then without a copy;
-        a read-only view comes back) or, small or without a pool, into bytes."""
+        and data, the data into what `pool.take` gives (the caches' BufferPool decides: a slot, kept
+        then without a copy, comes back as a read-only view; the heap, small or out of mappings, as
+        bytes), or without a pool into bytes."""
         rel = self._relative(obj, index)
         try:
             fd = os.open(os.path.join(self.root, rel), os.O_RDONLY | os.O_CLOEXEC)
@@ -146,7 +147,7 @@ class DiskCache:
             st = os.fstat(fd)
             size = st.st_size - _HEADER.size
             if 0 <= size <= self.block_size:
-                data = pool.take(size) if pool is not None and size >= pool.min_pooled else bytearray(size)
+                data = pool.take(size) if pool is not None else bytearray(size)
                 got = self._read(fd, header, data, size)
             if time.time() - st.st_mtime > _TOUCH_AFTER:
                 os.utime(fd)  # recency survives a remount
@@ -163,7 +164,7 @@ class DiskCache:
         with self._lock:
             if rel in self._lru:
                 self._lru.move_to_end(rel)
-        return bytes(data) if isinstance(data, bytearray) else data.toreadonly()
+        return data.toreadonly() if isinstance(getattr(data, "obj", None), mmap.mmap) else bytes(data)
 
     def _read(self, fd: int, header: bytearray, data, size: int) -> int:
         """Read the block file's header into `header` and its data into `data`; the data bytes read.
