@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import is_mounted, run_refmount
 from tests.support.nginx import Nginx, free_port
 from tests.support.prometheus import Prometheus
+from tests.support.refusals import refused_mount
 
 CHUNK = 192 << 10
 # method, uri, Range header, status, body bytes sent
@@ -164,11 +165,8 @@ def test_metrics_port_in_use_fails_the_mount(tmp_path):
         refs = tmp_path / "refs.json"
         refs.write_text(json.dumps({"version": 1, "refs": {"a": "x"}}))
         mnt = tmp_path / "mnt"
-        mnt.mkdir()
-        result = run_refmount("mount", "--metrics", f"127.0.0.1:{port}", refs, mnt, timeout=60)
-        assert result.returncode != 0
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and "--metrics 127.0.0.1:" in lines[0] and "in use" in lines[0], result.stderr
+        line = refused_mount(refs, mnt, "--metrics", f"127.0.0.1:{port}", timeout=60)
+        assert "--metrics 127.0.0.1:" in line and "in use" in line, line
         assert not is_mounted(mnt) and os.listdir(mnt) == []
     result = run_refmount("mount", "--metrics", "port", refs, mnt)
     assert result.returncode == 2 and "--metrics" in result.stderr and "Traceback" not in result.stderr

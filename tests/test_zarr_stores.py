@@ -25,6 +25,7 @@ from tests.conftest import run_refmount
 from tests.support.clients import NCDUMP, compare_dumped, ncdump, nczarr_url, parse_ncdump
 from tests.support.moto import bucket_of
 from tests.support.nginx import Nginx
+from tests.support.refusals import refused_mount
 
 zarr = pytest.importorskip("zarr")
 xr = pytest.importorskip("xarray")
@@ -346,11 +347,7 @@ def test_an_unconsolidated_root_array_needs_no_listing(mount, www, nginx, fmt):
 
 
 def test_an_unconsolidated_group_without_index_pages_is_refused_in_one_line(tmp_path, nginx):
-    (tmp_path / "mnt").mkdir()
-    result = run_refmount("mount", f"{nginx.url}/v3u.zarr", tmp_path / "mnt", timeout=120)
-    assert result.returncode != 0
-    line = result.stderr.strip()
-    assert "\n" not in line and "Traceback" not in line
+    line = refused_mount(f"{nginx.url}/v3u.zarr", tmp_path / "mnt")
     assert "no consolidated metadata" in line and "index" in line and "/v3u.zarr" in line
 
 
@@ -408,11 +405,7 @@ def test_a_zipped_store_equals_zarr_on_the_store(mount, www, nginx, s3, where, f
 
 
 def test_a_deflated_chunk_refuses_the_mount_in_one_line(tmp_path, www):
-    (tmp_path / "mnt").mkdir()
-    result = run_refmount("mount", www / "deflated.zarr.zip", tmp_path / "mnt", timeout=120)
-    assert result.returncode != 0
-    line = result.stderr.strip()
-    assert "\n" not in line and "Traceback" not in line
+    line = refused_mount(www / "deflated.zarr.zip", tmp_path / "mnt")
     # (the first chunk in the zip: zarr writes chunks concurrently, in no fixed order)
     assert "deflated.zarr.zip" in line and "DEFLATED" in line
     assert re.search(r"member '(temp/\d\.\d|count/\d|sub/z/\d)' is DEFLATED", line), line
@@ -449,11 +442,8 @@ def test_an_oversized_metadata_document_is_refused_in_one_line(tmp_path, www, ng
     with open(big / ".zmetadata", "wb") as f:
         f.write(b'{"metadata": {}, "padding": "')
         f.truncate((64 << 20) + 100)
-    (tmp_path / "mnt").mkdir()
-    result = run_refmount("mount", f"{nginx.url}/big.zarr", tmp_path / "mnt", timeout=120)
-    assert result.returncode != 0
-    line = result.stderr.strip()
-    assert "\n" not in line and "big.zarr/.zmetadata" in line and "larger than 64 MiB" in line, line
+    line = refused_mount(f"{nginx.url}/big.zarr", tmp_path / "mnt")
+    assert "big.zarr/.zmetadata" in line and "larger than 64 MiB" in line, line
 
 
 def _rss(pid: int) -> int:
