@@ -487,16 +487,21 @@ class HttpBackend:
 
     @contextlib.asynccontextmanager
     async def _object_slot(self, url: str):
-        with self._slots_lock:
-            slots = self._object_slots.get(url)
-            if slots is None:
-                slots = self._object_slots[url] = Slots(self._per_object, self._slots_lock)
-            slots.users += 1
+        slots = self._enter_object_slots(url)
         try:
             async with slots:
                 yield
         finally:
             self._leave_object_slots(url, slots)
+
+    def _enter_object_slots(self, url: str) -> Slots:
+        """`url`'s slots, counted as used until `_leave_object_slots` (which forgets them when unused)."""
+        with self._slots_lock:
+            slots = self._object_slots.get(url)
+            if slots is None:
+                slots = self._object_slots[url] = Slots(self._per_object, self._slots_lock)
+            slots.users += 1
+            return slots
 
     def _leave_object_slots(self, url: str, slots: Slots) -> None:
         with self._slots_lock:
@@ -521,11 +526,7 @@ class HttpBackend:
     @contextlib.asynccontextmanager
     async def _trio_slots(self, url: str):
         """From a trio task: an object slot of `url` and a slot of its host, waiting for them."""
-        with self._slots_lock:
-            slots = self._object_slots.get(url)
-            if slots is None:
-                slots = self._object_slots[url] = Slots(self._per_object, self._slots_lock)
-            slots.users += 1
+        slots = self._enter_object_slots(url)
         try:
             await slots.take_trio()
             try:
