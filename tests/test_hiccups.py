@@ -158,6 +158,38 @@ def test_a_lazy_file_on_a_server_that_is_down_fails_fast_and_is_scanned_when_it_
         server.stop()
 
 
+@pytest.mark.usefixtures("scans")
+def test_a_lazy_file_that_answers_404_fails_at_once_and_one_that_answers_503_waits(mount, days, tmp_path):
+    """The lazy root asks `passing` (the one decision): a file whose url answers 404 fails its lookup with the
+    404 in the log, not "cannot be had now" and a backoff of its directory; a later lookup asks again. A 503
+    is one that may pass: EIO for a while, said so, then scanned once it answers."""
+    www = tmp_path / "www"
+    www.mkdir()
+    for path in days:
+        (www / path.name).write_bytes(path.read_bytes())
+    first, second, third = (p.name for p in days)
+    with RangeServer(www) as server:
+        listing = tmp_path / "list.txt"
+        listing.write_text("".join(server.url_for(name) + "\n" for name in (first, second, third)))
+        m = mount(f"@{listing}")
+        same_as_file(m.path / first, www / first)
+
+        server.fail_paths = {second: 404, third: 503}
+        for name in (second, third):
+            failed = lists(m.path / name)
+            assert isinstance(failed, OSError) and failed.errno == errno.EIO, (name, failed)
+        log = m.log()
+        assert any(second in line and "404" in line for line in log.splitlines()), log
+        assert f"dataset '{second}' cannot be had now" not in log, log
+        assert f"dataset '{third}' cannot be had now" in log, log
+
+        server.fail_paths = {}
+        for name in (second, third):
+            wait_for(lambda: isinstance(lists(m.path / name), list), f"{name} scanned once it answers", m)
+            same_as_file(m.path / name, www / name)
+        assert f"dataset '{second}' works again" not in m.log() and f"dataset '{third}' works again" in m.log()
+
+
 # -- a scanner killed while it scans -----------------------------------------------------------------------
 
 def children(pid: int) -> list[int]:

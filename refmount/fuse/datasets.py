@@ -7,9 +7,11 @@ and none moves when one is. A file handle keeps the per-reader form bits above (
 
 Requests for a directory that is being scanned wait for the same scan. A file that cannot be scanned
 makes its directory EIO, with one log line naming the file and why (the FUSE glue says it once). A file
-whose bytes cannot be had now (a fetch error: a server down, a 503) makes its directory EIO for a while
-(RETRY_AFTER, doubling while it keeps failing), said in one line; lookups meanwhile get EIO at once,
-without asking the server, and the first lookup after that tries again ("works again" when it does).
+whose bytes cannot be had now (a fetch error that may pass, as fetch/retry.py's `passing` decides: a
+server down, a 503) makes its directory EIO for a while (RETRY_AFTER, doubling while it keeps failing),
+said in one line; lookups meanwhile get EIO at once, without asking the server, and the first lookup
+after that tries again ("works again" when it does). One that will not pass by waiting (a 404, a 403)
+fails that lookup at once, and the next lookup asks again.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import types
 
 import trio
 
-from refmount.errors import LoginFailed, RefmountError, quote, same_failure
+from refmount.errors import RefmountError, quote, same_failure
+from refmount.fetch.retry import passing
 from refmount.fuse.fs import (DIR_MODE, FORM_SHIFT, ROOT_INODE, XATTR_PREFIX, FileEntries, Filesystem, FsError,
                               ForwardsInvalidate)
 from refmount.refs.model import name_problem
@@ -158,10 +161,10 @@ class DatasetRoot(ForwardsInvalidate):
             if getattr(e, "once", None) is not None:
                 self._refused[k] = e  # cannot be scanned: it will not be tried again
                 self._errors[k] = e
-            elif isinstance(e, LoginFailed):
-                self._errors[k] = e  # (EACCES, said by the glue: the credentials, not the server, are wrong)
-            else:
+            elif passing(e) is not None:  # (a server down, a 503: asked again after a while)
                 self._postpone(k, str(e))
+            else:  # an answer (a 404, a 403, a login refused: EACCES): failed now, said by the glue; the
+                self._errors[k] = e  # next lookup asks again (it may have changed), not a backoff later
         except Exception as e:  # noqa: BLE001 - a system task must not raise (trio would end the mount)
             log.exception("internal error making the dataset of %s", self.names[k])
             self._errors[k] = e
