@@ -69,7 +69,7 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
     def memory_net():
         return contextlib.nullcontext() if serving else memory_limit(memory_budget(max_keys, max_refs_size))
 
-    asked = False  # (a url whose name said nothing, asked as a store first: an error says so too)
+    asked = None  # (a url whose name said nothing, asked as a store first: an error says how)
     try:
         # (first: a remote store is taken for a store before it is taken for a prefix or a file)
         zarr_kind = zarr_store_kind(location)
@@ -79,10 +79,10 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
                 with load_deadline(load_timeout), memory_net():
                     return load_zarr_location(location, zarr_kind, remote_options=remote_options,
                                               max_keys=max_keys, max_bytes=max_refs_size)
-            except NotAStore:
+            except NotAStore as e:
                 if zarr_kind != "maybe":
                     raise
-                asked = True
+                asked = e.nor
         if store is None and is_archive_source(location, remote_options, archive):
             options = archive or ArchiveOptions(remote_options=remote_options or {})
             return load_archive(location, options, max_keys=max_keys, max_refs_size=max_refs_size,
@@ -114,10 +114,9 @@ def load_refs(location: str, *, remote_options: dict | None = None, max_keys: in
     except RecursionError:  # a last resort: the loaders use loops, and name the key when they can
         raise RefsError(f"reference file {quote(location)} nests too deeply") from None
     except RefmountError as e:
-        if not asked or isinstance(e, FetchError):
+        if asked is None or isinstance(e, FetchError):
             raise
-        raise type(e)(f"{e}; nor is it a Zarr store (no zarr.json, .zmetadata, .zgroup or .zarray under it)") \
-            from None
+        raise type(e)(f"{e}; nor is it a Zarr store ({asked})") from None
 
 
 def _load(location, remote_options, max_keys, progress, max_refs_size, version=None, containers=None,

@@ -84,8 +84,20 @@ def zarr_store_kind(location: str) -> str | None:
     return "maybe"
 
 
+NO_ROOT = "no zarr.json, .zmetadata, .zgroup or .zarray under it"
+
+
 class NotAStore(RefsError):
-    """A remote url holds no Zarr store's root metadata."""
+    """A remote url holds no Zarr store's root metadata; `nor` says how that was found."""
+
+    def __init__(self, message: str, nor: str = NO_ROOT) -> None:
+        super().__init__(message)
+        self.nor = nor
+
+
+class Denied(RefsError):
+    """A store's server refused a request (403). S3 answers so, without s3:ListBucket on the bucket,
+    also for a key that is not there."""
 
 
 def load_zarr_location(location: str, kind: str, *, remote_options: dict | None = None,
@@ -129,7 +141,7 @@ def _fetch_failure(url: str, e: Exception) -> RefmountError:
     if isinstance(os_error, OSError):
         return RefsError(redact(f"cannot reach the server of {where}: {os_error.strerror or os_error}"))
     if isinstance(e, PermissionError):
-        return RefsError(redact(f"{where}: access denied ({e})"))
+        return Denied(redact(f"{where}: access denied ({e})"))
     return RefsError(redact(f"cannot fetch {where}: {type(e).__name__}: {e}"))
 
 
@@ -178,7 +190,11 @@ class RemoteStore:
                 raise failure from None
             return None
         except Exception as e:  # noqa: BLE001 - every backend's errors, said in one line
-            raise _fetch_failure(url, e) from None
+            failure = _fetch_failure(url, e)
+            if isinstance(failure, Denied) and self.listing == "s3":  # (an optional .zattrs, say)
+                raise Denied(f"{failure}; S3 answers so also for a key that is not there when s3:ListBucket "
+                             "on the bucket is not granted") from None
+            raise failure from None
         if len(data) > MAX_METADATA_BYTES:
             raise RefsError(f"{quote(self.shown(key))} is larger than {MAX_METADATA_BYTES >> 20} MiB")
         return data
@@ -209,7 +225,11 @@ class RemoteStore:
             except FileNotFoundError:
                 return []
             except Exception as e:  # noqa: BLE001
-                raise _fetch_failure(f"{self.proto}://{root}", e) from None
+                failure = _fetch_failure(f"{self.proto}://{root}", e)
+                if isinstance(failure, Denied):  # (what to grant, in the one line)
+                    raise Denied(f"{failure}: a store without consolidated metadata is walked by listing "
+                                 "it, which needs s3:ListBucket on the bucket") from None
+                raise failure from None
             return sorted(posixpath.basename(item["name"].rstrip("/")) for item in listed
                           if item.get("type") == "directory")
         from refmount.refs.scan.sources import _fetch_index, index_links
@@ -330,7 +350,18 @@ def _walk(store: RemoteStore, version: int, root_doc: bytes) -> dict[str, bytes]
 
 def _store_documents(store: RemoteStore) -> tuple[dict[str, bytes], bool]:
     """(metadata documents by key, consolidated?)"""
-    root = store.get("zarr.json")
+    denied = []
+
+    def probe(name: str) -> bytes | None:
+        try:
+            return store.get(name)
+        except Denied:
+            if store.listing != "s3":
+                raise
+            denied.append(name)  # (absent, or denied: S3 without s3:ListBucket cannot tell us which)
+            return None
+
+    root = probe("zarr.json")
     if root is not None:
         doc = _json(root, store.shown("zarr.json"))
         if doc.get("zarr_format") != 3:  # (zarrita's draft v3 put a url there, and its metadata under meta/)
@@ -340,16 +371,19 @@ def _store_documents(store: RemoteStore) -> tuple[dict[str, bytes], bool]:
         if documents is not None:
             return documents, True
         return _walk(store, 3, root), False
-    zmetadata = store.get(".zmetadata")
+    zmetadata = probe(".zmetadata")
     if zmetadata is not None:
         if "record_size" in _json(zmetadata, store.shown(".zmetadata")):  # (a kerchunk Parquet set's)
             raise NotAStore(f"{quote(store.base)} is a kerchunk Parquet reference set, not a Zarr store")
         return _consolidated_v2(store, zmetadata), True
     for name in (".zgroup", ".zarray"):
-        if store.get(name) is not None:
+        if probe(name) is not None:
             return _walk(store, 2, None), False
-    raise NotAStore(f"{quote(store.base)} is not a Zarr store (no zarr.json, .zmetadata, .zgroup or .zarray "
-                    "under it)")
+    if denied:
+        nor = (f"S3 denied {', '.join(denied)} under it: 403, which S3 also answers for a key that is not "
+               "there when s3:ListBucket on the bucket is not granted")
+        raise NotAStore(f"{quote(store.base)} cannot be told to be a Zarr store ({nor})", nor)
+    raise NotAStore(f"{quote(store.base)} is not a Zarr store ({NO_ROOT})")
 
 
 # -- chunk keys from each array's grid ---------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -10,13 +11,15 @@ import time
 
 
 @contextlib.contextmanager
-def moto_server():
-    """Start `python -m moto.server` on 127.0.0.1 and yield its endpoint url; stopped by PID at exit."""
+def moto_server(env: dict | None = None):
+    """Start `python -m moto.server` on 127.0.0.1 and yield its endpoint url; stopped by PID at exit.
+    `env`: moto's settings (INITIAL_NO_AUTH_ACTION_COUNT=N checks IAM policies after N requests)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, **env} if env else None)
     try:
         for _ in range(200):  # (10 s at most)
             try:
