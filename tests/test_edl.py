@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import run_refmount
 from tests.support.edl import PASSWORD, USER, World, read_loop
 from tests.support.moto import moto_server
-from tests.support.refusals import refused_mount
+from tests.support.refusals import refusal_line
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_a_reference_file_behind_a_refused_login_fails_the_mount_in_one_line(tmp
         # carries no credential, and the chain began on loopback; the login host then says 401)
         says = f"HTTP 401 from {world.login.netloc}; sent no credentials (no entry for 127.0.0.2 in {empty})"
         for flag in ([], ["--allow-cross-host-redirects"]):
-            err = refused_mount(f"{world.data.url}/refs.json", tmp_path / "mnt", *flag,
+            err = refusal_line(f"{world.data.url}/refs.json", tmp_path / "mnt", *flag,
                                 env={**os.environ, "NETRC": str(empty)})
             assert "refs.json" in err and world.login.netloc in err and says in err, err
     finally:

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import is_mounted, run_refmount
 from tests.support.dmrpp_files import make_netcdf, write_dmrpp
-from tests.test_security import refused_mount
+from tests.support.refusals import refused_mount
 
 SECRET = b"refmount-front-door-secret-0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -78,7 +78,7 @@ def good(server) -> str:
 
 
 def refused(tmp_path: Path, *args):
-    """`refmount mount ARGS... MNT` that must fail (tests.test_security.refused_mount), and MNT."""
+    """`refmount mount ARGS... MNT` that must fail (tests.support.refusals.refused_mount), and MNT."""
     mnt = tmp_path / "mnt"
     mnt.mkdir(exist_ok=True)
     return refused_mount(*args, mnt), mnt

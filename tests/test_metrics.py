@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import is_mounted, run_refmount
 from tests.support.nginx import Nginx, free_port
 from tests.support.prometheus import Prometheus
-from tests.support.refusals import refused_mount
+from tests.support.refusals import refusal_line
 
 CHUNK = 192 << 10
 # method, uri, Range header, status, body bytes sent
@@ -165,7 +165,7 @@ def test_metrics_port_in_use_fails_the_mount(tmp_path):
         refs = tmp_path / "refs.json"
         refs.write_text(json.dumps({"version": 1, "refs": {"a": "x"}}))
         mnt = tmp_path / "mnt"
-        line = refused_mount(refs, mnt, "--metrics", f"127.0.0.1:{port}", timeout=60)
+        line = refusal_line(refs, mnt, "--metrics", f"127.0.0.1:{port}", timeout=60)
         assert "--metrics 127.0.0.1:" in line and "in use" in line, line
         assert not is_mounted(mnt) and os.listdir(mnt) == []
     result = run_refmount("mount", "--metrics", "port", refs, mnt)

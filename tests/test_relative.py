@@ -134,7 +134,7 @@ def test_relative_targets_of_a_remote_set_are_urls_of_its_server(mount, server, 
 
 
 def test_relative_targets_of_a_remote_set_obey_allow_protocols(server, tmp_path):
-    from tests.test_security import refused_mount
+    from tests.support.refusals import refused_mount
 
     (server.root / "refs.json").write_text(json.dumps({".zgroup": '{"zarr_format":2}', "a": ["0.bin", 0, 1]}))
     (tmp_path / "mnt").mkdir()

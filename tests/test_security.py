@@ -17,6 +17,7 @@ from refmount.errors import RefmountError
 from refmount.fetch.protocols import NETWORK_PROTOCOLS, reaches_local
 from tests.conftest import is_mounted, run_refmount
 from tests.support.rangeserver import RangeServer
+from tests.support.refusals import refused_mount
 from tests.support.tls import self_signed
 
 CHUNK = 4096
@@ -26,14 +27,6 @@ RAW = ("--view", "raw", "--block-size", "4K", "--no-prefetch")
 def write(server, name: str, data: bytes) -> str:
     (server.root / name).write_bytes(data)
     return server.url_for(name)
-
-
-def refused_mount(*args):
-    """`refmount mount ARGS... MNT`, expected to fail; unmounted again if it mounted after all."""
-    result = run_refmount("mount", *args)
-    if is_mounted(args[-1]):
-        run_refmount("umount", args[-1])
-    return result
 
 
 # -- protocols that reach local files --------------------------------------------------------------

@@ -25,7 +25,7 @@ import pytest
 from tests.support.clients import NCDUMP, compare_dumped, ncdump, nczarr_url, parse_ncdump
 from tests.support.moto import bucket_of
 from tests.support.nginx import Nginx
-from tests.support.refusals import refused_mount
+from tests.support.refusals import refusal_line
 
 zarr = pytest.importorskip("zarr")
 xr = pytest.importorskip("xarray")
@@ -241,7 +241,7 @@ def test_a_url_that_holds_no_store_is_refused_in_one_line(tmp_path, nginx, s3, w
     url, args = source(where, "plain", nginx, s3)
     log = nginx.root / "logs" / "access.log"
     before = len(log.read_text().splitlines())
-    line = refused_mount(url, tmp_path / "mnt", *args, timeout=180)
+    line = refusal_line(url, tmp_path / "mnt", *args, timeout=180)
     assert url in line and "nor is it a Zarr store (no zarr.json, .zmetadata, .zgroup or .zarray under it)" in line, line
     if where == "http":
         asked = [e.split()[1] for e in log.read_text().splitlines()[before:]]
@@ -281,7 +281,7 @@ def test_a_chunk_its_codec_cannot_decode_is_an_error_never_values(mount, www, ng
 def test_the_draft_v3_layout_is_refused_in_one_line(tmp_path, nginx):
     """zarrita's draft v3 store (root zarr.json with a url for zarr_format, metadata under meta/): not the
     Zarr v3 of the final spec, refused in one line that says so."""
-    line = refused_mount(f"{nginx.url}/idx/zarrita_draft.zarr", tmp_path / "mnt")
+    line = refusal_line(f"{nginx.url}/idx/zarrita_draft.zarr", tmp_path / "mnt")
     assert "zarrita_draft.zarr/zarr.json" in line and "zarr_format" in line, line
 
 

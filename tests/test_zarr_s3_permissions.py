@@ -19,7 +19,7 @@ import pytest
 from tests.support.daily import make_daily
 from tests.support.moto import TEST_KEYS, moto_server
 from tests.support.rangeserver import RangeServer
-from tests.support.refusals import refused_mount
+from tests.support.refusals import refusal_line
 
 PROBED = ("zarr.json", ".zmetadata", ".zgroup", ".zarray")
 
@@ -39,14 +39,14 @@ def test_a_suffixless_data_file_is_read_and_a_zarr_url_says_what_is_missing(moun
         m = mount("s3://bkt/data", *options)
         with xr.open_zarr(m.path, consolidated=False) as got, xr.open_dataset(day) as want:
             np.testing.assert_array_equal(got["tas"].values, want["tas"].values)
-        line = refused_mount("s3://bkt/data.zarr", tmp_path / "refused", *options)
+        line = refusal_line("s3://bkt/data.zarr", tmp_path / "refused", *options)
         assert "'s3://bkt/data.zarr' cannot be told to be a Zarr store" in line and "s3:ListBucket" in line, line
         assert "zarr.json, .zmetadata, .zgroup, .zarray" in line, line
         # (a store whose root is an array: found, but its .zattrs, absent, is a 403 too; never read as absent)
         zarr.save_array(str(www / "bkt" / "array.zarr"), np.arange(6), zarr_format=2)
         (www / "bkt" / "array.zarr" / ".zattrs").unlink(missing_ok=True)
         s3.fail_paths.update({f"bkt/array.zarr/{key}": 403 for key in ("zarr.json", ".zmetadata", ".zattrs")})
-        line = refused_mount("s3://bkt/array.zarr", tmp_path / "refused", *options)
+        line = refusal_line("s3://bkt/array.zarr", tmp_path / "refused", *options)
         assert "array.zarr/.zattrs': access denied" in line and "s3:ListBucket" in line, line
 
 
@@ -76,5 +76,5 @@ def test_an_unconsolidated_store_without_listbucket_names_the_permission(tmp_pat
             reader.list_objects_v2(Bucket="bkt")  # (the policy is checked now)
         assert reader.get_object(Bucket="bkt", Key="v2store/.zgroup")["Body"].read() == (store / ".zgroup").read_bytes()
         options = {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"], "endpoint_url": endpoint}
-        line = refused_mount("s3://bkt/v2store", tmp_path / "mnt", "--remote-options", json.dumps(options))
+        line = refusal_line("s3://bkt/v2store", tmp_path / "mnt", "--remote-options", json.dumps(options))
         assert "'s3://bkt/v2store': access denied" in line and "needs s3:ListBucket on the bucket" in line, line

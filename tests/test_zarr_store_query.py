@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import run_refmount
 from tests.support.clients import NCDUMP, nczarr_url
 from tests.support.nginx import Nginx
-from tests.support.refusals import refused_mount
+from tests.support.refusals import refusal_line
 from tests.test_zarr_stores import assert_same_datasets, store_values, write_store
 
 zarr = pytest.importorskip("zarr")
@@ -130,10 +130,10 @@ def test_refusals_and_inspect_name_a_store_with_a_query_without_its_secret(tmp_p
     from refmount.errors import RefsError
     from refmount.refs import load_refs
 
-    line = refused_mount(f"{nginx.url}/v2c.zarr?{QUERY}#frag", tmp_path / "mnt")
+    line = refusal_line(f"{nginx.url}/v2c.zarr?{QUERY}#frag", tmp_path / "mnt")
     assert "takes no fragment" in line and SECRET not in line, line
     wrong = "Wr0ngS1g"
-    line = refused_mount(f"{nginx.url}/v2c.zarr?sig={wrong}", tmp_path / "mnt")
+    line = refusal_line(f"{nginx.url}/v2c.zarr?sig={wrong}", tmp_path / "mnt")
     assert "403" in line and wrong not in line, line
     result = run_refmount("inspect", f"{nginx.url}/v2c.zarr?{QUERY}", timeout=120)
     assert result.returncode == 0 and "Zarr v2 store" in result.stdout, result.stderr
@@ -155,6 +155,6 @@ def test_a_store_without_a_suffix_is_asked_with_its_query_and_a_non_store_refuse
     (www / "nothing" / "readme.txt").write_text("not a store\n")
     m = mount(f"{nginx.url}/latest?{QUERY}")
     assert_same_datasets(m.path, str(www / "v2c.zarr"))
-    line = refused_mount(f"{nginx.url}/nothing?{QUERY}", tmp_path / "mnt")
+    line = refusal_line(f"{nginx.url}/nothing?{QUERY}", tmp_path / "mnt")
     assert SECRET not in line, line
     assert "/nothing?" in line and "sig=***" in line, line  # (here nginx's 403 for a directory)

@@ -25,7 +25,7 @@ from tests.conftest import run_refmount
 from tests.support.clients import NCDUMP, compare_dumped, ncdump, nczarr_url, parse_ncdump
 from tests.support.moto import bucket_of
 from tests.support.nginx import Nginx
-from tests.support.refusals import refused_mount
+from tests.support.refusals import refusal_line
 
 zarr = pytest.importorskip("zarr")
 xr = pytest.importorskip("xarray")
@@ -347,7 +347,7 @@ def test_an_unconsolidated_root_array_needs_no_listing(mount, www, nginx, fmt):
 
 
 def test_an_unconsolidated_group_without_index_pages_is_refused_in_one_line(tmp_path, nginx):
-    line = refused_mount(f"{nginx.url}/v3u.zarr", tmp_path / "mnt")
+    line = refusal_line(f"{nginx.url}/v3u.zarr", tmp_path / "mnt")
     assert "no consolidated metadata" in line and "index" in line and "/v3u.zarr" in line
 
 
@@ -405,7 +405,7 @@ def test_a_zipped_store_equals_zarr_on_the_store(mount, www, nginx, s3, where, f
 
 
 def test_a_deflated_chunk_refuses_the_mount_in_one_line(tmp_path, www):
-    line = refused_mount(www / "deflated.zarr.zip", tmp_path / "mnt")
+    line = refusal_line(www / "deflated.zarr.zip", tmp_path / "mnt")
     # (the first chunk in the zip: zarr writes chunks concurrently, in no fixed order)
     assert "deflated.zarr.zip" in line and "DEFLATED" in line
     assert re.search(r"member '(temp/\d\.\d|count/\d|sub/z/\d)' is DEFLATED", line), line
@@ -442,7 +442,7 @@ def test_an_oversized_metadata_document_is_refused_in_one_line(tmp_path, www, ng
     with open(big / ".zmetadata", "wb") as f:
         f.write(b'{"metadata": {}, "padding": "')
         f.truncate((64 << 20) + 100)
-    line = refused_mount(f"{nginx.url}/big.zarr", tmp_path / "mnt")
+    line = refusal_line(f"{nginx.url}/big.zarr", tmp_path / "mnt")
     assert "big.zarr/.zmetadata" in line and "larger than 64 MiB" in line, line
 
 
