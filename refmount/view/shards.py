@@ -24,6 +24,9 @@ from refmount.errors import RefmountError, quote
 from refmount.cache.lru import SingleFlightLRU
 
 EMPTY = 2**64 - 1  # offset and nbytes of an inner chunk that was never written
+# A shard's index is read whole for any inner chunk of it, and kept in an LRU of this size: a bigger one
+# (a hostile [50,000,000] inner chunks a shard: 800 MB) would be fetched and held again at every read.
+MAX_INDEX_BYTES = 16 << 20
 
 
 class ShardError(RefmountError):
@@ -63,6 +66,9 @@ class ShardLayout:
         self.at_start = index_location == "start"
         self.index_dtype, self.crc = _index_codecs(index_codecs)
         self.index_bytes = 16 * self.count + (4 if self.crc else 0)
+        if self.index_bytes > MAX_INDEX_BYTES:
+            raise UnsupportedSharding(f"{self.count:,} inner chunks a shard, whose index ({self.index_bytes:,} "
+                                      f"bytes) is larger than the decoded view reads ({MAX_INDEX_BYTES:,})")
         self.fill_chunk = b""  # decoded bytes of an empty inner chunk (set by the caller)
         # sorted C-order numbers of the shards that exist; None: not known (a native store's, which are
         # not listed: a missing one is found by reading it)
@@ -124,7 +130,7 @@ class ShardReader:
     """Reads inner chunks through a raw view: each shard's index once (kept in a small LRU), then the
     inner chunk's own byte range."""
 
-    def __init__(self, raw, capacity: int = 16 << 20) -> None:
+    def __init__(self, raw, capacity: int = MAX_INDEX_BYTES) -> None:
         self.raw = raw
         self._indexes = SingleFlightLRU(capacity, weigh=lambda index: index.nbytes)
         self.index_reads = 0
