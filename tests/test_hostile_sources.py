@@ -137,3 +137,45 @@ def test_an_unconsolidated_stores_documents_count_against_max_refs_size(tmp_path
     assert done.returncode != 0 and "Traceback" not in done.stderr
     assert done.stderr.strip().endswith("walked.zarr': its metadata exceeds --max-refs-size 2M once decompressed"), \
         done.stderr
+
+
+def test_a_chunk_cut_short_is_eio_in_the_decoded_view_unless_only_elements_past_the_shape_are_missing(
+        mount, tmp_path):
+    """An uncompressed chunk is served as stored: one whose reference runs past its file's end was
+    served short (the raw view's "the bytes that exist", as fsspec), and netCDF-C read the rest as zeros.
+    Now EIO with one line; an edge chunk that lacks only elements outside the shape (a TIFF's last
+    strip) still reads."""
+    data = tmp_path / "d.bin"
+    data.write_bytes(bytes(range(1, 13)))  # 12 bytes: three int32
+    zarray = lambda shape, chunks: json.dumps(_zarray(shape, chunks, "<i4", fill=-1))  # noqa: E731
+    refs = {".zgroup": '{"zarr_format": 2}',
+            "cut/.zarray": zarray([4], [4]), "cut/.zattrs": '{"_ARRAY_DIMENSIONS": ["a"]}',
+            "cut/0": [str(data), 0, 16],
+            "edge/.zarray": zarray([3], [2]), "edge/.zattrs": '{"_ARRAY_DIMENSIONS": ["b"]}',
+            "edge/0": [str(data), 0, 8], "edge/1": [str(data), 8, 8]}
+    m = mount(refs)
+    with pytest.raises(OSError) as cut:
+        (m / "cut/0").read_bytes()
+    assert cut.value.errno == 5
+    assert "chunk 'cut/0' ends after 12 bytes, short of the 16 that hold its elements (its file is cut short)" \
+        in m.log(), m.log()
+    assert (m / "edge/1").read_bytes() == bytes(range(9, 13))
+    dumped = ncdump(nczarr_url(m.path), ["edge"])
+    assert "edge = 67305985, 134678021, 202050057 ;" in dumped, dumped
+
+
+def test_a_fits_header_whose_image_runs_past_the_file_is_refused_in_one_line(tmp_path):
+    """NAXIS1 x NAXIS2 of 10**15 bytes in a 5 kB file: the decoded view hid it, the raw view served a
+    chunk of the bytes that exist. Refused at the scan, as a truncated netCDF-3 file is."""
+    def card(key, value):
+        return f"{key:<8}= {value:>20}".ljust(80).encode()
+
+    header = b"".join(card(k, v) for k, v in (("SIMPLE", "T"), ("BITPIX", 8), ("NAXIS", 2), ("NAXIS1", 10**9),
+                                              ("NAXIS2", 10**6))) + b"END".ljust(80)
+    (tmp_path / "lies.fits").write_bytes(header.ljust(2880) + bytes(2880))
+    (tmp_path / "mnt").mkdir()
+    env = {**__import__("os").environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    done = run_refmount("mount", tmp_path / "lies.fits", tmp_path / "mnt", env=env)
+    assert done.returncode != 0
+    assert done.stderr.strip() == (f"refmount: {str(tmp_path / 'lies.fits')!r}: it is truncated (its header places "
+                                   "data up to byte 1,000,000,000,002,880 of its 5,760)"), done.stderr
