@@ -103,7 +103,7 @@ def test_a_shard_index_past_16_mib_hides_its_array(mount, server):
         "consolidated_metadata": {"kind": "inline", "must_understand": False, "metadata": {
             "wide": array([2**22], [2**21], [1], ["x"]), "small": array([8], [8], [2], ["y"])}}}))
     m = mount(server.url_for("shards.zarr"))
-    assert "hiding array wide: unsupported Zarr v3 2,097,152 inner chunks a shard, whose index (33,554,432 " \
+    assert "hiding array wide: unsupported Zarr v3 sharding into 2,097,152 inner chunks a shard, whose index (33,554,432 " \
            "bytes) is larger than the decoded view reads (16,777,216)" in m.log(), m.log()
     assert not (m / "wide").exists()
     assert (m / "small/3").read_bytes() == b"\x07\x07"  # (no shard stored: the fill)

@@ -66,9 +66,6 @@ class ShardLayout:
         self.at_start = index_location == "start"
         self.index_dtype, self.crc = _index_codecs(index_codecs)
         self.index_bytes = 16 * self.count + (4 if self.crc else 0)
-        if self.index_bytes > MAX_INDEX_BYTES:
-            raise UnsupportedSharding(f"{self.count:,} inner chunks a shard, whose index ({self.index_bytes:,} "
-                                      f"bytes) is larger than the decoded view reads ({MAX_INDEX_BYTES:,})")
         self.fill_chunk = b""  # decoded bytes of an empty inner chunk (set by the caller)
         # sorted C-order numbers of the shards that exist; None: not known (a native store's, which are
         # not listed: a missing one is found by reading it)
