@@ -269,9 +269,13 @@ def _check_codec(config: dict) -> None:
 
 
 def _numeric_fill(value) -> bool:
-    """A fill_value given as a number, or as a string that is no number ("NaN" and the like are)."""
+    """A fill_value given as a number, or as a string that is no number ("NaN", "nan", "1e5" are)."""
     if isinstance(value, str):
-        return fill_number(value, np.dtype("f8")) is None
+        try:
+            float(value)
+        except ValueError:
+            return True
+        return False
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

@@ -20,8 +20,8 @@ one product another's grid, hence the size.
 
 An idx is a document of its origin: its offsets only ever point into its own GRIB file, within the size
 the listing (or a HEAD) gave it. One that is not UTF-8, is larger than MAX_IDX_BYTES, has more than
-MAX_ROWS rows, an offset that is not a number, goes back, or is past the end, a date that is none, or rows of several dates,
-is refused in one line naming it. No name in the mount comes from an idx (they are the scanned file's).
+MAX_ROWS rows, an offset that is not a number, goes back, or is past the end, a date that is none
+(month 13), or rows of several dates, is refused in one line naming it. No name in the mount comes from an idx (they are the scanned file's).
 """
 
 from __future__ import annotations
