@@ -179,3 +179,19 @@ def test_a_fits_header_whose_image_runs_past_the_file_is_refused_in_one_line(tmp
     assert done.returncode != 0
     assert done.stderr.strip() == (f"refmount: {str(tmp_path / 'lies.fits')!r}: it is truncated (its header places "
                                    "data up to byte 1,000,000,000,002,880 of its 5,760)"), done.stderr
+
+
+def test_a_lone_compressor_stops_one_byte_past_the_chunk(mount, server):
+    """A 16 MiB chunk whose zlib stream inflates to 128 MiB: every stage was allowed 8x the chunk (room
+    for filters), so it inflated 128 MiB before its size was checked (for a 128 MiB chunk of a 1 GiB
+    stream the daemon peaked at 3.5 GB). The last stage's output is the chunk itself: it stops at once."""
+    n = 1 << 24
+    compress = zlib.compressobj(9)
+    stream = b"".join(compress.compress(bytes(n)) for _ in range(8)) + compress.flush()
+    _v2_store(server.root / "inflating.zarr", {"a": _zarray([n], [n], "|u1", compressor={"id": "zlib", "level": 9})},
+              {"a/0": stream})
+    m = mount(server.url_for("inflating.zarr"))
+    with pytest.raises(OSError) as failed:
+        (m / "a/0").read_bytes()
+    assert failed.value.errno == 5
+    assert f"chunk 'a/0' could not be decoded: TooLarge: decodes to more than the expected {n} bytes" in m.log()

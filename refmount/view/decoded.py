@@ -679,8 +679,10 @@ class DecodedView:
                 if _deflated_once(codecs, n, data, expected):
                     continue
                 # no stage may grow past the chunk's size (filters such as fixedscaleoffset shrink
-                # it at most by 8x before the compressor, so 8x leaves them room)
-                data = decode_bounded(codec, data, 8 * expected)
+                # it at most by 8x before the compressor, so 8x leaves them room); the last stage's
+                # output is the chunk itself, so a lone compressor stops one byte past it
+                last = n == len(codecs) - 1 and info.recode_from is None
+                data = decode_bounded(codec, data, expected if last else 8 * expected)
             if info.recode_from is not None:
                 data = fixed_strings(data, info.recode_from, info.dtype.itemsize)
             if info.string_pad is not None:
