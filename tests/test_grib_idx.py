@@ -135,6 +135,10 @@ def test_kinds_split_by_rows_grid_size_and_origin():
     (b"".join(b"%d:0:d=2023040812:A%d:\n" % (n, n) for n in range(60_000)), "it has more than 50,000 rows"),
     (b"1:0:d=2023040812:TMP:2 m above ground:anl:\n2:10:d=2023040900:TMP:2 m above ground:anl:\n",
      "its rows are of several run dates"),
+    # (a month 13 or a year 0 passed, and failed the first file's mapping later: ValueError, a traceback)
+    (b"1:0:d=2023139912:TMP:2 m above ground:anl:\n", "line 1: d=2023139912 is not a date"),
+    (b"1:0:d=0000010100:TMP:2 m above ground:anl:\n", "line 1: d=0000010100 is not a date"),
+    (b"1:0:d=202304081261:TMP:2 m above ground:anl:\n", "line 1: d=202304081261 is not a date"),
 ])
 def test_hostile_inventory_is_refused(text, why):
     from refmount.refs.scan.gribidx import IdxRefused, parse_idx

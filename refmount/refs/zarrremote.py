@@ -36,7 +36,7 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 
-from refmount.errors import FetchError, RefmountError, RefsError, quote
+from refmount.errors import FetchError, RefmountError, RefsError, format_size, quote
 from refmount.fetch.protocols import is_remote, local_path, protocol_of
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.lazygrid import LazyGridRefSet
@@ -145,10 +145,24 @@ def _fetch_failure(url: str, e: Exception) -> RefmountError:
     return RefsError(redact(f"cannot fetch {where}: {type(e).__name__}: {e}"))
 
 
+class MetadataBudget:
+    """The metadata text one store inlines, held to --max-refs-size as a reference set's text is: a
+    zip's DEFLATED members and a server's gzip answers inflate (a 2 MB zip of forty 60 MB .zattrs)."""
+
+    def __init__(self, limit: int | None, where: str) -> None:
+        self.limit, self.where, self.used = limit, where, 0
+
+    def take(self, n: int) -> None:
+        self.used += n
+        if self.limit is not None and self.used > self.limit:
+            raise RefsError(f"{quote(self.where)}: its metadata exceeds --max-refs-size {format_size(self.limit)} "
+                            "once decompressed")
+
+
 class RemoteStore:
     """The documents of a store at `base` (http(s) or s3), each read whole in one request."""
 
-    def __init__(self, base: str, remote_options: dict) -> None:
+    def __init__(self, base: str, remote_options: dict, max_bytes: int | None = None) -> None:
         from refmount.fetch.stats import redact
 
         parts = urlsplit(base)
@@ -163,6 +177,7 @@ class RemoteStore:
         self.remote_options = remote_options
         self.fs = _filesystem(self.base, remote_options)
         self.listing = "s3" if self.proto in ("s3", "s3a") else "index"
+        self.budget = MetadataBudget(max_bytes, redact(self.base))
 
     def url(self, key: str, slash: str = "") -> str:
         """The url of a key of the store: always under the store's own url (keys passed key_problem),
@@ -197,6 +212,7 @@ class RemoteStore:
             raise failure from None
         if len(data) > MAX_METADATA_BYTES:
             raise RefsError(f"{quote(self.shown(key))} is larger than {MAX_METADATA_BYTES >> 20} MiB")
+        self.budget.take(len(data))
         return data
 
     def _read_bounded(self, path: str) -> bytes:
@@ -518,7 +534,7 @@ _NO_FILES = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
 def load_remote_store(location: str, *, remote_options: dict | None = None, max_keys: int | None = None,
                       max_bytes: int | None = None) -> RefSet | ZarrStoreRefSet:
-    store = RemoteStore(location, remote_options or {})
+    store = RemoteStore(location, remote_options or {}, max_bytes)
     documents, consolidated = _store_documents(store)
     builder = RefSetBuilder(max_keys, max_bytes)
     keys = list(documents)
@@ -596,6 +612,7 @@ def load_zipped_store(location: str, *, remote_options: dict | None = None, max_
         builder = RefSetBuilder(max_keys, max_bytes)
         builder.reserve(len(members), f"the members of {quote(location)}")
         uid = builder.url_id(url)
+        budget = MetadataBudget(max_bytes, location)
         keys, url_ids, offsets, lengths, inline = [], [], [], [], {}
         seen = set()
         for member in sorted(members, key=lambda m: m.header_offset):
@@ -611,6 +628,7 @@ def load_zipped_store(location: str, *, remote_options: dict | None = None, max_
                 if member.file_size > MAX_METADATA_BYTES:
                     raise RefsError(f"{quote(location)}: member {quote(member.filename)} is larger than "
                                     f"{MAX_METADATA_BYTES >> 20} MiB")
+                budget.take(member.file_size)  # (zipfile inflates no more than it)
                 try:
                     data = archive.read(member)  # (checks its CRC; DEFLATED metadata is decompressed)
                 except (zipfile.BadZipFile, NotImplementedError, OSError, EOFError) as e:

@@ -268,6 +268,23 @@ def _check_codec(config: dict) -> None:
         _codec(config)
 
 
+def _numeric_fill(value) -> bool:
+    """A fill_value given as a number, or as a string that is no number ("NaN", "nan", "1e5" are)."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return True
+        return False
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _short(value, limit: int = 60) -> str:
+    """repr(value), cut (a hostile metadata document's value goes into one log line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     z, m = info.zarray, info.meta
     if z.get("zarr_format", 2) != 2:
@@ -309,6 +326,17 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
         except Exception as e:
             info.hidden_reason = f"codec {config.get('id')!r} is not available here ({type(e).__name__})"
             return
+    # A stored chunk is decoded whole before it is cropped to the shape: chunks far past the shape (a
+    # hostile [2**28] of an array of one value, a 2 MB zlib stream) would decode gigabytes to serve 8 bytes.
+    stored_bytes = math.prod(chunks) * dtype.itemsize
+    if stored_bytes > MAX_CHUNK_BYTES:
+        info.hidden_reason = (f"its stored chunks decode to {stored_bytes:,} bytes each, more than the decoded view "
+                              f"decodes ({MAX_CHUNK_BYTES:,})")
+        return
+    if dtype.kind in "iuf" and _numeric_fill(m.fill_value) and stored_fill(m.fill_value, dtype) is None:
+        # (served, netCDF-C refuses the whole dataset: "Numeric conversion not representable")
+        info.hidden_reason = f"fill_value {_short(m.fill_value)} is not a value of its dtype {dtype.str}"
+        return
     out = dict(z)
     out["compressor"] = None
     out["filters"] = None

@@ -564,13 +564,34 @@ class DecodedView:
         info = self._chunk_info(i)
         if info is None:
             try:
-                return await self.raw.read(i, offset, size)
+                data = await self.raw.read(i, offset, size)
             except Absent:
                 info = self._array_of_chunk(i)
                 if info is None:
                     raise
                 return (await self._absent_chunk(i, info))[offset : offset + size]
+            if len(data) < size:
+                self._check_not_cut(i, offset + len(data))
+            return data
         return (await self._decoded_chunk(i, info))[offset : offset + size]
+
+    def _check_not_cut(self, i: int, end: int) -> None:
+        """A chunk served as stored (no transform) whose bytes end at `end`, before its last element
+        inside the array's shape (its reference runs past its file's end: a truncated file, a FITS header
+        whose NAXIS lies): an error, never short data (netCDF-C reads the rest as zeros). An edge chunk
+        may end early where only elements past the shape are missing (a TIFF's last strip)."""
+        info = self._array_of_chunk(i)
+        if info is None or end >= info.out_chunk_bytes:
+            return
+        name = self.refset.key(i)[len(info.path) + 1 if info.path else 0:]
+        index, shape, chunks = info.chunk_index(name), info.meta.shape, info.chunk_shape
+        last = [min(c, n - x * c) - 1 for x, c, n in zip(index, chunks, shape)] if shape else []
+        if any(n < 0 for n in last):
+            return  # (a chunk outside the grid)
+        needed = (int(np.ravel_multi_index(last, chunks)) + 1 if shape else 1) * info.dtype.itemsize
+        if end < needed:
+            raise DecodeError(f"chunk {self.refset.key(i)!r} ends after {end:,} bytes, short of the {needed:,} "
+                              "that hold its elements (its file is cut short)")
 
     # A chunk of a native Zarr store's grid that its server does not hold (refmount.errors.Absent) reads
     # as the store's fill value, as zarr-python reads it: in the decoded view, a chunk of that fill,
@@ -658,8 +679,10 @@ class DecodedView:
                 if _deflated_once(codecs, n, data, expected):
                     continue
                 # no stage may grow past the chunk's size (filters such as fixedscaleoffset shrink
-                # it at most by 8x before the compressor, so 8x leaves them room)
-                data = decode_bounded(codec, data, 8 * expected)
+                # it at most by 8x before the compressor, so 8x leaves them room); the last stage's
+                # output is the chunk itself, so a lone compressor stops one byte past it
+                last = n == len(codecs) - 1 and info.recode_from is None
+                data = decode_bounded(codec, data, expected if last else 8 * expected)
             if info.recode_from is not None:
                 data = fixed_strings(data, info.recode_from, info.dtype.itemsize)
             if info.string_pad is not None:

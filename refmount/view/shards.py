@@ -24,6 +24,9 @@ from refmount.errors import RefmountError, quote
 from refmount.cache.lru import SingleFlightLRU
 
 EMPTY = 2**64 - 1  # offset and nbytes of an inner chunk that was never written
+# A shard's index is read whole for any inner chunk of it, and kept in an LRU of this size: a bigger one
+# (a hostile [50,000,000] inner chunks a shard: 800 MB) would be fetched and held again at every read.
+MAX_INDEX_BYTES = 16 << 20
 
 
 class ShardError(RefmountError):
@@ -124,7 +127,7 @@ class ShardReader:
     """Reads inner chunks through a raw view: each shard's index once (kept in a small LRU), then the
     inner chunk's own byte range."""
 
-    def __init__(self, raw, capacity: int = 16 << 20) -> None:
+    def __init__(self, raw, capacity: int = MAX_INDEX_BYTES) -> None:
         self.raw = raw
         self._indexes = SingleFlightLRU(capacity, weigh=lambda index: index.nbytes)
         self.index_reads = 0

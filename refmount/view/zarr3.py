@@ -38,7 +38,7 @@ from numcodecs.registry import register_codec
 from refmount.refs.arraymeta import ArrayMeta
 from refmount.refs.model import INLINE, RefSet, RefSetBuilder
 from refmount.view.ncattrs import base64_fill
-from refmount.view.shards import ShardLayout, UnsupportedSharding
+from refmount.view.shards import MAX_INDEX_BYTES, ShardLayout, UnsupportedSharding
 
 log = logging.getLogger("refmount")
 
@@ -377,6 +377,9 @@ def shard_layout(path: str, array: ArrayMeta, out: ArrayMeta, listed: bool = Tru
     if layout.count > MAX_INNER_CHUNKS or (listed and inner > MAX_INNER_CHUNKS):
         raise Unsupported(f"sharding into {max(inner, layout.count):,} inner chunks, more than the decoded view "
                           f"lists ({MAX_INNER_CHUNKS:,})")
+    if layout.index_bytes > MAX_INDEX_BYTES:  # (read whole at every inner chunk's read that the LRU misses)
+        raise Unsupported(f"sharding into {layout.count:,} inner chunks a shard, whose index ({layout.index_bytes:,} "
+                          f"bytes) is larger than the decoded view reads ({MAX_INDEX_BYTES:,})")
     layout.fill_chunk = fill_bytes(array.fill_value, dtype, out.chunks)
     return layout
 

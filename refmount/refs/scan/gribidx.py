@@ -20,8 +20,8 @@ one product another's grid, hence the size.
 
 An idx is a document of its origin: its offsets only ever point into its own GRIB file, within the size
 the listing (or a HEAD) gave it. One that is not UTF-8, is larger than MAX_IDX_BYTES, has more than
-MAX_ROWS rows, an offset that is not a number, goes back, or is past the end, or rows of several dates,
-is refused in one line naming it. No name in the mount comes from an idx (they are the scanned file's).
+MAX_ROWS rows, an offset that is not a number, goes back, or is past the end, a date that is none
+(month 13), or rows of several dates, is refused in one line naming it. No name in the mount comes from an idx (they are the scanned file's).
 """
 
 from __future__ import annotations
@@ -77,6 +77,8 @@ def parse_idx(text: bytes, grib_size: int) -> list[Row]:
             raise IdxRefused(f"line {n}: offset {row.offset:,} goes back (the row before is at {last:,})")
         if row.offset >= grib_size:
             raise IdxRefused(f"line {n}: offset {row.offset:,} is past the end of its GRIB file ({grib_size:,} bytes)")
+        if not _real_date(row.date):  # (else the run time's arithmetic fails later: one line here)
+            raise IdxRefused(f"line {n}: d={row.date} is not a date")
         last = row.offset
         rows.append(row)
     if not rows:
@@ -116,6 +118,17 @@ def origin(url: str) -> str:
         return ""
     parts = urlsplit(url)
     return f"{parts.scheme.lower()}://{parts.netloc.lower()}"
+
+
+def _real_date(date: str) -> bool:
+    """YYYYMMDDHH[MM] of a time that exists (a month 13 or a year 0 would fail run_seconds later)."""
+    import datetime
+
+    try:
+        datetime.datetime(int(date[:4]), int(date[4:6]), int(date[6:8]), int(date[8:10]), int(date[10:12] or 0))
+    except ValueError:
+        return False
+    return True
 
 
 def run_seconds(date: str) -> int:
