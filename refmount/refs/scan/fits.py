@@ -7,7 +7,11 @@ image (two images of different sizes then conflict in xarray). Here an image's b
 they are (big-endian, one chunk), BSCALE/BZERO become CF's scale_factor/add_offset and BLANK _FillValue,
 which xarray and netCDF-C apply themselves, and each image has axes of its own.
 
-Tile-compressed images, tables (binary and ASCII) and random groups are named in `refused`.
+Tile-compressed images, tables (binary and ASCII) and random groups are named in `refused`; so are an
+image whose data runs past the end of the file, and a 64-bit unsigned image (BZERO 2**63), whose values
+above 2**53 no float add_offset gives exactly. A HIERARCH card keeps its key's case, so a header may say
+`add_offset` or `_FillValue` itself: astropy applies none of them, so such a key is kept as the card
+names it (`HIERARCH add_offset`), which no CF reader applies.
 """
 
 from __future__ import annotations
@@ -16,6 +20,10 @@ import numpy as np
 import orjson
 
 _BITPIX = {8: "|u1", 16: ">i2", 32: ">i4", 64: ">i8", -32: ">f4", -64: ">f8"}
+# attribute names a CF or Zarr reader acts on (values, dimensions, times): a header's own card of that
+# name (lower case: only HIERARCH spells it) is renamed, never applied
+_CF_NAMES = {"scale_factor", "add_offset", "missing_value", "valid_min", "valid_max", "valid_range", "units",
+             "calendar", "coordinates", "dtype", "bounds", "grid_mapping", "compress", "flag_values"}
 _SKIPPED_CARDS = {"", "COMMENT", "HISTORY", "SIMPLE", "XTENSION", "BITPIX", "EXTEND", "PCOUNT", "GCOUNT",
                   "BSCALE", "BZERO", "BLANK", "CHECKSUM", "DATASUM"}
 
@@ -25,6 +33,8 @@ def _attrs(header) -> dict:
     for key, value in header.items():
         if key in _SKIPPED_CARDS or key.startswith("NAXIS") or key in out:
             continue
+        if key.startswith("_") or key in _CF_NAMES:
+            key = f"HIERARCH {key}"
         if isinstance(value, bool):
             out[key] = int(value)
         elif isinstance(value, (int, float, str)):
@@ -43,6 +53,8 @@ def scan_fits(fileobj, url: str) -> tuple[dict, list[str]]:
     refused: list[str] = []
     group_attrs: dict = {}
     taken: set[str] = set()
+    size = fileobj.seek(0, 2)
+    fileobj.seek(0)
     with fits.open(fileobj, memmap=False, lazy_load_hdus=True, do_not_scale_image_data=True) as hdus:
         for index, hdu in enumerate(hdus):
             header = hdu.header
@@ -64,7 +76,7 @@ def scan_fits(fileobj, url: str) -> tuple[dict, list[str]]:
                 if index == 0:
                     group_attrs = _attrs(header)  # (the primary header of a file of extensions)
             else:
-                reason = _image(hdu, name, url, refs)
+                reason = _image(hdu, name, url, refs, size)
                 if reason:
                     refused.append(f"{name}: {reason}")
                 else:
@@ -73,7 +85,7 @@ def scan_fits(fileobj, url: str) -> tuple[dict, list[str]]:
     return refs, refused
 
 
-def _image(hdu, name: str, url: str, refs: dict) -> str | None:
+def _image(hdu, name: str, url: str, refs: dict, size: int) -> str | None:
     header = hdu.header
     dtype = _BITPIX.get(header.get("BITPIX"))
     if dtype is None:
@@ -81,6 +93,11 @@ def _image(hdu, name: str, url: str, refs: dict) -> str | None:
     naxis = int(header["NAXIS"])
     shape = [int(header[f"NAXIS{n}"]) for n in range(naxis, 0, -1)]  # FITS lists the fastest axis first
     length = np.dtype(dtype).itemsize * int(np.prod(shape, dtype=object))
+    start = int(hdu.fileinfo()["datLoc"])
+    if start + length > size:
+        return f"its data runs past the end of the file ({start + length - size} bytes short): truncated"
+    if dtype == ">i8" and float(header.get("BZERO", 0)) == 2.0**63 and float(header.get("BSCALE", 1)) == 1.0:
+        return "unsigned 64-bit (BZERO 2**63): CF's add_offset would round values above 2**53 (not virtualised)"
     attrs = _attrs(header)
     if "BSCALE" in header and float(header["BSCALE"]) != 1.0:
         attrs["scale_factor"] = float(header["BSCALE"])
@@ -97,5 +114,5 @@ def _image(hdu, name: str, url: str, refs: dict) -> str | None:
     refs[f"{name}/.zarray"] = orjson.dumps(zarray).decode()
     refs[f"{name}/.zattrs"] = orjson.dumps(attrs).decode()
     if length:
-        refs[f"{name}/" + ".".join(["0"] * naxis)] = [url, int(hdu.fileinfo()["datLoc"]), length]
+        refs[f"{name}/" + ".".join(["0"] * naxis)] = [url, start, length]
     return None

@@ -1,0 +1,62 @@
+import numpy as np, warnings, sys
+from astropy.io import fits
+warnings.simplefilter("ignore")
+out = sys.argv[1]
+def w(name, hdus): fits.HDUList(hdus).writeto(f"{out}/{name}.fits", overwrite=True)
+r = np.random.default_rng(1)
+w("unsigned", [fits.PrimaryHDU(np.arange(12, dtype="u2").reshape(3, 4) * 5000),
+               fits.ImageHDU(np.arange(6, dtype="u4") * 700_000_000, name="U32"),
+               fits.ImageHDU(np.array([0, 1, 2**63, 2**64 - 1, 2**53 + 1], dtype="u8"), name="U64"),
+               fits.ImageHDU(np.arange(-3, 3, dtype="i1"), name="I8")])
+# scaled ints with BLANK
+raw = np.arange(-5, 7, dtype=">i2").reshape(3, 4); raw[1, 1] = -32768
+h = fits.ImageHDU(raw, name="SCALEDBLANK", do_not_scale_image_data=True)
+h.header["BSCALE"] = 0.25; h.header["BZERO"] = 100.0; h.header["BLANK"] = -32768
+# scaled float
+f = fits.ImageHDU(np.array([1.5, np.nan, 3.0, np.inf], ">f4"), name="FSCALED", do_not_scale_image_data=True)
+f.header["BSCALE"] = 2.0; f.header["BZERO"] = -1.0
+fb = fits.ImageHDU(np.array([1.5, -99.0], ">f8"), name="FBLANK"); fb.header["BLANK"] = -99
+u8b = fits.ImageHDU(np.array([[0, 255, 7]], "u1"), name="U8BLANK"); u8b.header["BLANK"] = 255
+i4s = fits.ImageHDU(np.arange(10, dtype=">i4") * 1000003, name="I4SCALED", do_not_scale_image_data=True)
+i4s.header["BSCALE"] = 1e-3; i4s.header["BZERO"] = 0.5
+i8 = fits.ImageHDU(np.array([-2**62, 3, 2**62], ">i8"), name="I64")
+explicit = fits.ImageHDU(np.arange(4, dtype=">i2"), name="EXPLICIT", do_not_scale_image_data=True)
+explicit.header["BSCALE"] = 1.0; explicit.header["BZERO"] = 0.0
+w("scaled", [fits.PrimaryHDU(), h, f, fb, u8b, i4s, i8, explicit])
+# odd shapes and names
+zero = fits.ImageHDU(name="ZERO1"); zero.header["NAXIS"] = 1; zero.header["NAXIS1"] = 0
+w("shapes", [fits.PrimaryHDU(np.arange(2 * 3 * 1 * 2 * 2, dtype=">f8").reshape(2, 3, 1, 2, 2)),
+             fits.ImageHDU(np.zeros((0, 5), ">i2"), name="ZERO2"),
+             fits.ImageHDU(np.array([42], ">i4"), name="ONE"),
+             fits.ImageHDU(np.ones((2, 2), ">f4"), name="A/B"),
+             fits.ImageHDU(np.ones((2, 2), ">f4"), name=".HIDDEN"),
+             fits.ImageHDU(np.ones((3,), ">f4"), name="SCI", ver=1),
+             fits.ImageHDU(np.ones((3,), ">f4") * 2, name="SCI", ver=1),
+             fits.ImageHDU(np.ones((3,), ">f4") * 3, name="SCI", ver=2),
+             fits.ImageHDU(np.ones((2,), ">f4") * 4, name="SCI_2"),
+             fits.ImageHDU(np.ones((2,), ">f4") * 5, name="HDU9")])
+# the CF names a header may carry (HIERARCH keeps their case): astropy applies none of them
+h = fits.ImageHDU(np.arange(4, dtype=">i2"), name="X")
+for k, v in [("add_offset", 1000), ("scale_factor", 2.0), ("_FillValue", 3), ("missing_value", 1),
+             ("_Unsigned", "true"), ("units", "days since 2000-01-01"), ("valid_max", 1)]:
+    h.header[f"HIERARCH {k}"] = v
+g = fits.ImageHDU(np.arange(4, dtype=">f4"), name="Y")
+g.header["HIERARCH _ARRAY_DIMENSIONS"] = "oops"
+g.header["HIERARCH coordinates"] = "X"
+w("hierarch", [fits.PrimaryHDU(), h, g])
+# tile compressed, every algorithm
+img = (r.normal(100, 10, (40, 30))).astype("f4")
+comp = [fits.PrimaryHDU()]
+for algo in ("RICE_1", "GZIP_1", "GZIP_2", "HCOMPRESS_1", "PLIO_1", "NOCOMPRESS"):
+    data = img.astype("i4") if algo == "PLIO_1" else img
+    comp.append(fits.CompImageHDU(data, compression_type=algo, name=algo))
+w("tiled", comp)
+# checksum cards, big-endian floats, NaN
+p = fits.PrimaryHDU(np.array([[np.nan, -0.0, 1e-30, 3.4e38]], ">f4"))
+p.add_checksum()
+w("checksum_nan", [p])
+# a truncated file: the image runs past the end
+w("whole", [fits.PrimaryHDU(np.arange(2000, dtype=">f8"))])
+data = open(f"{out}/whole.fits", "rb").read()
+open(f"{out}/truncated.fits", "wb").write(data[:2880 + 4000])
+import os; os.remove(f"{out}/whole.fits")

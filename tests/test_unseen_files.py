@@ -1,0 +1,217 @@
+"""FITS, HDF4 and zipped-Zarr files of kinds the other tests do not hold (issue 40, "files of each format
+that you do not see"): made by astropy, pyhdf and HDF4's hrepack (tests/data/fits/made/, tests/data/hdf4/made/;
+their make.py wrote them), and zips of a store by other writers. Each variable is read with xarray on the
+mount and compared with the format's own library on the file, or named in one log line; never a wrong
+value. bench/sweep_formats.py and bench/sweep_zipzarr.py run the wider sweep (bench/NOTES.md)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import warnings
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import Mount
+
+DATA = Path(__file__).parent / "data"
+FITS_MADE = DATA / "fits" / "made"
+HDF4_MADE = DATA / "hdf4" / "made"
+FITS_NAMES = sorted(p.name for p in FITS_MADE.glob("*.fits"))
+HDF4_NAMES = sorted(p.name for p in HDF4_MADE.glob("*.hdf"))
+# (HDU or SDS refused, with the words of its one log line)
+REFUSED = {("tiled.fits", algo): "tile-compressed image" for algo in
+           ("RICE_1", "GZIP_1", "GZIP_2", "HCOMPRESS_1", "PLIO_1", "NOCOMPRESS")}
+REFUSED |= {("truncated.fits", "PRIMARY"): "runs past the end of the file",
+            ("unsigned.fits", "U64"): "unsigned 64-bit",
+            ("features.hdf", "unlimited"): "linked blocks", ("features.hdf", "unlimited_once"): "linked blocks",
+            ("vdata.hdf", "table"): "a Vdata table"}
+
+
+def _glob_mount(root: Path, source_dir: Path, suffix: str) -> Mount:
+    data = root / "data"
+    shutil.copytree(source_dir, data)
+    env = dict(os.environ, XDG_CACHE_HOME=str(root / "xdg-cache"))
+    return Mount(f"{data}/*{suffix}", root / "mnt", ["--view", "raw"], env=env).start(timeout=180)
+
+
+def _said(m: Mount, name: str, var: str) -> list[str]:
+    return [line for line in m.log().splitlines() if f"/{name}: " in line and f" {var}: " in line]
+
+
+@pytest.fixture(scope="module")
+def fits_mount(tmp_path_factory):
+    pytest.importorskip("astropy")
+    m = _glob_mount(tmp_path_factory.mktemp("fitsmade"), FITS_MADE, ".fits")
+    yield m
+    m.stop()
+
+
+@pytest.fixture(scope="module")
+def hdf4_mount(tmp_path_factory):
+    pytest.importorskip("pyhdf")
+    m = _glob_mount(tmp_path_factory.mktemp("hdf4made"), HDF4_MADE, ".hdf")
+    yield m
+    m.stop()
+
+
+def _astropy(path: Path) -> dict:
+    """{name refmount gives an image HDU: astropy's physical values}"""
+    from astropy.io import fits
+
+    out, taken = {}, set()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with fits.open(path) as hdus:
+            for index, h in enumerate(hdus):
+                if not h.is_image or isinstance(h, fits.CompImageHDU) or h.header.get("NAXIS", 0) == 0:
+                    continue
+                name = (h.name or f"HDU{index}").strip() or f"HDU{index}"
+                if name in taken:
+                    name = f"{name}_{h.header.get('EXTVER', index)}"
+                if name in taken or "/" in name or name.startswith("."):
+                    name = f"HDU{index}"
+                taken.add(name)
+                try:
+                    out[name] = np.array(h.data)
+                except (TypeError, ValueError):  # (astropy's own read of a truncated image fails)
+                    out[name] = None
+    return out
+
+
+@pytest.mark.parametrize("name", FITS_NAMES)
+def test_fits_made_file_reads_as_astropy_reads_it(fits_mount, name):
+    """Scaled integers with BLANK, scaled floats, BLANK on floats (ignored), unsigned 16/32-bit, 5-D,
+    zero-size and duplicate or unusable EXTNAMEs: xarray's default decoding on the mount gives
+    astropy's values; tile-compressed images, a truncated image and a 64-bit unsigned one are one line each."""
+    import xarray as xr
+
+    expected = _astropy(FITS_MADE / name)
+    listed = set(os.listdir(fits_mount.path / name))
+    with xr.open_zarr(fits_mount.path / name, consolidated=True) as ds:
+        for var, values in expected.items():
+            if (name, var) in REFUSED:
+                assert var not in listed
+                lines = _said(fits_mount, name, var)
+                assert len(lines) == 1 and REFUSED[name, var] in lines[0], (var, fits_mount.log())
+                continue
+            got = ds[var].values
+            assert got.shape == values.shape, var
+            rtol = 1e-7 if values.dtype.kind == "f" and values.dtype.itemsize == 4 else 0
+            np.testing.assert_allclose(got.astype("f8"), values.astype("f8"), rtol=rtol, err_msg=f"{name}: {var}")
+    for (file, var), why in REFUSED.items():  # (the tile-compressed images: not images to astropy's list)
+        if file == name and var not in expected:
+            lines = _said(fits_mount, name, var)
+            assert len(lines) == 1 and why in lines[0], (var, fits_mount.log())
+
+
+def test_fits_header_cards_of_cf_names_are_not_applied(fits_mount):
+    """A HIERARCH card keeps its case: `add_offset`, `scale_factor`, `_FillValue`, `units` (a time) in a
+    header are text to astropy. They are kept as the card names them, and nothing applies them."""
+    import xarray as xr
+
+    with xr.open_zarr(fits_mount.path / "hierarch.fits", consolidated=True) as ds:
+        np.testing.assert_array_equal(ds["X"].values, [0, 1, 2, 3])
+        assert ds["X"].dtype.kind == "i"  # (no scale applied, no fill masked)
+        attrs = ds["X"].attrs
+        assert attrs["HIERARCH add_offset"] == 1000 and "add_offset" not in attrs
+        assert attrs["HIERARCH units"] == "days since 2000-01-01"
+        assert ds["Y"].dims == ("Y_naxis1",)
+    assert "Traceback" not in fits_mount.log()
+
+
+def _pyhdf(path: Path) -> dict:
+    from pyhdf.SD import SD, SDC
+
+    out = {}
+    sd = SD(str(path), SDC.READ)
+    try:
+        for name in sd.datasets():
+            sds = sd.select(name)
+            try:
+                out[name] = np.array(sds.get())
+            except Exception:  # noqa: BLE001 - pyhdf cannot read an unlimited SDS with no record
+                out[name] = None
+            sds.endaccess()
+    finally:
+        sd.end()
+    return out
+
+
+@pytest.mark.parametrize("name", HDF4_NAMES)
+def test_hdf4_made_file_reads_as_pyhdf_reads_it(hdf4_mount, name):
+    """Every number type, chars, fills set and unset, partial writes, dimension scales, SDsetcal
+    attributes, unlimited dimensions (contiguous: linked blocks, refused; chunked by hrepack: read),
+    a Vdata table beside an SDS. Stored values equal pyhdf's; the whole file opens in xarray (a char
+    SDS once made zarr refuse the whole group: its dtype was "S1", not "|S1")."""
+    import xarray as xr
+
+    expected = _pyhdf(HDF4_MADE / name)
+    listed = set(os.listdir(hdf4_mount.path / name))
+    with xr.open_zarr(hdf4_mount.path / name, consolidated=True, mask_and_scale=False, decode_times=False,
+                      concat_characters=False) as ds:
+        for var, values in expected.items():
+            if var not in listed:
+                lines = _said(hdf4_mount, name, var)
+                assert len(lines) == 1 and REFUSED[name, var] in lines[0], (var, hdf4_mount.log())
+                continue
+            got = ds[var].values
+            if values is None:
+                assert 0 in got.shape, var
+                continue
+            assert got.dtype.newbyteorder("=") == values.dtype.newbyteorder("=") and got.shape == values.shape, var
+            np.testing.assert_array_equal(got, values, err_msg=f"{name}: {var}")
+    if name == "vdata.hdf":
+        assert len(_said(hdf4_mount, name, "table")) == 1, hdf4_mount.log()
+
+
+def test_hdf4_char_sds_reads_as_text(hdf4_mount):
+    import xarray as xr
+
+    with xr.open_zarr(hdf4_mount.path / "features.hdf", consolidated=True) as ds:
+        assert ds["chars"].values.tolist() == [b"hello", b"world", b"ab"]
+
+
+def _rezip(src: Path, dst: Path, how: str) -> None:
+    """zarr's zip of a store written again by another writer: zipfile with zip64 extra fields, or
+    Info-ZIP's `zip -r -0 x.zip x.zarr` (the store under a directory of its own)."""
+    tree = dst.parent / "x.zarr"
+    with zipfile.ZipFile(src) as z:
+        z.extractall(tree)
+    if how == "zip64":
+        with zipfile.ZipFile(dst, "w") as z:
+            for p in sorted(tree.rglob("*")):
+                if p.is_file():
+                    with z.open(str(p.relative_to(tree)), "w", force_zip64=True) as f:
+                        f.write(p.read_bytes())
+    else:
+        subprocess.run(["zip", "-q", "-r", "-0", str(dst), "x.zarr"], cwd=dst.parent, check=True)
+    shutil.rmtree(tree)
+
+
+@pytest.mark.parametrize("how", ["zip64", "zip-r"])
+def test_zips_of_other_writers_equal_zarr(mount, server, tmp_path, how):
+    import zarr
+
+    if how == "zip-r" and shutil.which("zip") is None:
+        pytest.skip("needs Info-ZIP's zip")
+    src = tmp_path / "src.zarr.zip"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        store = zarr.storage.ZipStore(str(src), mode="w")
+        root = zarr.open_group(store, mode="w", zarr_format=3)
+        a = root.create_group("sub").create_array("a", shape=(5, 4), chunks=(2, 3), dtype="i4", fill_value=-1)
+        a[:4, :] = np.arange(16, dtype="i4").reshape(4, 4)
+        store.close()
+    dst = server.root / "other.zarr.zip"
+    _rezip(src, dst, how)
+    for source in (str(dst), server.url_for("other.zarr.zip")):
+        m = mount(source, "--view", "raw")
+        got = zarr.open_group(str(m.path), mode="r")["sub/a"][...]
+        want = np.full((5, 4), -1, "i4")
+        want[:4] = np.arange(16).reshape(4, 4)
+        np.testing.assert_array_equal(got, want)
