@@ -39,7 +39,7 @@ def fits_oracle(path: Path):
     out, taken = {}, set()
     with fits.open(path) as hdus:
         for index, h in enumerate(hdus):
-            image = h.is_image and not isinstance(h, (fits.CompImageHDU, fits.GroupsHDU))
+            image = h.is_image and not isinstance(h, fits.GroupsHDU)  # (a tile-compressed image too)
             if image and h.header.get("NAXIS", 0) == 0:
                 continue
             name = (h.name or f"HDU{index}").strip() or f"HDU{index}"

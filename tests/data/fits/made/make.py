@@ -60,3 +60,26 @@ w("whole", [fits.PrimaryHDU(np.arange(2000, dtype=">f8"))])
 data = open(f"{out}/whole.fits", "rb").read()
 open(f"{out}/truncated.fits", "wb").write(data[:2880 + 4000])
 import os; os.remove(f"{out}/whole.fits")
+
+# ---- tiled_gzip.fits (gen_tiled)
+r = np.random.default_rng(2)
+img = r.integers(-3000, 3000, (24, 20)).astype("i2")
+hdus = [fits.PrimaryHDU()]
+for algo in ("GZIP_1", "GZIP_2", "NOCOMPRESS"):
+    hdus.append(fits.CompImageHDU(img, compression_type=algo, name=f"I2_{algo}"))
+    hdus.append(fits.CompImageHDU(img.astype("i4") * 1000, compression_type=algo, name=f"I4_{algo}", tile_shape=(6, 5)))
+    hdus.append(fits.CompImageHDU((img % 256).astype("u1"), compression_type=algo, name=f"U1_{algo}", tile_shape=(24, 4)))
+    hdus.append(fits.CompImageHDU((img.astype("i4") + 30000).astype("u2"), compression_type=algo, name=f"U2_{algo}"))
+    hdus.append(fits.CompImageHDU(r.normal(0, 1, (3, 8, 10)).astype("f4"), compression_type=algo, name=f"F4_{algo}",
+                                  quantize_level=0.0))
+    hdus.append(fits.CompImageHDU(r.normal(0, 1, (8, 10)).astype("f8"), compression_type=algo, name=f"F8Q_{algo}"))
+hdus.append(fits.CompImageHDU(img, compression_type="GZIP_2", name="UNEVEN", tile_shape=(7, 6)))
+hdus.append(fits.CompImageHDU(img, compression_type="RICE_1", name="RICE"))
+s = fits.CompImageHDU(img, compression_type="GZIP_1", name="SCALED")
+hdus.append(s)
+fits.HDUList(hdus).writeto(f"{out}/tiled_gzip.fits", overwrite=True)
+# a scaled integer image with BLANK, tile-compressed
+with fits.open(f"{out}/tiled_gzip.fits", mode="update", disable_image_compression=True) as f:
+    f["SCALED"].header["BSCALE"] = 0.5
+    f["SCALED"].header["BZERO"] = 7.0
+    f["SCALED"].header["BLANK"] = int(img[0, 0])
