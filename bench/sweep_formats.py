@@ -36,17 +36,15 @@ def fits_oracle(path: Path):
     """{name refmount gives the HDU: physical values astropy gives, or None for a non-image HDU}"""
     from astropy.io import fits
 
+    from refmount.refs.scan.fits import hdu_name
+
     out, taken = {}, set()
     with fits.open(path) as hdus:
         for index, h in enumerate(hdus):
             image = h.is_image and not isinstance(h, fits.GroupsHDU)  # (a tile-compressed image too)
             if image and h.header.get("NAXIS", 0) == 0:
                 continue
-            name = (h.name or f"HDU{index}").strip() or f"HDU{index}"
-            if name in taken:
-                name = f"{name}_{h.header.get('EXTVER', index)}"
-            if name in taken or "/" in name or name.startswith("."):
-                name = f"HDU{index}"
+            name = hdu_name(h, index, taken)
             if image:
                 taken.add(name)
             try:

@@ -6,6 +6,7 @@ value. bench/sweep_formats.py and bench/sweep_zipzarr.py run the wider sweep (be
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -35,11 +36,17 @@ REFUSED |= {("tiled_gzip.fits", "UNEVEN"): "do not divide the image", ("tiled_gz
             ("vdata.hdf", "table"): "a Vdata table"}
 
 
-def _glob_mount(root: Path, source_dir: Path, suffix: str) -> Mount:
+@contextlib.contextmanager
+def _glob_mount(root: Path, source_dir: Path, suffix: str):
+    """A glob mount (raw view) of a copy of `source_dir`'s files, stopped on leaving."""
     data = root / "data"
     shutil.copytree(source_dir, data)
     env = dict(os.environ, XDG_CACHE_HOME=str(root / "xdg-cache"))
-    return Mount(f"{data}/*{suffix}", root / "mnt", ["--view", "raw"], env=env).start(timeout=180)
+    m = Mount(f"{data}/*{suffix}", root / "mnt", ["--view", "raw"], env=env).start(timeout=180)
+    try:
+        yield m
+    finally:
+        m.stop()
 
 
 def _said(m: Mount, name: str, var: str) -> list[str]:
@@ -49,22 +56,22 @@ def _said(m: Mount, name: str, var: str) -> list[str]:
 @pytest.fixture(scope="module")
 def fits_mount(tmp_path_factory):
     pytest.importorskip("astropy")
-    m = _glob_mount(tmp_path_factory.mktemp("fitsmade"), FITS_MADE, ".fits")
-    yield m
-    m.stop()
+    with _glob_mount(tmp_path_factory.mktemp("fitsmade"), FITS_MADE, ".fits") as m:
+        yield m
 
 
 @pytest.fixture(scope="module")
 def hdf4_mount(tmp_path_factory):
     pytest.importorskip("pyhdf")
-    m = _glob_mount(tmp_path_factory.mktemp("hdf4made"), HDF4_MADE, ".hdf")
-    yield m
-    m.stop()
+    with _glob_mount(tmp_path_factory.mktemp("hdf4made"), HDF4_MADE, ".hdf") as m:
+        yield m
 
 
 def _astropy(path: Path) -> dict:
     """{name refmount gives an image HDU: astropy's physical values}"""
     from astropy.io import fits
+
+    from refmount.refs.scan.fits import hdu_name
 
     out, taken = {}, set()
     with warnings.catch_warnings():
@@ -73,11 +80,7 @@ def _astropy(path: Path) -> dict:
             for index, h in enumerate(hdus):
                 if not h.is_image or h.header.get("NAXIS", 0) == 0:
                     continue
-                name = (h.name or f"HDU{index}").strip() or f"HDU{index}"
-                if name in taken:
-                    name = f"{name}_{h.header.get('EXTVER', index)}"
-                if name in taken or "/" in name or name.startswith("."):
-                    name = f"HDU{index}"
+                name = hdu_name(h, index, taken)
                 taken.add(name)
                 try:
                     out[name] = np.array(h.data)

@@ -46,6 +46,17 @@ def _attrs(header) -> dict:
     return out
 
 
+def hdu_name(hdu, index: int, taken: set[str]) -> str:
+    """The array name of the `index`th HDU: its EXTNAME, then EXTNAME_EXTVER where a second HDU has the
+    name (HST's SCI per chip), HDU<index> where neither is free or the name cannot name a directory."""
+    name = (hdu.name or f"HDU{index}").strip() or f"HDU{index}"
+    if name in taken:
+        name = f"{name}_{hdu.header.get('EXTVER', index)}"
+    if name in taken or "/" in name or name.startswith("."):
+        name = f"HDU{index}"
+    return name
+
+
 def scan_fits(fileobj, url: str) -> tuple[dict, list[str]]:
     """(Version-0 references, refused lines) of the FITS file open as `fileobj`, its chunks at `url`."""
     try:
@@ -62,11 +73,7 @@ def scan_fits(fileobj, url: str) -> tuple[dict, list[str]]:
     with fits.open(fileobj, memmap=False, lazy_load_hdus=True, do_not_scale_image_data=True) as hdus:
         for index, hdu in enumerate(hdus):
             header = hdu.header
-            name = (hdu.name or f"HDU{index}").strip() or f"HDU{index}"
-            if name in taken:
-                name = f"{name}_{header.get('EXTVER', index)}"
-            if name in taken or "/" in name or name.startswith("."):
-                name = f"HDU{index}"
+            name = hdu_name(hdu, index, taken)
             if isinstance(hdu, fits.CompImageHDU):
                 try:
                     reason = _tiled(hdu, name, url, refs, size, fileobj)
