@@ -114,12 +114,16 @@ def test_fits_made_file_reads_as_astropy_reads_it(fits_mount, name):
     assert {var for file, var in REFUSED if file == name} <= set(expected)
 
 
-def test_fits_tiles_in_the_decoded_view_read_by_ncdump(fits_mount, tmp_path):
-    """netCDF-C has no gzip-and-shuffle filter of its own: the decoded view serves the tiles decompressed."""
+def test_fits_tiles_over_http_in_the_decoded_view_read_by_ncdump(tmp_path, server):
+    """The tile table read through the scan's pipe from a loopback server; netCDF-C has no gzip-and-shuffle
+    filter of its own: the decoded view serves the tiles decompressed."""
     from tests.support.clients import compare_dumped, ncdump, nczarr_url, parse_ncdump
 
-    source = fits_mount.path.parent / "data" / "tiled_gzip.fits"
-    m = Mount(str(source), tmp_path / "mnt", [], env=dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"))).start()
+    pytest.importorskip("astropy")
+    source = FITS_MADE / "tiled_gzip.fits"
+    shutil.copy(source, server.root / source.name)
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    m = Mount(server.url_for(source.name), tmp_path / "mnt", [], env=env).start()
     try:
         dumped = parse_ncdump(ncdump(nczarr_url(m.path), variables=["I4_GZIP_2", "U1_NOCOMPRESS"]))
     finally:
