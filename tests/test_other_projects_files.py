@@ -457,6 +457,8 @@ def astropy_hdus(path: Path):
     """[(name refmount gives the HDU, stored values or None where it is not an image, physical values)]"""
     from astropy.io import fits
 
+    from refmount.refs.scan.fits import hdu_name
+
     out, taken = [], set()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -465,9 +467,7 @@ def astropy_hdus(path: Path):
                 if (r.is_image and not isinstance(r, (fits.CompImageHDU, fits.GroupsHDU))
                         and r.header.get("NAXIS", 0) == 0):
                     continue
-                name = (r.name or f"HDU{index}").strip() or f"HDU{index}"
-                if name in taken:
-                    name = f"{name}_{r.header.get('EXTVER', index)}"
+                name = hdu_name(r, index, taken)
                 image = r.is_image and not isinstance(r, (fits.CompImageHDU, fits.GroupsHDU))
                 if image:
                     taken.add(name)
