@@ -1,3 +1,4 @@
+"""Writes the FITS files of this directory (and a few more the sweep reads): python make.py DIR (astropy 8.0.2)."""
 import numpy as np, warnings, sys
 from astropy.io import fits
 warnings.simplefilter("ignore")

@@ -1,39 +1,42 @@
-import numpy as np, sys, os
+"""Writes the HDF4 files of this directory and the sweep's (bench/sweep_formats.py):
+    python make.py DIR        (pyhdf 0.11.7)
+then, for the sweep's chunked files of every compression (pyhdf has no chunking or NBIT call):
+    for c in NONE RLE "HUFF 2" "GZIP 1"; do hrepack -i DIR/none_contiguous.hdf -o DIR/hrepack_$c.hdf -t "*:$c" -c "*:4x3"; done
+    hrepack -i DIR/features.hdf -o DIR/features_gzip_chunked.hdf -t "*:GZIP 6" -c "*:2x2"
+"""
+import sys
+
+import numpy as np
+from pyhdf.HDF import HC, HDF
 from pyhdf.SD import SD, SDC
-from pyhdf.HDF import HDF, HC
-from pyhdf.VS import VS
+import pyhdf.VS  # noqa: F401 - HDF.vstart needs it imported
+
 out = sys.argv[1]
 TYPES = {"int8": SDC.INT8, "uint8": SDC.UINT8, "int16": SDC.INT16, "uint16": SDC.UINT16, "int32": SDC.INT32,
          "uint32": SDC.UINT32, "float32": SDC.FLOAT32, "float64": SDC.FLOAT64}
-COMP = {"none": None, "rle": (SDC.COMP_RLE,), "nbit": "nbit", "skphuff": (SDC.COMP_SKPHUFF, 2),
-        "deflate": (SDC.COMP_DEFLATE, 6)}
+COMP = {"none": None, "rle": (SDC.COMP_RLE,), "skphuff": (SDC.COMP_SKPHUFF, 2), "deflate": (SDC.COMP_DEFLATE, 6)}
+
+
 def values(t, shape):
     n = int(np.prod(shape))
     if t.startswith("float"):
-        v = np.linspace(-3.5, 1e3, n).astype(t); v.flat[0] = np.nan if n > 1 else v.flat[0]; return v.reshape(shape)
+        v = np.linspace(-3.5, 1e3, n).astype(t)
+        v.flat[0] = np.nan
+        return v.reshape(shape)
     info = np.iinfo(t)
     return (np.arange(n) * 37 % (int(info.max) - int(info.min) + 1) + int(info.min)).astype(t).reshape(shape)
-for comp in COMP:
-    for layout in ("contiguous",):
-        path = f"{out}/{comp}_{layout}.hdf"
-        sd = SD(path, SDC.WRITE | SDC.CREATE | SDC.TRUNC)
-        for t, code in TYPES.items():
-            shape = (11, 7)
-            s = sd.create(f"v_{t}", code, shape)
-            try:
-                if layout == "chunked":
-                    s.setchunk((4, 3), 0 if comp == "none" or comp == "nbit" else {"rle": 1, "skphuff": 3 if False else 2, "deflate": 4, "szip": 5}.get(comp, 0) and 0)
-                if comp == "nbit":
-                    if t in ("int16", "int32", "uint16", "uint32"):
-                        s.setnbitdataset(3, 12, 0, 0)
-                elif COMP[comp]:
-                    s.setcompress(*COMP[comp])
-            except Exception as e:
-                print(path, t, "compression not set:", e)
-            s[:] = values(t, shape)
-            s.units = "K"
-            s.endaccess()
-        sd.end()
+
+
+for comp, args in COMP.items():  # every number type, contiguous, in each compression
+    sd = SD(f"{out}/{comp}_contiguous.hdf", SDC.WRITE | SDC.CREATE | SDC.TRUNC)
+    for t, code in TYPES.items():
+        s = sd.create(f"v_{t}", code, (11, 7))
+        if args:
+            s.setcompress(*args)
+        s[:] = values(t, (11, 7))
+        s.units = "K"
+        s.endaccess()
+    sd.end()
 # fills, unlimited, scales, attributes, empty, char, partial writes
 sd = SD(f"{out}/features.hdf", SDC.WRITE | SDC.CREATE | SDC.TRUNC)
 sd.title = "features"
