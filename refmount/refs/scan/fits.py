@@ -142,6 +142,8 @@ def _tiled(hdu, name: str, url: str, refs: dict, size: int, fileobj) -> str | No
     if dtype is None or "ZBLANK" in th or (dtype[1] == "f" and str(th.get("ZQUANTIZ", "NONE")).strip() != "NONE"):
         return "quantized or blanked by the compression (not virtualised)"
     naxis = int(th.get("ZNAXIS", 0))
+    if naxis < 1:
+        return f"ZNAXIS {naxis} (no image)"
     shape = [int(th[f"ZNAXIS{n}"]) for n in range(naxis, 0, -1)]
     tile = [int(th.get(f"ZTILE{n}", shape[-1] if n == 1 else 1)) for n in range(naxis, 0, -1)]
     if any(t < 1 or s % t for s, t in zip(shape, tile)):
