@@ -7,6 +7,7 @@ value. bench/sweep_formats.py and bench/sweep_zipzarr.py run the wider sweep (be
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import subprocess
@@ -239,3 +240,46 @@ def test_zips_of_other_writers_equal_zarr(mount, server, tmp_path, how):
         want = np.full((5, 4), -1, "i4")
         want[:4] = np.arange(16).reshape(4, 4)
         np.testing.assert_array_equal(got, want)
+
+
+def _tile_table(path: Path, hdu: str) -> tuple[int, int, list]:
+    """(table's data offset, heap offset, [(count, offset)] of each tile) of a tile-compressed image."""
+    from astropy.io import fits
+
+    with fits.open(path, disable_image_compression=True) as hdus:
+        table = hdus[hdu]
+        start = table.fileinfo()["datLoc"]
+        rows = table.header["NAXIS2"]
+        heap = start + table.header.get("THEAP", 8 * rows)
+    raw = path.read_bytes()[start:start + 8 * rows]
+    return start, heap, np.frombuffer(raw, ">i4").reshape(rows, 2).tolist()
+
+
+def test_hostile_tiles_are_refused_or_eio_never_values(mount, tmp_path):
+    """A tile said to lie past the end of the file refuses its image (one line); a tile whose gzip bytes
+    are damaged is EIO for the reader (gzip's CRC), while the other images read as astropy reads them."""
+    pytest.importorskip("astropy")
+    import zarr
+
+    source = FITS_MADE / "tiled_gzip.fits"
+    data = bytearray(source.read_bytes())
+    start, _, _ = _tile_table(source, "I2_GZIP_1")
+    data[start + 4:start + 8] = (10**8).to_bytes(4, "big")  # (tile 0's heap offset)
+    _, heap, tiles = _tile_table(source, "I4_GZIP_2")
+    count, offset = tiles[3]
+    data[heap + offset + count // 2] ^= 0xFF  # (inside tile 3's deflate stream)
+    path = tmp_path / "hostile.fits"
+    path.write_bytes(bytes(data))
+    m = mount(str(path), "--view", "raw")
+    lines = _said(m, "hostile.fits", "I2_GZIP_1") or [line for line in m.log().splitlines() if "I2_GZIP_1: " in line]
+    assert len(lines) == 1 and "outside the file" in lines[0], m.log()
+    group = zarr.open_group(str(m.path), mode="r")
+    assert "I2_GZIP_1" not in group
+    with pytest.raises(Exception):  # (zarr's own gzip decoding of the raw view fails)
+        group["I4_GZIP_2"][...]
+    np.testing.assert_array_equal(group["I2_GZIP_2"][...], _astropy(source)["I2_GZIP_2"])
+    decoded = mount(str(path))
+    with pytest.raises(OSError) as failed:  # (tile 3: the fourth along FITS's fastest axis, key 0.3)
+        (decoded.path / "I4_GZIP_2" / "0.3").read_bytes()
+    assert failed.value.errno == errno.EIO
+    assert (decoded.path / "I4_GZIP_2" / "0.2").read_bytes()
