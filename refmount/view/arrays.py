@@ -252,6 +252,13 @@ def _codec(config: dict):
         import kerchunk.codecs  # noqa: F401
     except Exception:
         pass
+    if str(config.get("id")).startswith("imagecodecs_"):
+        try:  # (imagecodecs' numcodecs entry points are a package of their own, imagecodecs-numcodecs)
+            from imagecodecs.numcodecs import register_codecs
+
+            register_codecs([config["id"]], verbose=False)
+        except ImportError:
+            pass
     return numcodecs.get_codec(dict(config))
 
 

@@ -9,7 +9,9 @@ which xarray and netCDF-C apply themselves, and each image has axes of its own.
 
 A tile-compressed image (a binary table of compressed tiles) is one chunk a tile where a numcodecs codec
 reads its tiles: GZIP_1 (gzip), GZIP_2 (gzip, then byte shuffle) and NOCOMPRESS, of integers or floats
-not quantized, tiles dividing the image. RICE_1, HCOMPRESS_1, PLIO_1, quantized floats (a scale per tile)
+not quantized, and RICE_1 of integers where imagecodecs is installed (its codec `imagecodecs_rcomp`, which
+a Zarr reader of the raw view resolves through imagecodecs-numcodecs' entry points), tiles dividing the
+image. Without imagecodecs RICE_1 is refused, as are HCOMPRESS_1, PLIO_1, quantized floats (a scale per tile)
 and tiles with a column of their own beside the data (ZBLANK, UNCOMPRESSED_DATA) are named in `refused`,
 as are tables (binary and ASCII) and random groups; so are an
 image whose data runs past the end of the file, and a 64-bit unsigned image (BZERO 2**63), whose values
@@ -133,7 +135,7 @@ def _tiled(hdu, name: str, url: str, refs: dict, size: int, fileobj) -> str | No
         return "astropy gives no table behind it (not virtualised)"
     th, header = table.header, hdu.header
     kind = str(th.get("ZCMPTYPE", "")).strip()
-    if kind not in _TILE_CODECS:
+    if kind not in _TILE_CODECS and kind != "RICE_1":
         return f"{kind or 'an unnamed'} tile compression (no codec refmount uses maps it)"
     columns = [str(th.get(f"TTYPE{n}", "")).strip() for n in range(1, int(th.get("TFIELDS", 0)) + 1)]
     if columns != ["COMPRESSED_DATA"]:  # (ZSCALE/ZZERO: quantized floats; ZBLANK, UNCOMPRESSED_DATA: per tile)
@@ -141,6 +143,11 @@ def _tiled(hdu, name: str, url: str, refs: dict, size: int, fileobj) -> str | No
     dtype = _BITPIX.get(header.get("BITPIX"))
     if dtype is None or "ZBLANK" in th or (dtype[1] == "f" and str(th.get("ZQUANTIZ", "NONE")).strip() != "NONE"):
         return "quantized or blanked by the compression (not virtualised)"
+    if kind == "RICE_1":
+        rice = _rice(th, dtype)
+        if isinstance(rice, str):
+            return rice
+        tile_dtype, blocksize = rice
     naxis = int(th.get("ZNAXIS", 0))
     if naxis < 1:
         return f"ZNAXIS {naxis} (no image)"
@@ -172,9 +179,31 @@ def _tiled(hdu, name: str, url: str, refs: dict, size: int, fileobj) -> str | No
             return f"tile {row} is {count * element} bytes, not its tile's"
         key = ".".join(str(i) for i in np.unravel_index(row, grid))  # (FITS's fastest axis is Zarr's last)
         pieces[key] = (heap + offset, count * element)
-    compressor, shuffled = _TILE_CODECS[kind]
-    filters = [{"id": "shuffle", "elementsize": np.dtype(dtype).itemsize}] if shuffled else None
+    if kind == "RICE_1":
+        compressor, filters = {"id": "imagecodecs_rcomp", "shape": tile, "dtype": tile_dtype, "nblock": blocksize}, None
+        dtype = tile_dtype  # (rcomp gives the tile's integers in native order, not the image's big-endian ones)
+    else:
+        compressor, shuffled = _TILE_CODECS[kind]
+        filters = [{"id": "shuffle", "elementsize": np.dtype(dtype).itemsize}] if shuffled else None
     return _write(header, name, dtype, shape, tile, compressor, filters, pieces, url, refs)
+
+
+def _rice(th, dtype: str) -> tuple[str, int] | str:
+    """(the dtype a RICE_1 tile decodes to, its block size), or why its tiles cannot be read."""
+    try:
+        import imagecodecs
+    except ImportError:
+        return "RICE_1 tiles need imagecodecs (pip install imagecodecs imagecodecs-numcodecs)"
+    if not imagecodecs.RCOMP.available:
+        return "RICE_1 tiles need imagecodecs built with rcomp"
+    params = {str(th.get(f"ZNAME{n}", "")).strip().upper(): th.get(f"ZVAL{n}") for n in range(1, 10)}
+    blocksize, bytepix = params.get("BLOCKSIZE", 32), params.get("BYTEPIX", 4)  # (FITS's defaults, astropy's)
+    tile_dtype = {1: "|u1", 2: "<i2", 4: "<i4"}.get(bytepix) if isinstance(bytepix, int) else None
+    if dtype[1] not in "iu" or tile_dtype is None or np.dtype(tile_dtype).itemsize < np.dtype(dtype).itemsize:
+        return f"RICE_1 tiles of BYTEPIX {bytepix!r} for BITPIX {th.get('ZBITPIX')!r} (not virtualised)"
+    if not isinstance(blocksize, int) or blocksize not in (16, 32):
+        return f"RICE_1 tiles of BLOCKSIZE {blocksize!r} (rcomp reads 16 and 32)"
+    return tile_dtype, blocksize
 
 
 def _write(header, name: str, dtype: str, shape: list, chunks: list, compressor, filters, pieces: dict,

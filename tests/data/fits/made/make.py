@@ -84,3 +84,27 @@ with fits.open(f"{out}/tiled_gzip.fits", mode="update", disable_image_compressio
     f["SCALED"].header["BSCALE"] = 0.5
     f["SCALED"].header["BZERO"] = 7.0
     f["SCALED"].header["BLANK"] = int(img[0, 0])
+
+# ---- rice.fits: RICE_1 tiles (fpack's and astropy's default) of each integer width, 2-D and uneven tiles
+r = np.random.default_rng(3)
+img = r.integers(-3000, 3000, (12, 10)).astype("i2")
+hdus = [fits.PrimaryHDU(),
+        fits.CompImageHDU(img, compression_type="RICE_1", name="I2"),  # (rows, BYTEPIX 2)
+        fits.CompImageHDU(img.astype("i4") * 70000, compression_type="RICE_1", name="I4", tile_shape=(4, 5)),
+        fits.CompImageHDU((img % 256).astype("u1"), compression_type="RICE_1", name="U1", tile_shape=(12, 2)),
+        fits.CompImageHDU((img.astype("i4") + 30000).astype("u2"), compression_type="RICE_1", name="U2"),
+        fits.CompImageHDU(r.integers(0, 9, (2, 3, 4)).astype("i2"), compression_type="RICE_1", name="CUBE",
+                          tile_shape=(1, 3, 2)),
+        fits.CompImageHDU(img, compression_type="RICE_1", name="SCALED"),
+        fits.CompImageHDU(img.astype("i4"), compression_type="RICE_1", name="NOBYTEPIX"),
+        fits.CompImageHDU(img, compression_type="RICE_1", name="UNEVEN", tile_shape=(5, 4)),
+        fits.CompImageHDU(r.normal(0, 1, (6, 5)).astype("f4"), compression_type="RICE_1", name="F4Q")]
+fits.HDUList(hdus).writeto(f"{out}/rice.fits", overwrite=True)
+with fits.open(f"{out}/rice.fits", mode="update", disable_image_compression=True) as f:
+    f["SCALED"].header["BSCALE"] = 0.5
+    f["SCALED"].header["BZERO"] = 7.0
+    f["SCALED"].header["BLANK"] = int(img[0, 0])
+    # int16 values in BYTEPIX 4 tiles with no BYTEPIX card (cfitsio's default, 4): the image says BITPIX 16
+    t = f["NOBYTEPIX"].header
+    t["ZBITPIX"] = 16
+    del t["ZNAME2"], t["ZVAL2"]
