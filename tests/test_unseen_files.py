@@ -344,3 +344,30 @@ def test_cut_rice_tile_is_eio(mount, tmp_path):
         (decoded.path / "I2" / "1.0").read_bytes()
     assert failed.value.errno == errno.EIO
     assert (decoded.path / "I2" / "0.0").read_bytes()
+
+
+def test_rice_refused_without_imagecodecs_is_read_once_installed(tmp_path):
+    """A scan refusing RICE_1 tiles for want of imagecodecs is not kept: the next mount, with imagecodecs,
+    reads them (a kept scan would refuse them until the file changed)."""
+    pytest.importorskip("astropy")
+    if not HAS_RICE:
+        assert os.environ.get("CI") != "true", "imagecodecs is a test dependency"
+        pytest.skip("imagecodecs is not installed")
+    hide = tmp_path / "hide" / "imagecodecs"
+    hide.mkdir(parents=True)
+    (hide / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    source = tmp_path / "rice.fits"
+    shutil.copy(FITS_MADE / "rice.fits", source)
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    without = dict(env, PYTHONPATH=os.pathsep.join([str(hide.parent), env.get("PYTHONPATH", "")]))
+    for run, environment in (("without", without), ("with", env)):
+        m = Mount(str(source), tmp_path / f"mnt-{run}", ["--view", "raw"], env=environment).start()
+        try:
+            listed = set(os.listdir(m.path))
+            said = [line for line in m.log().splitlines() if "I4: " in line]
+        finally:
+            m.stop()
+        if run == "without":
+            assert "I4" not in listed and len(said) == 1 and "RICE_1 tiles need imagecodecs" in said[0], said
+        else:
+            assert "I4" in listed and not said, said

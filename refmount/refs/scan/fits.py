@@ -25,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
+from refmount.refs.scan.formats import INSTALL_ARCHIVES
+
 _BITPIX = {8: "|u1", 16: ">i2", 32: ">i4", 64: ">i8", -32: ">f4", -64: ">f8"}
 # attribute names a CF or Zarr reader acts on (values, dimensions, times): a header's own card of that
 # name (lower case: only HIERARCH spells it) is renamed, never applied
@@ -181,7 +183,7 @@ def _tiled(hdu, name: str, url: str, refs: dict, size: int, fileobj) -> str | No
         pieces[key] = (heap + offset, count * element)
     if kind == "RICE_1":
         compressor, filters = {"id": "imagecodecs_rcomp", "shape": tile, "dtype": tile_dtype, "nblock": blocksize}, None
-        dtype = tile_dtype  # (rcomp gives the tile's integers in native order, not the image's big-endian ones)
+        dtype = tile_dtype  # (the tile's integers, in the host's order: not the image's big-endian ones)
     else:
         compressor, shuffled = _TILE_CODECS[kind]
         filters = [{"id": "shuffle", "elementsize": np.dtype(dtype).itemsize}] if shuffled else None
@@ -193,15 +195,17 @@ def _rice(th, dtype: str) -> tuple[str, int] | str:
     try:
         import imagecodecs
     except ImportError:
-        return "RICE_1 tiles need imagecodecs (pip install imagecodecs imagecodecs-numcodecs)"
+        return f"RICE_1 tiles need imagecodecs {INSTALL_ARCHIVES}"
     if not imagecodecs.RCOMP.available:
         return "RICE_1 tiles need imagecodecs built with rcomp"
     params = {str(th.get(f"ZNAME{n}", "")).strip().upper(): th.get(f"ZVAL{n}") for n in range(1, 10)}
     blocksize, bytepix = params.get("BLOCKSIZE", 32), params.get("BYTEPIX", 4)  # (FITS's defaults, astropy's)
-    tile_dtype = {1: "|u1", 2: "<i2", 4: "<i4"}.get(bytepix) if isinstance(bytepix, int) else None
+    # (rcomp decodes to the host's byte order: "<i2" here, ">i2" on a big-endian host; not T, which is 1)
+    ok = type(bytepix) is int and bytepix in (1, 2, 4)
+    tile_dtype = np.dtype({1: "u1", 2: "i2", 4: "i4"}[bytepix]).str if ok else None
     if dtype[1] not in "iu" or tile_dtype is None or np.dtype(tile_dtype).itemsize < np.dtype(dtype).itemsize:
         return f"RICE_1 tiles of BYTEPIX {bytepix!r} for BITPIX {th.get('ZBITPIX')!r} (not virtualised)"
-    if not isinstance(blocksize, int) or blocksize not in (16, 32):
+    if type(blocksize) is not int or blocksize not in (16, 32):
         return f"RICE_1 tiles of BLOCKSIZE {blocksize!r} (rcomp reads 16 and 32)"
     return tile_dtype, blocksize
 

@@ -6,6 +6,10 @@ HDF5 (netCDF-4, HDF-EOS5) may start after a user block: its signature then sits 
 
 from __future__ import annotations
 
+# the words a refusal ends with where a package of the archives extra would read it: such a scan is not
+# kept (refs/scan/archive.py), so that the file is read once the package is installed
+INSTALL_ARCHIVES = "(pip install 'refmount[archives]')"
+
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 HDF4_SIGNATURE = b"\x0e\x03\x13\x01"  # (HDF4 has no user block: at 0 only)
 FITS_SIGNATURE = b"SIMPLE  ="  # the first 80-character card of every FITS file (SIMPLE = T)
