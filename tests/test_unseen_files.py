@@ -33,7 +33,7 @@ REFUSED |= {("tiled_gzip.fits", f"F8Q_{algo}"): "columns beside the compressed t
             for algo in ("GZIP_1", "GZIP_2", "NOCOMPRESS")}
 # RICE_1 tiles are read where imagecodecs is installed (a test dependency: CI has it), else one line each
 HAS_RICE = importlib.util.find_spec("imagecodecs") is not None
-RICE_HDUS = ("I2", "I4", "U1", "U2", "CUBE", "SCALED", "NOBYTEPIX")
+RICE_HDUS = ("I2", "I4", "U1", "U2", "CUBE", "SCALED", "NOBYTEPIX", "B16")
 REFUSED |= {("rice.fits", "UNEVEN"): "do not divide the image"} if HAS_RICE else {
     ("tiled_gzip.fits", "RICE"): "RICE_1 tiles need imagecodecs",
     **{("rice.fits", hdu): "RICE_1 tiles need imagecodecs" for hdu in (*RICE_HDUS, "UNEVEN")}}
@@ -168,9 +168,9 @@ def test_fits_rice_tiles_in_both_views(mount):
     for hdu in RICE_HDUS:
         np.testing.assert_array_equal(group[hdu][...], stored[hdu], err_msg=hdu)
     decoded = mount(str(source))
-    text = ncdump(nczarr_url(decoded.path), variables=["I4", "U1", "CUBE", "NOBYTEPIX", "SCALED"])
+    text = ncdump(nczarr_url(decoded.path), variables=["I4", "U1", "CUBE", "NOBYTEPIX", "SCALED", "B16"])
     dumped = parse_ncdump(text)
-    for hdu in ("I4", "U1", "CUBE", "NOBYTEPIX", "SCALED"):
+    for hdu in ("I4", "U1", "CUBE", "NOBYTEPIX", "SCALED", "B16"):
         compare_dumped(dumped[hdu], stored[hdu], [stored["SCALED"][0, 0]] if hdu == "SCALED" else [], f"ncdump {hdu}")
     assert "SCALED:scale_factor = 0.5" in text and "SCALED:add_offset = 7." in text
 

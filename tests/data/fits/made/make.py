@@ -108,3 +108,15 @@ with fits.open(f"{out}/rice.fits", mode="update", disable_image_compression=True
     t = f["NOBYTEPIX"].header
     t["ZBITPIX"] = 16
     del t["ZNAME2"], t["ZVAL2"]
+# BLOCKSIZE 16 (astropy writes 32 only): I2's rows encoded again with imagecodecs' rcomp (cfitsio's coder)
+import imagecodecs
+with fits.open(f"{out}/rice.fits", disable_image_compression=True) as f:
+    t = f["I2"]
+    tiles = np.array([np.frombuffer(imagecodecs.rcomp_encode(row.astype("<i2"), nblock=16), "u1") for row in img],
+                     dtype=object)
+    b16 = fits.BinTableHDU.from_columns([fits.Column(name="COMPRESSED_DATA", format="1PB()", array=tiles)],
+                                        header=t.header)
+    b16.header["ZVAL1"] = 16
+    b16.header["EXTNAME"] = "B16"
+with fits.open(f"{out}/rice.fits", mode="append") as f:
+    f.append(b16)
