@@ -371,3 +371,31 @@ def test_rice_refused_without_imagecodecs_is_read_once_installed(tmp_path):
             assert "I4" not in listed and len(said) == 1 and "RICE_1 tiles need imagecodecs" in said[0], said
         else:
             assert "I4" in listed and not said, said
+
+
+def test_rcomp_config_larger_than_its_chunk_is_eio(mount, tmp_path):
+    """A reference set may name imagecodecs_rcomp with a shape of its own: the decoded view refuses a
+    codec that would make more than the chunk (EIO, nothing allocated) and reads one that fits."""
+    if not HAS_RICE:
+        assert os.environ.get("CI") != "true", "imagecodecs is a test dependency"
+        pytest.skip("imagecodecs is not installed")
+    import base64
+
+    import imagecodecs
+
+    tile = base64.b64encode(imagecodecs.rcomp_encode(np.arange(4, dtype="<i2"), nblock=32)).decode()
+    refs = {".zgroup": json.dumps({"zarr_format": 2})}
+    for name, codec_shape in (("fits", [4]), ("huge", [10**9])):
+        refs[f"{name}/.zarray"] = json.dumps({
+            "zarr_format": 2, "shape": [4], "chunks": [4], "dtype": "<i2", "fill_value": None, "order": "C",
+            "filters": None, "compressor": {"id": "imagecodecs_rcomp", "shape": codec_shape, "dtype": "<i2", "nblock": 32}})
+        refs[f"{name}/.zattrs"] = json.dumps({"_ARRAY_DIMENSIONS": [f"{name}_x"]})
+        refs[f"{name}/0"] = f"base64:{tile}"
+    path = tmp_path / "refs.json"
+    path.write_text(json.dumps({"version": 1, "refs": refs}))
+    m = mount(str(path))
+    assert np.frombuffer((m.path / "fits" / "0").read_bytes(), "<i2").tolist() == [0, 1, 2, 3]
+    with pytest.raises(OSError) as failed:
+        (m.path / "huge" / "0").read_bytes()
+    assert failed.value.errno == errno.EIO
+    assert "declares 2000000000 decoded bytes" in m.log(), m.log()  # (not rcomp's own end-of-stream error)

@@ -252,11 +252,11 @@ def _codec(config: dict):
         import kerchunk.codecs  # noqa: F401
     except Exception:
         pass
-    if str(config.get("id")).startswith("imagecodecs_"):
+    if config.get("id") == "imagecodecs_rcomp":  # (FITS's RICE_1 tiles: refs/scan/fits.py; view/bounded.py bounds it)
         try:  # (imagecodecs' numcodecs entry points are a package of their own, imagecodecs-numcodecs)
             from imagecodecs.numcodecs import register_codecs
 
-            register_codecs([config["id"]], verbose=False)
+            register_codecs(["imagecodecs_rcomp"], verbose=False)
         except ImportError:
             pass
     return numcodecs.get_codec(dict(config))

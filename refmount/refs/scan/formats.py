@@ -31,10 +31,10 @@ VIRTUALISED = {
              ("SZIP, RLE, NBIT, skipping-Huffman and JPEG compression, linked or external storage, GR and DFR8 "
               "raster images, Vdata tables, HDF-EOS swath dimension maps")),
     "fits": (("every image HDU (BSCALE/BZERO/BLANK as scale_factor/add_offset/_FillValue), its header as "
-              "attributes; tile-compressed images of GZIP_1, GZIP_2 or NOCOMPRESS tiles, and RICE_1 tiles with imagecodecs, "
-              "a chunk a tile"),
-             ("HCOMPRESS_1 and PLIO_1 tiles, tiles that do not divide the image, quantized floats, binary and ASCII tables, random groups, "
-              "64-bit unsigned images, truncated images")),
+              "attributes; tile-compressed images of GZIP_1, GZIP_2 or NOCOMPRESS tiles, and RICE_1 tiles with "
+              "imagecodecs, a chunk a tile"),
+             ("HCOMPRESS_1 and PLIO_1 tiles, tiles that do not divide the image, quantized floats, binary and ASCII "
+              "tables, random groups, 64-bit unsigned images, truncated images")),
 }
 
 
