@@ -142,6 +142,12 @@ def test_fits_tiles_over_http_in_the_decoded_view_read_by_ncdump(tmp_path, serve
     compare_dumped(dumped["U1_NOCOMPRESS"], expected["U1_NOCOMPRESS"], [], "ncdump U1_NOCOMPRESS")
 
 
+def _need_imagecodecs() -> None:
+    if not HAS_RICE:  # (a test dependency: never skipped under CI)
+        assert os.environ.get("CI") != "true", "imagecodecs is a test dependency"
+        pytest.skip("imagecodecs is not installed")
+
+
 def test_fits_rice_tiles_in_both_views(mount):
     """RICE_1 tiles (imagecodecs' rcomp): the raw view names the codec a Zarr reader with imagecodecs
     resolves (imagecodecs-numcodecs' entry point) and zarr reads astropy's stored values; netCDF-C has
@@ -150,9 +156,7 @@ def test_fits_rice_tiles_in_both_views(mount):
     from tests.support.clients import compare_dumped, ncdump, nczarr_url, parse_ncdump
 
     pytest.importorskip("astropy")
-    if not HAS_RICE:  # (the refusal is test_fits_made_file_reads_as_astropy_reads_it's)
-        assert os.environ.get("CI") != "true", "imagecodecs is a test dependency"
-        pytest.skip("imagecodecs is not installed")
+    _need_imagecodecs()  # (without it, the refusal is test_fits_made_file_reads_as_astropy_reads_it's)
     import zarr
     from astropy.io import fits
 
@@ -330,9 +334,7 @@ def test_cut_rice_tile_is_eio(mount, tmp_path):
     """A RICE_1 tile whose descriptor gives half its bytes: rcomp runs out of stream, EIO in the decoded
     view (Rice has no checksum: damaged bytes of a whole tile decode as astropy decodes them)."""
     pytest.importorskip("astropy")
-    if not HAS_RICE:
-        assert os.environ.get("CI") != "true", "imagecodecs is a test dependency"
-        pytest.skip("imagecodecs is not installed")
+    _need_imagecodecs()
     source = FITS_MADE / "rice.fits"
     data = bytearray(source.read_bytes())
     start, _, tiles = _tile_table(source, "I2")
@@ -350,9 +352,7 @@ def test_rice_refused_without_imagecodecs_is_read_once_installed(tmp_path):
     """A scan refusing RICE_1 tiles for want of imagecodecs is not kept: the next mount, with imagecodecs,
     reads them (a kept scan would refuse them until the file changed)."""
     pytest.importorskip("astropy")
-    if not HAS_RICE:
-        assert os.environ.get("CI") != "true", "imagecodecs is a test dependency"
-        pytest.skip("imagecodecs is not installed")
+    _need_imagecodecs()
     hide = tmp_path / "hide" / "imagecodecs"
     hide.mkdir(parents=True)
     (hide / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
@@ -376,9 +376,7 @@ def test_rice_refused_without_imagecodecs_is_read_once_installed(tmp_path):
 def test_rcomp_config_larger_than_its_chunk_is_eio(mount, tmp_path):
     """A reference set may name imagecodecs_rcomp with a shape of its own: the decoded view refuses a
     codec that would make more than the chunk (EIO, nothing allocated) and reads one that fits."""
-    if not HAS_RICE:
-        assert os.environ.get("CI") != "true", "imagecodecs is a test dependency"
-        pytest.skip("imagecodecs is not installed")
+    _need_imagecodecs()
     import base64
 
     import imagecodecs
