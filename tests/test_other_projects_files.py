@@ -10,6 +10,7 @@ One mount per format, shared by the module's tests."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import warnings
@@ -457,6 +458,8 @@ def astropy_hdus(path: Path):
     """[(name refmount gives the HDU, stored values or None where it is not an image, physical values)]"""
     from astropy.io import fits
 
+    from refmount.refs.scan.fits import hdu_name
+
     out, taken = [], set()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -465,10 +468,10 @@ def astropy_hdus(path: Path):
                 if (r.is_image and not isinstance(r, (fits.CompImageHDU, fits.GroupsHDU))
                         and r.header.get("NAXIS", 0) == 0):
                     continue
-                name = (r.name or f"HDU{index}").strip() or f"HDU{index}"
-                if name in taken:
-                    name = f"{name}_{r.header.get('EXTVER', index)}"
-                image = r.is_image and not isinstance(r, (fits.CompImageHDU, fits.GroupsHDU))
+                name = hdu_name(r, index, taken)
+                # (the compressed images of astropy's files are RICE_1 tiles of integers: read with imagecodecs)
+                image = r.is_image and not isinstance(r, fits.GroupsHDU) and (
+                    not isinstance(r, fits.CompImageHDU) or importlib.util.find_spec("imagecodecs") is not None)
                 if image:
                     taken.add(name)
                 out.append((name, np.array(r.data) if image else None, np.array(s.data) if image else None))

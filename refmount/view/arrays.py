@@ -252,6 +252,13 @@ def _codec(config: dict):
         import kerchunk.codecs  # noqa: F401
     except Exception:
         pass
+    if config.get("id") == "imagecodecs_rcomp":  # (FITS's RICE_1 tiles: refs/scan/fits.py; view/bounded.py bounds it)
+        try:  # (imagecodecs' numcodecs entry points are a package of their own, imagecodecs-numcodecs)
+            from imagecodecs.numcodecs import register_codecs
+
+            register_codecs(["imagecodecs_rcomp"], verbose=False)
+        except ImportError:
+            pass
     return numcodecs.get_codec(dict(config))
 
 

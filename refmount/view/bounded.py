@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import bz2
 import lzma
+import math
 import struct
 import zlib
 
+import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
 
@@ -62,6 +64,8 @@ def decode_bounded(codec, data, limit: int):
         raw = _raw(data)
         at = 4 if cid == "blosc" else 0
         _declared(struct.unpack_from("<I", raw, at)[0] if len(raw) >= at + 4 else 0, limit)
+    if cid == "imagecodecs_rcomp":  # (it makes an array of its config's shape, which a reference set names)
+        _declared(math.prod(codec.shape) * np.dtype(codec.dtype).itemsize, limit)
     return codec.decode(data)
 
 

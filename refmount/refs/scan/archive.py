@@ -28,7 +28,7 @@ from refmount.fetch.retry import passing, retrying_under
 from refmount.fetch.stats import redact
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.origins import Origins, files
-from refmount.refs.scan.formats import FORMAT_NAMES, SNIFF_BYTES, sniff
+from refmount.refs.scan.formats import FORMAT_NAMES, INSTALL_ARCHIVES, SNIFF_BYTES, sniff
 from refmount.refs.scan.sources import IDX_SUFFIX, Entry, list_sources, looks_like_many, may_be_data_file, pair_sidecars
 
 log = logging.getLogger("refmount")
@@ -484,7 +484,7 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
         raise ScanFailed("the scanner gave no references")
     if fmt in ("netcdf3", "fits"):  # (a FITS header's NAXISn are the file's word too)
         _check_complete(entry.url, size, refs)
-    if version:
+    if version and not any(str(r).endswith(INSTALL_ARCHIVES) for r in refused):
         store.put(entry.url, version, {"format": fmt, "refs": refs, "refused": refused})
     return Scanned(entry.name, entry.url, fmt, refs, [str(r) for r in refused], version)
 

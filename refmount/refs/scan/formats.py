@@ -6,6 +6,10 @@ HDF5 (netCDF-4, HDF-EOS5) may start after a user block: its signature then sits 
 
 from __future__ import annotations
 
+# the words a refusal ends with where a package of the archives extra would read it: such a scan is not
+# kept (refs/scan/archive.py), so that the file is read once the package is installed
+INSTALL_ARCHIVES = "(pip install 'refmount[archives]')"
+
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 HDF4_SIGNATURE = b"\x0e\x03\x13\x01"  # (HDF4 has no user block: at 0 only)
 FITS_SIGNATURE = b"SIMPLE  ="  # the first 80-character card of every FITS file (SIMPLE = T)
@@ -27,7 +31,10 @@ VIRTUALISED = {
              ("SZIP, RLE, NBIT, skipping-Huffman and JPEG compression, linked or external storage, GR and DFR8 "
               "raster images, Vdata tables, HDF-EOS swath dimension maps")),
     "fits": (("every image HDU (BSCALE/BZERO/BLANK as scale_factor/add_offset/_FillValue), its header as "
-              "attributes"), "tile-compressed images, binary and ASCII tables, random groups"),
+              "attributes; tile-compressed images of GZIP_1, GZIP_2 or NOCOMPRESS tiles, and RICE_1 tiles with "
+              "imagecodecs, a chunk a tile"),
+             ("HCOMPRESS_1 and PLIO_1 tiles, tiles that do not divide the image, quantized floats, binary and ASCII "
+              "tables, random groups, 64-bit unsigned images, truncated images")),
 }
 
 

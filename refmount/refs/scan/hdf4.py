@@ -46,7 +46,7 @@ def _dtype(code: int, little: bool) -> str | None:
     if base is None:
         return None
     if base[1] == "1":
-        return ("|" if base[0] != "S" else "") + base
+        return "|" + base  # (zarr-python reads "|S1", not "S1")
     return ("<" if little else ">") + base
 
 
