@@ -449,6 +449,7 @@ class HttpBackend:
                     if refused:
                         raise addresses.InternalAddress(refused)
                     with addresses.guarded(guarded, trail.why_guarded()):
+                        asked = time.monotonic()
                         resp = await session.request(method, where, headers=sent, allow_redirects=False,
                                                      data=body, **self._route(url))
                 except (_aiohttp().ClientConnectorError, addresses.InternalAddress) as e:
@@ -468,7 +469,7 @@ class HttpBackend:
                         # (a HEAD's connection is back in the pool already: its protocol is still at hand)
                         transport = getattr(getattr(resp, "_protocol", None), "transport", None)
                         if transport is not None:
-                            roundtrip.note(url, transport.get_extra_info("socket"))
+                            roundtrip.note(url, transport.get_extra_info("socket"), time.monotonic() - asked)
                     return resp
                 resp.release()
                 here, there = urlsplit(url), urlsplit(target)
