@@ -281,6 +281,21 @@ def test_the_pacer_keeps_enough_parts_in_flight_for_the_link():
     assert _paced_scan(rtt=0.08, link=125e6, per_connection=42e6, max_parallel=3) == 3  # the hard cap
 
 
+def test_a_host_whose_round_trip_is_known_opens_with_what_its_link_needs():
+    """Before any measurement: a short round trip (loopback) opens with 2 parts in flight, not 8 at
+    once that would delay the reader's own block; a long one, or none known, with all 8."""
+    from refmount.cache.pacer import HostPacer
+
+    def opening(rtt):
+        return HostPacer(lambda source: "host", 16, MiB, round_trip=lambda source: rtt).parallel("u")
+
+    assert opening(30e-6) == 2
+    assert opening(0.02) == opening(0.08) == opening(None) == 8
+    assert 2 < opening(0.001) < 8
+    assert HostPacer(lambda source: "host", 16, MiB).parallel("u") == 8
+    assert HostPacer(lambda source: "host", 3, MiB, round_trip=lambda source: 0.08).parallel("u") == 3  # the cap
+
+
 def test_read_ahead_parts_start_nearest_first_whatever_the_pacer_allows():
     """Parts wait for the host's slots; they must start in the order of the object, or a reader
     waits for its next part behind parts far ahead (trio starts tasks in any order)."""

@@ -573,3 +573,14 @@ def test_small_reads_over_https(tmp_path, client):
         engine = engine_requests(srv)
     assert retries == 0
     assert engine == (10 if client == "stdlib" else 0)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_the_size_probe_notes_the_kernels_round_trip_to_the_host(server, blob, client):
+    """The read-ahead's opening is sized from it (cache/pacer.py): known once the size is."""
+    from refmount.fetch import roundtrip
+
+    url = server.url_for("blob.bin")
+    assert with_fetcher(client, lambda fetcher: fetcher.size(url)) == SIZE
+    rtt = roundtrip.of(url)
+    assert rtt is not None and 0 < rtt < 1.0  # (loopback: microseconds)

@@ -6,11 +6,14 @@ requests are in flight (the best recent figure) and the latency (the quickest re
 request), and allow enough parts in flight to hold three times the bandwidth-delay product, plus
 two so that a faster link can show itself, and at least one per sequential reader plus one; never
 more than `stream_parallel` (8, or --connections if fewer), which is also where an unmeasured host
-starts. The chunk-grid read-ahead's exact ranges (small, one round trip each) have slots of their own,
-up to `max_parallel` (--connections): a sparse walk at 80 ms needs about 20 in flight, where scans
-lost a tenth of the link with that many big parts at once (bench/NOTES.md, issue 33). Readers'
-own requests are never held back here: only read-ahead waits, and its slots are granted in the
-order asked for. The measured product also sizes a new stream's window (view.ReadStreams).
+starts, unless the kernel's round trip of a connection the mount made there already is short
+(fetch/roundtrip.py): then it opens with what that round trip needs at 10 Gbit/s, 2 on loopback (8 at
+once beside the reader's own block, on two cores, held that block back: bench/NOTES.md "cold
+sequential"), all 8 from about 2 ms (1 MiB blocks). The chunk-grid read-ahead's exact ranges (small,
+one round trip each) have slots of their own, up to `max_parallel` (--connections): a sparse walk
+at 80 ms needs about 20 in flight, where scans lost a tenth of the link with that many big parts at
+once (bench/NOTES.md, issue 33). Readers' own requests are never held back here: only read-ahead
+waits, and its slots are granted in the order asked for. The measured product also sizes a new stream's window (view.ReadStreams).
 
 Everything here runs on the trio thread.
 """
@@ -22,6 +25,7 @@ from contextlib import asynccontextmanager
 import trio
 
 _INTERVAL = 0.25  # seconds over which throughput is measured
+_FAST_LINK = 1.25e9  # bytes per second an opening from a known round trip assumes (10 Gbit/s)
 
 
 class _Host:
@@ -52,8 +56,9 @@ class _Ticket:
 
 class HostPacer:
     def __init__(self, host_of, max_parallel: int, block_size: int, start: int = 8,
-                 stream_parallel: int = 8) -> None:
+                 stream_parallel: int = 8, round_trip=None) -> None:
         self._host_of = host_of  # source -> host name
+        self._round_trip = round_trip  # source -> the host's round trip in seconds, or None (not known)
         self.max_parallel = max(1, max_parallel)
         self.stream_parallel = min(self.max_parallel, max(1, stream_parallel))
         self.block_size = block_size
@@ -65,9 +70,15 @@ class HostPacer:
         name = self._host_of(source)
         host = self._hosts.get(name)
         if host is None:
-            host = self._hosts[name] = _Host(self.start, self.max_parallel)
+            host = self._hosts[name] = _Host(self._opening(source), self.max_parallel)
             self._apply(host)
         return host
+
+    def _opening(self, source) -> int:
+        rtt = self._round_trip(source) if self._round_trip is not None else None
+        if rtt is None:
+            return self.start
+        return min(self.start, int(3 * _FAST_LINK * rtt // self.block_size) + 2)  # (as _retarget)
 
     @asynccontextmanager
     async def slot(self, source):

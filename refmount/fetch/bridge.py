@@ -1,8 +1,8 @@
 """Run work off the trio thread: blocking calls in worker threads, asyncio coroutines on asyncio's loop.
 
 The daemon runs on trio.
-- `run_in_worker`: a blocking call (the stdlib HTTP engine's request, direct.py) in one of trio's
-  cached worker threads; the trio task sleeps and is woken once, when the call returns.
+- `run_in_worker`: a blocking call (the stdlib HTTP engine's request, direct.py) in one of our
+  cached worker threads (`Workers`); the trio task sleeps and is woken once, when the call returns.
 - `run_on_asyncio`: aiohttp and fsspec need asyncio. One asyncio loop runs in a helper thread
   (fsspec's own loop, so fsspec filesystems and our aiohttp session share it). A trio task submits a
   coroutine there and sleeps on a trio Event that the asyncio side sets when done: no trio worker
@@ -11,8 +11,11 @@ The daemon runs on trio.
 
 from __future__ import annotations
 
+import _thread
+import threading
 from typing import TYPE_CHECKING
 
+import outcome
 import trio
 
 if TYPE_CHECKING:
@@ -39,7 +42,7 @@ async def run_in_worker(call, abort):
         abort()
         return trio.lowlevel.Abort.FAILED  # woken by `deliver` once `call` has returned
 
-    trio.lowlevel.start_thread_soon(call, deliver)
+    WORKERS.start_soon(call, deliver)
     try:
         result = await trio.lowlevel.wait_task_rescheduled(on_cancel)
     except BaseException:
@@ -49,6 +52,60 @@ async def run_in_worker(call, abort):
     if aborted:
         await trio.lowlevel.checkpoint()
     return result
+
+
+class Workers:
+    """Cached worker threads, as trio's (`trio.lowlevel.start_thread_soon`), but a new one is started
+    without waiting for it to run: `threading.Thread.start` blocks its caller until the new thread
+    holds the GIL, and a scan's first parts each start one from the trio thread, which then serves
+    no FUSE request (six threads took 42 ms of the first 70 of a cold `dd` at load 2: bench/NOTES.md,
+    "cold sequential"). The job is the new thread's own, so nothing waits for it but its task.
+    Idle threads wait `idle_timeout` seconds for another job, then exit; the most recently idle one
+    is handed the next job."""
+
+    def __init__(self, idle_timeout: float = 10.0) -> None:
+        self.idle_timeout = idle_timeout
+        self._idle: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    def start_soon(self, call, deliver) -> None:
+        """`call()` in a worker thread, then `deliver(outcome)` there. Never blocks."""
+        with self._lock:
+            worker = self._idle.pop() if self._idle else None
+        if worker is None:
+            _thread.start_new_thread(self._work, (_Worker((call, deliver)),))
+        else:
+            worker.job = (call, deliver)
+            worker.ready.release()
+
+    def _work(self, worker: _Worker) -> None:
+        while True:
+            call, deliver = worker.job
+            worker.job = None
+            result = outcome.capture(call)
+            del call  # (what the call refers to is not kept alive by an idle thread)
+            with self._lock:  # idle before delivering: the task woken may hand it the next job
+                self._idle.append(worker)
+            deliver(result)
+            del deliver, result
+            while not worker.ready.acquire(timeout=self.idle_timeout):
+                with self._lock:
+                    if worker in self._idle:
+                        self._idle.remove(worker)
+                        return
+                # (taken off the idle list meanwhile: its next job is on the way)
+
+
+class _Worker:
+    __slots__ = ("job", "ready")
+
+    def __init__(self, job) -> None:
+        self.job = job
+        self.ready = threading.Lock()  # released when a job is handed over
+        self.ready.acquire()
+
+
+WORKERS = Workers()
 
 
 def asyncio_loop() -> asyncio.AbstractEventLoop:

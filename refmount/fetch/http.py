@@ -51,7 +51,7 @@ import trio
 from yarl import URL
 
 from refmount.errors import FetchError, LoginFailed, NotFound, ReadRefused, RemoteChanged, Unavailable, format_size
-from refmount.fetch import addresses, direct
+from refmount.fetch import addresses, direct, roundtrip
 from refmount.fetch.bridge import run_in_worker
 from refmount.fetch.pieces import piece_sizes, split
 from refmount.fetch.retry import Passing, RetryPolicy, passing, passing_status, policy_now
@@ -449,6 +449,7 @@ class HttpBackend:
                     if refused:
                         raise addresses.InternalAddress(refused)
                     with addresses.guarded(guarded, trail.why_guarded()):
+                        asked = time.monotonic()
                         resp = await session.request(method, where, headers=sent, allow_redirects=False,
                                                      data=body, **self._route(url))
                 except (_aiohttp().ClientConnectorError, addresses.InternalAddress) as e:
@@ -464,6 +465,11 @@ class HttpBackend:
                     resp.release()
                     raise
                 if not redirect:
+                    if not self._route(url):  # (a proxy's round trip is not the origin's)
+                        # (a HEAD's connection is back in the pool already: its protocol is still at hand)
+                        transport = getattr(getattr(resp, "_protocol", None), "transport", None)
+                        if transport is not None:
+                            roundtrip.note(url, transport.get_extra_info("socket"), time.monotonic() - asked)
                     return resp
                 resp.release()
                 here, there = urlsplit(url), urlsplit(target)

@@ -17,7 +17,7 @@ from refmount.cache.passing import PassingBlocks
 from refmount.cache.target import later_imports, plan_memory, resident_bytes
 from refmount.view.consolidated import with_consolidated_metadata
 from refmount.errors import FetchError, RefmountError, quote
-from refmount.fetch import Fetcher, RetryPolicy, redact
+from refmount.fetch import Fetcher, RetryPolicy, redact, roundtrip
 from refmount.fetch.stats import host_of
 from refmount.fuse.early import prepare
 from refmount.fuse.fs import Filesystem
@@ -204,7 +204,8 @@ def build_filesystem(opts, early=None):
     # blocks, fetches in flight and read-ahead; read-ahead parts paced per host up to --connections
     # at once. The caches are sized once the views are built (see below).
     budget = MemoryBudget(0)
-    pacer = HostPacer(lambda url_id: host_of(urls[url_id]), opts.connections, opts.block_size)
+    pacer = HostPacer(lambda url_id: host_of(urls[url_id]), opts.connections, opts.block_size,
+                      round_trip=lambda url_id: roundtrip.of(urls[url_id]))
     pool = BufferPool()  # what both caches keep lives in its slots, outside malloc's heaps
     fetcher.pool = pool  # (http bodies are received straight into them)
     if disk:
