@@ -211,6 +211,18 @@ def _grib_refused(message: bytes) -> str | None:
         eccodes.codes_release(h)
 
 
+def grib_length(header: bytes) -> int:
+    """A message's total length from its first 16 bytes (indicator section): 3 bytes at 4 in edition 1,
+    8 bytes at 8 in edition 2 (kerchunk's splitter read edition 2's everywhere: a GRIB1 file's first
+    message ran to the file's end and its other messages were lost), 0 for another edition."""
+    edition = header[7] if len(header) > 7 else 0
+    if edition == 1:
+        return int.from_bytes(header[4:7], "big")
+    if edition == 2 and len(header) >= 16:
+        return int.from_bytes(header[8:16], "big")
+    return 0
+
+
 def _split_grib(f, skip=0, refused=None):
     """kerchunk.grib2._split_file (0.2.10), ending where no message is left: kerchunk's steps back 4 bytes
     whenever 1 KiB holds no "GRIB", and at a file's end that is forever (MARS pads files to a multiple of
@@ -228,9 +240,19 @@ def _split_grib(f, skip=0, refused=None):
             continue
         ind = head.index(b"GRIB")
         start = f.tell() - len(head) + ind
-        part_size = int.from_bytes(head[ind + 12:ind + 16], "big")
+        if len(head) < ind + 16:  # (the header itself cut by the read: read it whole)
+            f.seek(start)
+            head, ind = f.read(16), 0
+        part_size = grib_length(head[ind:ind + 16])
         f.seek(start)
-        message = f.read(part_size)
+        message = f.read(part_size) if part_size else b""
+        if not message.endswith(b"7777"):
+            # (a length that does not end at the end marker: a message cut short, or a GRIB1 message over
+            # 8 MiB, whose length ECMWF encodes otherwise; the search goes on after its "GRIB")
+            if refused is not None:
+                refused.append(f"a GRIB message at byte {start} whose length ({part_size}) does not end at its end marker")
+            f.seek(start + 4)
+            continue
         why = _grib_refused(message)
         if why is not None and refused is not None:
             refused.append(why)
@@ -254,7 +276,71 @@ def _scan_grib(url: str, pipe_url: str, refused: list) -> dict:
     _steps_in_hours(messages)
     if len(messages) == 1:
         return messages[0]
-    return grib_tree(messages)
+    messages = _kept_apart(messages, refused)
+    if not messages:
+        raise ValueError("; ".join(["no GRIB message kerchunk can reference", *refused]))
+    return _zero_chunks_written(grib_tree(messages))
+
+
+def _kept_apart(messages: list[dict], refused: list) -> list[dict]:
+    """The messages grib_tree can put each in its own place. It groups by variable, stepType and
+    typeOfLevel and concatenates along time, step and level only: two messages equal in all of these
+    (ensemble members, which differ in `number`; a field twice) land on one place and one overwrites
+    the other; and it drops a message whose parameter eccodes does not know ("unknown") with no more
+    than a warning. Both are said in `refused` (the first: the whole variable, for all its messages)."""
+    from collections import defaultdict
+
+    places, paths = defaultdict(list), []
+    for n, message in enumerate(messages, 1):
+        refs = message["refs"]
+        coordinates = orjson.loads(refs[".zattrs"]).get("coordinates", "").split(" ")
+        vname = next((k.split("/")[0] for k in refs if k.split("/")[0] not in (".zattrs", ".zgroup", *coordinates)), None)
+        if vname is None or vname == "unknown":
+            refused.append(f"message {n}: a parameter eccodes does not name (kerchunk's grib_tree leaves it out)")
+            paths.append(None)
+            continue
+        attrs = orjson.loads(refs.get(f"{vname}/.zattrs", "{}"))
+        path = (vname, attrs.get("GRIB_stepType"), attrs.get("GRIB_typeOfLevel"))
+        level = _inline_scalar(refs, path[2]) if path[2] else None
+        place = tuple(_inline_scalar(refs, c) for c in ("time", "step")) + (level,)
+        places[path].append((place, _inline_scalar(refs, "number")))
+        paths.append(path)
+    bad = {None}
+    for path, seen in places.items():
+        if len({place for place, _ in seen}) < len(seen):
+            numbers = {number for _, number in seen}
+            why = f"{len(numbers)} ensemble members" if len(numbers) > 1 else "a field twice"
+            refused.append(f"{path[0]}: {len(seen)} GRIB messages of {path[1]} {path[2]} at the same time, step and "
+                           f"level ({why}), which kerchunk's grib_tree lays one over another")
+            bad.add(path)
+    return [message for message, path in zip(messages, paths) if path not in bad]
+
+
+def _zero_chunks_written(tree: dict) -> dict:
+    """grib_tree writes its coordinates through zarr, which leaves out a chunk that equals the default
+    fill, 0, while the array's fill_value stays null: a step of 0 (an analysis) or an ensemble number of
+    0 had no chunk, and netCDF-C read its own fill (step -9.2e18 hours). Each such chunk of an array
+    without codecs is written back as the zeros zarr left out."""
+    import math
+
+    import numpy as np
+
+    refs = tree.get("refs", tree)
+    for key in [k for k in refs if k.endswith("/.zarray") or k == ".zarray"]:
+        meta = orjson.loads(refs[key])
+        if meta.get("fill_value") is not None or meta.get("compressor") or meta.get("filters"):
+            continue
+        prefix = key[:-len(".zarray")]
+        shape, chunks = meta["shape"], meta["chunks"] or [1]
+        grid = [math.ceil(n / c) for n, c in zip(shape, chunks)] or [1]
+        if math.prod(grid) > 1024 or math.prod(chunks) > 1 << 20:
+            continue  # (grib_tree's coordinates are one small chunk each)
+        zeros = "base64:" + base64.b64encode(np.zeros(math.prod(chunks), meta["dtype"]).tobytes()).decode()
+        sep = meta.get("dimension_separator") or "."
+        for index in np.ndindex(*grid):
+            chunk = prefix + (sep.join(map(str, index)) if shape else "0")
+            refs.setdefault(chunk, zeros)
+    return tree
 
 
 def _inline_scalar(refs: dict, name: str):

@@ -1,0 +1,116 @@
+"""GRIB files of other projects that the sweep (bench/grib_sweep.py, issue 40) found read wrong, a glob
+of them on nginx mounted once, each compared with cfgrib on the file (tests/support/gribcompare.py):
+GRIB1 messages (kerchunk's splitter read GRIB2's length field in them: a GRIB1 file was one message and
+its other fields were lost), a file mixing editions 1 and 2, a step of 0 in a tree (grib_tree left its
+chunk out: netCDF-C read its fill), ensemble members (grib_tree laid them one over another: hidden, one
+log line), NOAA's NDFD file with WMO bulletin headings (not taken for GRIB). Every cfgrib variable is
+identical or named in the log; never a wrong value."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Mount
+
+DATA = Path(__file__).parent / "data" / "gribsweep"
+# file -> what each cfgrib variable must be: "identical", or "hidden" with a word of its log line
+EXPECTED = {
+    "cfgrib_t_on_different_level_types.grib": ("identical", None),
+    "cfgrib_t_analysis_and_fc_0.grib": ("identical", None),
+    "cfgrib_uv_on_different_levels.grib": ("identical", None),
+    "cfgrib_forecast_monthly_ukmo.grib": ("hidden", "ensemble member"),
+    "eccodes_clusters_grib1.grib": ("identical", None),
+    "eccodes_GRIB1.grib": ("identical", None),
+    "pygrib_dspr.temp.bin": ("hidden", "alternativeRowScanning"),
+}
+
+
+@pytest.fixture(scope="module")
+def sweep_mount(tmp_path_factory):
+    pytest.importorskip("cfgrib")
+    from tests.support.nginx import Nginx
+
+    root = tmp_path_factory.mktemp("gribsweep")
+    www = root / "www" / "data"
+    shutil.copytree(DATA, www, ignore=shutil.ignore_patterns("README.md"))
+    env = dict(os.environ, XDG_CACHE_HOME=str(root / "xdg-cache"))
+    with Nginx(root / "nginx", f"root {www.parent}; location /data/ {{ autoindex on; }}") as nginx:
+        m = Mount(f"{nginx.url}/data/*", root / "mnt", env=env).start(timeout=180)
+        try:
+            yield www, m
+        finally:
+            m.stop()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_grib_file_reads_as_cfgrib_reads_it_or_is_named(sweep_mount, name):
+    from tests.support.gribcompare import sweep_file
+
+    www, m = sweep_mount
+    result, lines = sweep_file(www / name, m)
+    want, word = EXPECTED[name]
+    assert result == want, lines
+    if word:
+        assert any(word in line for line in lines), lines
+    assert "Traceback" not in m.log()
+
+
+def _grib1(length: int = 0) -> bytes:
+    """eccodes' GRIB1 sample (107 bytes), its length field set to `length` when given."""
+    import eccodes
+
+    h = eccodes.codes_grib_new_from_samples("GRIB1")
+    try:
+        message = eccodes.codes_get_message(h)
+    finally:
+        eccodes.codes_release(h)
+    if length:
+        message = message[:4] + length.to_bytes(3, "big") + message[7:]
+    return message
+
+
+def test_split_reads_each_edition_length():
+    """GRIB1's 3-byte length, GRIB2's 8-byte one, MARS's padding between them; a message whose length
+    does not end at "7777" is said, and the search goes on after it."""
+    import io
+
+    from refmount.refs.scan.worker import _split_grib, grib_length
+
+    one = _grib1()
+    two = (Path(__file__).parent / "data" / "grib2" / "eccodes_GRIB2.grib2").read_bytes()
+    assert grib_length(one[:16]) == len(one) and grib_length(two[:16]) == len(two)
+    data = one + b"\0" * 13 + two + one
+    parts = [(start, size) for start, size, _ in _split_grib(io.BytesIO(data))]
+    assert parts == [(0, len(one)), (len(one) + 13, len(two)), (len(one) + 13 + len(two), len(one))]
+    refused = []
+    bad = _grib1(len(one) + 40)  # (a length past its end marker)
+    parts = [(start, size) for start, size, _ in _split_grib(io.BytesIO(bad + b"\0" * 40 + two), refused=refused)]
+    assert parts == [(len(bad) + 40, len(two))]
+    assert len(refused) == 1 and "byte 0" in refused[0], refused
+
+
+def test_zero_chunks_written_back_only_where_zarr_left_them_out():
+    import base64
+
+    import numpy as np
+    import orjson
+
+    from refmount.refs.scan.worker import _zero_chunks_written
+
+    def meta(fill, filters=None, shape=(2,)):
+        return orjson.dumps({"shape": list(shape), "chunks": list(shape), "dtype": "<i8", "fill_value": fill,
+                             "compressor": None, "filters": filters, "order": "C", "zarr_format": 2}).decode()
+
+    tree = {"version": 1, "refs": {"a/step/.zarray": meta(None), "a/time/.zarray": meta(None),
+                                   "a/time/0": "base64:" + base64.b64encode(np.arange(2).tobytes()).decode(),
+                                   "a/x/.zarray": meta("NaN"), "a/g/.zarray": meta(None, [{"id": "grib"}]),
+                                   "a/s/.zarray": meta(None, shape=())}}
+    refs = _zero_chunks_written(tree)["refs"]
+    assert refs["a/step/0"] == "base64:" + base64.b64encode(np.zeros(2, "<i8").tobytes()).decode()
+    assert refs["a/s/0"].startswith("base64:")
+    assert refs["a/time/0"].endswith(base64.b64encode(np.arange(2).tobytes()).decode())  # (kept)
+    assert "a/x/0" not in refs and "a/g/0" not in refs  # (a fill, or a codec: not grib_tree's coordinates)
