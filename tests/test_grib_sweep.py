@@ -94,6 +94,8 @@ def test_split_reads_each_edition_length():
 
 
 def test_zero_chunks_written_back_only_where_zarr_left_them_out():
+    """grib_tree's coordinates: a chunk zarr left out (all zeros) written back where a value exists, not
+    where no message is (a sparse cube); the field's own missing chunks read NaN."""
     import base64
 
     import numpy as np
@@ -101,16 +103,24 @@ def test_zero_chunks_written_back_only_where_zarr_left_them_out():
 
     from refmount.refs.scan.worker import _zero_chunks_written
 
-    def meta(fill, filters=None, shape=(2,)):
-        return orjson.dumps({"shape": list(shape), "chunks": list(shape), "dtype": "<i8", "fill_value": fill,
-                             "compressor": None, "filters": filters, "order": "C", "zarr_format": 2}).decode()
+    def array(name, dims, shape, chunks=None, fill=None, filters=None):
+        return {f"{name}/.zarray": orjson.dumps({"shape": shape, "chunks": chunks or shape, "dtype": "<f8" if filters else "<i8",
+                                                 "fill_value": fill, "compressor": None, "filters": filters,
+                                                 "order": "C", "zarr_format": 2}).decode(),
+                f"{name}/.zattrs": orjson.dumps({"_ARRAY_DIMENSIONS": dims}).decode()}
 
-    tree = {"version": 1, "refs": {"a/step/.zarray": meta(None), "a/time/.zarray": meta(None),
-                                   "a/time/0": "base64:" + base64.b64encode(np.arange(2).tobytes()).decode(),
-                                   "a/x/.zarray": meta("NaN"), "a/g/.zarray": meta(None, [{"id": "grib"}]),
-                                   "a/s/.zarray": meta(None, shape=())}}
-    refs = _zero_chunks_written(tree)["refs"]
-    assert refs["a/step/0"] == "base64:" + base64.b64encode(np.zeros(2, "<i8").tobytes()).decode()
-    assert refs["a/s/0"].startswith("base64:")
-    assert refs["a/time/0"].endswith(base64.b64encode(np.arange(2).tobytes()).decode())  # (kept)
-    assert "a/x/0" not in refs and "a/g/0" not in refs  # (a fill, or a codec: not grib_tree's coordinates)
+    def b64(values):
+        return "base64:" + base64.b64encode(np.asarray(values, "<i8").tobytes()).decode()
+
+    refs = {**array("g/step", ["step"], [2]), **array("g/time", ["time"], [2]), "g/time/0": b64([5, 6]),
+            **array("g/surface", [], []), **array("g/number", ["time", "step"], [2, 2], [1, 1]),
+            "g/number/1.1": b64([3]),
+            **array("g/t", ["time", "step", "y", "x"], [2, 2, 3, 4], [1, 1, 3, 4], filters=[{"id": "grib", "var": "t"}]),
+            **array("g/x", ["x"], [4], fill=-1), "g/t/0.0.0.0": ["u", 0, 10], "g/t/1.1.0.0": ["u", 10, 10]}
+    refs = _zero_chunks_written({"version": 1, "refs": refs})["refs"]
+    assert refs["g/step/0"] == b64([0, 0]) and refs["g/surface/0"] == b64([0])
+    assert refs["g/time/0"] == b64([5, 6])  # (kept)
+    assert refs["g/number/0.0"] == b64([0]) and refs["g/number/1.1"] == b64([3])  # (a message at both)
+    assert "g/number/0.1" not in refs and "g/number/1.0" not in refs  # (no message there)
+    assert orjson.loads(refs["g/t/.zarray"])["fill_value"] == "NaN" and "g/t/0.1.0.0" not in refs
+    assert "g/x/0" not in refs  # (a fill of its own)

@@ -5,6 +5,7 @@ decoded view."""
 
 from __future__ import annotations
 
+import re
 import traceback
 import warnings
 from pathlib import Path
@@ -49,6 +50,19 @@ def compare_var(name, ds, var, group) -> str | None:
     v = group.variables[var]
     v.set_auto_maskandscale(False)
     got, want = np.asarray(v[...]), ds[var].values
+    number = group.variables.get("number")
+    if "number" in ds[var].dims and "number" not in v.dimensions and number is not None and number.dimensions:
+        # (grib_tree's sparse form of members that never share a time and step: `number` a coordinate
+        # over them, as NCEP's seasonal files; cfgrib's dense cube is NaN elsewhere)
+        import xarray as xr
+
+        number.set_auto_maskandscale(False)
+        nums = np.asarray(number[:])
+        present = np.isin(nums, ds["number"].values)  # (a time and step no member has: the mount's fill)
+        pick = xr.DataArray(np.where(present, nums, ds["number"].values[0]), dims=number.dimensions)
+        picked = ds[var].sel(number=pick).where(xr.DataArray(present, dims=number.dimensions))
+        ds = ds.assign({var: picked.transpose(*[d for d in v.dimensions if d in picked.dims])})
+        want = ds[var].values
     fill = getattr(v, "_FillValue", None)
     if fill is not None and np.issubdtype(got.dtype, np.floating) and not np.isnan(fill):
         got = np.where(got == fill, np.nan, got)
@@ -145,7 +159,7 @@ def sweep_file(path: Path, m):
             for var in ds.data_vars:
                 group = find_group(g, var, ds[var].attrs)
                 if group is None:
-                    hidden = [n for n in named if f"{var}:" in n or var in n.split(": ", 2)[-1]]
+                    hidden = [n for n in named if re.search(rf"(^|[ ;,]){re.escape(var)}[:,]", n)]
                     results.add("hidden" if hidden else "MISSING")
                     lines.append(f"{var}: {'hidden: ' + hidden[0][-200:] if hidden else 'MISSING (no log line)'}")
                     continue

@@ -192,7 +192,8 @@ _GRIB_ORDERS = [("alternativeRowScanning", "every other row stored reversed (alt
 
 
 def _grib_refused(message: bytes) -> str | None:
-    """Why a message cannot be referenced as it is stored, or None."""
+    """Why a message cannot be referenced as it is stored ("name: why", by the name kerchunk gives its
+    variable), or None."""
     import eccodes
 
     try:
@@ -200,15 +201,47 @@ def _grib_refused(message: bytes) -> str | None:
     except Exception:
         return None  # (kerchunk's own parse says what is wrong with it)
     try:
+        name = eccodes.codes_get(h, "cfVarName")
+        if name in ("undef", "unknown"):
+            name = eccodes.codes_get(h, "shortName")
         if eccodes.codes_is_defined(h, "Ni") and eccodes.codes_is_missing(h, "Ni"):
             # (kerchunk shapes its values (Nj, Ni) with Ni "missing", 2**31 - 1: a 1 TiB array refused)
-            return f"{eccodes.codes_get(h, 'shortName')}: a GRIB field on a reduced grid (rows of different lengths)"
+            return f"{name}: a GRIB field on a reduced grid (rows of different lengths)"
+        if eccodes.codes_get(h, "edition") == 2 and (eccodes.codes_get(h, "offsetSection7") + eccodes.codes_get(h, "section7Length")
+                                                    + 4 != len(message)):
+            # (NCEP's u and v in one message: sections 4 to 7 again after the first field's)
+            return (f"{', '.join(_field_names(message))}: a GRIB2 message of several fields, of which kerchunk's "
+                    "codec reads the first")
         for key, why in _GRIB_ORDERS:
             if eccodes.codes_is_defined(h, key) and eccodes.codes_get(h, key):
-                return f"{eccodes.codes_get(h, 'shortName')}: a GRIB field {why}, which kerchunk's codec returns unreordered"
+                return f"{name}: a GRIB field {why}, which kerchunk's codec returns unreordered"
         return None
     finally:
         eccodes.codes_release(h)
+
+
+def _field_names(message: bytes) -> list[str]:
+    """The variable names of every field of a GRIB2 message of several (eccodes' multi-field support
+    reads them from a file only)."""
+    import tempfile
+
+    import eccodes
+
+    names = []
+    with tempfile.TemporaryFile() as f:
+        f.write(message)
+        f.seek(0)
+        eccodes.codes_grib_multi_support_on()
+        try:
+            while (h := eccodes.codes_grib_new_from_file(f)) is not None:
+                try:
+                    name = eccodes.codes_get(h, "cfVarName")
+                    names.append(eccodes.codes_get(h, "shortName") if name in ("undef", "unknown") else name)
+                finally:
+                    eccodes.codes_release(h)
+        finally:
+            eccodes.codes_grib_multi_support_off()
+    return names
 
 
 def grib_length(header: bytes) -> int:
@@ -296,7 +329,7 @@ def _kept_apart(messages: list[dict], refused: list) -> list[dict]:
         coordinates = orjson.loads(refs[".zattrs"]).get("coordinates", "").split(" ")
         vname = next((k.split("/")[0] for k in refs if k.split("/")[0] not in (".zattrs", ".zgroup", *coordinates)), None)
         if vname is None or vname == "unknown":
-            refused.append(f"message {n}: a parameter eccodes does not name (kerchunk's grib_tree leaves it out)")
+            refused.append(f"unknown: message {n}, a parameter eccodes does not name (kerchunk's grib_tree leaves it out)")
             paths.append(None)
             continue
         attrs = orjson.loads(refs.get(f"{vname}/.zattrs", "{}"))
@@ -319,27 +352,45 @@ def _kept_apart(messages: list[dict], refused: list) -> list[dict]:
 def _zero_chunks_written(tree: dict) -> dict:
     """grib_tree writes its coordinates through zarr, which leaves out a chunk that equals the default
     fill, 0, while the array's fill_value stays null: a step of 0 (an analysis) or an ensemble number of
-    0 had no chunk, and netCDF-C read its own fill (step -9.2e18 hours). Each such chunk of an array
-    without codecs is written back as the zeros zarr left out."""
+    0 had no chunk, and netCDF-C read its own fill (step -9.2e18 hours). Such chunks are written back as
+    zeros where the value exists: every chunk of a scalar or of a dimension's own coordinate, and a chunk
+    of a coordinate over (time, step, ...) where its group's field has a message. A field's chunk with no
+    message (a time and step of the cube no message has) reads NaN, as cfgrib's, not zarr's 0."""
     import math
 
     import numpy as np
 
     refs = tree.get("refs", tree)
-    for key in [k for k in refs if k.endswith("/.zarray") or k == ".zarray"]:
-        meta = orjson.loads(refs[key])
+    metas = {k[:-len("/.zarray")]: orjson.loads(v) for k, v in refs.items() if k.endswith("/.zarray")}
+    dims = {name: orjson.loads(refs.get(f"{name}/.zattrs", "{}")).get("_ARRAY_DIMENSIONS", []) for name in metas}
+    held = {}  # group -> (field's dims, the chunk indices its messages hold)
+    for name, meta in metas.items():
+        if any(isinstance(f, dict) and f.get("id") == "grib" for f in meta.get("filters") or []):
+            if meta.get("fill_value") is None and np.dtype(meta["dtype"]).kind == "f":
+                meta["fill_value"] = "NaN"
+                refs[f"{name}/.zarray"] = orjson.dumps(meta).decode()
+            if name.rpartition("/")[2] not in ("latitude", "longitude"):
+                prefix = name + "/"
+                sep = meta.get("dimension_separator") or "."
+                held[name.rpartition("/")[0]] = (dims[name], [tuple(k[len(prefix):].split(sep)) for k in refs
+                                                              if k.startswith(prefix) and not k[len(prefix):].startswith(".")])
+    for name, meta in metas.items():
         if meta.get("fill_value") is not None or meta.get("compressor") or meta.get("filters"):
             continue
-        prefix = key[:-len(".zarray")]
-        shape, chunks = meta["shape"], meta["chunks"] or [1]
-        grid = [math.ceil(n / c) for n, c in zip(shape, chunks)] or [1]
-        if math.prod(grid) > 1024 or math.prod(chunks) > 1 << 20:
-            continue  # (grib_tree's coordinates are one small chunk each)
-        zeros = "base64:" + base64.b64encode(np.zeros(math.prod(chunks), meta["dtype"]).tobytes()).decode()
+        shape, chunks, adims = meta["shape"], meta["chunks"] or [1], dims[name]
         sep = meta.get("dimension_separator") or "."
-        for index in np.ndindex(*grid):
-            chunk = prefix + (sep.join(map(str, index)) if shape else "0")
-            refs.setdefault(chunk, zeros)
+        grid = [math.ceil(n / c) for n, c in zip(shape, chunks)]
+        if math.prod(grid) > 1 << 16 or math.prod(chunks) > 1 << 20:
+            continue
+        own = not shape or (len(adims) == 1 and adims[0] == name.rpartition("/")[2])
+        field_dims, field_chunks = held.get(name.rpartition("/")[0], ([], set()))
+        if not own and (list(field_dims[:len(adims)]) != list(adims) or chunks != [1] * len(shape)):
+            continue  # (neither: what a missing chunk stands for cannot be told)
+        zeros = "base64:" + base64.b64encode(np.zeros(math.prod(chunks), meta["dtype"]).tobytes()).decode()
+        with_message = {c[:len(adims)] for c in field_chunks}
+        for index in np.ndindex(*grid) if shape else [()]:
+            if own or tuple(map(str, index)) in with_message:
+                refs.setdefault(f"{name}/{sep.join(map(str, index)) or '0'}", zeros)
     return tree
 
 
