@@ -3,8 +3,10 @@ of them on nginx mounted once, each compared with cfgrib on the file (tests/supp
 GRIB1 messages (kerchunk's splitter read GRIB2's length field in them: a GRIB1 file was one message and
 its other fields were lost), a file mixing editions 1 and 2, a step of 0 in a tree (grib_tree left its
 chunk out: netCDF-C read its fill), ensemble members (grib_tree laid them one over another: hidden, one
-log line), NOAA's NDFD file with WMO bulletin headings (not taken for GRIB). Every cfgrib variable is
-identical or named in the log; never a wrong value."""
+log line), NOAA's NDFD file with WMO bulletin headings (not taken for GRIB), NCEP's u and v in one GRIB2
+message (said per field) and a real 9999 (kerchunk's codec made it NaN), a sparse cube of members (the
+times and steps no message has read NaN). Every cfgrib variable is identical or named in the log; never
+a wrong value."""
 
 from __future__ import annotations
 
@@ -26,6 +28,8 @@ EXPECTED = {
     "eccodes_clusters_grib1.grib": ("identical", None),
     "eccodes_GRIB1.grib": ("identical", None),
     "pygrib_dspr.temp.bin": ("hidden", "alternativeRowScanning"),
+    "cfgrib_ncep-seasonal-monthly.grib": ("identical", None),  # (members never at one time and step: sparse)
+    "pygrib_eta_subset.grb": ("hidden (some)", "several fields"),  # (u10 and v10 in one message; gh 9999 read)
 }
 
 
