@@ -5,9 +5,9 @@ or error; a markdown table on stdout and every difference in --out.
 
     python -m bench.grib_sweep --files DIR --out /tmp/x/sweep.md [--idx]
 
---idx writes each file's wgrib2-style .idx beside it (tests/support/gribfiles.py write_idx) and a next
-cycle of every file that has one message kind per row (another_cycle), so that the copies are served
-from their .idx alone; both are compared with cfgrib on their own bytes.
+--idx writes each file's wgrib2-style .idx beside it (tests/support/gribfiles.py write_idx) and its next
+cycle (another_cycle; names c00.X and c06.X: one kind), so that the second is served from its .idx
+alone where the first's scan maps to its idx; both are compared with cfgrib on their own bytes.
 """
 
 from __future__ import annotations
@@ -70,10 +70,11 @@ def main(argv=None) -> int:
     if args.idx:
         from tests.support.gribfiles import another_cycle, write_idx
 
-        for p in sorted(www.iterdir()):
+        for p in sorted(www.iterdir()):  # (names that differ in their digits only: one kind)
             try:
+                p = p.rename(www / f"c00.{p.name}")
                 write_idx(p)
-                another_cycle(p, www / f"next.{p.name}", 6)
+                another_cycle(p, www / f"c06.{p.name[4:]}", 6)
             except Exception as e:
                 print(f"{p.name}: no idx/cycle ({e})", file=sys.stderr)
     files = sorted(p for p in www.iterdir() if not p.name.endswith(".idx"))

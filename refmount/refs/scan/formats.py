@@ -21,7 +21,9 @@ VIRTUALISED = {
     "hdf5": ("every dataset kerchunk's SingleHdf5ToZarr references (HDF5 filters with a numcodecs codec)",
              "datasets whose filters or layout kerchunk cannot reference"),
     "netcdf3": ("every variable, record variables included", "nothing"),
-    "grib": ("every message, grouped by kerchunk's grib_tree, decoded by its GRIB codec", "nothing"),
+    "grib": ("every message of either edition, grouped by kerchunk's grib_tree, decoded as cfgrib decodes it",
+             ("reduced grids, spherical harmonics, rows stored alternately reversed or column by column, "
+              "ensemble members at one time, step and level, messages of several fields")),
     "tiff": ("every image and overview level (tifffile's chunks)", "compressions with no codec"),
     "hdf4": (("every SD-interface SDS (HDF-EOS2's fields are SDSs): contiguous or chunked, plain or deflated, "
               "with its attributes and dimension names; DFSD datasets"),
