@@ -363,6 +363,11 @@ def _zero_chunks_written(tree: dict) -> dict:
     refs = tree.get("refs", tree)
     metas = {k[:-len("/.zarray")]: orjson.loads(v) for k, v in refs.items() if k.endswith("/.zarray")}
     dims = {name: orjson.loads(refs.get(f"{name}/.zattrs", "{}")).get("_ARRAY_DIMENSIONS", []) for name in metas}
+    chunks_of = {}  # array -> its chunk keys' indices (one pass over the keys: trees have thousands)
+    for key in refs:
+        array, _, chunk = key.rpartition("/")
+        if not chunk.startswith("."):
+            chunks_of.setdefault(array, []).append(chunk)
     held = {}  # group -> (field's dims, the chunk indices its messages hold)
     for name, meta in metas.items():
         if any(isinstance(f, dict) and f.get("id") == "grib" for f in meta.get("filters") or []):
@@ -370,10 +375,8 @@ def _zero_chunks_written(tree: dict) -> dict:
                 meta["fill_value"] = "NaN"
                 refs[f"{name}/.zarray"] = orjson.dumps(meta).decode()
             if name.rpartition("/")[2] not in ("latitude", "longitude"):
-                prefix = name + "/"
                 sep = meta.get("dimension_separator") or "."
-                held[name.rpartition("/")[0]] = (dims[name], [tuple(k[len(prefix):].split(sep)) for k in refs
-                                                              if k.startswith(prefix) and not k[len(prefix):].startswith(".")])
+                held[name.rpartition("/")[0]] = (dims[name], [tuple(c.split(sep)) for c in chunks_of.get(name, [])])
     for name, meta in metas.items():
         if meta.get("fill_value") is not None or meta.get("compressor") or meta.get("filters"):
             continue
