@@ -256,7 +256,7 @@ def grib_length(header: bytes) -> int:
     return 0
 
 
-def _split_grib(f, skip=0, refused=None):
+def _split_grib(f, skip=0, refused=None, levels=None):
     """kerchunk.grib2._split_file (0.2.10), ending where no message is left: kerchunk's steps back 4 bytes
     whenever 1 KiB holds no "GRIB", and at a file's end that is forever (MARS pads files to a multiple of
     120 bytes: cfgrib's alternate-scanning.grib, 83 zero bytes after its one message, spun a scan worker
@@ -290,10 +290,41 @@ def _split_grib(f, skip=0, refused=None):
         if why is not None and refused is not None:
             refused.append(why)
         else:
+            if levels is not None:
+                levels.append(_level(message))
             yield start, part_size, message
         part += 1
         if skip and part >= skip:
             break
+
+
+def _level(message: bytes) -> float | None:
+    """A message's level as a float (cfgrib's `level:float`), or None."""
+    import eccodes
+
+    h = eccodes.codes_new_from_message(message)
+    try:
+        return eccodes.codes_get_double(h, "level") if eccodes.codes_is_defined(h, "level") else None
+    finally:
+        eccodes.codes_release(h)
+
+
+def _levels_as_floats(messages: list[dict], levels: list) -> None:
+    """kerchunk's scan stores ecCodes' integer `level` (sigma 0.995 became 1, GFS's soil layers 0.1 and
+    0.4 m became 0): each message's level coordinate becomes the float, as cfgrib's."""
+    import numpy as np
+
+    if len(messages) != len(levels):
+        raise ValueError(f"kerchunk's scan gave {len(messages)} messages for {len(levels)} split")
+    for message, level in zip(messages, levels):
+        refs = message["refs"]
+        coordinates = orjson.loads(refs[".zattrs"]).get("coordinates", "").split(" ")
+        name = next((k.split("/")[0] for k in refs if k.split("/")[0] not in (".zattrs", ".zgroup", *coordinates)), None)
+        tol = orjson.loads(refs.get(f"{name}/.zattrs", "{}")).get("GRIB_typeOfLevel") if name else None
+        if level is None or not tol or f"{tol}/0" not in refs or orjson.loads(refs[f"{tol}/.zarray"])["dtype"] != "<f8":
+            continue
+        if _inline_scalar(refs, tol) != level:
+            refs[f"{tol}/0"] = "base64:" + base64.b64encode(np.float64(level).tobytes()).decode()
 
 
 def _scan_grib(url: str, pipe_url: str, refused: list) -> dict:
@@ -302,10 +333,12 @@ def _scan_grib(url: str, pipe_url: str, refused: list) -> dict:
     import kerchunk.grib2
     from kerchunk.grib2 import grib_tree, scan_grib
 
-    kerchunk.grib2._split_file = functools.partial(_split_grib, refused=refused)  # (this worker's kerchunk only)
+    levels = []
+    kerchunk.grib2._split_file = functools.partial(_split_grib, refused=refused, levels=levels)  # (this worker's only)
     messages = scan_grib(pipe_url)
     if not messages:
         raise ValueError("; ".join(["no GRIB message kerchunk can reference", *refused]))
+    _levels_as_floats(messages, levels)
     _steps_in_hours(messages)
     if len(messages) == 1:
         return messages[0]
@@ -342,7 +375,8 @@ def _kept_apart(messages: list[dict], refused: list) -> list[dict]:
     for path, seen in places.items():
         if len({place for place, _ in seen}) < len(seen):
             numbers = {number for _, number in seen}
-            why = f"{len(numbers)} ensemble members" if len(numbers) > 1 else "a field twice"
+            why = (f"{len(numbers)} ensemble members" if len(numbers) > 1
+                   else "a field twice, or layers whose integer level is one (GFS's soil layers: 0 m)")
             refused.append(f"{path[0]}: {len(seen)} GRIB messages of {path[1]} {path[2]} at the same time, step and "
                            f"level ({why}), which kerchunk's grib_tree lays one over another")
             bad.add(path)
