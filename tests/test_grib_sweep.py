@@ -5,7 +5,7 @@ its other fields were lost), a file mixing editions 1 and 2, a step of 0 in a tr
 chunk out: netCDF-C read its fill), ensemble members (grib_tree laid them one over another: hidden, one
 log line), NOAA's NDFD file with WMO bulletin headings (not taken for GRIB), NCEP's u and v in one GRIB2
 message (said per field) and a real 9999 (kerchunk's codec made it NaN), a sparse cube of members (the
-times and steps no message has read NaN). Every cfgrib variable is identical or named in the log; never
+times and steps no message has read NaN), levels that are not integers (GFS's soil layers, sigma 0.995). Every cfgrib variable is identical or named in the log; never
 a wrong value."""
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ EXPECTED = {
     "pygrib_dspr.temp.bin": ("hidden", "alternativeRowScanning"),
     "cfgrib_ncep-seasonal-monthly.grib": ("identical", None),  # (members never at one time and step: sparse)
     "pygrib_eta_subset.grb": ("hidden (some)", "several fields"),  # (u10 and v10 in one message; gh 9999 read)
+    "pygrib_gfs_subset.grb": ("identical", None),  # (soil layers at 0, 0.1, 0.4 and 1 m; sigma 0.995)
 }
 
 
