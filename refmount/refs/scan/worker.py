@@ -376,7 +376,7 @@ def _kept_apart(messages: list[dict], refused: list) -> list[dict]:
         if len({place for place, _ in seen}) < len(seen):
             numbers = {number for _, number in seen}
             why = (f"{len(numbers)} ensemble members" if len(numbers) > 1
-                   else "a field twice, or layers whose integer level is one (GFS's soil layers: 0 m)")
+                   else "a field twice, or layers of one top level (GFS's sigma layers)")
             refused.append(f"{path[0]}: {len(seen)} GRIB messages of {path[1]} {path[2]} at the same time, step and "
                            f"level ({why}), which kerchunk's grib_tree lays one over another")
             bad.add(path)
