@@ -309,6 +309,12 @@ def _level(message: bytes) -> float | None:
         eccodes.codes_release(h)
 
 
+def _field_of(refs: dict) -> str | None:
+    """The name of a scanned message's field: its first array not among its coordinates (grib_tree's way)."""
+    coordinates = orjson.loads(refs[".zattrs"]).get("coordinates", "").split(" ")
+    return next((k.split("/")[0] for k in refs if k.split("/")[0] not in (".zattrs", ".zgroup", *coordinates)), None)
+
+
 def _levels_as_floats(messages: list[dict], levels: list) -> None:
     """kerchunk's scan stores ecCodes' integer `level` (sigma 0.995 became 1, GFS's soil layers 0.1 and
     0.4 m became 0): each message's level coordinate becomes the float, as cfgrib's."""
@@ -318,8 +324,7 @@ def _levels_as_floats(messages: list[dict], levels: list) -> None:
         raise ValueError(f"kerchunk's scan gave {len(messages)} messages for {len(levels)} split")
     for message, level in zip(messages, levels):
         refs = message["refs"]
-        coordinates = orjson.loads(refs[".zattrs"]).get("coordinates", "").split(" ")
-        name = next((k.split("/")[0] for k in refs if k.split("/")[0] not in (".zattrs", ".zgroup", *coordinates)), None)
+        name = _field_of(refs)
         tol = orjson.loads(refs.get(f"{name}/.zattrs", "{}")).get("GRIB_typeOfLevel") if name else None
         if level is None or not tol or f"{tol}/0" not in refs or orjson.loads(refs[f"{tol}/.zarray"])["dtype"] != "<f8":
             continue
@@ -359,8 +364,7 @@ def _kept_apart(messages: list[dict], refused: list) -> list[dict]:
     places, paths = defaultdict(list), []
     for n, message in enumerate(messages, 1):
         refs = message["refs"]
-        coordinates = orjson.loads(refs[".zattrs"]).get("coordinates", "").split(" ")
-        vname = next((k.split("/")[0] for k in refs if k.split("/")[0] not in (".zattrs", ".zgroup", *coordinates)), None)
+        vname = _field_of(refs)
         if vname is None or vname == "unknown":
             refused.append(f"unknown: message {n}, a parameter eccodes does not name (kerchunk's grib_tree leaves it out)")
             paths.append(None)
