@@ -244,6 +244,10 @@ def _codec(config: dict):
 
     if config.get("id") == "shuffle" and isinstance(config.get("elementsize", 4), int):
         return HDF5Shuffle(config.get("elementsize", 4))  # (numcodecs' own, and HDF5's rule for leftover bytes)
+    if config.get("id") == "grib":  # (kerchunk's id; its codec took a real 9999 for missing)
+        from refmount.view.gribcodec import GribCodec
+
+        return GribCodec(config.get("var", "values"), config.get("dtype"))
     try:
         return numcodecs.get_codec(dict(config))
     except (ValueError, KeyError):

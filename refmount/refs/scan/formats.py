@@ -13,6 +13,7 @@ INSTALL_ARCHIVES = "(pip install 'refmount[archives]')"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 HDF4_SIGNATURE = b"\x0e\x03\x13\x01"  # (HDF4 has no user block: at 0 only)
 FITS_SIGNATURE = b"SIMPLE  ="  # the first 80-character card of every FITS file (SIMPLE = T)
+WMO_HEADING_BYTES = 256  # where the first "GRIB" of a file of WMO bulletins may be
 SNIFF_BYTES = 64 << 10  # one request's worth: the first bytes of a file, for every test below
 
 FORMAT_NAMES = {"hdf5": "netCDF-4/HDF5", "netcdf3": "netCDF-3", "grib": "GRIB", "tiff": "TIFF", "hdf4": "HDF4",
@@ -24,7 +25,9 @@ VIRTUALISED = {
     "hdf5": ("every dataset kerchunk's SingleHdf5ToZarr references (HDF5 filters with a numcodecs codec)",
              "datasets whose filters or layout kerchunk cannot reference"),
     "netcdf3": ("every variable, record variables included", "nothing"),
-    "grib": ("every message, grouped by kerchunk's grib_tree, decoded by its GRIB codec", "nothing"),
+    "grib": ("every message of either edition, grouped by kerchunk's grib_tree, decoded as cfgrib decodes it",
+             ("reduced grids, spherical harmonics, rows stored alternately reversed or column by column, "
+              "ensemble members at one time, step and level, messages of several fields")),
     "tiff": ("every image and overview level (tifffile's chunks)", "compressions with no codec"),
     "hdf4": (("every SD-interface SDS (HDF-EOS2's fields are SDSs): contiguous or chunked, plain or deflated, "
               "with its attributes and dimension names; DFSD datasets"),
@@ -51,8 +54,8 @@ def sniff(head: bytes) -> str | None:
     file we scan."""
     if head[:3] == b"CDF" and head[3:4] in (b"\x01", b"\x02", b"\x05"):
         return "netcdf3"
-    if head[:4] == b"GRIB":
-        return "grib"
+    if head[:4] == b"GRIB" or (head[:4] == b"****" and b"GRIB" in head[:WMO_HEADING_BYTES]):
+        return "grib"  # (NOAA's NDFD files: each message after a WMO bulletin heading "****0000014913****...")
     if head[:4] in (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"):  # TIFF and BigTIFF, either byte order
         return "tiff"
     if head[:4] == HDF4_SIGNATURE:

@@ -192,7 +192,8 @@ _GRIB_ORDERS = [("alternativeRowScanning", "every other row stored reversed (alt
 
 
 def _grib_refused(message: bytes) -> str | None:
-    """Why a message cannot be referenced as it is stored, or None."""
+    """Why a message cannot be referenced as it is stored ("name: why", by the name kerchunk gives its
+    variable), or None."""
     import eccodes
 
     try:
@@ -200,18 +201,62 @@ def _grib_refused(message: bytes) -> str | None:
     except Exception:
         return None  # (kerchunk's own parse says what is wrong with it)
     try:
+        name = eccodes.codes_get(h, "cfVarName")
+        if name in ("undef", "unknown"):
+            name = eccodes.codes_get(h, "shortName")
         if eccodes.codes_is_defined(h, "Ni") and eccodes.codes_is_missing(h, "Ni"):
             # (kerchunk shapes its values (Nj, Ni) with Ni "missing", 2**31 - 1: a 1 TiB array refused)
-            return f"{eccodes.codes_get(h, 'shortName')}: a GRIB field on a reduced grid (rows of different lengths)"
+            return f"{name}: a GRIB field on a reduced grid (rows of different lengths)"
+        if eccodes.codes_get(h, "edition") == 2 and (eccodes.codes_get(h, "offsetSection7") + eccodes.codes_get(h, "section7Length")
+                                                    + 4 != len(message)):
+            # (NCEP's u and v in one message: sections 4 to 7 again after the first field's)
+            return (f"{', '.join(_field_names(message))}: a GRIB2 message of several fields, of which kerchunk's "
+                    "codec reads the first")
         for key, why in _GRIB_ORDERS:
             if eccodes.codes_is_defined(h, key) and eccodes.codes_get(h, key):
-                return f"{eccodes.codes_get(h, 'shortName')}: a GRIB field {why}, which kerchunk's codec returns unreordered"
+                return f"{name}: a GRIB field {why}, which kerchunk's codec returns unreordered"
         return None
     finally:
         eccodes.codes_release(h)
 
 
-def _split_grib(f, skip=0, refused=None):
+def _field_names(message: bytes) -> list[str]:
+    """The variable names of every field of a GRIB2 message of several (eccodes' multi-field support
+    reads them from a file only)."""
+    import tempfile
+
+    import eccodes
+
+    names = []
+    with tempfile.TemporaryFile() as f:
+        f.write(message)
+        f.seek(0)
+        eccodes.codes_grib_multi_support_on()
+        try:
+            while (h := eccodes.codes_grib_new_from_file(f)) is not None:
+                try:
+                    name = eccodes.codes_get(h, "cfVarName")
+                    names.append(eccodes.codes_get(h, "shortName") if name in ("undef", "unknown") else name)
+                finally:
+                    eccodes.codes_release(h)
+        finally:
+            eccodes.codes_grib_multi_support_off()
+    return names
+
+
+def grib_length(header: bytes) -> int:
+    """A message's total length from its first 16 bytes (indicator section): 3 bytes at 4 in edition 1,
+    8 bytes at 8 in edition 2 (kerchunk's splitter read edition 2's everywhere: a GRIB1 file's first
+    message ran to the file's end and its other messages were lost), 0 for another edition."""
+    edition = header[7] if len(header) > 7 else 0
+    if edition == 1:
+        return int.from_bytes(header[4:7], "big")
+    if edition == 2 and len(header) >= 16:
+        return int.from_bytes(header[8:16], "big")
+    return 0
+
+
+def _split_grib(f, skip=0, refused=None, levels=None):
     """kerchunk.grib2._split_file (0.2.10), ending where no message is left: kerchunk's steps back 4 bytes
     whenever 1 KiB holds no "GRIB", and at a file's end that is forever (MARS pads files to a multiple of
     120 bytes: cfgrib's alternate-scanning.grib, 83 zero bytes after its one message, spun a scan worker
@@ -228,17 +273,63 @@ def _split_grib(f, skip=0, refused=None):
             continue
         ind = head.index(b"GRIB")
         start = f.tell() - len(head) + ind
-        part_size = int.from_bytes(head[ind + 12:ind + 16], "big")
+        if len(head) < ind + 16:  # (the header itself cut by the read: read it whole)
+            f.seek(start)
+            head, ind = f.read(16), 0
+        part_size = grib_length(head[ind:ind + 16])
         f.seek(start)
-        message = f.read(part_size)
+        message = f.read(part_size) if part_size else b""
+        if not message.endswith(b"7777"):
+            # (a length that does not end at the end marker: a message cut short, or a GRIB1 message over
+            # 8 MiB, whose length ECMWF encodes otherwise; the search goes on after its "GRIB")
+            if refused is not None:
+                refused.append(f"a GRIB message at byte {start} whose length ({part_size}) does not end at its end marker")
+            f.seek(start + 4)
+            continue
         why = _grib_refused(message)
         if why is not None and refused is not None:
             refused.append(why)
         else:
+            if levels is not None:
+                levels.append(_level(message))
             yield start, part_size, message
         part += 1
         if skip and part >= skip:
             break
+
+
+def _level(message: bytes) -> float | None:
+    """A message's level as a float (cfgrib's `level:float`), or None."""
+    import eccodes
+
+    h = eccodes.codes_new_from_message(message)
+    try:
+        return eccodes.codes_get_double(h, "level") if eccodes.codes_is_defined(h, "level") else None
+    finally:
+        eccodes.codes_release(h)
+
+
+def _field_of(refs: dict) -> str | None:
+    """The name of a scanned message's field: its first array not among its coordinates (grib_tree's way)."""
+    coordinates = orjson.loads(refs[".zattrs"]).get("coordinates", "").split(" ")
+    return next((k.split("/")[0] for k in refs if k.split("/")[0] not in (".zattrs", ".zgroup", *coordinates)), None)
+
+
+def _levels_as_floats(messages: list[dict], levels: list) -> None:
+    """kerchunk's scan stores ecCodes' integer `level` (sigma 0.995 became 1, GFS's soil layers 0.1 and
+    0.4 m became 0): each message's level coordinate becomes the float, as cfgrib's."""
+    import numpy as np
+
+    if len(messages) != len(levels):
+        raise ValueError(f"kerchunk's scan gave {len(messages)} messages for {len(levels)} split")
+    for message, level in zip(messages, levels):
+        refs = message["refs"]
+        name = _field_of(refs)
+        tol = orjson.loads(refs.get(f"{name}/.zattrs", "{}")).get("GRIB_typeOfLevel") if name else None
+        if level is None or not tol or f"{tol}/0" not in refs or orjson.loads(refs[f"{tol}/.zarray"])["dtype"] != "<f8":
+            continue
+        if _inline_scalar(refs, tol) != level:
+            refs[f"{tol}/0"] = "base64:" + base64.b64encode(np.float64(level).tobytes()).decode()
 
 
 def _scan_grib(url: str, pipe_url: str, refused: list) -> dict:
@@ -247,14 +338,101 @@ def _scan_grib(url: str, pipe_url: str, refused: list) -> dict:
     import kerchunk.grib2
     from kerchunk.grib2 import grib_tree, scan_grib
 
-    kerchunk.grib2._split_file = functools.partial(_split_grib, refused=refused)  # (this worker's kerchunk only)
+    levels = []
+    kerchunk.grib2._split_file = functools.partial(_split_grib, refused=refused, levels=levels)  # (this worker's only)
     messages = scan_grib(pipe_url)
     if not messages:
         raise ValueError("; ".join(["no GRIB message kerchunk can reference", *refused]))
+    _levels_as_floats(messages, levels)
     _steps_in_hours(messages)
     if len(messages) == 1:
         return messages[0]
-    return grib_tree(messages)
+    messages = _kept_apart(messages, refused)
+    if not messages:
+        raise ValueError("; ".join(["no GRIB message kerchunk can reference", *refused]))
+    return _zero_chunks_written(grib_tree(messages))
+
+
+def _kept_apart(messages: list[dict], refused: list) -> list[dict]:
+    """The messages grib_tree can put each in its own place. It groups by variable, stepType and
+    typeOfLevel and concatenates along time, step and level only: two messages equal in all of these
+    (ensemble members, which differ in `number`; a field twice) land on one place and one overwrites
+    the other; and it drops a message whose parameter eccodes does not know ("unknown") with no more
+    than a warning. Both are said in `refused` (the first: the whole variable, for all its messages)."""
+    from collections import defaultdict
+
+    places, paths = defaultdict(list), []
+    for n, message in enumerate(messages, 1):
+        refs = message["refs"]
+        vname = _field_of(refs)
+        if vname is None or vname == "unknown":
+            refused.append(f"unknown: message {n}, a parameter eccodes does not name (kerchunk's grib_tree leaves it out)")
+            paths.append(None)
+            continue
+        attrs = orjson.loads(refs.get(f"{vname}/.zattrs", "{}"))
+        path = (vname, attrs.get("GRIB_stepType"), attrs.get("GRIB_typeOfLevel"))
+        level = _inline_scalar(refs, path[2]) if path[2] else None
+        place = tuple(_inline_scalar(refs, c) for c in ("time", "step")) + (level,)
+        places[path].append((place, _inline_scalar(refs, "number")))
+        paths.append(path)
+    bad = {None}
+    for path, seen in places.items():
+        if len({place for place, _ in seen}) < len(seen):
+            numbers = {number for _, number in seen}
+            why = (f"{len(numbers)} ensemble members" if len(numbers) > 1
+                   else "a field twice, or layers of one top level (GFS's sigma layers)")
+            refused.append(f"{path[0]}: {len(seen)} GRIB messages of {path[1]} {path[2]} at the same time, step and "
+                           f"level ({why}), which kerchunk's grib_tree lays one over another")
+            bad.add(path)
+    return [message for message, path in zip(messages, paths) if path not in bad]
+
+
+def _zero_chunks_written(tree: dict) -> dict:
+    """grib_tree writes its coordinates through zarr, which leaves out a chunk that equals the default
+    fill, 0, while the array's fill_value stays null: a step of 0 (an analysis) or an ensemble number of
+    0 had no chunk, and netCDF-C read its own fill (step -9.2e18 hours). Such chunks are written back as
+    zeros where the value exists: every chunk of a scalar or of a dimension's own coordinate, and a chunk
+    of a coordinate over (time, step, ...) where its group's field has a message. A field's chunk with no
+    message (a time and step of the cube no message has) reads NaN, as cfgrib's, not zarr's 0."""
+    import math
+
+    import numpy as np
+
+    refs = tree.get("refs", tree)
+    metas = {k[:-len("/.zarray")]: orjson.loads(v) for k, v in refs.items() if k.endswith("/.zarray")}
+    dims = {name: orjson.loads(refs.get(f"{name}/.zattrs", "{}")).get("_ARRAY_DIMENSIONS", []) for name in metas}
+    chunks_of = {}  # array -> its chunk keys' indices (one pass over the keys: trees have thousands)
+    for key in refs:
+        array, _, chunk = key.rpartition("/")
+        if not chunk.startswith("."):
+            chunks_of.setdefault(array, []).append(chunk)
+    held = {}  # group -> (field's dims, the chunk indices its messages hold)
+    for name, meta in metas.items():
+        if any(isinstance(f, dict) and f.get("id") == "grib" for f in meta.get("filters") or []):
+            if meta.get("fill_value") is None and np.dtype(meta["dtype"]).kind == "f":
+                meta["fill_value"] = "NaN"
+                refs[f"{name}/.zarray"] = orjson.dumps(meta).decode()
+            if name.rpartition("/")[2] not in ("latitude", "longitude"):
+                sep = meta.get("dimension_separator") or "."
+                held[name.rpartition("/")[0]] = (dims[name], [tuple(c.split(sep)) for c in chunks_of.get(name, [])])
+    for name, meta in metas.items():
+        if meta.get("fill_value") is not None or meta.get("compressor") or meta.get("filters"):
+            continue
+        shape, chunks, adims = meta["shape"], meta["chunks"] or [1], dims[name]
+        sep = meta.get("dimension_separator") or "."
+        grid = [math.ceil(n / c) for n, c in zip(shape, chunks)]
+        if math.prod(grid) > 1 << 16 or math.prod(chunks) > 1 << 20:
+            continue
+        own = not shape or (len(adims) == 1 and adims[0] == name.rpartition("/")[2])
+        field_dims, field_chunks = held.get(name.rpartition("/")[0], ([], set()))
+        if not own and (list(field_dims[:len(adims)]) != list(adims) or chunks != [1] * len(shape)):
+            continue  # (neither: what a missing chunk stands for cannot be told)
+        zeros = "base64:" + base64.b64encode(np.zeros(math.prod(chunks), meta["dtype"]).tobytes()).decode()
+        with_message = {c[:len(adims)] for c in field_chunks}
+        for index in np.ndindex(*grid) if shape else [()]:
+            if own or tuple(map(str, index)) in with_message:
+                refs.setdefault(f"{name}/{sep.join(map(str, index)) or '0'}", zeros)
+    return tree
 
 
 def _inline_scalar(refs: dict, name: str):
