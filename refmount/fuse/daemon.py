@@ -438,10 +438,9 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     import pyfuse3
     import trio
 
-    from refmount.fuse.assemble import build_filesystem
     from refmount.fuse.fuse_ops import FuseOperations
 
-    fs, fetcher = build_filesystem(opts, early)
+    fs, fetcher = _build(opts, early)
     fetcher.begin_warm_up(fs.refset.urls)  # imports in a thread while the mount comes up
     check_remote_options(fs.refset.urls, opts.remote_options)
     fs.mount_info = {"refs": shown_refs(opts.refs), "log": log_shown or opts.log_file or "stderr"}
@@ -499,6 +498,33 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
             disk.DiskCache.close_all()
     log.info("unmounted %s", opts.mountpoint)
     return 0
+
+
+def _build(opts: MountOptions, early):
+    """build_filesystem; a --concat glob's on its first index page as last answered while the page
+    itself travels (fetch/pageguess.py), and built again on the page as it came if that was not the
+    same. (Not with --cache-dir, whose disk cache a first build holds, nor --refresh: no page ahead.)"""
+    from refmount.fetch.pages import guess_pages
+    from refmount.fuse.assemble import build_filesystem
+
+    guess = None
+    if early is not None and opts.concat and not opts.cache_dir:
+        from refmount.refs.scan.store import ScanStore, default_scan_dir
+
+        guess = guess_pages(ScanStore(default_scan_dir()))
+    try:
+        try:
+            built = build_filesystem(opts, early)
+        except Exception:
+            if guess is None or guess.right():  # (the build's own error, as on the page itself)
+                raise
+        else:
+            if guess is None or guess.right():
+                return built
+            del built  # (before the second build: not two in memory)
+    finally:
+        guess_pages(None)
+    return build_filesystem(opts, early)
 
 
 async def _warm_up(fetcher, urls, warmed) -> None:
