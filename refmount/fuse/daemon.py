@@ -441,7 +441,6 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     from refmount.fuse.fuse_ops import FuseOperations
 
     fs, fetcher = _build(opts, early)
-    fetcher.begin_warm_up(fs.refset.urls)  # imports in a thread while the mount comes up
     check_remote_options(fs.refset.urls, opts.remote_options)
     fs.mount_info = {"refs": shown_refs(opts.refs), "log": log_shown or opts.log_file or "stderr"}
     operations = FuseOperations(fs)
@@ -503,9 +502,15 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
 def _build(opts: MountOptions, early):
     """build_filesystem; a --concat glob's on its first index page as last answered while the page
     itself travels (fetch/pageguess.py), and built again on the page as it came if that was not the
-    same. (Not with --cache-dir, whose disk cache a first build holds, nor --refresh: no page ahead.)"""
+    same. (Not with --cache-dir, whose disk cache a first build holds, nor --refresh: no page ahead.)
+    The fetcher's warm-up is begun as soon as it is built: its imports pass under the page too."""
     from refmount.fetch.pages import guess_pages
     from refmount.fuse.assemble import build_filesystem
+
+    def warming(built):
+        fs, fetcher = built
+        fetcher.begin_warm_up(fs.refset.urls)  # imports in a thread while the mount comes up
+        return built
 
     guess = None
     if early is not None and opts.concat and not opts.cache_dir:
@@ -514,7 +519,7 @@ def _build(opts: MountOptions, early):
         guess = guess_pages(ScanStore(default_scan_dir()))
     try:
         try:
-            built = build_filesystem(opts, early)
+            built = warming(build_filesystem(opts, early))
         except Exception:
             if guess is None or guess.right():  # (the build's own error, as on the page itself)
                 raise
@@ -524,7 +529,7 @@ def _build(opts: MountOptions, early):
             del built  # (before the second build: not two in memory)
     finally:
         guess_pages(None)
-    return build_filesystem(opts, early)
+    return warming(build_filesystem(opts, early))
 
 
 async def _warm_up(fetcher, urls, warmed) -> None:
