@@ -63,10 +63,11 @@ class ReaderIdentifier:
         self._one_at_a_time = trio.CapacityLimiter(1)  # (the tables above are not shared across threads)
 
     async def form_of_caller(self, pid: int, opens: bool = True) -> str:
-        """`form_of`: on this thread for a process known already (its /proc/PID/stat read: `ncdump -h`
-        opens ~500 files, and a worker thread's hand-off for each was ~20 ms of it), else in a worker
-        thread: it reads /proc and, once per library file, searches up to 64 MiB of it for netCDF-C's
-        version string, which must not hold up the FUSE thread."""
+        """`form_of`: on this thread for a process known already (its /proc/PID/stat read, which takes
+        no lock of the caller's memory map, unlike its maps: `ncdump -h` opens ~500 files, and a worker
+        thread's hand-off for each was ~20 ms of it), else in a worker thread: it reads /proc and, once
+        per library file, searches up to 64 MiB of it for netCDF-C's version string, which must not
+        hold up the FUSE thread."""
         async with self._one_at_a_time:
             reader = self.identify(pid, known_only=True) or await trio.to_thread.run_sync(self.identify, pid)
             return self._counted(reader, opens)
