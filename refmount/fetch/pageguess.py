@@ -35,7 +35,7 @@ class PageGuess:
 
     def __init__(self, store) -> None:
         self.store = store  # refs/scan/store.py ScanStore (get_page, put_page)
-        self._pending = None  # (key, limit, the guess, the _Ahead of the real page) once a guess is out
+        self._pending = None  # (key, limit, the guess, the _Ahead of the real page, put_back) once one is out
         self._wrong: bool | None = None  # settled: whether the guess was wrong
 
     def answer(self, key: str, limit: int, ahead, put_back):
