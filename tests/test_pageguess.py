@@ -217,6 +217,17 @@ def test_a_warm_mount_on_a_guessed_page_serves_what_a_build_on_the_page_serves(m
             fresh = mount(url, "--concat", "time", env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg-fresh")})
             assert got == tree(fresh.path)  # (the new listing built cold, with no guess and no scan kept)
             assert got != expected
+            changed.stop()
+
+            for p in (tmp_path / "xdg" / "refmount" / "scans").glob("combined-*"):
+                p.unlink()  # the page as kept, its combination not: combined again once the page is known
+            for p in tmp_path.glob("mnt*.log"):
+                p.unlink()
+            relay.hold()
+            _release_when_guessed(relay, tmp_path)
+            again = mount(url, "--concat", "time", "--log-level", "debug")
+            assert GUESSED in again.log() and "first page came as guessed" in again.log(), again.log()
+            assert tree(again.path) == got
         finally:
             relay.release()
             relay.close()
