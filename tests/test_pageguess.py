@@ -156,8 +156,12 @@ class HeldAnswers:
             s.close()
 
 
-def _release_when_guessed(relay: HeldAnswers, logs: Path) -> threading.Thread:
-    """Release the relay once a daemon logs its guess (or after 120 s: the test then fails on the log)."""
+def guessed_mount(mount, relay: HeldAnswers, logs: Path, url: str, came: str):
+    """A mount whose index page the relay holds until the daemon logs its guess (or 120 s: the test then
+    fails on the log); the log must say the page then `came` "as guessed" or "otherwise: built again"."""
+    for p in logs.glob("mnt*.log"):
+        p.unlink()  # (the logs of earlier mounts, which name a guess too)
+    relay.hold()
 
     def watch():
         deadline = time.monotonic() + 120
@@ -166,9 +170,10 @@ def _release_when_guessed(relay: HeldAnswers, logs: Path) -> threading.Thread:
             time.sleep(0.02)
         relay.release()
 
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    return watcher
+    threading.Thread(target=watch, daemon=True).start()
+    m = mount(url, "--concat", "time", "--log-level", "debug")
+    assert GUESSED in m.log() and f"first page came {came}" in m.log(), m.log()
+    return m
 
 
 def tree(root: Path) -> dict:
@@ -198,20 +203,12 @@ def test_a_warm_mount_on_a_guessed_page_serves_what_a_build_on_the_page_serves(m
             assert GUESSED not in cold.log()
             cold.stop()
 
-            relay.hold()  # the same listing: the guess is right, and its build is served
-            _release_when_guessed(relay, tmp_path)
-            warm = mount(url, "--concat", "time", "--log-level", "debug")
-            assert GUESSED in warm.log() and "first page came as guessed" in warm.log(), warm.log()
+            warm = guessed_mount(mount, relay, tmp_path, url, "as guessed")  # the same listing: its build served
             assert tree(warm.path) == expected
             warm.stop()
 
             _settle(make_daily(data, 4, 7, 12)[3:])  # a day more: the guess is wrong, built again
-            for p in tmp_path.glob("mnt*.log"):
-                p.unlink()
-            relay.hold()
-            _release_when_guessed(relay, tmp_path)
-            changed = mount(url, "--concat", "time", "--log-level", "debug")
-            assert GUESSED in changed.log() and "first page came otherwise: built again" in changed.log(), changed.log()
+            changed = guessed_mount(mount, relay, tmp_path, url, "otherwise: built again")
             got = tree(changed.path)
             assert "\ttime = 96 ;" in got["ncdump -h"] and "\ttime = 72 ;" in expected["ncdump -h"]  # (4 days, 3 before)
             fresh = mount(url, "--concat", "time", env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg-fresh")})
@@ -221,12 +218,7 @@ def test_a_warm_mount_on_a_guessed_page_serves_what_a_build_on_the_page_serves(m
 
             for p in (tmp_path / "xdg" / "refmount" / "scans").glob("combined-*"):
                 p.unlink()  # the page as kept, its combination not: combined again once the page is known
-            for p in tmp_path.glob("mnt*.log"):
-                p.unlink()
-            relay.hold()
-            _release_when_guessed(relay, tmp_path)
-            again = mount(url, "--concat", "time", "--log-level", "debug")
-            assert GUESSED in again.log() and "first page came as guessed" in again.log(), again.log()
+            again = guessed_mount(mount, relay, tmp_path, url, "as guessed")
             assert tree(again.path) == got
         finally:
             relay.release()
