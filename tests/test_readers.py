@@ -83,6 +83,36 @@ def test_library_loaded_after_the_first_look(tmp_path):
     assert readers.identify(20).form == "zarr"
 
 
+def test_a_known_process_is_answered_without_a_worker_thread(tmp_path, monkeypatch):
+    """form_of_caller: a process identified before (and not grown since, or final) is answered from its
+    /proc/PID/stat on the FUSE thread; a new one, or one whose libraries may have changed, in a worker
+    thread; every open counted once either way."""
+    import trio
+
+    proc = tmp_path / "proc"
+    readers = ReaderIdentifier(proc=str(proc))
+    fake_process(proc, 30, "/usr/bin/python3.11", [], vsize=1000)
+    fake_process(proc, 31, "/usr/bin/ncdump", [library(tmp_path, "libnetcdf.so.19", "4.9.0")])
+    handed = []
+    to_thread = trio.to_thread.run_sync
+
+    async def counted(fn, *args, **kw):
+        handed.append(args)
+        return await to_thread(fn, *args, **kw)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", counted)
+
+    async def main():
+        forms = [await readers.form_of_caller(pid) for pid in (30, 31, 30, 31, 31)]
+        fake_process(proc, 30, "/usr/bin/python3.11", [library(tmp_path, "libnetcdf.so.22", "4.10.1")], vsize=5000)
+        return forms + [await readers.form_of_caller(30), await readers.form_of_caller(30, opens=False)]
+
+    assert trio.run(main) == ["zarr", "nc49", "zarr", "nc49", "nc49", "nc410", "nc410"]
+    assert handed == [(30,), (31,), (30,)]  # (the first looks, and the process that grew)
+    assert readers.statistics() == {"zarr": {"python3.11": 2}, "nc49": {"ncdump (netCDF-C 4.9.0)": 3},
+                                    "nc410": {"python3.11 (netCDF-C 4.10.1)": 1}}
+
+
 def test_version_from_soname_when_the_file_says_nothing(tmp_path):
     proc = tmp_path / "proc"
     fake_process(proc, 30, "/usr/bin/x", ["/nonexistent/libnetcdf.so.19"])

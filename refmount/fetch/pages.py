@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextvars
 import threading
 
+from refmount.fetch.pageguess import PageGuess, page_key
+
 
 def _on_engine(remote_options: dict | None, call, first=None):
     """`call(backend)` (a coroutine) on a fresh HttpBackend with the mount's logins, on the asyncio loop;
@@ -46,6 +48,7 @@ class _Ahead:
 
 
 _ahead: dict = {}  # fetch_page's arguments and the logins -> _Ahead (taken once)
+_guess: PageGuess | None = None  # (guess_pages)
 
 
 def _ahead_key(url, limit, remote_options, same_origin) -> tuple:
@@ -75,11 +78,33 @@ def fetch_page_ahead(url: str, limit: int, remote_options: dict | None = None, *
     threading.Thread(target=context.run, args=(ask,), name="refmount-page-ahead", daemon=True).start()
 
 
+def guess_pages(store) -> PageGuess:
+    """From now on a page asked ahead and not yet answered is guessed (fetch/pageguess.py) from `store`,
+    and every page answered ahead is kept there for next time. The daemon asks the returned guess
+    `right()` before it mounts what it built; `guess_pages(None)`: no more guessing."""
+    global _guess
+    _guess = PageGuess(store) if store is not None else None
+    return _guess
+
+
+def check_guess() -> None:
+    """Before a build fetches or scans anything beyond its listing's pages: GuessWrong when the page
+    it was built on was a wrong guess (fetch/pageguess.py)."""
+    if _guess is not None:
+        _guess.check()
+
+
 def fetch_page(url: str, limit: int, remote_options: dict | None = None, *,
                same_origin: bool = False) -> tuple[str, str, bytes]:
     """(the url found at after redirects, Content-Type, body) of a 200 answer of at most `limit`
     bytes; FetchError (LoginFailed for a refused login) otherwise. Not from the asyncio loop's thread."""
-    ahead = _ahead.pop(_ahead_key(url, limit, remote_options, same_origin), None) if _ahead else None
+    key = _ahead_key(url, limit, remote_options, same_origin)
+    ahead = _ahead.pop(key, None) if _ahead else None
+    if _guess is not None:
+        if ahead is not None:
+            return _guess.answer(page_key(url, limit, dict(key[2]), same_origin), limit, ahead,
+                                 lambda: _ahead.__setitem__(key, ahead))
+        _guess.check()  # (another page: only once the guessed one is known right)
     if ahead is not None:
         ahead.done.wait()
         if ahead.error is not None:
@@ -98,6 +123,7 @@ def fetch_answer(url: str, limit: int, remote_options: dict | None = None, *, sa
     """fetch_page's, with the answer's headers (case-insensitive) instead of its Content-Type; `send`:
     headers of this request only (a catalog's paging header); `post`: a POST of that body instead of a
     GET (a STAC API's next page)."""
+    check_guess()
     return _on_engine(remote_options, lambda backend: backend.page_answer(url, limit, same_origin=same_origin,
                                                                           send=send, post=post))
 
@@ -107,6 +133,7 @@ def exists(url: str, remote_options: dict | None = None) -> bool:
     anything else (a refused login says so)."""
     from refmount.errors import FetchError
 
+    check_guess()
     try:
         _on_engine(remote_options, lambda backend: backend.size(url))
     except FetchError as e:
@@ -122,6 +149,8 @@ def which_exist(urls: list[str], remote_options: dict | None = None, at_once: in
     import asyncio
 
     from refmount.errors import FetchError
+
+    check_guess()
 
     async def ask(backend):
         gate, there = asyncio.Semaphore(at_once), set()

@@ -438,11 +438,9 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
     import pyfuse3
     import trio
 
-    from refmount.fuse.assemble import build_filesystem
     from refmount.fuse.fuse_ops import FuseOperations
 
-    fs, fetcher = build_filesystem(opts, early)
-    fetcher.begin_warm_up(fs.refset.urls)  # imports in a thread while the mount comes up
+    fs, fetcher = _build(opts, early)
     check_remote_options(fs.refset.urls, opts.remote_options)
     fs.mount_info = {"refs": shown_refs(opts.refs), "log": log_shown or opts.log_file or "stderr"}
     operations = FuseOperations(fs)
@@ -499,6 +497,39 @@ def serve(opts: MountOptions, ready: int | None, log_shown: str | None = None) -
             disk.DiskCache.close_all()
     log.info("unmounted %s", opts.mountpoint)
     return 0
+
+
+def _build(opts: MountOptions, early):
+    """build_filesystem; a --concat glob's on its first index page as last answered while the page
+    itself travels (fetch/pageguess.py), and built again on the page as it came if that was not the
+    same. (Not with --cache-dir, whose disk cache a first build holds, nor --refresh: no page ahead.)
+    The fetcher's warm-up is begun as soon as it is built: its imports pass under the page too."""
+    from refmount.fetch.pages import guess_pages
+    from refmount.fuse.assemble import build_filesystem
+
+    def warming(built):
+        fs, fetcher = built
+        fetcher.begin_warm_up(fs.refset.urls)  # imports in a thread while the mount comes up
+        return built
+
+    guess = None
+    if early is not None and opts.concat and not opts.cache_dir:
+        from refmount.refs.scan.store import ScanStore, default_scan_dir
+
+        guess = guess_pages(ScanStore(default_scan_dir()))
+    try:
+        try:
+            built = warming(build_filesystem(opts, early))
+        except Exception:
+            if guess is None or guess.right():  # (the build's own error, as on the page itself)
+                raise
+        else:
+            if guess is None or guess.right():
+                return built
+            del built  # (before the second build: not two in memory)
+    finally:
+        guess_pages(None)
+    return warming(build_filesystem(opts, early))
 
 
 async def _warm_up(fetcher, urls, warmed) -> None:

@@ -63,19 +63,27 @@ class ReaderIdentifier:
         self._one_at_a_time = trio.CapacityLimiter(1)  # (the tables above are not shared across threads)
 
     async def form_of_caller(self, pid: int, opens: bool = True) -> str:
-        """`form_of` in a worker thread: it reads /proc and, once per library file, searches up to
-        64 MiB of it for netCDF-C's version string, which must not hold up the FUSE thread."""
-        return await trio.to_thread.run_sync(self.form_of, pid, opens, limiter=self._one_at_a_time)
+        """`form_of`: on this thread for a process known already (its /proc/PID/stat read, which takes
+        no lock of the caller's memory map, unlike its maps: `ncdump -h` opens ~500 files, and a worker
+        thread's hand-off for each was ~20 ms of it), else in a worker thread: it reads /proc and, once
+        per library file, searches up to 64 MiB of it for netCDF-C's version string, which must not
+        hold up the FUSE thread."""
+        async with self._one_at_a_time:
+            reader = self.identify(pid, known_only=True) or await trio.to_thread.run_sync(self.identify, pid)
+            return self._counted(reader, opens)
 
     def form_of(self, pid: int, opens: bool = True) -> str:
         """The form to serve to the process that sent a request with this pid; counted in `served`
         when it `opens` a file (not when it looks one up)."""
-        reader = self.identify(pid)
+        return self._counted(self.identify(pid), opens)
+
+    def _counted(self, reader: Reader, opens: bool) -> str:
         if opens:
             self.served[reader.label, reader.form] += 1
         return reader.form
 
-    def identify(self, pid: int) -> Reader:
+    def identify(self, pid: int, known_only: bool = False) -> Reader | None:
+        """The reader of this pid; `known_only`: None rather than read more of /proc than its stat."""
         stat = self._stat(pid)
         if stat is None:
             return Reader("unidentified" if pid else "unidentified (another pid namespace)", "", self.fallback, False)
@@ -85,6 +93,8 @@ class ReaderIdentifier:
         if cached is not None and (cached[1].final or cached[0] == vsize):
             self._processes.move_to_end(key)
             return cached[1]
+        if known_only:
+            return None
         reader = self._examine(pid, comm, cached[1] if cached else None)
         self._processes[key] = (vsize, reader)
         self._processes.move_to_end(key)

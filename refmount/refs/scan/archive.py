@@ -226,6 +226,10 @@ def scan_source(location: str, options: ArchiveOptions, *, max_refs_size: int, t
         for s in found[0]:
             log_refused(s)
         return "many", *found
+    if not single:  # (listed from a guessed page? scanned only once it is known right)
+        from refmount.fetch.pages import check_guess
+
+        check_guess()
     started = time.monotonic()
     kind = "file" if single else "many"
 

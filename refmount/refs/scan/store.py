@@ -3,6 +3,7 @@ holding the version it was scanned at (ETag, or Last-Modified and size; a local 
 mtime). A later mount revalidates (a HEAD, listing metadata or a stat) and reads no header again unless
 the version changed. Per source, the names last seen, so that a file gone since is said in the log.
 A --concat combination: its references as JSON after a header line with their digest (refs/scan/kept.py).
+A glob's first index page as last answered, the daemon's guess while it travels (fetch/pageguess.py).
 
 Default place: $XDG_CACHE_HOME/refmount/scans (~/.cache/refmount/scans), or DIR/scans with --cache-dir.
 """
@@ -83,6 +84,30 @@ class ScanStore:
         head = orjson.dumps({**header, "format_version": FORMAT_VERSION, "key": key, "size": len(refs),
                              "sha256": hashlib.sha256(refs).hexdigest()})
         self._write(self._path("combined", key), [head, b"\n", refs])
+
+    def get_page(self, key: str, max_bytes: int) -> tuple[str, str, bytes] | None:
+        """(final url, Content-Type, body) of the index page kept under `key` (fetch/pageguess.py), or
+        None: never kept, another key, longer than `max_bytes`, or damaged."""
+        if not self.directory:
+            return None
+        try:
+            with gzip.open(self._path("page", key), "rb") as f:
+                header = orjson.loads(f.readline(64 << 10))
+                if not isinstance(header, dict) or header.get("format_version") != FORMAT_VERSION \
+                        or header.get("key") != key or not isinstance(header.get("size"), int) \
+                        or not 0 <= header["size"] <= max_bytes or not isinstance(header.get("url"), str) \
+                        or not isinstance(header.get("type"), str):
+                    return None
+                body = f.read(header["size"] + 1)
+        except (OSError, EOFError, ValueError):
+            return None
+        return (header["url"], header["type"], body) if len(body) == header["size"] else None
+
+    def put_page(self, key: str, answer: tuple[str, str, bytes]) -> None:
+        url, kind, body = answer
+        head = orjson.dumps({"format_version": FORMAT_VERSION, "key": key, "url": url, "type": kind,
+                             "size": len(body)})
+        self._write(self._path("page", key), [head, b"\n", body])
 
     def previous_names(self, source: str) -> list[str]:
         entry = self._load(self._path("source", source), 64 << 20)
