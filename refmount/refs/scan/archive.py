@@ -486,7 +486,7 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
     refs, refused = scan.get("refs"), scan.get("refused", [])
     if not isinstance(refs, dict) or not isinstance(refused, list):
         raise ScanFailed("the scanner gave no references")
-    if fmt in ("netcdf3", "fits"):  # (a FITS header's NAXISn are the file's word too)
+    if fmt == "netcdf3":  # (FITS images past the end are left out by their scanner, refs/scan/fits.py)
         _check_complete(entry.url, size, refs)
     if version and not any(str(r).endswith(INSTALL_ARCHIVES) for r in refused):
         store.put(entry.url, version, {"format": fmt, "refs": refs, "refused": refused})
@@ -553,8 +553,8 @@ def small_array_chunks(url: str, refs: dict):
 
 
 def _check_complete(url: str, size: int, refs: dict) -> None:
-    """A netCDF-3 or FITS file cut short (its header still parses) places data past its end: said now as
-    what it is. (HDF5 says so itself; kerchunk's GRIB scanner writes ranges past the end of whole files.)"""
+    """A netCDF-3 file cut short (its header still parses) places data past its end: said now as what
+    it is. (HDF5 says so itself; kerchunk's GRIB scanner writes ranges past the end of whole files.)"""
     from refmount.refs.scan.pool import ScanFailed
 
     end = max((v[1] + v[2] for v in refs.values() if isinstance(v, list) and len(v) == 3 and v[0] == url
