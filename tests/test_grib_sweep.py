@@ -1,4 +1,4 @@
-"""GRIB files of other projects that the sweep (bench/grib_sweep.py, issue 40) found read wrong, a glob
+"""GRIB files of other projects that the sweep (tests/sweeps/grib_sweep.py, issue 40) found read wrong, a glob
 of them on nginx mounted once, each compared with cfgrib on the file (tests/support/gribcompare.py):
 GRIB1 messages (kerchunk's splitter read GRIB2's length field in them: a GRIB1 file was one message and
 its other fields were lost), a file mixing editions 1 and 2, a step of 0 in a tree (grib_tree left its

@@ -2,7 +2,7 @@
 that you do not see"): made by astropy, pyhdf and HDF4's hrepack (tests/data/fits/made/, tests/data/hdf4/made/;
 their make.py wrote them), and zips of a store by other writers. Each variable is read with xarray on the
 mount and compared with the format's own library on the file, or named in one log line; never a wrong
-value. bench/sweep_formats.py and bench/sweep_zipzarr.py run the wider sweep (bench/NOTES.md)."""
+value. tests/sweeps/sweep_formats.py and tests/sweeps/sweep_zipzarr.py run the wider sweep (bench/NOTES.md)."""
 
 from __future__ import annotations
 

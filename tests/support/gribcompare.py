@@ -1,4 +1,4 @@
-"""Compare a mounted GRIB file with cfgrib on the file itself (issue 40's sweep, bench/grib_sweep.py, and
+"""Compare a mounted GRIB file with cfgrib on the file itself (issue 40's sweep, tests/sweeps/grib_sweep.py, and
 tests/test_grib_sweep.py): per cfgrib variable, identical, hidden (a log line of the mount names it),
 MISSING (neither read nor named) or WRONG (its values, coordinates or dims differ), read by netCDF-C on the
 decoded view."""

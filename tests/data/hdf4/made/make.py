@@ -1,4 +1,4 @@
-"""Writes the HDF4 files of this directory and the sweep's (bench/sweep_formats.py):
+"""Writes the HDF4 files of this directory and the sweep's (tests/sweeps/sweep_formats.py):
     python make.py DIR        (pyhdf 0.11.7)
 then, for the sweep's chunked files of every compression (pyhdf has no chunking or NBIT call):
     for c in NONE RLE "HUFF 2" "GZIP 1"; do hrepack -i DIR/none_contiguous.hdf -o DIR/hrepack_$c.hdf -t "*:$c" -c "*:4x3"; done

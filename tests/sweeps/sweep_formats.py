@@ -3,7 +3,7 @@ glob mount per format, raw view), read with xarray on the mount, compared with t
 library on the file (astropy, pyhdf, zarr). Each variable is classified: identical, hidden (named in
 one log line), WRONG (values or dtype differ) or error (a read fails). Prints one table row a file.
 
-    PYTHONPATH=$PWD python bench/sweep_formats.py fits|hdf4 --out /tmp/x  [--files DIR]
+    python -m tests.sweeps.sweep_formats fits|hdf4 --out /tmp/x  [--files DIR]
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.conftest import Mount  # noqa: E402
 
 warnings.simplefilter("ignore")

@@ -2,7 +2,7 @@
 given by --zarr2-python), by `zip` and by zipfile, each mounted from its path and over loopback HTTP
 (RangeServer), every array read with zarr on the mount and compared with zarr on the zip.
 
-    PYTHONPATH=$PWD python bench/sweep_zipzarr.py --out /tmp/x [--zarr2-python /path/to/python]
+    python -m tests.sweeps.sweep_zipzarr --out /tmp/x [--zarr2-python /path/to/python]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.conftest import Mount  # noqa: E402
 from tests.support.rangeserver import RangeServer  # noqa: E402
 

@@ -3,7 +3,7 @@ with cfgrib on the file (issue 40, "files we do not see"). Per file and per cfgr
 hidden (the mount's log names it), MISSING (neither read nor named), WRONG (values, coords or dims differ)
 or error; a markdown table on stdout and every difference in --out.
 
-    python -m bench.grib_sweep --files DIR --out /tmp/x/sweep.md [--idx]
+    python -m tests.sweeps.grib_sweep --files DIR --out /tmp/x/sweep.md [--idx]
 
 --idx writes each file's wgrib2-style .idx beside it (tests/support/gribfiles.py write_idx) and its next
 cycle (another_cycle; names c00.X and c06.X: one kind), so that the second is served from its .idx
@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.conftest import Mount  # noqa: E402
 from tests.support.gribcompare import sweep_file  # noqa: E402
