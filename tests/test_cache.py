@@ -227,3 +227,37 @@ def test_a_sequential_reader_of_one_key_leaves_no_blocks_behind_and_reuses_their
 
     for case in (sequential, at_random, across_keys, for_a_decoder):
         trio.run(case)
+
+
+def test_a_fresh_pool_slot_comes_with_its_pages_made_and_no_view_of_it_left():
+    """`take` makes a fresh slot's pages before anything is written into it (MADV_POPULATE_WRITE,
+    called through ctypes so that the GIL is free meanwhile): the write faults no page in. Taking the
+    slot's address for that call leaves no view of it behind, or the slot could never be reused."""
+    import mmap
+    import platform
+    import re
+    import resource
+
+    from refmount.cache.buffers import BufferPool, _exported
+
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    size = 4 << 20
+    pages = size // mmap.PAGESIZE
+    data = b"\x5a" * size
+    pool = BufferPool()
+    view = pool.take(size)
+    slot = view.obj
+    assert isinstance(slot, mmap.mmap)
+    before = faults()
+    view[:] = data
+    written = faults() - before
+    if tuple(int(n) for n in re.findall(r"\d+", platform.release())[:2]) >= (5, 14):
+        assert written < pages // 16, f"{written} page faults writing a populated slot of {pages} pages"
+    assert bytes(view) == data
+    pool.release(view)
+    del view
+    assert not _exported(slot)
+    again = pool.take(size)
+    assert again.obj is slot and pool.reused == 1
