@@ -392,3 +392,40 @@ def test_thredds_loop_dtd_redirect_away_and_a_million_item_search_each_refused_w
         many = run_refmount("scan", f"{api.url}/search", "-o", out, timeout=300)
         assert many.returncode != 0 and "names more than 100,000 items" in many.stderr, many.stderr
         assert "Traceback" not in many.stderr and len(many.stderr.strip().splitlines()) <= 3
+
+
+def test_a_stac_item_gone_is_left_out_in_one_line_and_any_other_failure_fails_the_mount(mount, scans, daily, tmp_path):
+    """An item link that answers 404 (or 410: never retried) is no more: left out with one line naming
+    it, the other items mount. An item that answers 503 however long it is asked fails the mount in one
+    line (a passing outage must not mount a partial catalog), and so does a catalog whose items are all gone."""
+    trees = {}
+    for name in ("one_gone", "one_failing", "all_gone"):
+        write_stac(tmp_path / name, daily)
+        trees[name] = tmp_path / name / "stac" / "daily"
+    gone, failing = daily[1].stem, daily[2].stem
+    (trees["one_gone"] / gone / f"{gone}.json").unlink()
+    for f in daily:
+        (trees["all_gone"] / f.stem / f"{f.stem}.json").unlink()
+    block = (f"root {tmp_path}; location = /one_failing/stac/daily/{failing}/{failing}.json {{ return 503; }} "
+             f"location = /all_gone/stac/daily/{failing}/{failing}.json {{ return 410; }}")
+    with Nginx(tmp_path / "nginx", block) as nginx:
+        m = mount(f"{nginx.url}/one_gone/stac/catalog.json", "--view", "raw")
+        assert listed(m.path) == sorted(f.stem for f in daily if f.stem != gone)
+        for f in daily:
+            if f.stem != gone:
+                assert_same(m.path / f.stem, f)
+        said = [line for line in m.log().splitlines() if "gone, left out" in line]
+        gone_url = f"{nginx.url}/one_gone/stac/daily/{gone}/{gone}.json"
+        assert len(said) == 1 and gone_url in said[0] and "HTTP 404" in said[0], m.log()
+
+        failing_url = f"{nginx.url}/one_failing/stac/daily/{failing}/{failing}.json"
+        with pytest.raises(RuntimeError) as failed:
+            mount(f"{nginx.url}/one_failing/stac/catalog.json", "--view", "raw")  # (after 20 tries, ~21 s)
+        said = [line for line in str(failed.value).splitlines() if failing_url in line]
+        assert len(said) == 1 and "503" in said[0] and "gone" not in said[0], str(failed.value)
+
+        with pytest.raises(RuntimeError) as failed:
+            mount(f"{nginx.url}/all_gone/stac/catalog.json", "--view", "raw")
+        text = str(failed.value)
+        assert "every item of the catalog" in text and text.count("gone, left out") == 3, text
+        assert f"{failing}.json' answered HTTP 410" in text, text

@@ -209,6 +209,7 @@ def test_a_warm_mount_on_a_guessed_page_serves_what_a_build_on_the_page_serves(m
 
             _settle(make_daily(data, 4, 7, 12)[3:])  # a day more: the guess is wrong, built again
             changed = guessed_mount(mount, relay, tmp_path, url, "otherwise: built again")
+            assert "the build on the guessed page let go" in changed.log()  # (joined and closed, not dropped)
             got = tree(changed.path)
             assert "\ttime = 96 ;" in got["ncdump -h"] and "\ttime = 72 ;" in expected["ncdump -h"]  # (4 days, 3 before)
             fresh = mount(url, "--concat", "time", env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg-fresh")})
@@ -221,5 +222,86 @@ def test_a_warm_mount_on_a_guessed_page_serves_what_a_build_on_the_page_serves(m
             again = guessed_mount(mount, relay, tmp_path, url, "as guessed")
             assert tree(again.path) == got
         finally:
+            relay.release()
+            relay.close()
+
+
+def test_a_wrong_guess_leaves_no_thread_or_fetcher_of_its_build_behind(tmp_path, monkeypatch):
+    """The daemon's build on a wrong guess (the listing gained a day) is let go before the build again:
+    its fetcher's warm-up thread joined and the fetcher closed, so that once `_build` returns (here in
+    this process, as `refmount mount` runs it) the only warm-up thread and fetcher are the served build's,
+    and this process holds no connection to the server beyond those of the build without a guess."""
+    import gc
+    import logging
+
+    from refmount.cli import build_parser, options_from_args
+    from refmount.fetch import Fetcher
+    from refmount.fuse import daemon
+    from refmount.fuse.early import BeginLoading
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    data = tmp_path / "www" / "data" / "tas"
+    _settle(make_daily(data, 3, 7, 12))
+
+    def build(url):
+        opts = options_from_args(build_parser().parse_args(["mount", url, str(tmp_path), "--concat", "time"]))
+        return daemon._build(opts, BeginLoading(opts))
+
+    def warming():  # (this test's: not another test's in the same process)
+        return [t for t in threading.enumerate() if t.name == "refmount-warm-up" and t.is_alive() and t not in others]
+
+    def connections():
+        """This process's established connections to the relay (/proc/net/tcp against its own fds)."""
+        mine = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                mine.add(os.readlink(f"/proc/self/fd/{fd}"))
+            except OSError:  # (the listing's own fd, closed since)
+                pass
+        rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+        return sum(1 for row in rows if (f := row.split())[3] == "01" and int(f[2].split(":")[1], 16) == relay.port
+                   and f"socket:[{f[9]}]" in mine)
+
+    def fetchers():
+        gc.collect()
+        return [o for o in gc.get_objects() if isinstance(o, Fetcher) and not any(o is f for f in others)]
+
+    others: list = []
+    others += [*fetchers(), *warming()]  # (held: their ids are not reused)
+
+    class Said(logging.Handler):
+        def emit(self, record):
+            message = record.getMessage()
+            said.append(message)
+            if GUESSED in message:
+                relay.release()
+
+    said: list[str] = []
+    handler, logger = Said(), logging.getLogger("refmount")
+    with Nginx(tmp_path / "nginx", f"root {tmp_path / 'www'}; location /data/ {{ autoindex on; }}") as nginx:
+        relay = HeldAnswers(nginx.port)
+        level = logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+        try:
+            url = f"http://127.0.0.1:{relay.port}/data/tas/*.nc"
+            built = build(url)  # cold: the page and its combination kept for next time
+            built[1].close_unused()
+            del built
+            assert not warming() and not fetchers()
+            baseline = connections()  # (the page's engine keeps none open: 0 here)
+            _settle(make_daily(data, 4, 7, 12)[3:])  # a day more: the guess is wrong
+            said.clear()
+            relay.hold()
+            fs, fetcher = build(url)
+            assert any(GUESSED in m for m in said) and any("otherwise: built again" in m for m in said), said
+            assert any("the build on the guessed page let go" in m for m in said), said
+            assert warming() in ([], [fetcher._warming])  # (the served build's own, if still importing)
+            assert fetchers() == [fetcher]
+            assert connections() == baseline
+            fetcher.close_unused()
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
             relay.release()
             relay.close()

@@ -292,6 +292,19 @@ class Fetcher:
         when the server gave none or the backend does not keep them."""
         return getattr(self._backend(url), "validators", lambda _: (None, None))(url)
 
+    def close_unused(self) -> None:
+        """Let go of a fetcher no trio run has used (a build dropped before it was mounted: a wrong
+        page guess, fuse/daemon.py `_build`): its warm-up thread joined (it only imports, which cannot
+        be stopped midway and which the build again needs too), its files and connections closed."""
+        import asyncio
+
+        if self._warming is not None:
+            self._warming.join()
+        self.local.close()
+        for backend in self._remotes.values():
+            asyncio.run_coroutine_threadsafe(backend.close(), self._asyncio()).result(timeout=30)
+        self._remotes.clear()
+
     async def aclose(self) -> None:
         self.local.close()
         if self._loop is not None:

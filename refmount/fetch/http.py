@@ -275,7 +275,8 @@ class HttpBackend:
             # skip its check of a redirect's addresses)
             connector = aiohttp.TCPConnector(limit=0, limit_per_host=self.connections_per_host,
                                              keepalive_timeout=direct.IDLE_TIMEOUT, use_dns_cache=False,
-                                             resolver=addresses.resolver(), ssl=self.ssl)
+                                             resolver=addresses.resolver(), ssl=self.ssl,
+                                             socket_factory=roundtrip.opening)
             timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.policy.connect_timeout,
                                             sock_read=self.policy.stall_timeout)
             # trust_env is off: aiohttp would then look up the proxy and ~/.netrc in a worker thread
@@ -448,7 +449,7 @@ class HttpBackend:
                 try:
                     if refused:
                         raise addresses.InternalAddress(refused)
-                    with addresses.guarded(guarded, trail.why_guarded()):
+                    with addresses.guarded(guarded, trail.why_guarded()), roundtrip.opened_by() as opened:
                         asked = time.monotonic()
                         resp = await session.request(method, where, headers=sent, allow_redirects=False,
                                                      data=body, **self._route(url))
@@ -465,11 +466,9 @@ class HttpBackend:
                     resp.release()
                     raise
                 if not redirect:
-                    if not self._route(url):  # (a proxy's round trip is not the origin's)
-                        # (a HEAD's connection is back in the pool already: its protocol is still at hand)
-                        transport = getattr(getattr(resp, "_protocol", None), "transport", None)
-                        if transport is not None:
-                            roundtrip.note(url, transport.get_extra_info("socket"), time.monotonic() - asked)
+                    sock = roundtrip.connected(opened)  # (None: a connection reused, noted when new)
+                    if sock is not None and not self._route(url):  # (a proxy's round trip is not the origin's)
+                        roundtrip.note(url, sock, time.monotonic() - asked)
                     return resp
                 resp.release()
                 here, there = urlsplit(url), urlsplit(target)

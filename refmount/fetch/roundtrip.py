@@ -5,10 +5,14 @@ request's own time adds this machine's load (a loopback HEAD took 1, 1, 20 and 8
 so it counts only when it is long.
 
 Written from the asyncio thread (fetch/http.py `_request`: the size probe, or whatever asks first),
-read on the trio thread: one dict, first figure per host kept."""
+read on the trio thread: one dict, first figure per host kept. aiohttp's session hands over the
+sockets it opens through TCPConnector's public `socket_factory` (`opening`): a response has let go of
+its connection by the time a HEAD, or a GET whose body came with its headers, returns."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import socket
 import struct
 
@@ -17,6 +21,40 @@ from refmount.fetch.stats import host_of
 _TCPI_RTT = 68  # offset of struct tcp_info's tcpi_rtt (u32, microseconds) on Linux
 _LATE = 0.025  # seconds: a loopback server answers a HEAD in about 1 ms (up to ~20 ms at load 5)
 _seen: dict[str, float] = {}
+# The sockets opened for the request under way in this task (None: nobody is listening). The
+# connector opens them in the request's task or its happy-eyeballs children, which share the list.
+_opened: contextvars.ContextVar[list | None] = contextvars.ContextVar("roundtrip_opened", default=None)
+
+
+def opening(addr_info) -> socket.socket:
+    """aiohttp's TCPConnector `socket_factory`: the socket aiohappyeyeballs would make, kept for
+    `opened_by` when a request is listening."""
+    family, type_, proto, _, _ = addr_info
+    sock = socket.socket(family=family, type=type_, proto=proto)
+    opened = _opened.get()
+    if opened is not None:
+        opened.append(sock)
+    return sock
+
+
+@contextlib.contextmanager
+def opened_by():
+    """The sockets the connector opens in this task while inside: a list, newest last (the losers
+    of a happy-eyeballs race are closed by then)."""
+    opened: list = []
+    token = _opened.set(opened)
+    try:
+        yield opened
+    finally:
+        _opened.reset(token)
+
+
+def connected(opened: list):
+    """The connected socket among `opened`, or None (none opened: the connection was reused)."""
+    for sock in reversed(opened):
+        if sock.fileno() != -1:
+            return sock
+    return None
 
 
 def tcp_rtt(sock) -> float | None:

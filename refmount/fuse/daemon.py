@@ -526,10 +526,20 @@ def _build(opts: MountOptions, early):
         else:
             if guess is None or guess.right():
                 return built
+            _let_go(*built)
             del built  # (before the second build: not two in memory)
     finally:
         guess_pages(None)
     return warming(build_filesystem(opts, early))
+
+
+def _let_go(fs, fetcher) -> None:
+    """A build that is not served (built on a wrong page guess): its fetcher's warm-up thread joined
+    and its connections and files closed, its scanners stopped, before the build again."""
+    fetcher.close_unused()
+    if hasattr(fs, "scanner"):
+        fs.scanner.close()
+    log.debug("the build on the guessed page let go: its warm-up thread joined, its fetcher closed")
 
 
 async def _warm_up(fetcher, urls, warmed) -> None:

@@ -50,8 +50,14 @@ _NO_TYPE = ("", "application/octet-stream", "binary/octet-stream")  # (the name'
 _REFERENCE_ROLES = {"references", "reference", "kerchunk", "index", "virtual"}
 STORES = {"zarr": "a Zarr store", "icechunk": "an Icechunk repository", "parquet": "kerchunk Parquet references"}
 
+GONE = (404, 410)  # what a STAC item link may answer to be left out: never retried, the item is no more
+
+
 class CatalogError(RefmountError):
-    """A catalog that cannot be listed (one line naming its url)."""
+    """A catalog that cannot be listed (one line naming its url); `status`: the HTTP status of the
+    document that could not be fetched, if that was it."""
+
+    status: int | None = None
 
 
 def catalog_kind(location: str) -> str | None:
@@ -115,9 +121,12 @@ class _Walk:
                                                  same_origin=True, send=send, post=post)
         except FetchError as e:
             why = str(e).removeprefix(f"{redact(url)}: ")
-            if isinstance(e, LoginFailed) or getattr(e, "status", None) in (401, 403):
+            status = getattr(e, "status", None)
+            if isinstance(e, LoginFailed) or status in (401, 403):
                 why = f"access refused: {why}"
-            raise CatalogError(f"cannot read the catalog {quote(redact(url))}: {why}") from None
+            error = CatalogError(f"cannot read the catalog {quote(redact(url))}: {why}")
+            error.status = status
+            raise error from None
         if _origin(final) != self.home:
             raise CatalogError(f"the catalog {quote(redact(url))} was redirected to another host "
                                f"({redact(final)}), which is not followed")
@@ -229,8 +238,12 @@ class _Stac(_Walk):
         self.pystac = _pystac()
         self.entries: list = []
         self.invalid: list[str] = []
+        self.gone: list[str] = []  # item links that answered 404 or 410 (each said once, left out)
         self.seen.add(self.location)
         self._walk()
+        if self.gone and not self.entries:
+            raise CatalogError(f"every item of the catalog {quote(redact(self.location))} is gone "
+                               f"({len(self.gone)}, the first {self.gone[0]})")
         if self.invalid:
             log.warning("%s: %d item(s) that are not valid STAC left out (%s)", redact(self.location),
                         len(self.invalid), self.invalid[0])
@@ -238,11 +251,22 @@ class _Stac(_Walk):
         return self.entries
 
     def _walk(self) -> None:
-        todo = deque([(self.location, 0, None)])  # (url, depth, the body of a POST for a next page)
+        # (url, depth, the body of a POST for a next page, the rel of the link that named it)
+        todo = deque([(self.location, 0, None, None)])
         while todo:
-            url, depth, body = todo.popleft()
+            url, depth, body, rel = todo.popleft()
             post = json.dumps(body).encode() if body is not None else None
-            final, _, doc = self.fetch_json(url, {"Content-Type": "application/json"} if post else None, post)
+            try:
+                final, _, doc = self.fetch_json(url, {"Content-Type": "application/json"} if post else None, post)
+            except CatalogError as e:
+                # An item the server says is no more (404/410 are never retried) is left out; any other
+                # failure (403, a 5xx after the retries, a timeout, no JSON) fails the listing: a mount
+                # must not come up partial over a passing outage. A child catalog gone is not an item.
+                if rel != "item" or e.status not in GONE:
+                    raise
+                self.gone.append(f"{redact(url)} (HTTP {e.status})")
+                log.warning("the catalog's item %s answered HTTP %d: gone, left out", quote(redact(url)), e.status)
+                continue
             if not isinstance(doc, dict):
                 raise CatalogError(f"{quote(redact(url))} is not a STAC document")
             kind = doc.get("type")
@@ -262,7 +286,7 @@ class _Stac(_Walk):
                         break
                     nxt = self.follow(final, link.href, f"a {link.rel} link")
                     if nxt:
-                        todo.append((nxt, depth + 1, None))
+                        todo.append((nxt, depth + 1, None, link.rel))
             else:
                 raise CatalogError(f"{quote(redact(url))} is not a STAC catalog, collection, item or item search "
                                    f"(type {str(kind)[:40]!r})")
@@ -307,7 +331,7 @@ class _Stac(_Walk):
                 continue
             nxt = self.follow(final, href, "the next page", after)
             if nxt:
-                todo.append((nxt, depth, after))
+                todo.append((nxt, depth, after, None))
             break
 
     def _item(self, base: str, item) -> None:
