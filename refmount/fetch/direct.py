@@ -154,8 +154,8 @@ class Origin:
 
 
 class Request:
-    """One ranged GET (or a page's GET); `run` (`page`) blocks in a worker thread, `abort` may be called
-    from any thread."""
+    """One ranged GET (or a page's GET, or a HEAD); `run` (`page`, `head`) blocks in a worker thread,
+    `abort` may be called from any thread."""
 
     def __init__(self, origin: Origin, target: str, headers: dict, take=None) -> None:
         self.origin, self.target, self.headers = origin, target, headers
@@ -165,6 +165,12 @@ class Request:
         self._sock: socket.socket | None = None  # its socket (http.client drops conn.sock on Connection: close)
         self._aborted = False
         self.sent = False  # whether the request went out on a connection (the server may have seen it)
+        self.method = "GET"
+
+    @property
+    def sock(self) -> socket.socket | None:
+        """The socket of the connection in use (None before it is sent and after it is done)."""
+        return self._sock
 
     def abort(self) -> None:
         """Make the blocked `run` fail now (its connection is never reused)."""
@@ -216,6 +222,25 @@ class Request:
             if conn is not None:
                 conn.close()
 
+    def head(self, accept):
+        """A HEAD: what `accept(response)` makes of its status and headers (None: the general path must
+        ask). The connection goes back to the origin's pool (a HEAD's answer has no body)."""
+        self.method = "HEAD"
+        try:
+            resp = self._send_on(self.origin.take())
+            answer = accept(resp)
+            resp.read()  # (nothing: http.client knows a HEAD's answer ends with its headers)
+            with self._lock:
+                if not self._aborted and not resp.will_close:
+                    self.origin.give_back(self._conn)
+                    self._conn = self._sock = None
+            return answer
+        finally:
+            with self._lock:
+                conn, self._conn, self._sock = self._conn, None, None
+            if conn is not None:
+                conn.close()
+
     def _send_on(self, idle: http.client.HTTPConnection | None) -> http.client.HTTPResponse:
         if idle is not None:
             try:
@@ -231,7 +256,7 @@ class Request:
         if aborted:
             raise ConnectionAbortedError("request cancelled")
         self.sent = True
-        conn.request("GET", self.target, headers=self.headers)
+        conn.request(self.method, self.target, headers=self.headers)
         return conn.getresponse()
 
 
