@@ -196,16 +196,10 @@ class Request:
                 pieces = _readinto_body(resp, start, length, piece, self.take)
             else:
                 pieces = _recv_body(resp, self._sock, start, length, piece, self.origin.stall_timeout, self.take)
-            with self._lock:
-                if not self._aborted and not resp.will_close:
-                    self.origin.give_back(self._conn)
-                    self._conn = self._sock = None
+            self._give_back(resp)
             return pieces
         finally:
-            with self._lock:
-                conn, self._conn, self._sock = self._conn, None, None
-            if conn is not None:
-                conn.close()
+            self._close()
 
     def page(self, most: int, accept) -> tuple[str, bytes] | None:
         """(Content-Type, body) of a whole small answer (a page: its Content-Length or chunks, which
@@ -217,10 +211,7 @@ class Request:
                 return None
             return resp.headers.get("Content-Type", ""), resp.read(most)
         finally:
-            with self._lock:
-                conn, self._conn, self._sock = self._conn, None, None
-            if conn is not None:
-                conn.close()
+            self._close()
 
     def head(self, accept):
         """A HEAD: what `accept(response)` makes of its status and headers (None: the general path must
@@ -230,16 +221,24 @@ class Request:
             resp = self._send_on(self.origin.take())
             answer = accept(resp)
             resp.read()  # (nothing: http.client knows a HEAD's answer ends with its headers)
-            with self._lock:
-                if not self._aborted and not resp.will_close:
-                    self.origin.give_back(self._conn)
-                    self._conn = self._sock = None
+            self._give_back(resp)
             return answer
         finally:
-            with self._lock:
-                conn, self._conn, self._sock = self._conn, None, None
-            if conn is not None:
-                conn.close()
+            self._close()
+
+    def _give_back(self, resp: http.client.HTTPResponse) -> None:
+        """The connection, its answer read whole, goes back to the origin's pool (unless aborted or closing)."""
+        with self._lock:
+            if not self._aborted and not resp.will_close:
+                self.origin.give_back(self._conn)
+                self._conn = self._sock = None
+
+    def _close(self) -> None:
+        """Close the connection in use, if it was not given back."""
+        with self._lock:
+            conn, self._conn, self._sock = self._conn, None, None
+        if conn is not None:
+            conn.close()
 
     def _send_on(self, idle: http.client.HTTPConnection | None) -> http.client.HTTPResponse:
         if idle is not None:
