@@ -16,9 +16,10 @@ With --gil-share two py-spys sample the daemon in every run (`--idle`: every thr
 trio thread) holds the GIL during the read is printed per run and as a median; a tree whose `pyfuse3` is refmount's
 build (.ci/pyfuse3/build-nogil) as --baseline compares it with the plain one.
 With --disk the read is the disk cache's re-read instead: the file is read once through a mount with
-`--cache-dir` (filling it), then each run remounts (empty memory, full disk cache), drops the page cache
-and reads it again; after each run's reads `cat` of the cache's block files, cold, gives the disk's own
-limit, and the ratio to it is printed.
+`--cache-dir` (filling it), then each run remounts (empty memory, full disk cache), waits for the
+remount's first stat (the object's size and validator, a HEAD: printed, not timed), drops the page cache
+and reads it again; after each run's reads `cat` of the cache's block files (listed once, in block
+order), cold, gives the disk's own limit, and the ratio to it is printed.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from harness.inputs import big_file
-from harness.mounts import refmount_mounted, remove_scratch, wait_cache_dir_free
+from harness.mounts import (cat_cold_mbps, disk_cache_blocks, refmount_mounted, remove_scratch, stat_after_remount_ms,
+                            wait_cache_dir_free)
 from harness.peers import curl_whole
 from harness.record import Record
 from harness.servers import nginx_serving
@@ -176,6 +178,8 @@ def main() -> int:
             if args.disk:
                 wait_cache_dir_free(disk_dir)
             with refmount_mounted(refs, run_dir / "mnt-refmount", options, codes[who]) as m:
+                if args.disk:  # the remount's HEAD (and the import of its client) is not the re-read's
+                    print(f"  first stat after the remount: {stat_after_remount_ms(m.path / 'big'):.0f} ms")
                 drop_caches()
                 spy = None
                 if args.profile and n == args.runs - 1 and who == "this":
@@ -235,7 +239,7 @@ def main() -> int:
                       f"{faults / (size / 1e9):.0f} minor page faults/GB, load average {os.getloadavg()[0]:.1f}",
                       flush=True)
             if args.disk and who == list(codes)[-1 if n % 2 == 0 else 0]:
-                cats.append(cat_blocks_mbps(disk_dir, size))
+                cats.append(cat_cold_mbps(disk_cache_blocks(disk_dir), size))
                 print(f"  cat of the block files, cold: {cats[-1]:.0f} MB/s", flush=True)
         curl = curl_cpu(url + "big.bin", size, args.runs)  # the wire's own cost, in the same run
     for who in codes:
@@ -274,13 +278,6 @@ def fill_disk_cache(refs: Path, mnt: Path, options: list[str], size: int) -> Non
     with refmount_mounted(refs, mnt, options) as m:
         timed(f"dd if={m.path / 'big'} of=/dev/null bs=1M")
         wait_for(lambda: m.stats()["disk"]["bytes"] >= size, "the disk cache to be written", 300)
-
-
-def cat_blocks_mbps(disk_dir: Path, size: int) -> float:
-    """`cat` of the disk cache's block files after dropping the page cache: the disk's own limit."""
-    drop_caches()
-    seconds, _, _ = timed(f"find {shlex.quote(str(disk_dir))} -type f -name '[0-9]*' -print0 | xargs -0 cat > /dev/null")
-    return size / seconds / 1e6
 
 
 def curl_cpu(url: str, size: int, runs: int) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import time
+import urllib.request
 
 import pytest
 import trio
@@ -597,3 +598,43 @@ def test_a_first_get_answered_with_its_body_notes_the_round_trip_of_the_connecti
     assert with_fetcher("aiohttp", lambda fetcher: joined(fetcher, url, 10, 110)) == blob[10:110]
     rtt = roundtrip.of(url)
     assert rtt is not None and 0 < rtt < 1.0
+
+
+def test_the_size_and_validator_come_from_the_stdlib_engines_head_without_aiohttp(server, blob):
+    """A mount's first stat of a whole-file reference (and the disk cache's validator) waits for
+    the object's size: on the stdlib engine a plain HEAD answers it, without the asyncio loop (or
+    aiohttp's import: 0.1-0.3 s after a mount), its validators checked as any answer's."""
+    url = server.url_for("blob.bin")
+
+    async def body(fetcher):
+        size, identity = await fetcher.size(url), await fetcher.identity(url)
+        return size, identity, fetcher._loop
+    size, identity, loop = with_fetcher("stdlib", body)
+    assert size == SIZE and loop is None  # (the asyncio loop never started)
+    heads = [(method, h) for (method, _, _), h in zip(server.stats["log"], server.stats["headers"]) if method == "HEAD"]
+    assert len(heads) == 1 and "aiohttp" not in heads[0][1].get("user-agent", "")  # one HEAD, by http.client
+    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD")) as answer:  # (the oracle)
+        etag = answer.headers["ETag"]
+    assert etag and identity == f"etag {etag}"
+
+
+@pytest.mark.parametrize("answer", [405, 200], ids=["refused", "no-length"])
+def test_a_head_the_stdlib_engine_cannot_use_leaves_the_size_to_the_general_path(server, blob, answer, monkeypatch):
+    """A HEAD refused, or a 200 without Content-Length: the size comes the general way (aiohttp's
+    HEAD, then a one-byte GET), right."""
+    url = server.url_for("blob.bin")
+    if answer == 405:
+        server.head_status = 405
+    else:
+        from refmount.fetch import direct
+
+        real = direct.Request.head
+
+        def no_length(self, accept):
+            def stripped(resp):
+                del resp.headers["Content-Length"]
+                return accept(resp)
+            return real(self, stripped)
+        monkeypatch.setattr(direct.Request, "head", no_length)
+    assert with_fetcher("stdlib", lambda fetcher: fetcher.size(url)) == SIZE
+    assert aiohttp_requests(server) >= 1

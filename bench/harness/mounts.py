@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness import ROOT
-from harness.system import TreePeak, proc_status_mib, stop, vmhwm_mib, wait_for
+from harness.system import TreePeak, drop_caches, proc_status_mib, stop, vmhwm_mib, wait_for
 
 PYTHON = sys.executable
 
@@ -68,6 +68,32 @@ def wait_cache_dir_free(cache_dir: Path, timeout: float = 120) -> None:
         return True
 
     wait_for(free, f"the last daemon to let go of {cache_dir}", timeout)
+
+
+def disk_cache_blocks(cache_dir: Path) -> list[Path]:
+    """The block files of the --cache-dir `cache_dir`, each object's in block order (listed once, so
+    that a timed `cat` of them reads files, not directories, and in the order a sequential reader's
+    daemon reads them: a `find` lists a directory in its hash order)."""
+    blocks = [p for p in cache_dir.glob("*/*/*/*") if p.name.isdigit()]
+    return sorted(blocks, key=lambda p: (str(p.parent), int(p.name)))
+
+
+def cat_cold_mbps(blocks: list[Path], nbytes: int) -> float:
+    """`cat` of the block files `blocks` after dropping the page cache, as MB/s of `nbytes` (the data
+    they hold): the disk's own limit for a re-read from the disk cache."""
+    drop_caches()
+    t0 = time.perf_counter()
+    subprocess.run(["cat", *map(str, blocks)], stdout=subprocess.DEVNULL, check=True)
+    return nbytes / (time.perf_counter() - t0) / 1e6
+
+
+def stat_after_remount_ms(path: Path) -> float:
+    """A stat of `path` on a mount just made, in ms: it waits for what the mount looks up first (a
+    whole-file reference's size and validator: a HEAD, and the import of the client that sends it), a
+    cost of the remount that a re-read timed after it should not carry (reported apart)."""
+    t0 = time.perf_counter()
+    os.stat(path)
+    return (time.perf_counter() - t0) * 1000
 
 
 def is_mounted(path: Path) -> bool:

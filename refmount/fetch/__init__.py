@@ -266,7 +266,8 @@ class Fetcher:
 
         async def size():
             await self._signed(backend, url)
-            return await run_on_asyncio(backend.size(url), self._asyncio())
+            size = await self._size_direct(backend, url)
+            return size if size is not None else await run_on_asyncio(backend.size(url), self._asyncio())
 
         return await self._remembering_failure(url, size)
 
@@ -277,7 +278,17 @@ class Fetcher:
         if backend is self.local:
             return None
         await self._signed(backend, url)
+        size = await self._size_direct(backend, url)
+        if size is not None:
+            return backend.identity_known(url, size)
         return await run_on_asyncio(backend.identity(url), self._asyncio())
+
+    @staticmethod
+    async def _size_direct(backend, url: str) -> int | None:
+        """The object's size from the stdlib engine's HEAD, if the backend has one and it answered
+        plainly (HttpBackend.size_direct), else None."""
+        size_direct = getattr(backend, "size_direct", None)
+        return None if size_direct is None else await size_direct(url)
 
     def forget(self, url: str) -> None:
         """Forget the version of `url` seen so far (its size and validators, a local file's descriptor),

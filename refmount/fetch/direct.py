@@ -154,8 +154,8 @@ class Origin:
 
 
 class Request:
-    """One ranged GET (or a page's GET); `run` (`page`) blocks in a worker thread, `abort` may be called
-    from any thread."""
+    """One ranged GET (or a page's GET, or a HEAD); `run` (`page`, `head`) blocks in a worker thread,
+    `abort` may be called from any thread."""
 
     def __init__(self, origin: Origin, target: str, headers: dict, take=None) -> None:
         self.origin, self.target, self.headers = origin, target, headers
@@ -165,6 +165,12 @@ class Request:
         self._sock: socket.socket | None = None  # its socket (http.client drops conn.sock on Connection: close)
         self._aborted = False
         self.sent = False  # whether the request went out on a connection (the server may have seen it)
+        self.method = "GET"
+
+    @property
+    def sock(self) -> socket.socket | None:
+        """The socket of the connection in use (None before it is sent and after it is done)."""
+        return self._sock
 
     def abort(self) -> None:
         """Make the blocked `run` fail now (its connection is never reused)."""
@@ -190,16 +196,10 @@ class Request:
                 pieces = _readinto_body(resp, start, length, piece, self.take)
             else:
                 pieces = _recv_body(resp, self._sock, start, length, piece, self.origin.stall_timeout, self.take)
-            with self._lock:
-                if not self._aborted and not resp.will_close:
-                    self.origin.give_back(self._conn)
-                    self._conn = self._sock = None
+            self._give_back(resp)
             return pieces
         finally:
-            with self._lock:
-                conn, self._conn, self._sock = self._conn, None, None
-            if conn is not None:
-                conn.close()
+            self._close()
 
     def page(self, most: int, accept) -> tuple[str, bytes] | None:
         """(Content-Type, body) of a whole small answer (a page: its Content-Length or chunks, which
@@ -211,10 +211,34 @@ class Request:
                 return None
             return resp.headers.get("Content-Type", ""), resp.read(most)
         finally:
-            with self._lock:
-                conn, self._conn, self._sock = self._conn, None, None
-            if conn is not None:
-                conn.close()
+            self._close()
+
+    def head(self, accept):
+        """A HEAD: what `accept(response)` makes of its status and headers (None: the general path must
+        ask). The connection goes back to the origin's pool (a HEAD's answer has no body)."""
+        self.method = "HEAD"
+        try:
+            resp = self._send_on(self.origin.take())
+            answer = accept(resp)
+            resp.read()  # (nothing: http.client knows a HEAD's answer ends with its headers)
+            self._give_back(resp)
+            return answer
+        finally:
+            self._close()
+
+    def _give_back(self, resp: http.client.HTTPResponse) -> None:
+        """The connection, its answer read whole, goes back to the origin's pool (unless aborted or closing)."""
+        with self._lock:
+            if not self._aborted and not resp.will_close:
+                self.origin.give_back(self._conn)
+                self._conn = self._sock = None
+
+    def _close(self) -> None:
+        """Close the connection in use, if it was not given back."""
+        with self._lock:
+            conn, self._conn, self._sock = self._conn, None, None
+        if conn is not None:
+            conn.close()
 
     def _send_on(self, idle: http.client.HTTPConnection | None) -> http.client.HTTPResponse:
         if idle is not None:
@@ -231,7 +255,7 @@ class Request:
         if aborted:
             raise ConnectionAbortedError("request cancelled")
         self.sent = True
-        conn.request("GET", self.target, headers=self.headers)
+        conn.request(self.method, self.target, headers=self.headers)
         return conn.getresponse()
 
 

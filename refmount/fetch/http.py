@@ -344,10 +344,60 @@ class HttpBackend:
         version = self._versions.get(url)
         return (version.etag, version.modified) if version else (None, None)
 
+    async def size_direct(self, url: str) -> int | None:
+        """size()'s answer by a HEAD on the stdlib engine, from the trio thread, when it is a plain 200
+        with a Content-Length: the first stat of a whole-file reference (and the disk cache's validator)
+        then waits for neither aiohttp's import nor the asyncio loop (0.1-0.3 s after a mount:
+        bench/NOTES.md, "the disk cache's re-read, measured in turn"). None for anything else (no
+        stdlib engine, a proxy or signer, another status, a failure, a timeout): size() asks on the
+        general path, with its retries."""
+        if url in self._sizes:
+            return self._sizes[url]
+        if not self.direct or self.signer is not None:
+            return None
+        target = self._direct_target(url)
+        if target is None:
+            return None
+        origin, path, wire = target
+        headers = {**self.logins.trail(wire, self.headers).headers(wire, signed=False), "Accept-Encoding": "identity"}
+        request = direct.Request(origin, path, headers)
+
+        def plain(resp: http.client.HTTPResponse) -> int | None:  # (in the worker thread)
+            if not self._route(url):  # (the pacer sizes the host's opening from its round trip: roundtrip.py)
+                roundtrip.note(url, request.sock, time.monotonic() - asked)
+            self.logins.keep_cookies(url, resp.headers.get_all("Set-Cookie") or [])
+            length = resp.headers.get("Content-Length", "")
+            if resp.status != 200 or not length.isdigit():
+                return None
+            try:
+                self._check_response(url, resp.headers, int(length))
+            except Passing:  # (an encoded body: the general path says so)
+                return None
+            return int(length)
+
+        size = None
+        with trio.move_on_after(policy_now(self.policy).connect_timeout + policy_now(self.policy).stall_timeout):
+            async with self._trio_slots(url):
+                try:
+                    asked = time.monotonic()
+                    size = await run_in_worker(lambda: request.head(plain), request.abort)
+                except (http.client.HTTPException, OSError, ValueError):
+                    # (ssl, timeouts and a refused address are OSErrors; the general path says what went wrong)
+                    size = None
+                finally:
+                    if request.sent:
+                        self.stats.request(url)
+        if size is not None:
+            self._sizes[url] = size
+        return size
+
     async def identity(self, url: str) -> str | None:
         """What names this version of the object: a strong ETag, else its size and Last-Modified;
         None when the server gives neither (one HEAD per url, shared with size())."""
-        size = await self.size(url)
+        return self.identity_known(url, await self.size(url))
+
+    def identity_known(self, url: str, size: int) -> str | None:
+        """identity() once the object's size (and with it its validators) is known."""
         version = self._versions.get(url)
         etag = version.etag if version else None
         if etag and not etag.startswith("W/"):  # a weak ETag does not promise identical bytes

@@ -4,10 +4,11 @@ sizes a host's opening from it. Loopback measures 6-35 µs, a long link its own 
 request's own time adds this machine's load (a loopback HEAD took 1, 1, 20 and 84 ms at load 4-5),
 so it counts only when it is long.
 
-Written from the asyncio thread (fetch/http.py `_request`: the size probe, or whatever asks first),
-read on the trio thread: one dict, first figure per host kept. aiohttp's session hands over the
-sockets it opens through TCPConnector's public `socket_factory` (`opening`): a response has let go of
-its connection by the time a HEAD, or a GET whose body came with its headers, returns."""
+Written from the asyncio thread (fetch/http.py `_request`: the size probe, or whatever asks first) or
+a worker thread (the stdlib engine's size probe, `HttpBackend.size_direct`), read on the trio thread:
+one dict, first figure per host kept. aiohttp's session hands over the sockets it opens through
+TCPConnector's public `socket_factory` (`opening`): a response has let go of its connection by the
+time a HEAD, or a GET whose body came with its headers, returns."""
 
 from __future__ import annotations
 
