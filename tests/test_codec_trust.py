@@ -15,13 +15,13 @@ import os
 import pickle
 import struct
 import zlib
-from pathlib import Path
 
 import numcodecs
 import numpy as np
 import pytest
 
 from tests.conftest import run_refmount
+from tests.test_hostile_sources import _peak_kb
 
 
 class _Touch:
@@ -51,13 +51,6 @@ def _array(refs: dict, name: str, shape, dtype, chunk: bytes, compressor=None, f
 
 def _names(m) -> list[str]:
     return sorted(p.name for p in m.path.iterdir() if not p.name.startswith("."))
-
-
-def _peak_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmHWM")
 
 
 def test_pickle_is_hidden_and_never_runs_even_with_numcodecs_guard_lifted(mount, tmp_path):
