@@ -86,7 +86,7 @@ def decode_bounded(codec, data, limit: int):
         raw = _raw(data)
         if cid == "imagecodecs_jpeg" and codec.header is not None:  # (TIFF's JPEG header, given apart)
             raw = memoryview(bytes(codec.header) + bytes(raw))
-        _declared(_IMAGE_SIZES[cid](bytes(raw[:1 << 16]), codec), limit)
+        _declared(_IMAGE_SIZES[cid](bytes(raw), codec), limit)  # (a JPEG's APPn segments may come first)
     if cid == "imagecodecs_rcomp":  # (it makes an array of its config's shape, which a reference set names)
         _declared(math.prod(codec.shape) * np.dtype(codec.dtype).itemsize, limit)
     return codec.decode(data)
@@ -176,7 +176,7 @@ def _webp_size(head: bytes, codec) -> int:
         height = int.from_bytes(head[27:30], "little") + 1
     else:
         raise ValueError("the WebP stream has no frame header to size it")
-    return width * height * 3
+    return width * height * (4 if getattr(codec, "hasalpha", None) else 3)  # (alpha unless said: up to 4/3 more)
 
 
 _IMAGE_SIZES = {"imagecodecs_jpeg": _jpeg_size, "imagecodecs_png": _png_size, "imagecodecs_jpeg2k": _jpeg2k_size,
