@@ -82,6 +82,26 @@ def test_pickle_is_hidden_and_never_runs_even_with_numcodecs_guard_lifted(mount,
     assert not marker.exists()
 
 
+def test_a_zarr3_numcodecs_pickle_codec_is_hidden_too(mount, tmp_path):
+    """Zarr v3's ``numcodecs.<id>`` codec names reach the same list."""
+    marker = tmp_path / "PWNED"
+    payload = pickle.dumps(_Touch(str(marker)))
+    array = {"zarr_format": 3, "node_type": "array", "shape": [4], "data_type": "int32",
+             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4]}},
+             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}}, "fill_value": 0,
+             "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "numcodecs.pickle"}],
+             "attributes": {}, "dimension_names": ["n"]}
+    fine = {**array, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "gzip"}]}
+    refs = {"zarr.json": json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}),
+            "x/zarr.json": json.dumps(array), "x/c/0": _inline(payload),
+            "y/zarr.json": json.dumps(fine), "y/c/0": _inline(numcodecs.GZip(5).encode(np.arange(4, dtype="<i4")))}
+    m = mount(refs, env={**os.environ, "NUMCODECS_ALLOW_UNSAFE_PICKLE_DECODE": "1"})
+    assert _names(m) == ["y"]
+    assert (m / "y/0").read_bytes() == np.arange(4, dtype="<i4").tobytes()
+    assert "hiding array x: codec 'pickle' is not one refmount decodes" in m.log(), m.log()
+    assert not marker.exists()
+
+
 def test_an_entry_point_codec_of_an_installed_package_is_never_imported(mount, tmp_path):
     """A package registering a numcodecs codec by entry point: numcodecs' registry would import it at
     the first chunk decoded. refmount hides the array and imports nothing."""
