@@ -656,11 +656,11 @@ def _decoding(config):
 
 def _codecs(file: _File, array: _Array) -> list:
     """numcodecs codecs in decoding order: the compressor, then the filters last to first."""
-    import numcodecs
+    from refmount.refs.codecs import make_codec
 
     configs = [array.meta.compressor] + list(reversed(array.meta.filters or []))
     try:
-        return [numcodecs.get_codec(dict(c)) for c in configs if c]
+        return [make_codec(dict(c)) for c in configs if c]
     except Exception as e:
         raise RefsError(f"file {quote(file.name)}: variable {array.path!r} uses a codec that cannot be loaded: "
                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None

@@ -799,17 +799,15 @@ def _string_fill(chunks_el, dtype: np.dtype) -> bytes:
 
 def _fill_chunk(fill, dtype: np.dtype, chunks: list, filters: list) -> bytes:
     """One chunk of `fill` encoded with `filters` (HDF5's pipeline order), as HDF5 would store it."""
-    import numcodecs
     from numcodecs.compat import ensure_bytes
 
-    from refmount.refs.hdf5 import HDF5Shuffle
+    from refmount.refs.codecs import make_codec
 
     if isinstance(fill, str):  # "NaN", "Infinity", "-Infinity"
         fill = float(fill)
     data = np.full(chunks or [], fill, dtype).tobytes()
     for config in filters:
-        codec = HDF5Shuffle(config["elementsize"]) if config["id"] == "shuffle" else numcodecs.get_codec(dict(config))
-        data = ensure_bytes(codec.encode(data))
+        data = ensure_bytes(make_codec(config).encode(data))
     return data
 
 

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
+from refmount.view.bounded import decode_bounded
 from refmount.view.ncattrs import fill_number, left_out_for_49, served_attributes, stored_fill
 from refmount.refs import RefSet
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
-from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS, HDF5Shuffle
+from refmount.refs.codecs import RefusedCodec, check_codec, make_codec
+from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
 
 log = logging.getLogger("refmount")
 
@@ -239,46 +241,6 @@ def _is_time_like(zattrs: dict) -> bool:
     return isinstance(units, str) and "since" in units
 
 
-def _codec(config: dict):
-    import numcodecs
-
-    if config.get("id") == "shuffle" and isinstance(config.get("elementsize", 4), int):
-        return HDF5Shuffle(config.get("elementsize", 4))  # (numcodecs' own, and HDF5's rule for leftover bytes)
-    if config.get("id") == "grib":  # (kerchunk's id; its codec took a real 9999 for missing)
-        from refmount.view.gribcodec import GribCodec
-
-        return GribCodec(config.get("var", "values"), config.get("dtype"))
-    try:
-        return numcodecs.get_codec(dict(config))
-    except (ValueError, KeyError):
-        pass
-    try:  # kerchunk registers its own codecs (grib, fill_hdf_strings, ...); importing it costs ~0.1 s
-        import kerchunk.codecs  # noqa: F401
-    except Exception:
-        pass
-    if config.get("id") == "imagecodecs_rcomp":  # (FITS's RICE_1 tiles: refs/scan/fits.py; view/bounded.py bounds it)
-        try:  # (imagecodecs' numcodecs entry points are a package of their own, imagecodecs-numcodecs)
-            from imagecodecs.numcodecs import register_codecs
-
-            register_codecs(["imagecodecs_rcomp"], verbose=False)
-        except ImportError:
-            pass
-    return numcodecs.get_codec(dict(config))
-
-
-def _check_codec(config: dict) -> None:
-    """Raises when `config`'s codec cannot be had here. A codec another package registers (kerchunk's
-    grib, ...) is only looked for: importing it (kerchunk imports zarr: 0.3 s of a warm GRIB mount's
-    0.5) waits for the first chunk decoded (view/decoded.py makes each array's codecs then)."""
-    import importlib.util
-
-    from numcodecs import registry
-
-    entry = getattr(registry, "entries", {}).get(config.get("id")) if config.get("id") not in registry.codec_registry else None
-    if entry is None or importlib.util.find_spec(entry.module.partition(".")[0]) is None:
-        _codec(config)
-
-
 def _numeric_fill(value) -> bool:
     """A fill_value given as a number, or as a string that is no number ("NaN", "nan", "1e5" are)."""
     if isinstance(value, str):
@@ -333,7 +295,10 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
         return
     for config in info.codecs:
         try:
-            _check_codec(config)
+            check_codec(config)
+        except RefusedCodec as e:
+            info.hidden_reason = str(e)
+            return
         except Exception as e:
             info.hidden_reason = f"codec {config.get('id')!r} is not available here ({type(e).__name__})"
             return
@@ -531,7 +496,10 @@ def _longest_string(refset, info: ArrayInfo) -> tuple[int, str | None]:
     ids = [c.get("id") for c in info.codecs]
     if not ids or ids[0] not in VLEN_CODECS or getattr(refset, "lazy", False):
         return 0, f"codecs {ids} are not a vlen-utf8/vlen-bytes filter (then compressors) of an inline reference set"
-    codecs = [_codec(c) for c in info.codecs]  # (Zarr v3 arrays compress their vlen bytes: zstd by default)
+    try:  # (Zarr v3 arrays compress their vlen bytes: zstd by default)
+        codecs = [make_codec(c) for c in info.codecs]
+    except Exception as e:
+        return 0, str(e) if isinstance(e, RefusedCodec) else f"codecs {ids} cannot be made here ({type(e).__name__})"
     prefix = f"{info.path}/" if info.path else ""
     longest, found = 1, False
     for i in refset.files_in(info.dir_id).tolist():
@@ -542,7 +510,7 @@ def _longest_string(refset, info: ArrayInfo) -> tuple[int, str | None]:
             return 0, "chunks stored remotely (their longest string is not known at mount)"
         found = True
         for codec in reversed(codecs):
-            data = codec.decode(data)
+            data = decode_bounded(codec, data, MAX_CHUNK_BYTES)
         for item in data.ravel():
             longest = max(longest, len(item.encode("utf-8") if isinstance(item, str) else bytes(item)))
     if not found:  # kerchunk wrote no chunk: the strings are unknown, not empty

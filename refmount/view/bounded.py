@@ -1,7 +1,13 @@
 """Decompression with an output bound: a chunk declared as 8,000 bytes must not inflate to 2 GiB
 before its size is checked (issue 16). Compressors whose output size can be limited or read from a
 header are decoded here and stop at the first byte past the bound; filters (shuffle, delta, ...)
-do not grow their input by more than a small factor and are decoded as usual."""
+do not grow their input by more than a small factor and are decoded as usual.
+
+Image codecs (imagecodecs' C decoders, refs/codecs.py) allocate the image their stream's header declares:
+that size is read here first (JPEG's SOF, PNG's IHDR, JPEG 2000's SIZ, WebP's VP8/VP8L/VP8X) and
+checked against the bound, counting the fewest samples a pixel may decode to (a PNG palette or a
+WebP with alpha may give up to 4x that: a bounded overshoot). LZW and PackBits stop at the bound;
+imagecodecs' deflate and zstd are decoded by the bounded zlib and zstd here."""
 
 from __future__ import annotations
 
@@ -64,6 +70,23 @@ def decode_bounded(codec, data, limit: int):
         raw = _raw(data)
         at = 4 if cid == "blosc" else 0
         _declared(struct.unpack_from("<I", raw, at)[0] if len(raw) >= at + 4 else 0, limit)
+    if cid == "imagecodecs_deflate":
+        return _incremental(zlib.decompressobj(-15 if codec.raw else zlib.MAX_WBITS), _raw(data), limit)
+    if cid == "imagecodecs_zstd":
+        return _zstd(_raw(data), limit)
+    if cid in ("imagecodecs_lzw", "imagecodecs_packbits"):
+        import imagecodecs
+
+        decode = imagecodecs.lzw_decode if cid == "imagecodecs_lzw" else imagecodecs.packbits_decode
+        out = decode(bytes(_raw(data)), out=limit + 1)  # (LZW stops there, PackBits raises)
+        if len(out) > limit:
+            raise TooLarge(f"decodes to more than the expected {limit} bytes")
+        return out
+    if cid in _IMAGE_SIZES:
+        raw = _raw(data)
+        if cid == "imagecodecs_jpeg" and codec.header is not None:  # (TIFF's JPEG header, given apart)
+            raw = memoryview(bytes(codec.header) + bytes(raw))
+        _declared(_IMAGE_SIZES[cid](bytes(raw), codec), limit)  # (a JPEG's APPn segments may come first)
     if cid == "imagecodecs_rcomp":  # (it makes an array of its config's shape, which a reference set names)
         _declared(math.prod(codec.shape) * np.dtype(codec.dtype).itemsize, limit)
     return codec.decode(data)
@@ -82,3 +105,79 @@ def decode_into(codec, data, out) -> bool:
     codec.decode(raw, out=out)
     return True
 
+
+
+# -- the decoded size an image stream's header declares (the fewest bytes it decodes to) ---------------
+
+def _jpeg_size(head: bytes, codec) -> int:
+    """From the frame header (SOFn): height x width x components x bytes per sample."""
+    at = 2 if head[:2] == b"\xff\xd8" else 0
+    while at + 4 <= len(head):
+        if head[at] != 0xFF:
+            break
+        marker = head[at + 1]
+        if marker == 0xFF:  # (fill bytes)
+            at += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            at += 2
+            continue
+        length = struct.unpack_from(">H", head, at + 2)[0]
+        if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
+            if at + 10 > len(head):
+                break
+            precision, height, width, components = struct.unpack_from(">BHHB", head, at + 4)
+            if height == 0:  # (the height given later, in a DNL marker: not known before decoding)
+                raise ValueError("the JPEG stream declares no height in its frame header")
+            return height * width * components * (2 if precision > 8 else 1)
+        if marker == 0xDA:  # (scan data: no frame header before it)
+            break
+        at += 2 + length
+    raise ValueError("the JPEG stream has no frame header (SOF) to size it")
+
+
+_PNG_SAMPLES = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+
+
+def _png_size(head: bytes, codec) -> int:
+    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR" or len(head) < 26:
+        raise ValueError("the PNG stream has no IHDR to size it")
+    width, height, depth, colour = struct.unpack_from(">IIBB", head, 16)
+    return width * height * _PNG_SAMPLES.get(colour, 1) * (2 if depth > 8 else 1)
+
+
+def _jpeg2k_size(head: bytes, codec) -> int:
+    """From the codestream's SIZ segment (a JP2 file holds it in its jp2c box)."""
+    at = head.find(b"\xff\x4f\xff\x51")
+    if at < 0 or at + 42 > len(head):
+        raise ValueError("the JPEG 2000 stream has no SIZ segment to size it")
+    x, y, x0, y0 = struct.unpack_from(">IIII", head, at + 8)
+    components = struct.unpack_from(">H", head, at + 40)[0]
+    if x <= x0 or y <= y0 or components == 0 or at + 42 + 3 * components > len(head):
+        raise ValueError("the JPEG 2000 SIZ segment is malformed")
+    size = 0
+    for c in range(components):
+        bits = (head[at + 42 + 3 * c] & 0x7F) + 1
+        size += 1 if bits <= 8 else 2 if bits <= 16 else 4
+    return (x - x0) * (y - y0) * size
+
+
+def _webp_size(head: bytes, codec) -> int:
+    if head[:4] != b"RIFF" or head[8:12] != b"WEBP" or len(head) < 30:
+        raise ValueError("the WebP stream has no RIFF header to size it")
+    kind = head[12:16]
+    if kind == b"VP8 " and head[23:26] == b"\x9d\x01\x2a":
+        width, height = (v & 0x3FFF for v in struct.unpack_from("<HH", head, 26))
+    elif kind == b"VP8L" and head[20] == 0x2F:
+        bits = struct.unpack_from("<I", head, 21)[0]
+        width, height = (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    elif kind == b"VP8X":
+        width = int.from_bytes(head[24:27], "little") + 1
+        height = int.from_bytes(head[27:30], "little") + 1
+    else:
+        raise ValueError("the WebP stream has no frame header to size it")
+    return width * height * (4 if getattr(codec, "hasalpha", None) else 3)  # (alpha unless said: up to 4/3 more)
+
+
+_IMAGE_SIZES = {"imagecodecs_jpeg": _jpeg_size, "imagecodecs_png": _png_size, "imagecodecs_jpeg2k": _jpeg2k_size,
+                "imagecodecs_webp": _webp_size}

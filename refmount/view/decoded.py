@@ -24,10 +24,11 @@ import os
 import numpy as np
 from numcodecs.compat import ensure_contiguous_ndarray
 
-from refmount.view.arrays import CHAR_DTYPE_49, ArrayInfo, _codec, listed, fixed_strings, load_json_value, scan_arrays
+from refmount.view.arrays import CHAR_DTYPE_49, ArrayInfo, listed, fixed_strings, load_json_value, scan_arrays
 from refmount.view.metajson import dump_json
 from refmount.view.forms import (FORMS, joins_last_dimension, nczarr_tree, sees_zarr_json, served_array,
                                  served_group_attributes, zarr_json_form)
+from refmount.refs.codecs import make_codec
 from refmount.view.bounded import decode_bounded, decode_into
 from refmount.view.consolidated import consolidated_text, consolidated_value, metadata_items
 from refmount.errors import Absent, RefmountError
@@ -656,7 +657,7 @@ class DecodedView:
         grib) imports it (0.3 s), which no mount answering `ncdump -h` needs."""
         codecs = self._codecs.get(info.dir_id)
         if codecs is None:
-            codecs = self._codecs[info.dir_id] = [_codec(c) for c in info.codecs]
+            codecs = self._codecs[info.dir_id] = [make_codec(c) for c in info.codecs]
         return codecs
 
     def _decode(self, i: int, info: ArrayInfo, raw, decoded: bool = False):

@@ -38,9 +38,9 @@ class UnsupportedSharding(ValueError):
 
 
 def _crc32c(data: bytes) -> int:
-    import numcodecs
+    from refmount.refs.codecs import make_codec
 
-    codec = numcodecs.get_codec({"id": "crc32c"})
+    codec = make_codec({"id": "crc32c"})
     return int.from_bytes(bytes(codec.encode(data))[-4:], "little")
 
 

@@ -11,9 +11,9 @@ The decoded view then treats it like any kerchunk set: it decodes chunks with th
 swaps byte order, and applies the netCDF rules for fills, chars and strings.
 
 Codecs: ``bytes`` (endianness), ``transpose``, ``gzip``, ``zstd``, ``blosc``, ``crc32c``,
-``vlen-utf8``/``vlen-bytes``, ``numcodecs.*`` (as the numcodecs codec of that id). Any other codec
-becomes the id ``zarr3.<name>``, which no codec registry knows, so the decoded view hides that array
-with one log line naming it.
+``vlen-utf8``/``vlen-bytes``, ``numcodecs.*`` (as the numcodecs codec of that id, if refs/codecs.py
+allows it). Any other codec becomes the id ``zarr3.<name>``, which refs/codecs.py does not allow, so the
+decoded view hides that array with one log line naming it.
 
 Sharding (``sharding_indexed``): the v2 array has the *inner* chunk shape and the inner codecs; every
 inner chunk of every shard present is its own v2 key (``var/i.j``), pointing at the whole shard's
@@ -31,11 +31,10 @@ import logging
 import math
 
 import numpy as np
-from numcodecs.abc import Codec
 from numcodecs.compat import ensure_contiguous_ndarray
-from numcodecs.registry import register_codec
 
 from refmount.refs.arraymeta import ArrayMeta
+from refmount.refs.codecs import TRANSPOSE_ID, make_codec
 from refmount.refs.model import INLINE, RefSet, RefSetBuilder
 from refmount.view.ncattrs import base64_fill
 from refmount.view.shards import MAX_INDEX_BYTES, ShardLayout, UnsupportedSharding
@@ -158,7 +157,7 @@ def codec_chain(codecs: list[dict], data_type, chunk_shape: list[int], fill) -> 
             if permutation == list(range(len(shape)))[::-1] and not filters and order == "C":
                 order = "F"  # the decoded view turns Fortran-order chunks into C order itself
                 continue
-            filters.append({"id": TransposeCodec.codec_id, "order": permutation, "shape": shape,
+            filters.append({"id": TRANSPOSE_ID, "order": permutation, "shape": shape,
                             "dtype": dtype.str})
             shape = [shape[k] for k in permutation]
     elif kind == "sharding_indexed":  # (`sharding` unwraps the outer one: this is a shard in a shard)
@@ -455,13 +454,11 @@ def _fill_chunks(builder: RefSetBuilder, base: str, array: ArrayMeta, out: Array
         log.warning("decoded view: array %s: its missing chunks read as %r, not the Zarr fill value %r",
                     name, out.fill_value, v3_fill)
         return
-    import numcodecs
-
     dtype = np.dtype(out.dtype)
     try:
         data = np.full(out.chunks, float("nan") if v3_fill == "NaN" else v3_fill, dtype).tobytes()
         for config in out.filters or []:
-            data = numcodecs.get_codec(dict(config)).encode(data)
+            data = make_codec(config).encode(data)
         data = bytes(ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1))
     except Exception:  # a codec that is not available here hides the array anyway
         return
@@ -471,28 +468,3 @@ def _fill_chunks(builder: RefSetBuilder, base: str, array: ArrayMeta, out: Array
     builder.add_batch(keys, np.full(n, INLINE, np.int32), np.zeros(n, np.int64), np.full(n, len(data), np.int64),
                       dict.fromkeys(range(n), data))
     log.info("decoded view: array %s: %d missing chunks served as chunks of the Zarr fill value %r", name, n, v3_fill)
-
-
-# -- codecs the decoded view uses for v3 chunk layouts ------------------------------------------------
-
-class TransposeCodec(Codec):
-    """Undo a v3 `transpose` codec: the stored chunk is the array transposed by `order`."""
-
-    codec_id = "refmount.zarr3.transpose"
-
-    def __init__(self, order, shape, dtype):
-        self.order = list(order)
-        self.shape = list(shape)
-        self.dtype = dtype
-
-    def decode(self, buf, out=None):
-        stored = ensure_contiguous_ndarray(buf).view(np.dtype(self.dtype))
-        stored = stored.reshape([self.shape[k] for k in self.order])
-        return np.ascontiguousarray(stored.transpose(np.argsort(self.order)))
-
-    def encode(self, buf):
-        array = np.frombuffer(ensure_contiguous_ndarray(buf), np.dtype(self.dtype)).reshape(self.shape)
-        return np.ascontiguousarray(array.transpose(self.order))
-
-
-register_codec(TransposeCodec)
