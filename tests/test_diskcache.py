@@ -84,19 +84,24 @@ def test_changed_remote_object_is_never_mixed_with_cached_bytes(mount, server, t
     assert (second / "c/0").read_bytes() == new[:MiB]
 
 
-def test_corrupt_block_is_dropped_and_fetched_again(mount, server, tmp_path):
-    size = 2 * MiB
-    data = write_blob(server, "c.bin", size, seed=3)
-    refs = {"whole": [server.url_for("c.bin")]}
+def cached_then_corrupted(mount, server, tmp_path, name: str, size: int, block: int, at: int):
+    """An object read whole through a mount with --cache-dir, then byte `at` of its block file
+    `block` flipped: (its bytes, refs, the cache directory)."""
+    data = write_blob(server, name, size, seed=3)
+    refs = {"whole": [server.url_for(name)]}
     cache_dir = tmp_path / "cache"
     first = mount(refs, "--view", "raw", "--cache-dir", str(cache_dir))
     assert (first / "whole").read_bytes() == data
     first.stop()
-    victim = sorted(blocks_on_disk(cache_dir))[0]
+    victim = next(p for p in blocks_on_disk(cache_dir) if p.name == str(block))
     raw = bytearray(victim.read_bytes())
-    raw[1000] ^= 0xFF
+    raw[at] ^= 0xFF
     victim.write_bytes(bytes(raw))
+    return data, refs, cache_dir
 
+
+def test_corrupt_block_is_dropped_and_fetched_again(mount, server, tmp_path):
+    data, refs, cache_dir = cached_then_corrupted(mount, server, tmp_path, "c.bin", 2 * MiB, block=0, at=1000)
     second = mount(refs, "--view", "raw", "--cache-dir", str(cache_dir))
     assert (second / "whole").read_bytes() == data
     stats = second.stats()
@@ -107,18 +112,8 @@ def test_corrupt_block_is_dropped_and_fetched_again(mount, server, tmp_path):
 def test_a_sequential_re_read_after_a_remount_is_exact_and_a_bad_block_is_refetched(mount, server, tmp_path):
     # Big enough for read-ahead parts of several blocks loaded from disk: the block that fails its
     # check (inside such a part) comes from the remote, once, and is never served.
-    size = 24 * MiB + 777
-    data = write_blob(server, "s.bin", size, seed=5)
-    refs = {"whole": [server.url_for("s.bin")]}
-    cache_dir = tmp_path / "cache"
-    first = mount(refs, "--view", "raw", "--cache-dir", str(cache_dir))
-    assert (first / "whole").read_bytes() == data
-    first.stop()
-    victim = next(p for p in blocks_on_disk(cache_dir) if p.name == "9")
-    raw = bytearray(victim.read_bytes())
-    raw[HEADER_SIZE + 5000] ^= 0x5A
-    victim.write_bytes(bytes(raw))
-
+    data, refs, cache_dir = cached_then_corrupted(mount, server, tmp_path, "s.bin", 24 * MiB + 777, block=9,
+                                                  at=HEADER_SIZE + 5000)
     server.reset_stats()
     second = mount(refs, "--view", "raw", "--cache-dir", str(cache_dir))
     with open(second / "whole", "rb", buffering=0) as f:
