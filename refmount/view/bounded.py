@@ -89,7 +89,34 @@ def decode_bounded(codec, data, limit: int):
         _declared(_IMAGE_SIZES[cid](bytes(raw), codec), limit)  # (a JPEG's APPn segments may come first)
     if cid == "imagecodecs_rcomp":  # (it makes an array of its config's shape, which a reference set names)
         _declared(math.prod(codec.shape) * np.dtype(codec.dtype).itemsize, limit)
+    if cid in _RETYPING or cid in ("FITSAscii", "packbits", "vlen-utf8", "vlen-bytes"):
+        _declared(_filter_size(codec, cid, _raw(data)), limit)
     return codec.decode(data)
+
+
+# Filters that change the item type, by their params: (the stored type's attribute, the decoded type's).
+# A reference set may name any type: 64 bytes of u1 "decoded" as S100000000 were 6 GiB.
+_RETYPING = {"astype": ("encode_dtype", "decode_dtype"), "delta": ("astype", "dtype"),
+             "fixedscaleoffset": ("astype", "dtype"), "quantize": ("astype", "dtype"),
+             "categorize": ("astype", "dtype")}
+
+
+def _filter_size(codec, cid: str, raw) -> int:
+    """The bytes a filter decodes `raw` to, from its params and the input's size alone."""
+    if cid in _RETYPING or cid == "FITSAscii":
+        if cid == "FITSAscii":  # (kerchunk's FITS ASCII table: a record type in, another out)
+            stored, decoded = (np.dtype([tuple(d) for d in types]) for types in (codec.indtypes, codec.outdtypes))
+        else:
+            stored, decoded = (np.dtype(getattr(codec, name)) for name in _RETYPING[cid])
+        return raw.nbytes // max(stored.itemsize, 1) * decoded.itemsize
+    if cid == "packbits":  # (a byte of padding count, then 8 booleans a byte)
+        return max(raw.nbytes - 1, 0) * 8
+    # vlen-utf8/vlen-bytes: a count of items, then each item's 4-byte length and bytes; numcodecs
+    # makes the count's array of objects before it reads an item (2^31 items: 16 GiB)
+    items = struct.unpack_from("<I", raw)[0] if raw.nbytes >= 4 else 0
+    if 4 + 4 * items > raw.nbytes:
+        raise ValueError(f"declares {items} strings, more than its {raw.nbytes} bytes can hold")
+    return raw.nbytes
 
 
 def decode_into(codec, data, out) -> bool:

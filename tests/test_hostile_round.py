@@ -1,0 +1,83 @@
+"""Red-team attacks on the round that brought refs/codecs.py's allowlist, the stdlib engine's HEAD,
+STAC items gone and roundtrip.py's socket notes: each through a real mount.
+
+A reference set's codec params are its author's: `make_codec` builds an allowed class with them. A
+filter's params may name any item type, and numcodecs decodes to it before anything checks the size
+(64 bytes of u1 "decoded" as |S25000000 were 1.6 GB); a vlen count of 2^31 strings made a 16 GiB
+array of objects; categorize compared the whole chunk once per label (10^6 labels: minutes a chunk).
+Each hostile chunk is an EIO (or its array hidden) in one line, the daemon lives on under its
+--memory-target, and the arrays beside it read the bytes numcodecs gives."""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+
+import numcodecs
+import numpy as np
+import pytest
+
+from tests.test_codec_trust import _array, _names
+from tests.test_hostile_sources import _peak_kb
+
+
+def _eio(path) -> None:
+    with pytest.raises(OSError) as e:
+        path.read_bytes()
+    assert e.value.errno == 5, e.value
+
+
+def test_codec_params_naming_huge_or_object_types_are_refused_before_decoding(mount):
+    refs = {".zgroup": json.dumps({"zarr_format": 2})}
+    codes = bytes(range(64))
+    # filters whose decoded type is not the array's: sized from params and input before decoding
+    _array(refs, "astype_huge", [64], "|u1", codes, filters=[{"id": "astype", "encode_dtype": "|u1",
+                                                              "decode_dtype": "|S25000000"}])
+    _array(refs, "astype_void", [64], "|u1", codes, filters=[{"id": "astype", "encode_dtype": "|u1",
+                                                              "decode_dtype": "|V25000000"}])
+    _array(refs, "categorize_huge", [64], "<U1", codes, filters=[{"id": "categorize", "labels": ["a", "b"],
+                                                                 "dtype": "<U6000000", "astype": "|u1"}])
+    _array(refs, "astype_object", [8], "<i8", np.arange(8, dtype="<i8").tobytes(),
+           filters=[{"id": "astype", "encode_dtype": "<i8", "decode_dtype": "|O"}])
+    _array(refs, "delta_wider", [8], "<i8", bytes(64), filters=[{"id": "delta", "dtype": "<c16", "astype": "|u1"}])
+    _array(refs, "fso_wider", [64], "|u1", codes, filters=[{"id": "fixedscaleoffset", "offset": 0, "scale": 1,
+                                                            "dtype": "<c16", "astype": "|u1"}])
+    _array(refs, "packbits_wider", [8], "|b1", b"\x00" + bytes(64), filters=[{"id": "packbits"}])
+    # a vlen count past the data (numcodecs made the count's object array first), on the mount's
+    # string scan and on reads alike; and scan-time decoders failing in other ways than ValueError
+    _array(refs, "vlen_count", [2], "|O", struct.pack("<I", 0x7FFFFFFF) + bytes(8), filters=[{"id": "vlen-utf8"}])
+    lying = bytearray(numcodecs.Blosc().encode(numcodecs.VLenUTF8().encode(np.array(["ab", "c"], dtype=object))))
+    struct.pack_into("<I", lying, 12, 1 << 20)  # (its compressed size: past the chunk's bytes)
+    _array(refs, "vlen_blosc_lying", [2], "|O", bytes(lying), compressor={"id": "blosc"},
+           filters=[{"id": "vlen-utf8"}])
+    _array(refs, "vlen_fletcher_short", [2], "|O", b"ab", filters=[{"id": "vlen-utf8"}, {"id": "fletcher32"}])
+    # what the same filters decode when honest
+    fso = numcodecs.FixedScaleOffset(offset=10, scale=4, dtype="<f8", astype="|u1")
+    values = np.linspace(10, 40, 64)
+    _array(refs, "fso", [64], "<f8", zlib.compress(fso.encode(values)), compressor={"id": "zlib"},
+           filters=[fso.get_config()])
+    labels = [f"label{n}" for n in range(20000)]
+    label_codes = (np.arange(200000) % 20003).astype("<u2")  # (0 and codes past the labels: "")
+    categorize = {"id": "categorize", "labels": labels, "dtype": "<U10", "astype": "<u2"}
+    _array(refs, "categorize", [200000], "<U10", zlib.compress(label_codes.tobytes()), compressor={"id": "zlib"},
+           filters=[categorize])
+    m = mount(refs, "--view", "decoded", "--memory-target", "256M")
+    hidden = {"vlen_count", "vlen_blosc_lying", "vlen_fletcher_short"}  # (the string scan decodes them at mount)
+    assert _names(m) == sorted({"astype_huge", "astype_void", "categorize_huge", "astype_object", "delta_wider",
+                                "fso_wider", "packbits_wider", "fso", "categorize"}), m.log()
+    for name in ("astype_huge", "astype_void", "categorize_huge", "astype_object", "delta_wider", "fso_wider",
+                 "packbits_wider"):
+        _eio(m / f"{name}/0")
+    assert (m / "fso/0").read_bytes() == fso.decode(fso.encode(values)).tobytes()
+    oracle = numcodecs.Categorize(labels, "<U10", astype="<u2").decode(label_codes)  # (numcodecs' own loop)
+    assert (m / "categorize/0").read_bytes() == np.array([s.encode() for s in oracle], dtype="S40").tobytes()
+    log = m.log()
+    assert "declares 1600000000 decoded bytes, more than the expected 64" in log, log
+    assert "declares 1536000000 decoded bytes, more than the expected 2048" in log, log
+    assert "declares 2147483647 strings, more than its 12 bytes can hold" in log, log
+    for name in hidden:
+        said = [line for line in log.splitlines() if f"hiding array {name}:" in line]
+        assert len(said) == 1, log
+    assert m.proc.poll() is None
+    assert _peak_kb(m.proc.pid) < 600 << 10, log
