@@ -81,3 +81,25 @@ def test_codec_params_naming_huge_or_object_types_are_refused_before_decoding(mo
         assert len(said) == 1, log
     assert m.proc.poll() is None
     assert _peak_kb(m.proc.pid) < 600 << 10, log
+
+
+def test_a_jp2_file_declaring_a_small_image_in_a_box_before_its_codestream_is_sized_by_its_codestream(mount):
+    """view/bounded.py sized a JPEG 2000 chunk from the first SIZ marker found anywhere: a box before
+    the jp2c box could declare 16x16 while OpenJPEG decoded the codestream's 3000x3000 (9 MB for a
+    768-byte chunk). Now the boxes are walked to the codestream OpenJPEG reads."""
+    imagecodecs = pytest.importorskip("imagecodecs")
+    image = (np.arange(16 * 16 * 3) % 251).astype("u1").reshape(16, 16, 3)
+    refs = {".zgroup": json.dumps({"zarr_format": 2})}
+    for name in ("JP2", "J2K"):
+        honest = imagecodecs.jpeg2k_encode(image, codecformat=name, level=0)
+        _array(refs, name.lower(), [16, 16, 3], "|u1", honest, compressor={"id": "imagecodecs_jpeg2k"})
+    big = imagecodecs.jpeg2k_encode(np.zeros((3000, 3000), "u1"), codecformat="JP2", level=0)
+    siz = b"\xff\x4f\xff\x51" + struct.pack(">HHIIIIIIIIH", 41, 0, 16, 16, 0, 0, 16, 16, 0, 0, 1) + b"\x07\x01\x01"
+    assert big[36:40] == b"jp2h"  # (the fake SIZ goes in an xml box between ftyp and jp2h)
+    lying = big[:32] + struct.pack(">I", 8 + len(siz)) + b"xml " + siz + big[32:]
+    _array(refs, "lying", [16, 16, 3], "|u1", lying, compressor={"id": "imagecodecs_jpeg2k"})
+    m = mount(refs, "--view", "decoded")
+    assert (m / "jp2/0.0.0").read_bytes() == image.tobytes()
+    assert (m / "j2k/0.0.0").read_bytes() == image.tobytes()
+    _eio(m / "lying/0.0.0")
+    assert "declares 9000000 decoded bytes, more than the expected 768" in m.log(), m.log()

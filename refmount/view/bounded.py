@@ -175,8 +175,8 @@ def _png_size(head: bytes, codec) -> int:
 
 def _jpeg2k_size(head: bytes, codec) -> int:
     """From the codestream's SIZ segment (a JP2 file holds it in its jp2c box)."""
-    at = head.find(b"\xff\x4f\xff\x51")
-    if at < 0 or at + 42 > len(head):
+    at = _jp2_codestream(head)
+    if head[at:at + 4] != b"\xff\x4f\xff\x51" or at + 42 > len(head):
         raise ValueError("the JPEG 2000 stream has no SIZ segment to size it")
     x, y, x0, y0 = struct.unpack_from(">IIII", head, at + 8)
     components = struct.unpack_from(">H", head, at + 40)[0]
@@ -187,6 +187,30 @@ def _jpeg2k_size(head: bytes, codec) -> int:
         bits = (head[at + 42 + 3 * c] & 0x7F) + 1
         size += 1 if bits <= 8 else 2 if bits <= 16 else 4
     return (x - x0) * (y - y0) * size
+
+
+def _jp2_codestream(head: bytes) -> int:
+    """Where the codestream starts: 0 for a bare one (SOC, then SIZ), else in a JP2 file's first jp2c
+    box, which OpenJPEG decodes, found by walking the boxes (a SIZ searched for anywhere was found in
+    a box before it: a 16x16 image declared, 3000x3000 decoded)."""
+    if head[:2] == b"\xff\x4f":
+        return 0
+    at = 0
+    while at + 8 <= len(head):
+        length, kind = struct.unpack_from(">I4s", head, at)
+        start = at + 8
+        if length == 1:  # (the length in the next 8 bytes)
+            if at + 16 > len(head):
+                break
+            length, start = struct.unpack_from(">Q", head, at + 8)[0], at + 16
+        elif length == 0:  # (the last box: to the end)
+            length = len(head) - at
+        if kind == b"jp2c":
+            return start
+        if length < start - at:
+            break
+        at += length
+    raise ValueError("the JPEG 2000 stream has no codestream (jp2c box) to size it")
 
 
 def _webp_size(head: bytes, codec) -> int:
