@@ -103,3 +103,150 @@ def test_a_jp2_file_declaring_a_small_image_in_a_box_before_its_codestream_is_si
     assert (m / "j2k/0.0.0").read_bytes() == image.tobytes()
     _eio(m / "lying/0.0.0")
     assert "declares 9000000 decoded bytes, more than the expected 768" in m.log(), m.log()
+
+
+# -- the stdlib engine's HEAD (fetch/http.py `size_direct`, fetch/direct.py `Request.head`) -----------
+
+class _RawServer:
+    """A loopback HTTP/1.1 server written on sockets, to answer a HEAD as no framework would (a
+    Content-Length of 10^18 or "+1000", a body after a HEAD's headers) and every GET honestly: a 206
+    of the Range asked, ETag "v1" (or `get_etag`), keep-alive."""
+
+    def __init__(self, blob: bytes, head: bytes, tls=None) -> None:
+        import socket
+        import threading
+
+        self.blob, self.head, self.get_etag, self.tls = blob, head, '"v1"', tls
+        self.requests: list[str] = []
+        self.connections = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.sock.getsockname()[1]}/blob.bin"
+        self._threads: list = []
+        self._accepting = threading.Thread(target=self._accept, daemon=True)
+        self._accepting.start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn) -> None:
+        buffered = b""
+        if self.tls is not None:
+            try:
+                conn = self.tls.wrap_socket(conn, server_side=True)
+            except OSError:
+                return
+        with conn:
+            while True:
+                while b"\r\n\r\n" not in buffered:
+                    try:
+                        piece = conn.recv(65536)
+                    except OSError:
+                        return
+                    if not piece:
+                        return
+                    buffered += piece
+                head, _, buffered = buffered.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method = lines[0].split()[0]
+                headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+                self.requests.append(method)
+                if method == "HEAD":
+                    conn.sendall(self.head)
+                    continue
+                start, _, end = headers.get("range", "bytes=0-").removeprefix("bytes=").partition("-")
+                start, end = int(start), min(int(end or len(self.blob) - 1), len(self.blob) - 1)
+                body = self.blob[start:end + 1]
+                conn.sendall(f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-{end}/{len(self.blob)}\r\n"
+                             f"Content-Length: {len(body)}\r\nETag: {self.get_etag}\r\n\r\n".encode() + body)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def raw_server():
+    made: list[_RawServer] = []
+
+    def make(blob: bytes, head: bytes, tls=None) -> _RawServer:
+        made.append(_RawServer(blob, head, tls))
+        return made[-1]
+    yield make
+    for s in made:
+        s.close()
+
+
+BLOB = bytes(range(256)) * 16  # 4096 bytes
+
+
+def _head(length: str, extra: str = "", etag: str = '"v1"') -> bytes:
+    return f"HTTP/1.1 200 OK\r\nContent-Length: {length}\r\nETag: {etag}\r\n{extra}\r\n".encode()
+
+
+@pytest.mark.parametrize("length", ["1000000000000000000", "+4096", " 4096 ", "-1", "4096, 4096", "\u00b2"],
+                         ids=["1e18", "plus", "spaces", "negative", "twice", "superscript"])
+def test_a_head_lying_about_the_size_gives_the_right_bytes_or_eio(mount, raw_server, length):
+    """A whole-file reference's size from a HEAD whose Content-Length is not the object's: the
+    ranged GETs' Content-Range says the real size, and the read is the object's bytes or EIO,
+    never a byte past it nor a daemon holding memory for 10^18 bytes."""
+    server = raw_server(BLOB, _head(length))
+    m = mount({"f": [server.url]}, "--view", "raw", "--read-timeout", "5")
+    try:
+        with open(m / "f", "rb", buffering=0) as f:  # (not read_bytes: st_size may be 10^18)
+            got = f.read(2 * len(BLOB))
+    except OSError as e:
+        assert e.errno == 5, e
+    else:
+        assert got == BLOB
+    assert m.proc.poll() is None
+    assert _peak_kb(m.proc.pid) < 600 << 10
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+@pytest.mark.parametrize("trailing", ["blob", "fake206"])
+def test_a_head_answered_with_a_body_never_desynchronizes_the_connection(mount, raw_server, trailing, tls, tmp_path):
+    """A HEAD whose answer carries a body anyway (servers that write one regardless): http.client
+    reads none, as it must. The connection must not go back to the pool with those bytes waiting,
+    or the next GET on it takes them for its answer: the object's own bytes (a bad status line), or
+    bytes shaped as a 206 of the range asked (served as the chunk's bytes)."""
+    fake = BLOB[:64] if trailing == "blob" else (
+        b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-4095/4096\r\nContent-Length: 4096\r\n"
+        b'ETag: "v1"\r\n\r\n' + bytes(4096))
+    args = ()
+    context = None
+    if tls:
+        import ssl
+
+        from tests.support.tls import self_signed
+
+        cert, key = self_signed(tmp_path)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        args = ("--ca-bundle", str(cert))
+    server = raw_server(BLOB, _head("4096") + fake, context)
+    m = mount({"f": [server.url]}, "--view", "raw", "--read-timeout", "5", "--no-prefetch", "--connections", "1", *args)
+    try:
+        got = (m / "f").read_bytes()
+    except OSError as e:
+        assert e.errno == 5, e
+    else:
+        assert got == BLOB, "a HEAD's leftover body was served as the object's bytes"
+
+
+def test_an_etag_that_changes_between_the_head_and_the_get_is_eio_never_mixed(mount, raw_server):
+    server = raw_server(BLOB, _head("4096", etag='"v1"'))
+    server.get_etag = '"v2"'
+    m = mount({"f": [server.url]}, "--view", "raw", "--read-timeout", "5")
+    with pytest.raises(OSError) as e:
+        (m / "f").read_bytes()
+    assert e.value.errno == 5
+    assert "changed while mounted" in m.log(), m.log()

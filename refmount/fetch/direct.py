@@ -221,7 +221,11 @@ class Request:
             resp = self._send_on(self.origin.take())
             answer = accept(resp)
             resp.read()  # (nothing: http.client knows a HEAD's answer ends with its headers)
-            self._give_back(resp)
+            sock = self._sock
+            # a server that sent a body anyway: those bytes would be the next GET's answer on this
+            # connection (the pool's check of an idle one skips TLS ones), so it is closed instead
+            if sock is not None and not ((isinstance(sock, ssl.SSLSocket) and sock.pending()) or readable(sock)):
+                self._give_back(resp)
             return answer
         finally:
             self._close()
