@@ -250,3 +250,56 @@ def test_an_etag_that_changes_between_the_head_and_the_get_is_eio_never_mixed(mo
         (m / "f").read_bytes()
     assert e.value.errno == 5
     assert "changed while mounted" in m.log(), m.log()
+
+
+# -- STAC items gone (refs/scan/catalogs.py) ---------------------------------------------------------
+
+def test_a_stac_item_gone_under_concat_leaves_a_gap_in_time_never_data_shifted(mount, tmp_path, monkeypatch):
+    """The middle day's item answers 404: --concat time orders the files by their time values, so
+    the two days left keep their own times (a gap of a day the reader sees), and each day's values
+    are that day's file's, not the next one's moved up a place."""
+    xr = pytest.importorskip("xarray")
+    from tests.support.daily import make_daily
+    from tests.support.nginx import Nginx
+    from tests.test_catalogs import write_stac
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    daily = make_daily(tmp_path / "daily", 3, nlat=7, nlon=12)
+    www = tmp_path / "www"
+    write_stac(www, daily)
+    gone = daily[1].stem
+    (www / "stac" / "daily" / gone / f"{gone}.json").unlink()
+    with Nginx(tmp_path / "nginx", f"root {www};") as nginx:
+        m = mount(f"{nginx.url}/stac/daily/collection.json", "--concat", "time", "--view", "raw")
+        kept = [daily[0], daily[2]]
+        with xr.open_zarr(m.path) as got, xr.open_mfdataset(kept, combine="by_coords") as want:
+            xr.testing.assert_allclose(got.load(), want.load())
+            assert got.time.values.tolist() == want.time.values.tolist()
+            assert len(got.time) == 48 and got.time.values[24] - got.time.values[23] == np.timedelta64(25, "h")
+        assert sum("gone, left out" in line for line in m.log().splitlines()) == 1, m.log()
+
+
+def test_a_catalog_of_thousands_of_gone_items_says_so_in_a_few_lines(mount, tmp_path, monkeypatch):
+    """3 items and 3,000 item links answering 404: the 3 mount, the log names the first 5 gone and
+    the rest in one line (one line each was 3,000 lines; gone items now count towards the catalog's
+    100,000-item limit, so 10^6 gone links are refused rather than fetched one by one)."""
+    pytest.importorskip("xarray")
+    from tests.support.daily import make_daily
+    from tests.support.nginx import Nginx
+    from tests.test_catalogs import listed, write_stac
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    daily = make_daily(tmp_path / "daily", 3, nlat=7, nlon=12)
+    www = tmp_path / "www"
+    write_stac(www, daily)
+    path = www / "stac" / "daily" / "collection.json"
+    collection = json.loads(path.read_text())
+    collection["links"] += [{"rel": "item", "href": f"./gone{n}/gone{n}.json", "type": "application/json"}
+                            for n in range(3000)]
+    path.write_text(json.dumps(collection))
+    with Nginx(tmp_path / "nginx", f"root {www}; access_log off;") as nginx:
+        m = mount(f"{nginx.url}/stac/daily/collection.json", "--view", "raw")
+        assert listed(m.path) == sorted(f.stem for f in daily)
+        said = [line for line in m.log().splitlines() if "gone" in line]
+        assert len(said) == 6, "\n".join(said[:20])
+        assert "2995 more item(s) answered HTTP 404 or 410" in said[-1] and "gone2999/gone2999.json" in said[-1], said
