@@ -342,3 +342,45 @@ def test_no_descriptor_is_left_behind_over_many_loopback_origins(mount, raw_serv
             assert (m / f"k{n}").read_bytes() == BLOB[100 * (n % 40):100 * (n % 40) + 100]
         counts.append(_fds(m.proc.pid))
     assert counts[2] <= counts[0] + 4, counts
+
+
+def _grib(points: int | None = None, values=None) -> bytes:
+    """A GRIB2 message of eccodes' regular_ll_sfc_grib2 sample (16 x 31 points): `values` packed, or
+    a constant field (0 bits a value) whose grid then claims `points` points in 179 bytes."""
+    import eccodes
+
+    h = eccodes.codes_grib_new_from_samples("regular_ll_sfc_grib2")
+    try:
+        eccodes.codes_set_values(h, np.full(496, 5.0) if values is None else values)
+        if points is not None:
+            for key, value in (("Ni", 8000), ("Nj", points // 8000), ("numberOfDataPoints", points),
+                               ("numberOfValues", points)):
+                eccodes.codes_set(h, key, value)
+        return eccodes.codes_get_message(h)
+    finally:
+        eccodes.codes_release(h)
+
+
+def test_a_grib_message_whose_grid_claims_millions_of_points_is_refused_before_its_values_are_made(mount):
+    """The GRIB codec (refs/gribcodec.py) made every value its message's grid declares: 179 bytes of a
+    constant field claiming 64,000,000 points decoded to 512 MB of float64 (then 256 MB of float32)
+    for a 1,984-byte chunk; a dtype param of |S100000000 multiplied the values' size by 10^8/4. Now
+    the count is read from the message first."""
+    eccodes = pytest.importorskip("eccodes")
+    values = np.linspace(250, 300, 496)
+    honest = _grib(values=values)
+    refs = {".zgroup": json.dumps({"zarr_format": 2})}
+    _array(refs, "t", [31, 16], "<f4", honest, filters=[{"id": "grib", "var": "t"}])
+    _array(refs, "bomb", [31, 16], "<f4", _grib(points=64_000_000), filters=[{"id": "grib", "var": "t"}])
+    _array(refs, "wide", [31, 16], "<f4", honest, filters=[{"id": "grib", "var": "t", "dtype": "|S100000000"}])
+    m = mount(refs, "--view", "decoded")
+    mid = eccodes.codes_new_from_message(honest)  # (the oracle: eccodes' own values)
+    want = eccodes.codes_get_array(mid, "values").astype("<f4")
+    eccodes.codes_release(mid)
+    assert (m / "t/0.0").read_bytes() == want.tobytes()
+    _eio(m / "bomb/0.0")
+    _eio(m / "wide/0.0")
+    log = m.log()
+    assert "the GRIB message declares 64000000 points, 256000000 decoded bytes, more than the expected 1984" in log, log
+    assert "the GRIB message declares 496 points, 49600000000 decoded bytes" in log, log
+    assert _peak_kb(m.proc.pid) < 400 << 10, log

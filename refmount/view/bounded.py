@@ -87,6 +87,8 @@ def decode_bounded(codec, data, limit: int):
         if cid == "imagecodecs_jpeg" and codec.header is not None:  # (TIFF's JPEG header, given apart)
             raw = memoryview(bytes(codec.header) + bytes(raw))
         _declared(_IMAGE_SIZES[cid](bytes(raw), codec), limit)  # (a JPEG's APPn segments may come first)
+    if cid == "grib":  # (its grid's point count, read from the message before its values are made)
+        return codec.decode(data, limit=limit)
     if cid == "imagecodecs_rcomp":  # (it makes an array of its config's shape, which a reference set names)
         _declared(math.prod(codec.shape) * np.dtype(codec.dtype).itemsize, limit)
     if cid in _RETYPING or cid in ("FITSAscii", "packbits", "vlen-utf8", "vlen-bytes"):
