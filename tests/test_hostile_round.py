@@ -57,6 +57,10 @@ def test_codec_params_naming_huge_or_object_types_are_refused_before_decoding(mo
     values = np.linspace(10, 40, 64)
     _array(refs, "fso", [64], "<f8", zlib.compress(fso.encode(values)), compressor={"id": "zlib"},
            filters=[fso.get_config()])
+    bits = np.array([True, False, True, True, False])  # (5 booleans: 3 bits of padding)
+    _array(refs, "packbits", [5], "|b1", numcodecs.PackBits().encode(bits), filters=[{"id": "packbits"}])
+    one = np.array(["x"], dtype=object)  # (a 1-byte string in 9 bytes: more than 8x its served size)
+    _array(refs, "vlen_one", [1], "|O", numcodecs.VLenUTF8().encode(one), filters=[{"id": "vlen-utf8"}])
     labels = [f"label{n}" for n in range(20000)]
     label_codes = (np.arange(200000) % 20003).astype("<u2")  # (0 and codes past the labels: "")
     categorize = {"id": "categorize", "labels": labels, "dtype": "<U10", "astype": "<u2"}
@@ -65,7 +69,9 @@ def test_codec_params_naming_huge_or_object_types_are_refused_before_decoding(mo
     m = mount(refs, "--view", "decoded", "--memory-target", "256M")
     hidden = {"vlen_count", "vlen_blosc_lying", "vlen_fletcher_short"}  # (the string scan decodes them at mount)
     assert _names(m) == sorted({"astype_huge", "astype_void", "categorize_huge", "astype_object", "delta_wider",
-                                "fso_wider", "packbits_wider", "fso", "categorize"}), m.log()
+                                "fso_wider", "packbits_wider", "fso", "categorize", "packbits", "vlen_one"}), m.log()
+    assert (m / "packbits/0").read_bytes() == bits.astype("u1").tobytes()
+    assert (m / "vlen_one/0").read_bytes() == b"x"
     for name in ("astype_huge", "astype_void", "categorize_huge", "astype_object", "delta_wider", "fso_wider",
                  "packbits_wider"):
         _eio(m / f"{name}/0")

@@ -111,14 +111,14 @@ def _filter_size(codec, cid: str, raw) -> int:
         else:
             stored, decoded = (np.dtype(getattr(codec, name)) for name in _RETYPING[cid])
         return raw.nbytes // max(stored.itemsize, 1) * decoded.itemsize
-    if cid == "packbits":  # (a byte of padding count, then 8 booleans a byte)
-        return max(raw.nbytes - 1, 0) * 8
+    if cid == "packbits":  # (a byte of padding count, then 8 booleans a byte, less the padding)
+        return max((raw.nbytes - 1) * 8 - (raw[0] if raw.nbytes else 0), 0)
     # vlen-utf8/vlen-bytes: a count of items, then each item's 4-byte length and bytes; numcodecs
     # makes the count's array of objects before it reads an item (2^31 items: 16 GiB)
     items = struct.unpack_from("<I", raw)[0] if raw.nbytes >= 4 else 0
     if 4 + 4 * items > raw.nbytes:
         raise ValueError(f"declares {items} strings, more than its {raw.nbytes} bytes can hold")
-    return raw.nbytes
+    return 0  # (strings, each no longer than its bytes: the fixed-length recoding checks their size)
 
 
 def decode_into(codec, data, out) -> bool:
