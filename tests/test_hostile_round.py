@@ -126,6 +126,7 @@ class _RawServer:
         self.close_after = False  # answer each GET with Connection: close, and close
         self.idle_close: float | None = None  # close a kept-alive connection idle this long (as nginx does)
         self.requests: list[str] = []
+        self.headers_seen: list[dict] = []
         self.connections = 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.sock.getsockname()[1]}/blob.bin"
@@ -168,6 +169,7 @@ class _RawServer:
                 method = lines[0].split()[0]
                 headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
                 self.requests.append(method)
+                self.headers_seen.append(headers)
                 if method == "HEAD":
                     conn.sendall(self.head)
                     continue
@@ -252,6 +254,20 @@ def test_a_head_answered_with_a_body_never_desynchronizes_the_connection(mount, 
         assert e.errno == 5, e
     else:
         assert got == BLOB, "a HEAD's leftover body was served as the object's bytes"
+
+
+def test_cookies_a_head_sets_go_to_their_own_host_only(mount, raw_server):
+    """The stdlib engine's HEAD keeps the cookies its answer sets (fetch/auth.py's jar): one for its
+    own host, and one naming another domain (localhost) that the jar must refuse. The server on
+    localhost, read next, gets neither."""
+    a = raw_server(BLOB, _head("4096", extra="Set-Cookie: own=1; Path=/\r\nSet-Cookie: other=2; Domain=localhost; Path=/\r\n"))
+    b = raw_server(BLOB, _head("4096"))
+    b_url = b.url.replace("127.0.0.1", "localhost")
+    m = mount({"a": [a.url], "b": [b_url]}, "--view", "raw", "--read-timeout", "5")
+    assert (m / "a").read_bytes() == BLOB
+    assert (m / "b").read_bytes() == BLOB
+    assert "HEAD" in a.requests and b.requests, (a.requests, b.requests)
+    assert all("cookie" not in h for h in b.headers_seen), b.headers_seen
 
 
 def test_an_etag_that_changes_between_the_head_and_the_get_is_eio_never_mixed(mount, raw_server):
