@@ -102,6 +102,21 @@ class Origin:
                 return conn
             conn.close()
 
+    def sweep(self) -> None:
+        """Close the idle connections `take` would close (idle too long, or closed by the server),
+        without waiting for a request to this origin: one nobody asks again held its descriptor for
+        the daemon's life (120 loopback origins read once, kept alive: 120 descriptors, for good)."""
+        now = time.monotonic()
+        with self._idle.mutex:  # (a LifoQueue's list, oldest first; each keeps its own idle time)
+            idle = list(self._idle.queue)
+            kept = [(conn, since) for conn, since in idle
+                    if conn.sock is not None and now - since <= IDLE_TIMEOUT
+                    and (isinstance(conn.sock, ssl.SSLSocket) or not readable(conn.sock))]
+            self._idle.queue[:] = kept
+        for conn, _ in idle:
+            if all(conn is not k for k, _ in kept):
+                conn.close()
+
     def connect(self) -> http.client.HTTPConnection:
         if self.scheme == "https":
             conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.connect_timeout,
@@ -221,7 +236,11 @@ class Request:
             resp = self._send_on(self.origin.take())
             answer = accept(resp)
             resp.read()  # (nothing: http.client knows a HEAD's answer ends with its headers)
-            self._give_back(resp)
+            sock = self._sock
+            # a server that sent a body anyway: those bytes would be the next GET's answer on this
+            # connection (the pool's check of an idle one skips TLS ones), so it is closed instead
+            if sock is not None and not ((isinstance(sock, ssl.SSLSocket) and sock.pending()) or readable(sock)):
+                self._give_back(resp)
             return answer
         finally:
             self._close()

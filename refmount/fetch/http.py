@@ -75,6 +75,7 @@ _PASS_IDLE = 10.0  # seconds a pass waits, its connection open, for a read furth
 # for this many hosts: a set spread over many hosts would hold that many idle sockets for each one
 # it touched once.
 _WARMED_ORIGINS = 8
+SWEEP_EVERY = 1.0  # seconds between sweeps of the origins' idle connections, as new origins are met
 
 
 def _aiohttp():
@@ -246,6 +247,7 @@ class HttpBackend:
         self.direct = client == "stdlib"
         self._direct_targets: dict[str, tuple | None] = {}  # url -> (origin, request target), None: aiohttp only
         self._origins: dict[tuple, direct.Origin] = {}  # (scheme, host) -> its direct connections
+        self._swept = 0.0  # when the origins' idle connections were last swept (_sweep_origins)
         self._host_slots: dict[tuple, Slots] = {}  # (scheme, host) -> ranges of every path in flight
         # Where the stdlib engine receives bodies: anything with take(nbytes) -> a writable buffer of
         # that size (the caches' buffer pool, cache/buffers.py); None: a new bytes object per piece.
@@ -740,6 +742,7 @@ class HttpBackend:
             key = _origin(wire)
             origin = self._origins.get(key)
             if origin is None:  # setdefault: the asyncio thread may work this out at the same time
+                self._sweep_origins()
                 created = direct.Origin(parsed.scheme, parsed.raw_host, parsed.explicit_port,
                                         ssl_context=self._tls_for(parsed.scheme),
                                         connect_timeout=self.policy.connect_timeout,
@@ -751,6 +754,16 @@ class HttpBackend:
             target = (origin, parsed.raw_path_qs, wire)
         self._direct_targets[url] = target
         return target
+
+    def _sweep_origins(self) -> None:
+        """As a new origin is met, at most every SWEEP_EVERY seconds: the idle connections of the
+        others that have expired or that their server closed are let go (direct.Origin.sweep)."""
+        now = time.monotonic()
+        if now - self._swept < SWEEP_EVERY:
+            return
+        self._swept = now
+        for origin in list(self._origins.values()):
+            origin.sweep()
 
     def _guard_of(self, url: str):
         """What the stdlib engine's connections to `url`'s origin are held to, asked as each one is made

@@ -509,8 +509,11 @@ def _longest_string(refset, info: ArrayInfo) -> tuple[int, str | None]:
         if data is None:
             return 0, "chunks stored remotely (their longest string is not known at mount)"
         found = True
-        for codec in reversed(codecs):
-            data = decode_bounded(codec, data, MAX_CHUNK_BYTES)
+        try:  # (a chunk its own decoder refuses, however: blosc's RuntimeError, fletcher32's IndexError)
+            for codec in reversed(codecs):
+                data = decode_bounded(codec, data, MAX_CHUNK_BYTES)
+        except Exception as e:
+            return 0, f"chunk {refset.key(i)!r} could not be decoded ({type(e).__name__}: {str(e)[:200]})"
         for item in data.ravel():
             longest = max(longest, len(item.encode("utf-8") if isinstance(item, str) else bytes(item)))
     if not found:  # kerchunk wrote no chunk: the strings are unknown, not empty

@@ -87,9 +87,38 @@ def decode_bounded(codec, data, limit: int):
         if cid == "imagecodecs_jpeg" and codec.header is not None:  # (TIFF's JPEG header, given apart)
             raw = memoryview(bytes(codec.header) + bytes(raw))
         _declared(_IMAGE_SIZES[cid](bytes(raw), codec), limit)  # (a JPEG's APPn segments may come first)
+    if cid == "grib":  # (its grid's point count, read from the message before its values are made)
+        return codec.decode(data, limit=limit)
     if cid == "imagecodecs_rcomp":  # (it makes an array of its config's shape, which a reference set names)
         _declared(math.prod(codec.shape) * np.dtype(codec.dtype).itemsize, limit)
+    if cid in _RETYPING or cid in ("FITSAscii", "packbits", "vlen-utf8", "vlen-bytes"):
+        _declared(_filter_size(codec, cid, _raw(data)), limit)
     return codec.decode(data)
+
+
+# Filters that change the item type, by their params: (the stored type's attribute, the decoded type's).
+# A reference set may name any type: 64 bytes of u1 "decoded" as S100000000 were 6 GiB.
+_RETYPING = {"astype": ("encode_dtype", "decode_dtype"), "delta": ("astype", "dtype"),
+             "fixedscaleoffset": ("astype", "dtype"), "quantize": ("astype", "dtype"),
+             "categorize": ("astype", "dtype")}
+
+
+def _filter_size(codec, cid: str, raw) -> int:
+    """The bytes a filter decodes `raw` to, from its params and the input's size alone."""
+    if cid in _RETYPING or cid == "FITSAscii":
+        if cid == "FITSAscii":  # (kerchunk's FITS ASCII table: a record type in, another out)
+            stored, decoded = (np.dtype([tuple(d) for d in types]) for types in (codec.indtypes, codec.outdtypes))
+        else:
+            stored, decoded = (np.dtype(getattr(codec, name)) for name in _RETYPING[cid])
+        return raw.nbytes // max(stored.itemsize, 1) * decoded.itemsize
+    if cid == "packbits":  # (a byte of padding count, then 8 booleans a byte, less the padding)
+        return max((raw.nbytes - 1) * 8 - (raw[0] if raw.nbytes else 0), 0)
+    # vlen-utf8/vlen-bytes: a count of items, then each item's 4-byte length and bytes; numcodecs
+    # makes the count's array of objects before it reads an item (2^31 items: 16 GiB)
+    items = struct.unpack_from("<I", raw)[0] if raw.nbytes >= 4 else 0
+    if 4 + 4 * items > raw.nbytes:
+        raise ValueError(f"declares {items} strings, more than its {raw.nbytes} bytes can hold")
+    return 0  # (strings, each no longer than its bytes: the fixed-length recoding checks their size)
 
 
 def decode_into(codec, data, out) -> bool:
@@ -148,8 +177,8 @@ def _png_size(head: bytes, codec) -> int:
 
 def _jpeg2k_size(head: bytes, codec) -> int:
     """From the codestream's SIZ segment (a JP2 file holds it in its jp2c box)."""
-    at = head.find(b"\xff\x4f\xff\x51")
-    if at < 0 or at + 42 > len(head):
+    at = _jp2_codestream(head)
+    if head[at:at + 4] != b"\xff\x4f\xff\x51" or at + 42 > len(head):
         raise ValueError("the JPEG 2000 stream has no SIZ segment to size it")
     x, y, x0, y0 = struct.unpack_from(">IIII", head, at + 8)
     components = struct.unpack_from(">H", head, at + 40)[0]
@@ -160,6 +189,30 @@ def _jpeg2k_size(head: bytes, codec) -> int:
         bits = (head[at + 42 + 3 * c] & 0x7F) + 1
         size += 1 if bits <= 8 else 2 if bits <= 16 else 4
     return (x - x0) * (y - y0) * size
+
+
+def _jp2_codestream(head: bytes) -> int:
+    """Where the codestream starts: 0 for a bare one (SOC, then SIZ), else in a JP2 file's first jp2c
+    box, which OpenJPEG decodes, found by walking the boxes (a SIZ searched for anywhere was found in
+    a box before it: a 16x16 image declared, 3000x3000 decoded)."""
+    if head[:2] == b"\xff\x4f":
+        return 0
+    at = 0
+    while at + 8 <= len(head):
+        length, kind = struct.unpack_from(">I4s", head, at)
+        start = at + 8
+        if length == 1:  # (the length in the next 8 bytes)
+            if at + 16 > len(head):
+                break
+            length, start = struct.unpack_from(">Q", head, at + 8)[0], at + 16
+        elif length == 0:  # (the last box: to the end)
+            length = len(head) - at
+        if kind == b"jp2c":
+            return start
+        if length < start - at:
+            break
+        at += length
+    raise ValueError("the JPEG 2000 stream has no codestream (jp2c box) to size it")
 
 
 def _webp_size(head: bytes, codec) -> int:

@@ -51,6 +51,7 @@ _REFERENCE_ROLES = {"references", "reference", "kerchunk", "index", "virtual"}
 STORES = {"zarr": "a Zarr store", "icechunk": "an Icechunk repository", "parquet": "kerchunk Parquet references"}
 
 GONE = (404, 410)  # what a STAC item link may answer to be left out: never retried, the item is no more
+GONE_SAID = 5  # gone items named in a line each; the rest in one line (a catalog may name 10^5 of them)
 
 
 class CatalogError(RefmountError):
@@ -244,6 +245,9 @@ class _Stac(_Walk):
         if self.gone and not self.entries:
             raise CatalogError(f"every item of the catalog {quote(redact(self.location))} is gone "
                                f"({len(self.gone)}, the first {self.gone[0]})")
+        if len(self.gone) > GONE_SAID:
+            log.warning("%s: %d more item(s) answered HTTP 404 or 410: gone, left out (the last %s)",
+                        redact(self.location), len(self.gone) - GONE_SAID, self.gone[-1])
         if self.invalid:
             log.warning("%s: %d item(s) that are not valid STAC left out (%s)", redact(self.location),
                         len(self.invalid), self.invalid[0])
@@ -265,7 +269,9 @@ class _Stac(_Walk):
                 if rel != "item" or e.status not in GONE:
                     raise
                 self.gone.append(f"{redact(url)} (HTTP {e.status})")
-                log.warning("the catalog's item %s answered HTTP %d: gone, left out", quote(redact(url)), e.status)
+                self.counted()  # (a gone item's GET counts as a listed one's: 10^6 gone links are refused)
+                if len(self.gone) <= GONE_SAID:
+                    log.warning("the catalog's item %s answered HTTP %d: gone, left out", quote(redact(url)), e.status)
                 continue
             if not isinstance(doc, dict):
                 raise CatalogError(f"{quote(redact(url))} is not a STAC document")
