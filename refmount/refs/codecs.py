@@ -47,8 +47,8 @@ ALLOWED = {**{cid: ("numcodecs", name) for cid, name in _NUMCODECS.items()},
            **{cid: ("kerchunk.codecs", name) for cid, name in _KERCHUNK.items()},
            **{cid: ("imagecodecs.numcodecs", name) for cid, name in _IMAGECODECS.items()},
            "shuffle": ("refmount.refs.hdf5", "HDF5Shuffle"),  # (numcodecs' own, with HDF5's rule for leftover bytes)
-           "grib": ("refmount.refs.gribcodec", "GribCodec"),
-           "categorize": ("refmount.refs.codecs", "LookupCategorize"),  # (numcodecs' own, decoded in one pass)  # (kerchunk's id; its codec took a real 9999 for missing)
+           "grib": ("refmount.refs.gribcodec", "GribCodec"),  # (kerchunk's id; its codec took a real 9999 for missing)
+           "categorize": ("refmount.refs.codecs", "LookupCategorize"),  # (numcodecs' own, decoded in one pass)
            TRANSPOSE_ID: ("refmount.refs.codecs", "TransposeCodec")}
 
 
