@@ -244,7 +244,10 @@ def test_a_wrong_guess_leaves_no_thread_or_fetcher_of_its_build_behind(tmp_path,
     _settle(make_daily(data, 3, 7, 12))
 
     def build(url):
-        opts = options_from_args(build_parser().parse_args(["mount", url, str(tmp_path), "--concat", "time"]))
+        # (a cache size, not the default memory target: the daemon's own memory measured here is the
+        # whole test run's process)
+        opts = options_from_args(build_parser().parse_args(["mount", url, str(tmp_path), "--concat", "time",
+                                                            "--cache-size", "64M"]))
         return daemon._build(opts, BeginLoading(opts))
 
     def warming():  # (this test's: not another test's in the same process)

@@ -350,9 +350,10 @@ class HttpBackend:
         """size()'s answer by a HEAD on the stdlib engine, from the trio thread, when it is a plain 200
         with a Content-Length: the first stat of a whole-file reference (and the disk cache's validator)
         then waits for neither aiohttp's import nor the asyncio loop (0.1-0.3 s after a mount:
-        bench/NOTES.md, "the disk cache's re-read, measured in turn"). None for anything else (no
-        stdlib engine, a proxy or signer, another status, a failure, a timeout): size() asks on the
-        general path, with its retries."""
+        bench/NOTES.md, "the disk cache's re-read, measured in turn"). A 404 or 410 raises as the general
+        path's would (asked once: a remote store's missing chunk). None for anything else (no stdlib
+        engine, a proxy or signer, another status, a failure, a timeout): size() asks on the general
+        path, with its retries."""
         if url in self._sizes:
             return self._sizes[url]
         if not self.direct or self.signer is not None:
@@ -368,6 +369,8 @@ class HttpBackend:
             if not self._route(url):  # (the pacer sizes the host's opening from its round trip: roundtrip.py)
                 roundtrip.note(url, request.sock, time.monotonic() - asked)
             self.logins.keep_cookies(url, resp.headers.get_all("Set-Cookie") or [])
+            if resp.status in (404, 410):  # (definite, never retried: as the general path says it, not asked twice)
+                self._raise_for_status(url, resp)
             length = resp.headers.get("Content-Length", "")
             if resp.status != 200 or not length.isdigit():
                 return None
