@@ -88,17 +88,14 @@ class Origin:
             self._idle.put((conn, time.monotonic()))
 
     def take(self) -> http.client.HTTPConnection | None:
-        """An idle connection that is still worth a request, or None. Closed instead: those idle
-        longer than IDLE_TIMEOUT, and plain ones the server has closed (readable while idle: its FIN.
-        Not TLS ones: a session ticket nobody has read yet makes those readable too; a closed one
-        fails the request at once and `Request._send_on` takes a new one)."""
+        """An idle connection that is still worth a request (`_worth_keeping`), or None; the others
+        met on the way are closed."""
         while True:
             try:
                 conn, since = self._idle.get_nowait()
             except queue.Empty:
                 return None
-            if time.monotonic() - since <= IDLE_TIMEOUT and (isinstance(conn.sock, ssl.SSLSocket)
-                                                             or not readable(conn.sock)):
+            if _worth_keeping(conn, since, time.monotonic()):
                 return conn
             conn.close()
 
@@ -109,12 +106,11 @@ class Origin:
         now = time.monotonic()
         with self._idle.mutex:  # (a LifoQueue's list, oldest first; each keeps its own idle time)
             idle = list(self._idle.queue)
-            kept = [(conn, since) for conn, since in idle
-                    if conn.sock is not None and now - since <= IDLE_TIMEOUT
-                    and (isinstance(conn.sock, ssl.SSLSocket) or not readable(conn.sock))]
+            kept = [(conn, since) for conn, since in idle if _worth_keeping(conn, since, now)]
             self._idle.queue[:] = kept
+        kept_ids = {id(conn) for conn, _ in kept}
         for conn, _ in idle:
-            if all(conn is not k for k, _ in kept):
+            if id(conn) not in kept_ids:
                 conn.close()
 
     def connect(self) -> http.client.HTTPConnection:
@@ -341,6 +337,15 @@ class _Silence:
                 continue
             self.since = None
             return result
+
+
+def _worth_keeping(conn: http.client.HTTPConnection, since: float, now: float) -> bool:
+    """Whether an idle connection (idle since `since`) is still worth a request: not idle longer than
+    IDLE_TIMEOUT, and not closed by its server (a plain one readable while idle: its FIN. Not TLS
+    ones: a session ticket nobody has read yet makes those readable too; a closed one fails the
+    request at once and `Request._send_on` takes a new one)."""
+    return (conn.sock is not None and now - since <= IDLE_TIMEOUT
+            and (isinstance(conn.sock, ssl.SSLSocket) or not readable(conn.sock)))
 
 
 def readable(sock: socket.socket) -> bool:
