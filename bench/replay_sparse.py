@@ -30,6 +30,7 @@ SELECTIONS = {  # in chunks, as bench_sparse.py's (and a shorter cube: the floor
     "tile 5x5": [(100, 101), (1, 6), (2, 7)],
     "cube 3x3x24": [(100, 124), (3, 6), (3, 6)],
     "cube 3x3x8": [(100, 108), (3, 6), (3, 6)],
+    "cube 3x3x4": [(100, 104), (3, 6), (3, 6)],
 }
 
 

@@ -38,9 +38,12 @@ log = logging.getLogger("refmount")
 MAX_WALKS = 128  # (array, reader) walks followed at once (the least recently read is forgotten; each remembers
 # up to walk.MAX_READ chunks read, ~100 kB)
 MIN_WINDOW = 8  # guesses a walk may keep ahead from the start (small chunks)...
+MIN_WINDOW_PLANES = 12  # ... or, for a walk whose steps hold several chunks (a cube's planes), up to a step and
+# a third (zarr's threads ask for a plane at once: less than the next plane ahead, and each plane waits)...
 MIN_WINDOW_BYTES = 256 << 10  # ... or fewer, as many as hold this many bytes (at least 2), for big ones
 LEAD_FRACTION = 0.2  # ... and at most this fraction of the chunks it has read, beyond that
 MAX_WINDOW = 512  # chunks predicted for one walk at once
+YOUNG_STEPS = 8  # steps of its outermost axis a walk enters before it is taken for the whole selection (below)
 IDLE = 5.0  # seconds after its last read when a walk's unread predictions count as wasted (and free the budget)
 
 Locate = Callable[[tuple], "tuple[int, int, int] | None"]  # chunk index -> (url id, start, end), or None
@@ -168,12 +171,21 @@ class GridPlanner:
         holes = walk.holes(room_in_window, state.pending)
         certain = [index for index in holes if index[outer] in entered]
         # guesses: past the frontier (or in steps not entered yet), capped (see the module)
-        floor = min(MIN_WINDOW, max(2, MIN_WINDOW_BYTES // max(state.chunk_bytes, 1)))
+        varying, lo, hi, strides = model[0], model[1], model[2], model[3]
+        step = 1  # chunks in one step of the outermost axis (a row, a plane)
+        for a in varying[1:]:
+            step *= (hi[a] - lo[a]) // strides[a] + 1
+        floor = min(max(MIN_WINDOW, min(step + step // 3, MIN_WINDOW_PLANES)),
+                    max(2, MIN_WINDOW_BYTES // max(state.chunk_bytes, 1)))
         # (what this walk already wasted, say a first row's overshoot, counts against the lead: the bytes
         # target is for the whole selection)
         cap = min(state.window, max(floor, int(walk.count * LEAD_FRACTION) - state.wasted))
+        if len(entered) < YOUNG_STEPS and any(walk.grid[a] > 1 for a in range(outer)):
+            # a young walk with axes outside its outermost one may be a step of a bigger walk (a cube's first
+            # plane, read row by row): what it guesses past that step is wasted when the next step begins, and
+            # counts against the lead for good. One step past its frontier at most.
+            cap = min(cap, step)
         # (every pending chunk is on the walk now: in its box is within its bounds)
-        lo, hi = model[1], model[2]
         guessing = sum(1 for index in state.pending
                        if index[outer] not in entered or not all(map(operator.le, lo, index))
                        or not all(map(operator.le, index, hi)))
