@@ -16,9 +16,10 @@ entered, are certain (a selection is a box: the first reads of a row or plane sh
 are all predicted at once. The chunks past the walk's frontier are a guess at where the selection
 ends: at most a window that grows by one per prediction used (so it doubles while the walk goes on),
 halves when a walk wasted more than it used, and never exceeds LEAD_FRACTION of the chunks the walk
-has read (or a few: MIN_WINDOW), so that when the walk ends, what was fetched past it stays within
-the bytes target (at most 1.25x the bytes the selection needs). The budget's room bounds them all:
-an exhausted budget shrinks the plan. Everything here runs on the trio thread.
+has read (or a few: MIN_WINDOW, MIN_WINDOW_PLANES), so that when the walk ends, what was fetched past
+it stays within the bytes target (at most 1.25x the bytes the selection needs). A young walk that may
+be one step of a bigger walk (a cube's first plane) guesses one step past its frontier at most. The
+budget's room bounds them all: an exhausted budget shrinks the plan. Everything here runs on the trio thread.
 """
 
 from __future__ import annotations
@@ -180,10 +181,11 @@ class GridPlanner:
         # (what this walk already wasted, say a first row's overshoot, counts against the lead: the bytes
         # target is for the whole selection)
         cap = min(state.window, max(floor, int(walk.count * LEAD_FRACTION) - state.wasted))
-        if len(entered) < YOUNG_STEPS and any(walk.grid[a] > 1 for a in range(outer)):
-            # a young walk with axes outside its outermost one may be a step of a bigger walk (a cube's first
-            # plane, read row by row): what it guesses past that step is wasted when the next step begins, and
-            # counts against the lead for good. One step past its frontier at most.
+        if step > 1 and len(entered) < YOUNG_STEPS and any(walk.grid[a] > 1 for a in range(outer)):
+            # a young walk over rows (or planes) with axes outside them may be a step of a bigger walk (a cube's
+            # first plane, read row by row): what it guesses past that step is wasted when the next step begins,
+            # and counts against the lead for good. One step past its frontier at most. (Not a line: a point's
+            # series at one level of a 4D array would wait a round trip a chunk.)
             cap = min(cap, step)
         # (every pending chunk is on the walk now: in its box is within its bounds)
         guessing = sum(1 for index in state.pending
