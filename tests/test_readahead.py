@@ -186,6 +186,37 @@ def test_a_cube_is_predicted_exactly_within_its_box():
     assert len(set(reader.fetched)) == len(reader.fetched)  # each chunk asked for once
 
 
+def test_a_cubes_first_plane_guesses_a_row_past_it_at_most_and_the_next_plane_comes_whole():
+    """Read row by row, a cube's first plane is a walk over rows that may be a step of a bigger walk: it
+    guesses one row past its frontier at most (the rows past the cube are wasted when the next plane begins,
+    and count against the lead). From the second plane on, the next plane is fetched whole when a plane
+    begins (the floor of a walk over planes: a step and a third)."""
+    reader = Reader(GridPlanner(AheadBudget(lambda: 1 << 30)), 9)
+    cube = [(t, y, x) for t in range(100, 124) for y in range(2, 5) for x in range(3, 6)]
+    for index in cube[:9]:
+        reader.reads(index)
+    past = [index for index in reader.fetched if index not in set(cube)]
+    assert len(past) <= 5, past  # the first row's to the grid's edge (a line then), a row past the plane
+    reader.reads(cube[9])
+    assert set(cube[18:27]) <= set(reader.fetched)
+
+
+def test_a_point_series_at_one_level_of_a_4d_array_runs_ahead_from_its_second_read():
+    """A line with an axis outside it is no young walk over rows: a point's series at one level, read a chunk
+    at a time, has its next eight chunks on their way from its second read."""
+    planner = GridPlanner(AheadBudget(lambda: 1 << 30))
+    grid = (10, 365, 8, 8)
+    fetched = []
+
+    def locate_4d(index):
+        return 0, index[1] * CHUNK, (index[1] + 1) * CHUNK
+
+    for t in range(2):
+        plan = planner.on_read("ta/", grid, (3, t, 4, 3), CHUNK, locate_4d, reader=5)
+        fetched += [f.index for f in plan.fetches]
+    assert fetched == [(3, t, 4, 3) for t in range(2, 10)]
+
+
 def test_a_point_series_is_predicted_exactly_to_its_end():
     budget = AheadBudget(lambda: 1 << 30)
     reader = Reader(GridPlanner(budget), 8)
