@@ -364,7 +364,8 @@ def add_archive_options(p: argparse.ArgumentParser, mount: bool = True) -> None:
                         "from the first file's (default: refuse the whole set, naming the file and variable)")
     g.add_argument("--strict", action="store_true",
                    help="a file of a glob, directory or list that is not a data file, or cannot be scanned, "
-                        "fails the whole mount (default: it is left out with a log line)")
+                        "and a catalog's item that is gone (404/410) or not valid STAC, fails the whole mount "
+                        "(default: it is left out with a log line)")
     if mount:
         g.add_argument("--refresh", type=parse_duration, metavar="DURATION",
                        help="list the glob, directory, s3:// prefix, index page or catalog again every DURATION "

@@ -429,3 +429,18 @@ def test_a_stac_item_gone_is_left_out_in_one_line_and_any_other_failure_fails_th
         text = str(failed.value)
         assert "every item of the catalog" in text and text.count("gone, left out") == 3, text
         assert f"{failing}.json' answered HTTP 410" in text, text
+
+
+def test_with_strict_a_stac_item_gone_fails_the_mount_in_one_line(mount, daily, tmp_path):
+    """--strict leaves nothing out (a file that cannot be scanned fails the mount): an item link that
+    answers 404 fails it too, in one line naming the item's url, instead of a warning."""
+    write_stac(tmp_path / "one_gone", daily)
+    gone = daily[1].stem
+    (tmp_path / "one_gone" / "stac" / "daily" / gone / f"{gone}.json").unlink()
+    with Nginx(tmp_path / "nginx", f"root {tmp_path};") as nginx:
+        with pytest.raises(RuntimeError) as failed:
+            mount(f"{nginx.url}/one_gone/stac/catalog.json", "--view", "raw", "--strict")
+    text = str(failed.value).removeprefix("refmount exited with 1: ").strip()
+    gone_url = f"{nginx.url}/one_gone/stac/daily/{gone}/{gone}.json"
+    assert text == f"refmount: the catalog's item {gone_url!r} answered HTTP 404: gone (--strict leaves no item out)", \
+        text
