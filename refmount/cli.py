@@ -250,9 +250,11 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "'{\"anon\": true}' or '{\"endpoint_url\": \"http://127.0.0.1:9000\"}'; "
                         "'headers' also applies to http(s)")
     g.add_argument("--read-timeout", type=positive_float, default=30.0, metavar="SECONDS",
-                   help="total time one read may take, retries included, before it fails with EIO (default: 30)")
+                   help="total time one read may take, retries included, before it fails with EIO; also each index "
+                        "page and catalog document a mount lists (default: 30)")
     g.add_argument("--stall-timeout", type=positive_float, default=10.0, metavar="SECONDS",
-                   help="abandon and retry a connection that sends nothing for this long (default: 10)")
+                   help="abandon and retry a connection that sends nothing for this long; a reference file or "
+                        "store metadata whose server sends nothing for this long fails the mount (default: 10)")
     g.add_argument("--connections", type=positive_int, default=32, metavar="N",
                    help="most parallel connections per host, opened (--http-client stdlib) when the mount first "
                         "meets the host, so that parallel reads skip the handshake; read-ahead "
