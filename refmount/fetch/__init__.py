@@ -327,6 +327,8 @@ class Fetcher:
 
     async def aclose(self) -> None:
         self.local.close()
-        if self._loop is not None:
-            for backend in self._remotes.values():
+        for backend in self._remotes.values():
+            if self._loop is not None:
                 await run_on_asyncio(backend.close(), self._loop)
+            elif hasattr(backend, "close_direct"):  # (only the stdlib engine was used: no aiohttp session to close)
+                backend.close_direct()
