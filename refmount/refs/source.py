@@ -38,8 +38,8 @@ def _open_raw(location: str, remote_options: dict):
     from refmount.fetch.stats import redact
     from refmount.fetch.tls import certificate_problem
 
-    # http(s): read front to back as one stream (one GET, no HEAD), so that a server that ignores
-    # Range serves it too; --max-refs-size bounds how much of it is read
+    # http(s): read front to back as one stream (one GET, not one per 5 MiB block), so that a server
+    # that ignores Range serves it too; --max-refs-size bounds how much of it is read
     streamed = {"block_size": 0} if protocol_of(location) in ("http", "https") else {}
     try:
         return fsspec.open(location, "rb", **fsspec_options(location, remote_options), **streamed).open()
