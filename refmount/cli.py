@@ -250,9 +250,11 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "'{\"anon\": true}' or '{\"endpoint_url\": \"http://127.0.0.1:9000\"}'; "
                         "'headers' also applies to http(s)")
     g.add_argument("--read-timeout", type=positive_float, default=30.0, metavar="SECONDS",
-                   help="total time one read may take, retries included, before it fails with EIO (default: 30)")
+                   help="total time one read may take, retries included, before it fails with EIO; also each index "
+                        "page and catalog document a mount lists (default: 30)")
     g.add_argument("--stall-timeout", type=positive_float, default=10.0, metavar="SECONDS",
-                   help="abandon and retry a connection that sends nothing for this long (default: 10)")
+                   help="abandon and retry a connection that sends nothing for this long; a reference file or "
+                        "store metadata whose server sends nothing for this long fails the mount (default: 10)")
     g.add_argument("--connections", type=positive_int, default=32, metavar="N",
                    help="most parallel connections per host, opened (--http-client stdlib) when the mount first "
                         "meets the host, so that parallel reads skip the handshake; read-ahead "
@@ -364,7 +366,8 @@ def add_archive_options(p: argparse.ArgumentParser, mount: bool = True) -> None:
                         "from the first file's (default: refuse the whole set, naming the file and variable)")
     g.add_argument("--strict", action="store_true",
                    help="a file of a glob, directory or list that is not a data file, or cannot be scanned, "
-                        "fails the whole mount (default: it is left out with a log line)")
+                        "and a catalog's item that is gone (404/410) or not valid STAC, fails the whole mount "
+                        "(default: it is left out with a log line)")
     if mount:
         g.add_argument("--refresh", type=parse_duration, metavar="DURATION",
                        help="list the glob, directory, s3:// prefix, index page or catalog again every DURATION "

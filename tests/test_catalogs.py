@@ -429,3 +429,40 @@ def test_a_stac_item_gone_is_left_out_in_one_line_and_any_other_failure_fails_th
         text = str(failed.value)
         assert "every item of the catalog" in text and text.count("gone, left out") == 3, text
         assert f"{failing}.json' answered HTTP 410" in text, text
+
+
+def test_with_strict_a_stac_item_gone_fails_the_mount_in_one_line(mount, daily, tmp_path):
+    """--strict leaves nothing out (a file that cannot be scanned fails the mount): an item link that
+    answers 404 fails it too, in one line naming the item's url, instead of a warning."""
+    write_stac(tmp_path / "one_gone", daily)
+    gone = daily[1].stem
+    (tmp_path / "one_gone" / "stac" / "daily" / gone / f"{gone}.json").unlink()
+    with Nginx(tmp_path / "nginx", f"root {tmp_path};") as nginx:
+        with pytest.raises(RuntimeError) as failed:
+            mount(f"{nginx.url}/one_gone/stac/catalog.json", "--view", "raw", "--strict")
+    text = str(failed.value).removeprefix("refmount exited with 1: ").strip()
+    gone_url = f"{nginx.url}/one_gone/stac/daily/{gone}/{gone}.json"
+    assert text == f"refmount: the catalog's item {gone_url!r} answered HTTP 404: gone (--strict leaves no item out)", \
+        text
+
+
+@pytest.mark.parametrize("path", ["stac/catalog.json", "data/"])
+def test_a_catalog_or_index_server_that_never_answers_fails_the_mount_within_read_timeout(tmp_path, path):
+    """A catalog document (or an index page of a listing) whose server takes the connection and never
+    answers: the listing retried under the built-in 30 s whatever --read-timeout said. It gives up
+    under the mount's --read-timeout, in one line naming the url."""
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # (connections complete in the kernel's backlog; nothing is ever read or sent)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/{path}"
+    (tmp_path / "mnt").mkdir()
+    try:
+        done = run_refmount("mount", "--foreground", "--read-timeout", "2", "--stall-timeout", "1", url,
+                            tmp_path / "mnt", timeout=120)
+    finally:
+        silent.close()
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    assert url.rstrip("/") in lines[0] and "timed out" in lines[0] and "Traceback" not in done.stderr, lines[0]

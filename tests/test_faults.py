@@ -89,6 +89,26 @@ def test_permanent_failure_is_eio_within_read_timeout_and_daemon_keeps_serving(m
         http_data.fail_paths = {}
 
 
+def test_a_failed_read_is_said_once_and_another_file_of_its_url_is_said_too(mount, http_data):
+    """A server answering 500 forever: the read gets EIO and the kernel re-issues it at once, which
+    fails at once (the url failed a moment ago). That logged the same failure twice; now once. A read
+    of another file of the same url is another line."""
+    refs = {"a": [http_data.url_for("always-500.bin"), 0, 10], "b": [http_data.url_for("always-500.bin"), 10, 10]}
+    http_data.fail_paths = {"always-500.bin": 500}
+    try:
+        mnt = mount(refs, "--view", "raw", "--read-timeout", "1")
+        for name in ("a", "b"):
+            with pytest.raises(OSError) as e:
+                (mnt / name).read_bytes()
+            assert e.value.errno == errno.EIO
+    finally:
+        http_data.fail_paths = {}
+    said = [line for line in mnt.log().splitlines() if "ERROR" in line]
+    assert [line.split(" failed: ")[0] for line in said] == ["refmount: ERROR: read of a",
+                                                            "refmount: ERROR: read of b"], said
+    assert "HTTP 500" in said[0] and "not retried yet" in said[1], said
+
+
 def test_server_ignoring_range_is_sliced_correctly(mount, http_data, blob):
     url = http_data.url_for(blob.name)
     mnt = mount(chunk_refs(url, 64), "--view", "raw", "--block-size", "4K", "--no-prefetch")

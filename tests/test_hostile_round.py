@@ -11,6 +11,7 @@ Each hostile chunk is an EIO (or its array hidden) in one line, the daemon lives
 from __future__ import annotations
 
 import json
+import os
 import struct
 import zlib
 
@@ -223,6 +224,20 @@ def test_a_head_lying_about_the_size_gives_the_right_bytes_or_eio(mount, raw_ser
         assert got == BLOB
     assert m.proc.poll() is None
     assert _peak_kb(m.proc.pid) < 600 << 10
+
+
+def test_a_head_claiming_an_unbelievable_size_is_never_shown(mount, raw_server):
+    """A HEAD saying 10^18 bytes: st_size showed 10^18 until the first GET's Content-Range said 4096.
+    A size past any object store's maximum (1 PiB) is refused: the stat is EIO, in one line naming
+    the url, and never shows that size."""
+    server = raw_server(BLOB, _head("1000000000000000000"))
+    m = mount({"f": [server.url]}, "--view", "raw", "--read-timeout", "5")
+    with pytest.raises(OSError) as failed:
+        os.stat(m / "f")
+    assert failed.value.errno == 5
+    said = [line for line in m.log().splitlines() if "ERROR" in line]
+    assert len(said) == 1 and server.url in said[0] and "1,000,000,000,000,000,000 bytes" in said[0], said
+    assert "not believed" in said[0], said
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])

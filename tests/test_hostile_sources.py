@@ -201,3 +201,23 @@ def test_a_lone_compressor_stops_one_byte_past_the_chunk(mount, server):
         (m / "a/0").read_bytes()
     assert failed.value.errno == 5
     assert f"chunk 'a/0' could not be decoded: TooLarge: decodes to more than the expected {n} bytes" in m.log()
+
+
+def test_a_large_reference_file_on_a_server_ignoring_range_mounts_within_max_refs_size(mount, server, tmp_path):
+    """A 6 MiB JSON reference file (past fsspec's 5 MiB block) on a server that answers every GET with
+    the whole file: fsspec's ranged reads refused it ("doesn't appear to support range requests"). It is
+    read as one stream now: it mounts, and past --max-refs-size it is refused in one line naming the
+    url and the option."""
+    (server.root / "d.bin").write_bytes(bytes(range(1, 9)))
+    refs = {".zgroup": '{"zarr_format": 2}', "a/.zattrs": '{"_ARRAY_DIMENSIONS": ["x"]}',
+            "a/.zarray": json.dumps(_zarray([2], [2], "<i4")), "a/0": [server.url_for("d.bin"), 0, 8]}
+    refs.update({f"pad/{i}": "x" * 100 for i in range(60_000)})  # inline values: 6 MB of text
+    (server.root / "big.json").write_text(json.dumps({"version": 1, "refs": refs}))
+    server.ignore_range = True
+    m = mount(server.url_for("big.json"))
+    assert (m / "a/0").read_bytes() == bytes(range(1, 9))
+    (tmp_path / "small").mkdir()
+    done = run_refmount("mount", "--max-refs-size", "4M", server.url_for("big.json"), tmp_path / "small")
+    assert done.returncode != 0
+    assert done.stderr.strip() == (f"refmount: reference file {server.url_for('big.json')!r} exceeds --max-refs-size"
+                                   " 4M once decompressed (raise the option to load it)"), done.stderr

@@ -638,3 +638,27 @@ def test_a_head_the_stdlib_engine_cannot_use_leaves_the_size_to_the_general_path
         monkeypatch.setattr(direct.Request, "head", no_length)
     assert with_fetcher("stdlib", lambda fetcher: fetcher.size(url)) == SIZE
     assert aiohttp_requests(server) >= 1
+
+
+def test_aclose_closes_the_stdlib_engines_connections_when_no_asyncio_loop_was_used(server, blob):
+    """A fetcher whose reads all went through the stdlib engine never started its asyncio side, and
+    aclose() closed its backends only through that: the engine's kept-alive connections stayed open
+    (a --refresh's probe, a scan's fetcher: one descriptor per origin each time). Closed now."""
+    import os
+
+    import psutil
+
+    port = int(server.url.rsplit(":", 1)[1].split("/")[0])
+
+    def connected() -> int:
+        return sum(1 for c in psutil.Process(os.getpid()).net_connections("tcp")
+                   if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+
+    async def body(fetcher):
+        assert await joined(fetcher, server.url_for("blob.bin"), 0, 4096) == blob[:4096]
+        assert fetcher._loop is None, "the read left the stdlib engine"  # (else this is not the case tested)
+        assert connected() >= 1
+        await fetcher.aclose()
+        return connected()
+
+    assert with_fetcher("stdlib", body) == 0

@@ -30,6 +30,11 @@ from refmount.fetch.protocols import protocol_of
 
 __all__ = ["Fetcher", "RetryPolicy", "FetchStats", "redact", "reaches_local"]
 
+# The largest object size a server is believed: above every object store's own maximum (S3 50 TB,
+# Azure 190.7 TiB, GCS 5 TiB). A size is shown (st_size) from a HEAD before any GET can check it: a
+# claim past this is refused, not shown; one within it that the first GET's Content-Range contradicts
+# is EIO with a "changed while mounted" line (fetch/http.py `_check_version`).
+MAX_OBJECT_SIZE = 1 << 50
 _FAILURES_KEPT = 10_000  # urls whose last failure a fetcher remembers (a retry within the window fails at once)
 
 
@@ -267,7 +272,11 @@ class Fetcher:
         async def size():
             await self._signed(backend, url)
             size = await self._size_direct(backend, url)
-            return size if size is not None else await run_on_asyncio(backend.size(url), self._asyncio())
+            size = size if size is not None else await run_on_asyncio(backend.size(url), self._asyncio())
+            if size > MAX_OBJECT_SIZE:
+                raise FetchError(f"{redact(url)}: its server says it holds {size:,} bytes, more than any object "
+                                 "store keeps (1 PiB): not believed")
+            return size
 
         return await self._remembering_failure(url, size)
 
@@ -318,6 +327,8 @@ class Fetcher:
 
     async def aclose(self) -> None:
         self.local.close()
-        if self._loop is not None:
-            for backend in self._remotes.values():
+        for backend in self._remotes.values():
+            if self._loop is not None:
                 await run_on_asyncio(backend.close(), self._loop)
+            elif hasattr(backend, "close_direct"):  # (only the stdlib engine was used: no aiohttp session to close)
+                backend.close_direct()

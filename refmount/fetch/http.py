@@ -312,6 +312,10 @@ class HttpBackend:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        self.close_direct()
+
+    def close_direct(self) -> None:
+        """The stdlib engine's connections closed: no asyncio loop needed (a fetcher that never used one)."""
         for origin in self._origins.values():
             origin.close()
         self._origins.clear()

@@ -18,12 +18,12 @@ def _on_engine(remote_options: dict | None, call, first=None):
     from refmount.fetch.auth import active
     from refmount.fetch.bridge import asyncio_loop
     from refmount.fetch.http import HttpBackend
-    from refmount.fetch.retry import RetryPolicy, policy_now
+    from refmount.fetch.retry import documents_policy
     from refmount.fetch.stats import FetchStats
     from refmount.fetch.tls import ssl_setting
 
     options = remote_options or {}
-    backend = HttpBackend(policy_now(RetryPolicy()), FetchStats(), headers=options.get("headers"),
+    backend = HttpBackend(documents_policy(), FetchStats(), headers=options.get("headers"),
                           ssl=lambda: ssl_setting(options), logins=active(), client="stdlib" if first else "aiohttp")
     if first is not None and (answer := first(backend)) is not None:
         return answer

@@ -77,6 +77,23 @@ def policy_now(default: RetryPolicy | None = None) -> RetryPolicy | None:
     return _now.get() or default
 
 
+_documents: RetryPolicy | None = None  # the mount's, for documents (bound_documents_by)
+
+
+def bound_documents_by(policy: RetryPolicy | None) -> None:
+    """The documents a mount reads to know what it serves (a listing's index pages, a catalog's
+    documents, reference files and a store's metadata) are asked under `policy` from now on: the
+    mount's --read-timeout and --stall-timeout, so that a server that hangs fails the mount in that
+    time, in one line naming the url. None: the defaults."""
+    global _documents
+    _documents = policy
+
+
+def documents_policy() -> RetryPolicy:
+    """The policy documents are asked under: this context's (retry_under), else the mount's."""
+    return policy_now(_documents or RetryPolicy())
+
+
 def passing_status(status: int) -> bool:
     """An HTTP answer that asking again may change: 408, 429, 500, 502, 503, 504."""
     return status in RETRY_STATUSES
@@ -134,6 +151,8 @@ def passing(error: BaseException) -> str | None:
                   (type(c) is OSError and c.errno in _PASSING_ERRNOS)), None)
     if found is None:
         return None
+    if isinstance(found, (TimeoutError, asyncio.TimeoutError)) and not str(found):  # (fsspec's FSTimeoutError)
+        return "timed out"
     return f"{type(found).__name__}: {found}".rstrip(": ")
 
 

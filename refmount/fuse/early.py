@@ -29,10 +29,13 @@ def install_logins(opts) -> None:
 
 
 def prepare(opts) -> None:
-    """Before the reference set is fetched: the CA bundle (it may be on https) and the logins (... behind one)."""
+    """Before the reference set is fetched: the CA bundle (it may be on https), the logins (... behind one),
+    and the timeouts of the documents it reads to know what it serves (--read-timeout, --stall-timeout)."""
+    from refmount.fetch.retry import RetryPolicy, bound_documents_by
     from refmount.fetch.tls import set_ca_bundle
 
     set_ca_bundle(opts.ca_bundle)
+    bound_documents_by(RetryPolicy(read_timeout=opts.read_timeout, stall_timeout=opts.stall_timeout))
     install_logins(opts)
 
 

@@ -42,12 +42,15 @@ def _reply(handler):
         except RefmountError as e:  # fetch and decode failures: the reader gets EIO (EACCES), the log says why
             self.failed_reads += 1
             once = getattr(e, "once", None)  # a limit's refusal: said once, not at every read it refuses
-            said = (once is not None and once in self._said) or (isinstance(e, LoginFailed)
-                                                                 and getattr(e, "repeated", False))
+            action, subject = _ACTIONS.get(handler.__name__, handler.__name__), self._subject(handler.__name__, args)
+            # (a url that failed a moment ago fails again at once: at the kernel's retry of the same read
+            # that is no news, said once; another file of that url is still said)
+            said = (once is not None and once in self._said) or (
+                getattr(e, "repeated", False) and (isinstance(e, LoginFailed) or self._failed_last == (action, subject)))
             if once is not None:
                 self._said.add(once)
-            (log.debug if said else log.error)("%s of %s failed: %s", _ACTIONS.get(handler.__name__, handler.__name__),
-                                               self._subject(handler.__name__, args), e)
+            self._failed_last = (action, subject)
+            (log.debug if said else log.error)("%s of %s failed: %s", action, subject, e)
             raise pyfuse3.FUSEError(errno.EACCES if isinstance(e, LoginFailed) else errno.EIO) from None
         except (trio.Cancelled, KeyboardInterrupt):
             raise
@@ -90,6 +93,7 @@ class FuseOperations(pyfuse3.Operations):
         self.fs = fs
         self.failed_reads = 0
         self._said: set[str] = set()  # limits whose refusal the log has told
+        self._failed_last: tuple | None = None  # (action, subject) of the last failure said
         fs.invalidate = self._invalidate_later
         fs.forget_entries = self._forget_entries
 

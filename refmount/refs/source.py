@@ -38,8 +38,11 @@ def _open_raw(location: str, remote_options: dict):
     from refmount.fetch.stats import redact
     from refmount.fetch.tls import certificate_problem
 
+    # http(s): read front to back as one stream (one GET, not one per 5 MiB block), so that a server
+    # that ignores Range serves it too; --max-refs-size bounds how much of it is read
+    streamed = {"block_size": 0} if protocol_of(location) in ("http", "https") else {}
     try:
-        return fsspec.open(location, "rb", **fsspec_options(location, remote_options)).open()
+        return fsspec.open(location, "rb", **fsspec_options(location, remote_options), **streamed).open()
     except LoginFailed as e:
         raise LoginFailed(f"reference file {redact(location)!r}: {e}") from None
     except RefmountError:
@@ -93,6 +96,7 @@ def fsspec_options(location: str, remote_options: dict) -> dict:
 
     from refmount.fetch import addresses
     from refmount.fetch.auth import active
+    from refmount.fetch.retry import documents_policy
     from refmount.fetch.tls import ssl_setting
 
     logins = active()
@@ -132,6 +136,11 @@ def fsspec_options(location: str, remote_options: dict) -> dict:
     trace.on_request_start.append(on_start)
     trace.on_request_redirect.append(on_redirect)
     client_kwargs = dict(remote_options.get("client_kwargs") or {})
+    # a server that hangs: no connection, or no byte, within the mount's --stall-timeout (aiohttp's own
+    # bound is 5 minutes); the whole load is bounded by --load-timeout
+    policy = documents_policy()
+    client_kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=None, sock_connect=policy.connect_timeout,
+                                                              sock_read=policy.stall_timeout))
     client_kwargs["trace_configs"] = [*client_kwargs.get("trace_configs", []), trace]
     client_kwargs["middlewares"] = [*client_kwargs.get("middlewares", []), with_credentials]
 

@@ -276,7 +276,8 @@ def source_entries(location: str, options: ArchiveOptions, store) -> list[Entry]
 def listed_entries(location: str, options: ArchiveOptions) -> list[Entry]:
     """The files `location` lists now, each checked against the source's trust (fetch/trust.py): at
     mount and at every --refresh alike. Blocking (a listing): in a thread when a mount serves."""
-    entries = list_sources(location, listing_options(location, options), options.remote_options.get("headers"), True)
+    entries = list_sources(location, listing_options(location, options), options.remote_options.get("headers"), True,
+                           options.strict)
     if not entries:
         raise RefmountError(f"{quote(redact(location))} names no files")
     check_listed(options.trust, entries)

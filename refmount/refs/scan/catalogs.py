@@ -80,11 +80,13 @@ def catalog_kind(location: str) -> str | None:
     return None
 
 
-def list_catalog(location: str, headers: dict) -> list:
-    """[(Entry, path for a duplicate's name)] of the data files the catalog at `location` names."""
+def list_catalog(location: str, headers: dict, strict: bool = False) -> list:
+    """[(Entry, path for a duplicate's name)] of the data files the catalog at `location` names.
+    `strict` (--strict): an item that is gone or not valid STAC fails the listing, as a file that
+    cannot be scanned fails a --strict mount, instead of being left out with a warning."""
     kind = catalog_kind(location)
     lister = {"stac": _Stac, "stac-search": _Stac, "thredds": _Thredds, "cmr": _Cmr}[kind]
-    found = lister(location, headers).list()
+    found = lister(location, headers, strict).list()
     if not found:
         raise CatalogError(f"the catalog {quote(redact(location))} names no data files the mount can read")
     return found
@@ -99,8 +101,9 @@ class _Walk:
     """What every catalog kind shares: the fetches (bounded), the origin its documents stay on, the
     data urls it may name."""
 
-    def __init__(self, location: str, headers: dict) -> None:
+    def __init__(self, location: str, headers: dict, strict: bool = False) -> None:
         self.location = location
+        self.strict = strict  # --strict: no item is left out
         self.headers = headers
         self.home = _origin(location)
         self.fetched = 0
@@ -268,6 +271,9 @@ class _Stac(_Walk):
                 # must not come up partial over a passing outage. A child catalog gone is not an item.
                 if rel != "item" or e.status not in GONE:
                     raise
+                if self.strict:
+                    raise CatalogError(f"the catalog's item {quote(redact(url))} answered HTTP {e.status}: gone "
+                                       "(--strict leaves no item out)") from None
                 self.gone.append(f"{redact(url)} (HTTP {e.status})")
                 self.counted()  # (a gone item's GET counts as a listed one's: 10^6 gone links are refused)
                 if len(self.gone) <= GONE_SAID:
@@ -316,6 +322,9 @@ class _Stac(_Walk):
             try:
                 item = self.pystac.Item.from_dict(feature, preserve_dict=False)
             except Exception as e:
+                if self.strict:
+                    raise CatalogError(f"{quote(redact(final))} holds an item that is not valid STAC: "
+                                       f"{type(e).__name__} {str(e)[:60]} (--strict leaves no item out)") from None
                 self.invalid.append(f"{type(e).__name__} {str(e)[:60]}")
                 continue
             self._item(final, item)
@@ -348,6 +357,9 @@ class _Stac(_Walk):
 
         ident = item.id
         if not isinstance(ident, str):
+            if self.strict:
+                raise CatalogError(f"{quote(redact(base))} holds an item whose id is no string (--strict leaves no "
+                                   "item out)")
             self.invalid.append("an item whose id is no string")
             return
         at = item.get_self_href() or base

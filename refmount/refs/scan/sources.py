@@ -147,16 +147,17 @@ def _too_many(location: str) -> RefmountError:
 
 
 def list_sources(location: str, remote_options: dict | None = None, headers: dict | None = None,
-                 sidecars: bool = False) -> list[Entry]:
+                 sidecars: bool = False, strict: bool = False) -> list[Entry]:
     """The data files `location` names, in a stable (sorted) order, each under a name checked by
     name_problem. `sidecars`: a glob also lists the DMR++ `X.dmrpp` of each `X` it matches (`*.nc` names
-    the data files; their sidecars sit beside them), and each is paired with its file (pair_sidecars)."""
+    the data files; their sidecars sit beside them), and each is paired with its file (pair_sidecars).
+    `strict` (--strict): a catalog's item that is gone or not valid STAC fails the listing."""
     from refmount.refs.scan.catalogs import catalog_kind, list_catalog
 
     if location.startswith("@"):
         found = _list_file_of_paths(location[1:])
     elif catalog_kind(location) is not None:
-        found = list_catalog(location, headers or {})
+        found = list_catalog(location, headers or {}, strict)
     elif protocol_of(location) in ("http", "https"):
         found = _list_http(location, headers or {}, sidecars)
     elif protocol_of(location) in ("s3", "s3a"):
