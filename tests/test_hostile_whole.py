@@ -43,3 +43,67 @@ def test_remote_options_given_to_the_python_api_are_not_in_any_command_line(serv
         assert not [c for c in _cmdlines() if token.encode() in c]
     assert any(h.get("authorization") == token for h in server.stats["headers"])
 
+
+NOBODY = 65534
+
+
+def _owned_by_nobody(path: Path) -> Path:
+    """A directory as another user of the machine would have made it first (in /tmp, say)."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, NOBODY, NOBODY)
+    return path
+
+
+def test_a_cache_dir_another_user_made_is_refused_before_anything_in_it_is_touched(mount, server, tmp_path):
+    """Attack: another user creates the --cache-dir first (`/tmp/refcache`, before a root unit starts)
+    and makes its refmount-cache-v2 a symlink to a directory of the victim's. Before: the root daemon
+    swept that directory's `*/*/*.tmp` files (a crashed write's leftovers, it thought) and would have
+    evicted, written and served blocks there. After: one line refusing the directory; nothing touched."""
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root (a daemon of root, a directory of another user)")
+    victim = tmp_path / "victim" / "ab" / "cd"
+    victim.mkdir(parents=True)
+    (victim / "precious.tmp").write_text("the victim's")
+    planted = _owned_by_nobody(tmp_path / "refcache")
+    (planted / "refmount-cache-v2").symlink_to(tmp_path / "victim")
+    (server.root / "d.bin").write_bytes(b"x" * 4096)
+    refs = {"version": 1, "refs": {"d": [server.url_for("d.bin"), 0, 4096]}}
+    (tmp_path / "refs.json").write_text(json.dumps(refs))
+    from tests.conftest import run_refmount
+
+    (tmp_path / "mnt").mkdir()
+    done = run_refmount("mount", "--view", "raw", "--cache-dir", planted, tmp_path / "refs.json", tmp_path / "mnt")
+    assert done.returncode != 0 and "--cache-dir" in done.stderr and "symlink" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert (victim / "precious.tmp").read_text() == "the victim's"
+    # a real directory of that user's is refused as well; one of the daemon's own serves
+    os.unlink(planted / "refmount-cache-v2")
+    _owned_by_nobody(planted / "refmount-cache-v2")
+    done = run_refmount("mount", "--view", "raw", "--cache-dir", planted, tmp_path / "refs.json", tmp_path / "mnt")
+    assert done.returncode != 0 and "belongs to uid 65534" in done.stderr
+    mine = tmp_path / "mine"
+    m = mount(tmp_path / "refs.json", "--view", "raw", "--cache-dir", str(mine))
+    assert (m / "d").read_bytes() == b"x" * 4096
+    assert os.stat(mine / "refmount-cache-v2").st_mode & 0o077 == 0
+
+
+def test_a_scan_store_another_user_can_write_keeps_and_reads_nothing(tmp_path):
+    """Attack: plant a scan (forged references for a file's url and version) in a scan store directory
+    another user made or can write. Before: taken as the file's references. After: such a directory is
+    not used (one warning), so nothing planted there is read."""
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root (a directory of another user)")
+    from refmount.refs.scan.store import ScanStore
+
+    theirs = _owned_by_nobody(tmp_path / "theirs")
+    planted = ScanStore(None)
+    planted.directory = str(theirs)
+    planted.put("https://example.org/x.nc", "etag-1", {"format": "netcdf4", "refs": {"x/0": ["file:///etc/shadow"]}})
+    assert ScanStore(str(theirs)).get("https://example.org/x.nc", "etag-1", 1 << 20) is None
+    writable = tmp_path / "writable"
+    writable.mkdir()
+    os.chmod(writable, 0o777)
+    assert ScanStore(str(writable)).directory is None
+    mine = ScanStore(str(tmp_path / "mine"))
+    mine.put("https://example.org/x.nc", "etag-1", {"format": "netcdf4", "refs": {}})
+    assert mine.get("https://example.org/x.nc", "etag-1", 1 << 20) == {"format": "netcdf4", "refs": {}}
