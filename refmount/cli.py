@@ -588,7 +588,11 @@ def _scan(args) -> int:
     from refmount.refs.scan.export import scan_to_file
     from refmount.view.bounded import decode_bounded
 
-    logging.basicConfig(level=logging.WARNING, format="refmount: %(message)s")
+    from refmount.fetch.stats import RedactingFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(RedactingFormatter("refmount: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     progress = None
     if sys.stderr.isatty():
         from refmount.fuse.progress import ScanProgress

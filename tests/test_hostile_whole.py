@@ -107,3 +107,32 @@ def test_a_scan_store_another_user_can_write_keeps_and_reads_nothing(tmp_path):
     mine = ScanStore(str(tmp_path / "mine"))
     mine.put("https://example.org/x.nc", "etag-1", {"format": "netcdf4", "refs": {}})
     assert mine.get("https://example.org/x.nc", "etag-1", 1 << 20) == {"format": "netcdf4", "refs": {}}
+
+
+SIGNED = ("X-Goog-Algorithm=GOOG4-RSA-SHA256&X-Goog-Credential=sa%40p.iam&X-Goog-Date=20261130T000000Z"
+          "&X-Goog-Expires=900&X-Goog-SignedHeaders=host&X-Goog-Signature=5ec7e75161a7")
+SECRETS = ("5ec7e75161a7", "sEsSiOnToKeN", "cLiEnTsEcReT")
+
+
+def test_signed_urls_of_other_clouds_leave_no_secret_in_the_log_xattrs_or_mount_table(mount, server, tmp_path):
+    """Attack: read the mount's log (`--log-file`, syslog), `getfattr` and /proc/mounts for a signed url's
+    secret. Before: a GCS V4 signed url's X-Goog-Signature, and `session_token=` / `client_secret=`
+    parameters, were written as they are (only AWS's and Azure's names were known), and log lines that
+    did not call redact() themselves wrote any url whole. After: every log line passes the one redaction,
+    which knows any parameter named like a signature, token, secret, key or password."""
+    (server.root / "d.bin").write_bytes(b"y" * 4096)
+    good = f"{server.url_for('d.bin')}?{SIGNED}&session_token=sEsSiOnToKeN"
+    gone = f"{server.url_for('gone.bin')}?{SIGNED}&client_secret=cLiEnTsEcReT"
+    refs = {"version": 1, "refs": {".zgroup": '{"zarr_format": 2}', "d": [good, 0, 4096], "g": [gone, 0, 10]}}
+    (tmp_path / "refs.json").write_text(json.dumps(refs))
+    m = mount(tmp_path / "refs.json", "--view", "raw", "--log-level", "debug")
+    assert (m / "d").read_bytes() == b"y" * 4096
+    with pytest.raises(OSError):
+        (m / "g").read_bytes()
+    seen = [m.log(), Path("/proc/self/mounts").read_text()]
+    for key in ("d", "g"):
+        for name in os.listxattr(m / key):
+            seen.append(os.getxattr(m / key, name).decode(errors="replace"))
+    assert "gone.bin" in m.log() and "X-Goog-Signature=***" in "".join(seen)
+    assert not [s for s in SECRETS if any(s in text for text in seen)]
+

@@ -9,14 +9,17 @@ thread (aiohttp, fsspec), so every update takes one lock: the counts must be exa
 from __future__ import annotations
 
 import bisect
+import logging
 import re
 import threading
 from collections import deque
 from urllib.parse import urlsplit
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
-_SECRET_QUERY = re.compile(r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|signature|sig|"
-                           r"token|access_token|key|api_key|apikey|password|code)=)[^&#\s'\"]+")  # (not a quote around the url)
+# A query parameter named like a secret, alone or as the last word of its name (AWS's X-Amz-Signature,
+# GCS's X-Goog-Signature, Azure's sig, session_token, client_secret, api_key, a login's code=...)
+_SECRET_QUERY = re.compile(r"(?i)([?&](?:[\w.-]*[-_.])?(?:signature|sig|token|secret|key|apikey|password|passwd|"
+                           r"credential|auth|authorization|jwt|code)=)[^&#\s'\"]+")  # (not a quote around the url)
 
 # Upper bounds (seconds) of the latency histogram's buckets: loopback to a slow, far link
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -26,6 +29,14 @@ LOCAL_HOST = "local"  # the host label of local files
 def redact(url: str) -> str:
     """The url with credentials (user:password@, signed-query secrets) replaced by '***'."""
     return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub("***@", url))
+
+
+class RedactingFormatter(logging.Formatter):
+    """Every log line, whatever wrote it, with `redact` applied: a log file or syslog is often readable by
+    more than the mount's user, and a line that names a url without redacting it must not leak its secret."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
 def host_of(url: str) -> str:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from refmount.errors import RefmountError, quote
+from refmount.fetch.stats import RedactingFormatter
 from refmount.fuse.pyfuse3_build import describe as pyfuse3_build
 from refmount.fuse.table import mount_entry
 
@@ -224,6 +225,7 @@ def log_destination(opts: MountOptions) -> tuple[str | None, str]:
 _FILE_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 
+
 def setup_logging(level: str, log_file: str | None, syslog: str | None = None, also_stderr: bool = False) -> None:
     """Log to `log_file` or the `syslog` socket (and then to stderr too, warnings only, with
     `also_stderr`), else to stderr."""
@@ -232,18 +234,18 @@ def setup_logging(level: str, log_file: str | None, syslog: str | None = None, a
         from logging.handlers import SysLogHandler  # (imported for --syslog only: 10-15 ms of a warm mount)
 
         handler: logging.Handler = SysLogHandler(address=syslog)
-        handler.setFormatter(logging.Formatter("refmount[%(process)d]: %(levelname)s: %(message)s"))
+        handler.setFormatter(RedactingFormatter("refmount[%(process)d]: %(levelname)s: %(message)s"))
         handlers.append(handler)
     if log_file:
         handler = logging.FileHandler(log_file)
-        handler.setFormatter(logging.Formatter(_FILE_FORMAT))
+        handler.setFormatter(RedactingFormatter(_FILE_FORMAT))
         handlers.append(handler)
     if also_stderr or not handlers:
         handler = logging.StreamHandler(sys.stderr)
         if handlers:  # the file or syslog has everything; the terminal only what needs attention
             handler.setLevel(logging.WARNING)
         # journald adds its own timestamps; a terminal user wants short lines
-        handler.setFormatter(logging.Formatter("refmount: %(levelname)s: %(message)s"))
+        handler.setFormatter(RedactingFormatter("refmount: %(levelname)s: %(message)s"))
         handlers.append(handler)
     root = logging.getLogger("refmount")
     root.setLevel(getattr(logging, level.upper()))
