@@ -136,3 +136,20 @@ def test_signed_urls_of_other_clouds_leave_no_secret_in_the_log_xattrs_or_mount_
     assert "gone.bin" in m.log() and "X-Goog-Signature=***" in "".join(seen)
     assert not [s for s in SECRETS if any(s in text for text in seen)]
 
+
+def test_a_thredds_catalog_in_utf16_declaring_entities_is_refused_before_they_expand(server, tmp_path):
+    """Attack: a THREDDS catalog.xml in UTF-16 (no '<!DOCTYPE' byte string to find) whose entity, declared
+    after a 4 MB comment that keeps expat's amplification ratio low, expands 400 MB into the daemon's
+    memory (a 16 MiB catalog: about 1.6 GB). Before: parsed, 800 MiB peak for an 8 MB file. After: expat
+    itself refuses the DTD at its start, in one line, whatever the encoding."""
+    from tests.conftest import run_refmount
+
+    doc = ('<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE catalog [<!ENTITY a "' + "A" * 100_000 + '">]>'
+           '<catalog xmlns="http://www.unidata.ucar.edu/namespaces/thredds/InvCatalog/v1.0"><!--'
+           + " " * 4_000_000 + "-->" + "&a;" * 4000 + "</catalog>")
+    (server.root / "thredds").mkdir()
+    (server.root / "thredds" / "catalog.xml").write_bytes(doc.encode("utf-16"))
+    done = run_refmount("scan", server.url_for("thredds/catalog.xml"), "-o", tmp_path / "out.json")
+    assert done.returncode != 0 and "declares a DTD or entities" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
