@@ -153,3 +153,31 @@ def test_a_thredds_catalog_in_utf16_declaring_entities_is_refused_before_they_ex
     assert done.returncode != 0 and "declares a DTD or entities" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
 
+
+from tests import test_hostile_round as _round  # noqa: E402
+
+BLOB, _head = _round.BLOB, _round._head
+raw_server = _round.raw_server  # (its fixture of one-connection raw HTTP servers)
+
+
+def test_a_symlink_planted_at_the_cookie_jars_temporary_name_is_not_followed(mount, raw_server, tmp_path):
+    """Attack: in a directory another user can write, plant a symlink at the name the daemon writes its
+    --cookie-jar through (`JAR.<pid>.tmp`, the pid is in `ps`), pointing at a file of root's. Before:
+    the root daemon truncated that file and wrote the cookies into it. After: the jar is written through
+    a new file of a name nobody can guess (O_EXCL), and the victim is untouched."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # (no sticky bit: the kernel's protected_symlinks does not apply)
+    victim = tmp_path / "victim"
+    victim.write_text("root's own\n")
+    jar = shared / "cookies.txt"
+    server = raw_server(BLOB, _head("4096", extra="Set-Cookie: session=s1; Path=/\r\n"))
+    refs = tmp_path / "refs.json"
+    refs.write_text(json.dumps({"version": 1, "refs": {"a": [server.url]}}))
+    m = mount(refs, "--view", "raw", "--read-timeout", "5", "--cookie-jar", str(jar))
+    for pid in {m.proc.pid, *map(int, filter(str.isdigit, os.listdir(f"/proc/{m.proc.pid}/task")))}:
+        os.symlink(victim, f"{jar}.{pid}.tmp")
+    assert (m / "a").read_bytes() == BLOB
+    assert victim.read_text() == "root's own\n"
+    assert "session\ts1" in jar.read_text()
+    assert not [p for p in shared.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
