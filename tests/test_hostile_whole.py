@@ -181,3 +181,41 @@ def test_a_symlink_planted_at_the_cookie_jars_temporary_name_is_not_followed(mou
     assert victim.read_text() == "root's own\n"
     assert "session\ts1" in jar.read_text()
     assert not [p for p in shared.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
+
+
+def test_a_parquet_record_file_that_inflates_past_its_bound_is_eio_never_decoded(mount, server):
+    """Attack: a remote Parquet reference set whose refs.0.parq (about 1 kB) holds one 1 MiB dictionary
+    value that its rows repeat: read with pyarrow, every row decoded, at the first read of any chunk (the
+    daemon's load-time memory limit is lifted by then). 4,000 rows were a 4 GB malloc for a 1,351-byte
+    file; here 200 rows (200 MiB, harmless if it is decoded). After: the footer's row count and stored
+    size, then the text columns' decoded length (dictionary kept encoded), are checked first: EIO and
+    one line; a second record file with more rows than the set's record_size is refused from its footer."""
+    import errno
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = server.root / "refs.parq"
+    (root / "x").mkdir(parents=True)
+    (root / "y").mkdir()
+    zarray = {"chunks": [1], "compressor": None, "dtype": "|u1", "fill_value": 0, "filters": None,
+              "order": "C", "shape": [400], "zarr_format": 2}
+    (root / ".zmetadata").write_text(json.dumps({"record_size": 200, "metadata": {
+        ".zgroup": {"zarr_format": 2}, "x/.zarray": zarray, "y/.zarray": zarray}}))
+    rows = 200
+    bomb = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([b"A" * (1 << 20)]))
+    pq.write_table(pa.table({"path": pa.nulls(rows, pa.string()), "offset": pa.array([0] * rows, pa.int64()),
+                             "size": pa.array([0] * rows, pa.int64()), "raw": bomb}), root / "x" / "refs.0.parq",
+                   compression="zstd")
+    assert (root / "x" / "refs.0.parq").stat().st_size < 10_000
+    many = 10 * rows
+    pq.write_table(pa.table({"path": pa.array([None] * many, pa.string()), "offset": pa.array([0] * many),
+                             "size": pa.array([0] * many), "raw": pa.array([b"z"] * many)}),
+                   root / "y" / "refs.0.parq")
+    m = mount(server.url_for("refs.parq") + "/", "--view", "raw")
+    for key in ("x/0", "y/0"):
+        with pytest.raises(OSError) as e:
+            (m / key).read_bytes()
+        assert e.value.errno == errno.EIO
+    assert "holds paths and inline values of 209,715,200 bytes, more than the 64 MiB" in m.log()
+    assert "holds 2,000 rows, more than the set's record_size 200" in m.log()
