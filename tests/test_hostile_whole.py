@@ -72,14 +72,21 @@ def test_a_cache_dir_another_user_made_is_refused_before_anything_in_it_is_touch
     from tests.conftest import run_refmount
 
     (tmp_path / "mnt").mkdir()
-    done = run_refmount("mount", "--view", "raw", "--cache-dir", planted, tmp_path / "refs.json", tmp_path / "mnt")
+
+    def refused_mount():
+        done = run_refmount("mount", "--view", "raw", "--cache-dir", planted, tmp_path / "refs.json", tmp_path / "mnt")
+        if done.returncode == 0:  # (mounted after all: let it go before failing)
+            run_refmount("umount", tmp_path / "mnt")
+        return done
+
+    done = refused_mount()
     assert done.returncode != 0 and "--cache-dir" in done.stderr and "symlink" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert (victim / "precious.tmp").read_text() == "the victim's"
     # a real directory of that user's is refused as well; one of the daemon's own serves
     os.unlink(planted / "refmount-cache-v2")
     _owned_by_nobody(planted / "refmount-cache-v2")
-    done = run_refmount("mount", "--view", "raw", "--cache-dir", planted, tmp_path / "refs.json", tmp_path / "mnt")
+    done = refused_mount()
     assert done.returncode != 0 and "belongs to uid 65534" in done.stderr
     mine = tmp_path / "mine"
     m = mount(tmp_path / "refs.json", "--view", "raw", "--cache-dir", str(mine))
@@ -219,3 +226,25 @@ def test_a_parquet_record_file_that_inflates_past_its_bound_is_eio_never_decoded
         assert e.value.errno == errno.EIO
     assert "holds paths and inline values of 209,715,200 bytes, more than the 64 MiB" in m.log()
     assert "holds 2,000 rows, more than the set's record_size 200" in m.log()
+
+
+def test_a_name_from_a_reference_set_cannot_forge_a_log_line_or_send_terminal_escapes(mount, tmp_path):
+    """Attack: an array named 'v\\n<a log line of one's own>\\x1b[2J' whose codec is refused, so that the
+    daemon logs its name. Before: the log (file, syslog, terminal) and `refmount inspect` got a second,
+    forged line, and the escape cleared the terminal of whoever read it. After: one line, the control
+    characters escaped (errors.one_line, in the log's formatter and inspect's lines)."""
+    forged = "2026-11-30 01:00:00,000 WARNING all is well"
+    name = f"v\n{forged}\x1b[2J"
+    zarray = {"chunks": [1], "compressor": {"id": "pickle"}, "dtype": "<f4", "fill_value": 0, "filters": None,
+              "order": "C", "shape": [1], "zarr_format": 2}
+    m = mount({"version": 1, "refs": {".zgroup": '{"zarr_format": 2}', f"{name}/.zarray": json.dumps(zarray),
+                                      f"{name}/0": "base64:AAAAAA=="}})
+    log = m.log()
+    assert "hiding array v\\n" + forged + "\\x1b[2J: codec 'pickle'" in log, log
+    assert not [line for line in log.splitlines() if line.startswith(forged)]
+    assert "\x1b" not in log
+    from tests.conftest import run_refmount
+
+    shown = run_refmount("inspect", m.refs).stdout  # (`refmount inspect URL` of someone else's set)
+    assert "v\\n" + forged in shown and "\x1b" not in shown
+    assert not [line for line in shown.splitlines() if line.startswith(forged)]

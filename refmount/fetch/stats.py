@@ -15,6 +15,8 @@ import threading
 from collections import deque
 from urllib.parse import urlsplit
 
+from refmount.errors import one_line
+
 _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
 # A query parameter named like a secret, alone or as the last word of its name (AWS's X-Amz-Signature,
 # GCS's X-Goog-Signature, Azure's sig, session_token, client_secret, api_key, a login's code=...)
@@ -33,7 +35,13 @@ def redact(url: str) -> str:
 
 class RedactingFormatter(logging.Formatter):
     """Every log line, whatever wrote it, with `redact` applied: a log file or syslog is often readable by
-    more than the mount's user, and a line that names a url without redacting it must not leak its secret."""
+    more than the mount's user, and a line that names a url without redacting it must not leak its secret.
+    And one line (errors.one_line): a message's control characters are escaped (`\\n`, `\\x1b`), so a name
+    from a remote document cannot forge a line of its own in the log or send escapes to a terminal (a
+    traceback after the message keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
 
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
