@@ -248,3 +248,48 @@ def test_a_name_from_a_reference_set_cannot_forge_a_log_line_or_send_terminal_es
     shown = run_refmount("inspect", m.refs).stdout  # (`refmount inspect URL` of someone else's set)
     assert "v\\n" + forged in shown and "\x1b" not in shown
     assert not [line for line in shown.splitlines() if line.startswith(forged)]
+
+
+def test_the_dask_plugins_worker_count_follows_no_symlink_another_user_planted(tmp_path, monkeypatch):
+    """Attack: knowing a root Dask cluster's mountpoint, plant /tmp/refmount-dask-0-<sha1 of it>.users as
+    a symlink to a root file (this machine runs with fs.protected_symlinks = 0). Before: the worker's
+    setup truncated the file and wrote its JSON list of PIDs into it. After: the count lives in a
+    directory of the user's own (refused in one line when someone else made it first)."""
+    import hashlib
+    import tempfile
+
+    from refmount.dask import RefmountPlugin
+
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root (a worker of root, a directory of another user)")
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)  # as /tmp
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    victim = tmp_path / "victim"
+    victim.write_text("root's own\n")
+    mnt = tmp_path / "shared-mnt"
+    old = shared / f"refmount-dask-0-{hashlib.sha1(str(mnt).encode()).hexdigest()[:16]}"
+    for suffix in (".users", ".lock"):
+        os.symlink(victim, f"{old}{suffix}")
+    refs = {"version": 1, "refs": {".zgroup": '{"zarr_format": 2}', "a": "base64:aGVsbG8="}}
+    plugin = RefmountPlugin(refs, str(mnt), view="raw")
+    try:
+        plugin.setup()
+        assert (mnt / "a").read_bytes() == b"hello"
+        plugin.teardown()
+    finally:
+        from tests.conftest import force_unmount
+
+        force_unmount(mnt)
+    assert victim.read_text() == "root's own\n"
+    assert os.stat(shared / "refmount-dask-0").st_mode & 0o077 == 0
+    # a directory of that name another user made first is refused, nothing mounted
+    other = tmp_path / "tmp2"
+    other.mkdir()
+    os.chmod(other, 0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(other))
+    _owned_by_nobody(other / "refmount-dask-0")
+    with pytest.raises(refmount.RefmountError, match="belongs to uid 65534"):
+        RefmountPlugin(refs, str(mnt), view="raw").setup()
+    assert not os.path.ismount(mnt)
