@@ -293,3 +293,33 @@ def test_the_dask_plugins_worker_count_follows_no_symlink_another_user_planted(t
     with pytest.raises(refmount.RefmountError, match="belongs to uid 65534"):
         RefmountPlugin(refs, str(mnt), view="raw").setup()
     assert not os.path.ismount(mnt)
+
+
+def test_an_icechunk_manifest_that_inflates_past_max_refs_size_is_refused_before_it_is(server, tmp_path):
+    """Attack: a remote Icechunk repository whose manifest is its 39-byte header and 98 kB of zstd
+    inflating to 3 GiB (its frame header says so). Before: decompressed whole at mount (3.2 GB peak RSS
+    for a --dry-run; only the load's memory net, sized from the machine, above it; none at a --refresh).
+    After: --max-refs-size bounds every Icechunk metadata file decompressed, from the frame header
+    when it tells, else while decompressing; one line."""
+    import glob
+
+    import icechunk
+    import numpy as np
+    import zarr
+    import zstandard
+
+    from tests.conftest import run_refmount
+
+    repo = server.root / "repo"
+    session = icechunk.Repository.create(icechunk.local_filesystem_storage(str(repo))).writable_session("main")
+    array = zarr.group(store=session.store).create_array("x", shape=(4,), chunks=(2,), dtype="u1")
+    array[:] = np.arange(4, dtype="u1")
+    session.commit("one")
+    for told in (True, False):
+        for path in glob.glob(str(repo / "manifests" / "*")):
+            data = Path(path).read_bytes()
+            bomb = zstandard.ZstdCompressor(level=3, write_content_size=told).compress(b"\0" * (256 << 20))
+            Path(path).write_bytes(data[:39] + bomb)
+        done = run_refmount("mount", "--dry-run", "--max-refs-size", "64M", server.url + "/repo/", tmp_path / "mnt")
+        assert done.returncode != 0 and "exceeds --max-refs-size 64M once decompressed" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
