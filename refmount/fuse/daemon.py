@@ -225,7 +225,6 @@ def log_destination(opts: MountOptions) -> tuple[str | None, str]:
 _FILE_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 
 
-
 def setup_logging(level: str, log_file: str | None, syslog: str | None = None, also_stderr: bool = False) -> None:
     """Log to `log_file` or the `syslog` socket (and then to stderr too, warnings only, with
     `also_stderr`), else to stderr."""

@@ -91,6 +91,7 @@ def run_inspect(location: str, *, remote_options: dict | None = None, as_json: b
     if as_json:
         print(json.dumps([{**row, "format": source} for row in rows] + refused if source else rows + refused, indent=2))
         return 0
+
     def say(text: str) -> None:  # (names come from the document: no escape reaches the terminal)
         print(one_line(text))
 
