@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from refmount.cli import REMOTE_OPTIONS_ENV
 from refmount.errors import RefmountError
 
 _ON_BY_DEFAULT = {"prefetch", "tune_kernel"}  # booleans spelled --no-NAME on the command line
@@ -159,8 +160,13 @@ def mount(refs: str | os.PathLike | dict, mountpoint: str | os.PathLike | None =
         stdin, refs_arg, shown = refs_to_json(refs), "-", "stdin"
     else:
         refs_arg = shown = os.fspath(refs)
-    command = [sys.executable, "-m", "refmount", "mount", *_option_args(options), "--", refs_arg, str(path)]
     env = dict(os.environ)
+    # remote_options (headers, keys, tokens) go by the environment: a command line's words are every user's
+    # to read (`ps`, /proc/PID/cmdline) for the daemon's whole life, its environment only its owner's
+    secret = options.pop("remote_options", None)
+    if secret is not None:
+        env[REMOTE_OPTIONS_ENV] = json.dumps(secret)
+    command = [sys.executable, "-m", "refmount", "mount", *_option_args(options), "--", refs_arg, str(path)]
     # the child imports this very refmount, even if the caller found it through sys.path alone
     package_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_root, env.get("PYTHONPATH")]))

@@ -13,6 +13,7 @@ from refmount import __version__
 from refmount.errors import RefmountError
 
 EXIT_USAGE = 2
+REMOTE_OPTIONS_ENV = "REFMOUNT_REMOTE_OPTIONS"  # --remote-options' default (kept out of `ps`)
 _SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -245,10 +246,15 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--disk-cache-size", type=parse_size, default="10G", metavar="SIZE",
                    help="bound for --cache-dir, least recently used blocks evicted first (default: 10G)")
     g = p.add_argument_group("network")
-    g.add_argument("--remote-options", type=parse_json_object, default={}, metavar="JSON",
+    # (also from the environment, where every user's `ps` cannot read it, as a command line's words
+    # can be for the daemon's whole life: refmount.mount() passes its remote_options so)
+    g.add_argument("--remote-options", type=parse_json_object, default=os.environ.get(REMOTE_OPTIONS_ENV, "{}"),
+                   metavar="JSON",
                    help="options for the target filesystems, as fsspec's remote_options, e.g. "
                         "'{\"anon\": true}' or '{\"endpoint_url\": \"http://127.0.0.1:9000\"}'; "
-                        "'headers' also applies to http(s)")
+                        "'headers' also applies to http(s); default: $REFMOUNT_REMOTE_OPTIONS, else none "
+                        "(secrets such as an Authorization header belong there, in --config or in "
+                        "--bearer-token, not on the command line, which every user of the machine can read)")
     g.add_argument("--read-timeout", type=positive_float, default=30.0, metavar="SECONDS",
                    help="total time one read may take, retries included, before it fails with EIO; also each index "
                         "page and catalog document a mount lists (default: 30)")
@@ -585,7 +591,11 @@ def _scan(args) -> int:
     from refmount.refs.scan.export import scan_to_file
     from refmount.view.bounded import decode_bounded
 
-    logging.basicConfig(level=logging.WARNING, format="refmount: %(message)s")
+    from refmount.fetch.stats import RedactingFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(RedactingFormatter("refmount: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
     progress = None
     if sys.stderr.isatty():
         from refmount.fuse.progress import ScanProgress

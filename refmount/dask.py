@@ -8,8 +8,8 @@
     ds = xr.open_dataset("/tmp/era5", engine="zarr", chunks={})   # every worker reads /tmp/era5
 
 Workers that share a machine share its one mount: the first to start mounts, the last to leave
-unmounts (a small lock file and a list of worker PIDs next to the mountpoint's name in the system
-temporary directory keep count; PIDs of workers that died are dropped).
+unmounts (a small lock file and a list of worker PIDs named after the mountpoint, in a directory of the
+user's own in the system temporary directory, keep count; PIDs of workers that died are dropped).
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 import refmount
 from refmount.api import Mount
+from refmount.cache import owned
+from refmount.errors import RefmountError
 from refmount.fuse.table import mount_entry
 
 
@@ -41,8 +43,17 @@ class RefmountPlugin(WorkerPlugin):
     # -- the machine-wide count of workers using the mount --------------------------------------------
 
     def _state_paths(self) -> tuple[str, str]:
-        tag = hashlib.sha1(self.mountpoint.encode()).hexdigest()[:16]
-        base = os.path.join(tempfile.gettempdir(), f"refmount-dask-{os.getuid()}-{tag}")
+        """In a directory of this user's own in the temporary directory: names of their own in /tmp could
+        be another user's symlinks, which a root worker would follow to truncate and write any file."""
+        directory = os.path.join(tempfile.gettempdir(), f"refmount-dask-{os.getuid()}")
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            pass
+        why = owned.problem(directory)
+        if why is not None:
+            raise RefmountError(f"the Dask plugin's directory {directory!r} {why}; refused")
+        base = os.path.join(directory, hashlib.sha1(self.mountpoint.encode()).hexdigest()[:16])
         return base + ".lock", base + ".users"
 
     @contextlib.contextmanager

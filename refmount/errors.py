@@ -4,6 +4,8 @@
 a url, an option). The CLI prints it without a traceback and exits non-zero.
 """
 
+import re
+
 
 class RefmountError(Exception):
     """A mistake or condition the user can fix; printed as one line."""
@@ -65,6 +67,16 @@ def quote(value, limit: int = 120) -> str:
     """repr() of a key or url, shortened so error lines stay one line."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def one_line(text: str) -> str:
+    """`text` with its control characters escaped as repr() would (`\\n`, `\\x1b`): what refmount
+    writes for a person (a log line, `refmount inspect`) stays one line per line, whatever names a
+    remote document gave, and sends no escape to a terminal."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def format_size(n: int) -> str:

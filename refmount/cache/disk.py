@@ -38,7 +38,7 @@ from collections import OrderedDict
 
 import trio
 
-from refmount.cache import direct
+from refmount.cache import direct, owned
 from refmount.errors import RefmountError
 
 log = logging.getLogger("refmount")
@@ -83,7 +83,11 @@ class DiskCache:
         self._bytes = 0
         self.hits = self.misses = self.corrupt = self.stores = self.evictions = self.direct_reads = 0
         try:
-            os.makedirs(self.root, exist_ok=True)
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            why = owned.problem(self.root)  # (before anything in it is opened, read, written or evicted)
+            if why is not None:
+                raise RefmountError(f"--cache-dir {directory!r}: {self.root} {why}; refused, since what is read "
+                                    "back from it is served as the remote's bytes")
             self._lock_fd = os.open(os.path.join(self.root, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as e:
             raise RefmountError(f"--cache-dir {directory!r}: {e.strerror}") from None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import http.cookiejar
 import logging
 import os
+import tempfile
 import threading
 import time
 import urllib.request
@@ -128,13 +129,21 @@ class CookieJar:
             lines.append("\t".join([prefix + c.domain, "TRUE" if c.domain.startswith(".") else "FALSE", c.path,
                                     "TRUE" if c.secure else "FALSE", str(int(c.expires or 0)), c.name,
                                     c.value or ""]))
-        temporary = f"{self.path}.{os.getpid()}.tmp"
+        temporary = None
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            # a new file of a name nobody can guess (O_EXCL, 0600): a name such as JAR.<pid>.tmp, in a
+            # directory another user can write, could be their symlink to a file of the daemon's user
+            fd, temporary = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(self.path)),
+                                             prefix=os.path.basename(self.path) + ".", suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 f.write("\n".join(lines) + "\n")
             os.replace(temporary, self.path)
         except OSError as e:
+            if temporary is not None:
+                try:
+                    os.unlink(temporary)
+                except OSError:
+                    pass
             log.warning("--cookie-jar %s: cannot write it: %s", self.path, e.strerror)
 
 

@@ -9,14 +9,19 @@ thread (aiohttp, fsspec), so every update takes one lock: the counts must be exa
 from __future__ import annotations
 
 import bisect
+import logging
 import re
 import threading
 from collections import deque
 from urllib.parse import urlsplit
 
+from refmount.errors import one_line
+
 _USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
-_SECRET_QUERY = re.compile(r"(?i)([?&](?:x-amz-signature|x-amz-credential|x-amz-security-token|signature|sig|"
-                           r"token|access_token|key|api_key|apikey|password|code)=)[^&#\s'\"]+")  # (not a quote around the url)
+# A query parameter named like a secret, alone or as the last word of its name (AWS's X-Amz-Signature,
+# GCS's X-Goog-Signature, Azure's sig, session_token, client_secret, api_key, a login's code=...)
+_SECRET_QUERY = re.compile(r"(?i)([?&](?:[\w.-]*[-_.])?(?:signature|sig|token|secret|key|apikey|password|passwd|"
+                           r"credential|auth|authorization|jwt|code)=)[^&#\s'\"]+")  # (not a quote around the url)
 
 # Upper bounds (seconds) of the latency histogram's buckets: loopback to a slow, far link
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -26,6 +31,20 @@ LOCAL_HOST = "local"  # the host label of local files
 def redact(url: str) -> str:
     """The url with credentials (user:password@, signed-query secrets) replaced by '***'."""
     return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub("***@", url))
+
+
+class RedactingFormatter(logging.Formatter):
+    """Every log line, whatever wrote it, with `redact` applied: a log file or syslog is often readable by
+    more than the mount's user, and a line that names a url without redacting it must not leak its secret.
+    And one line (errors.one_line): a message's control characters are escaped (`\\n`, `\\x1b`), so a name
+    from a remote document cannot forge a line of its own in the log or send escapes to a terminal (a
+    traceback after the message keeps its lines)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return one_line(super().formatMessage(record))
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
 def host_of(url: str) -> str:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from refmount.errors import RefmountError, quote
+from refmount.fetch.stats import RedactingFormatter
 from refmount.fuse.pyfuse3_build import describe as pyfuse3_build
 from refmount.fuse.table import mount_entry
 
@@ -214,11 +215,37 @@ def log_destination(opts: MountOptions) -> tuple[str | None, str]:
     path = default_log_file(opts.mountpoint)
     try:
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        with open(path, "a"):
-            pass
     except OSError as e:
         raise RefmountError(f"cannot write the log file {quote(path)}: {e.strerror} (choose one with --log-file)") from None
+    open_log(path).close()
     return None, path
+
+
+def open_log(path: str):
+    """The log file, opened to append. In a directory others may write (/tmp), only a file of this
+    user's own is: another user's symlink there would have the daemon append its lines (names a
+    document gave among them) to a file of their choosing, root's ~/.bashrc say, and a file of theirs
+    would get every line. (What the kernel's protected_symlinks and protected_regular do, when on.)"""
+    from refmount.cache import owned
+
+    shared = owned.problem(os.path.dirname(os.path.abspath(path))) is not None
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | (os.O_NOFOLLOW if shared else 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as e:
+        why = "it is a symlink in a directory others may write" if e.errno == errno.ELOOP else e.strerror
+        raise RefmountError(f"cannot write the log file {quote(path)}: {why} (choose one with --log-file)") from None
+    owner = os.fstat(fd).st_uid
+    if shared and owner != os.geteuid():
+        os.close(fd)
+        raise RefmountError(f"cannot write the log file {quote(path)}: it belongs to uid {owner}, in a directory "
+                            "others may write (choose one with --log-file)")
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+class _LogFile(logging.FileHandler):
+    def _open(self):
+        return open_log(self.baseFilename)
 
 
 _FILE_FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -232,18 +259,18 @@ def setup_logging(level: str, log_file: str | None, syslog: str | None = None, a
         from logging.handlers import SysLogHandler  # (imported for --syslog only: 10-15 ms of a warm mount)
 
         handler: logging.Handler = SysLogHandler(address=syslog)
-        handler.setFormatter(logging.Formatter("refmount[%(process)d]: %(levelname)s: %(message)s"))
+        handler.setFormatter(RedactingFormatter("refmount[%(process)d]: %(levelname)s: %(message)s"))
         handlers.append(handler)
     if log_file:
-        handler = logging.FileHandler(log_file)
-        handler.setFormatter(logging.Formatter(_FILE_FORMAT))
+        handler = _LogFile(log_file)
+        handler.setFormatter(RedactingFormatter(_FILE_FORMAT))
         handlers.append(handler)
     if also_stderr or not handlers:
         handler = logging.StreamHandler(sys.stderr)
         if handlers:  # the file or syslog has everything; the terminal only what needs attention
             handler.setLevel(logging.WARNING)
         # journald adds its own timestamps; a terminal user wants short lines
-        handler.setFormatter(logging.Formatter("refmount: %(levelname)s: %(message)s"))
+        handler.setFormatter(RedactingFormatter("refmount: %(levelname)s: %(message)s"))
         handlers.append(handler)
     root = logging.getLogger("refmount")
     root.setLevel(getattr(logging, level.upper()))

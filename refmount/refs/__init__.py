@@ -128,7 +128,7 @@ def _load(location, remote_options, max_keys, progress, max_refs_size, version=N
 
     if store == "icechunk" or store is None and is_icechunk_location(location, remote_options, version):
         return load_icechunk(location, remote_options=remote_options, version=version, max_keys=max_keys,
-                             containers=containers)
+                             containers=containers, max_bytes=max_refs_size)
     reject_version(location, version)
     if containers:
         raise RefsError(f"--container applies to Icechunk repositories only; {quote(location)} is not one")

@@ -408,13 +408,15 @@ def current_snapshot(location: str, remote_options: dict | None = None, version:
 
 
 def load_icechunk(location: str, *, remote_options: dict | None = None, version: Version | None = None,
-                  max_keys: int | None = None, containers: dict[str, str] | None = None):
+                  max_keys: int | None = None, containers: dict[str, str] | None = None,
+                  max_bytes: int | None = None):
     """The RefSet of one snapshot of the Icechunk repository at `location`. `containers` re-points
-    named virtual chunk containers (name -> url prefix)."""
+    named virtual chunk containers (name -> url prefix); `max_bytes` (--max-refs-size) bounds each of
+    its metadata files once decompressed."""
     version = version or Version()
     if sum(bool(x) for x in (version.branch, version.tag, version.snapshot)) > 1:
         raise RefsError("give at most one of --branch, --tag and --snapshot")
-    files = RepoFiles(location, remote_options)
+    files = RepoFiles(location, remote_options, max_bytes)
     info = read_repo_info(files)
     snapshot_id = resolve_snapshot(files, info, version)
     vccs = Containers(info.config, location, containers)

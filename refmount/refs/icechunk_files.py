@@ -39,8 +39,9 @@ def object_id(raw: bytes) -> str:
 class RepoFiles:
     """Reads the repository's own objects (local directory, or any fsspec url)."""
 
-    def __init__(self, location: str, remote_options: dict | None = None) -> None:
+    def __init__(self, location: str, remote_options: dict | None = None, max_bytes: int | None = None) -> None:
         self.location = location.rstrip("/")
+        self.max_bytes = max_bytes  # --max-refs-size: the most one metadata file may hold, decompressed
         self.remote = is_remote(location)
         self.remote_options = remote_options or {}
         self._fs = None
@@ -129,20 +130,29 @@ def read_flatbuffer(files: RepoFiles, relpath: str, file_type: int) -> tuple[int
     import zstandard
 
     try:
-        return spec, writer, _decompress(body)
+        return spec, writer, _decompress(body, files.max_bytes)
     except zstandard.ZstdError as e:
         raise RefsError(f"{what}: corrupt zstd data: {e}") from None
 
 
-def _decompress(body: memoryview) -> bytes | bytearray:
+def _decompress(body: memoryview, max_bytes: int | None = None) -> bytes | bytearray:
     """zstd data decompressed into one buffer of the size its frame header announces (a manifest of
-    a million references is 76 MB: reading it in growing pieces would need twice that)."""
+    a million references is 76 MB: reading it in growing pieces would need twice that), at most
+    `max_bytes` (RefsTooBig): a 98 kB manifest of zeros inflated to 3 GB at mount, and a --refresh
+    that meets one loads without the load's memory limit."""
     import zstandard
+
+    from refmount.refs.limits import RefsTooBig
 
     reader = zstandard.ZstdDecompressor().stream_reader(body, read_across_frames=True)
     size = zstandard.frame_content_size(body)
+    if max_bytes is not None and size > max_bytes:
+        raise RefsTooBig(max_bytes)
     if size <= 0:
-        return reader.read()
+        out = reader.read(-1 if max_bytes is None else max_bytes + 1)
+        if max_bytes is not None and len(out) > max_bytes:
+            raise RefsTooBig(max_bytes)
+        return out
     out = bytearray(size)
     view, filled = memoryview(out), 0
     while filled < size:
@@ -150,7 +160,9 @@ def _decompress(body: memoryview) -> bytes | bytearray:
         if not got:
             break
         filled += got
-    rest = reader.read()
+    rest = reader.read(-1 if max_bytes is None else max_bytes + 1 - filled)
+    if max_bytes is not None and filled + len(rest) > max_bytes:
+        raise RefsTooBig(max_bytes)
     if filled < size or rest:  # (not what the header said: take what there is)
         return bytes(view[:filled]) + rest
     return out

@@ -203,13 +203,22 @@ class ParquetRefSet(LazyGridRefSet):
         import pyarrow.parquet as pq
 
         try:
-            # One small file per call, already on a worker thread: Arrow's own pool would only add threads.
-            table = pq.read_table(_open_for_arrow(path, self.remote_options), use_threads=False)
+            source = _open_for_arrow(path, self.remote_options)
+            parquet = pq.ParquetFile(source)
+            problem = _record_problem(parquet.metadata, self.record_size)
+            if problem is None:
+                # One small file per call, already on a worker thread: Arrow's own pool would only add
+                # threads. Text columns stay dictionary-encoded until their decoded size is known.
+                text = [f.name for f in parquet.schema_arrow if f.name in ("path", "raw") and _is_text(f.type)]
+                table = pq.read_table(source, use_threads=False, read_dictionary=text)
+                problem = _decoded_problem(table)
         except FileNotFoundError:  # kerchunk's refs_to_dataframe skips records with no references
             empty = np.zeros(0, dtype=np.int64)
             return _Record(np.zeros(0, dtype=np.int32), empty, empty, {})
         except Exception as e:  # pyarrow raises many kinds for corrupt files
             raise RefsError(f"Parquet record file {quote(path)} cannot be read: {type(e).__name__}: {e}") from None
+        if problem is not None:
+            raise RefsError(f"Parquet record file {quote(path)} {problem}")
         return record_from_table(table, path, lambda urls: self._intern(urls, base_of(path)))
 
     def _intern(self, urls: list, base: str) -> np.ndarray:
@@ -245,6 +254,51 @@ class ParquetRefSet(LazyGridRefSet):
     def statistics(self) -> dict:
         return {"records_loaded": self._records.computed, "records_cached": len(self._records),
                 "arrays": len(self.arrays), "record_size": self.record_size}
+
+
+# What one record file may decode to, its paths and inline values counted as decoded: a record of
+# 100,000 chunks with 100-byte paths and kerchunk's inline values is about 10 MB. A 1 kB file whose one
+# dictionary value of 1 MiB its 4,000 rows repeat would otherwise be 4 GB in the daemon at a read.
+MAX_RECORD_BYTES = 64 << 20
+
+
+def _is_text(kind) -> bool:
+    import pyarrow as pa
+
+    return any(is_type(kind) for is_type in (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                                               pa.types.is_large_binary, pa.types.is_dictionary))
+
+
+def _record_problem(metadata, record_size: int) -> str | None:
+    """Why a record file's footer is refused before any row is read (None: it is not)."""
+    if metadata.num_rows > record_size:
+        return f"holds {metadata.num_rows:,} rows, more than the set's record_size {record_size:,}"
+    stored = sum(metadata.row_group(g).column(c).total_uncompressed_size
+                 for g in range(metadata.num_row_groups) for c in range(metadata.num_columns))
+    if stored > MAX_RECORD_BYTES:
+        return f"decompresses to {stored:,} bytes, more than the {MAX_RECORD_BYTES >> 20} MiB a record may hold"
+    return None
+
+
+def _decoded_problem(table) -> str | None:
+    """Why a record's text columns are refused before they are decoded (None: they are not): their
+    values' total length, each row counted, dictionary or not."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    total = 0
+    for name in ("path", "raw"):
+        if name not in table.column_names or not _is_text(table.column(name).type):
+            continue
+        for chunk in table.column(name).chunks:
+            if pa.types.is_dictionary(chunk.type):
+                lengths = pc.binary_length(chunk.dictionary.cast(pa.large_binary()))
+                total += pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0
+            else:
+                total += pc.sum(pc.binary_length(chunk.cast(pa.large_binary()))).as_py() or 0
+    if total > MAX_RECORD_BYTES:
+        return f"holds paths and inline values of {total:,} bytes, more than the {MAX_RECORD_BYTES >> 20} MiB a record may hold"
+    return None
 
 
 def _open_for_arrow(path: str, remote_options: dict):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from refmount.errors import one_line
 from refmount.view.arrays import count_chunks, decoded_verdicts, raw_verdicts, scan_arrays
 from refmount.view.forms import FORMS, form_notes
 from refmount.refs import load_refs
@@ -90,30 +91,34 @@ def run_inspect(location: str, *, remote_options: dict | None = None, as_json: b
     if as_json:
         print(json.dumps([{**row, "format": source} for row in rows] + refused if source else rows + refused, indent=2))
         return 0
+
+    def say(text: str) -> None:  # (names come from the document: no escape reaches the terminal)
+        print(one_line(text))
+
     if source:
-        print(f"format: {source}")
+        say(f"format: {source}")
     for line in format_lines(refset):
-        print(line)
+        say(line)
     for row in refused:  # what a scanned data file holds that could not be referenced
         where = f"{row['file']}: " if row["file"] else ""
-        print(f"{where}{row['variable']}: not referenced ({row['refused']})")
+        say(f"{where}{row['variable']}: not referenced ({row['refused']})")
     if not rows:
-        print(f"{location}: no Zarr arrays (no .zarray or zarr.json keys)")
+        say(f"{location}: no Zarr arrays (no .zarray or zarr.json keys)")
         return 0
-    print("decoded view forms (each program gets its own; `refmount stats MOUNTPOINT` says which programs got which):")
+    say("decoded view forms (each program gets its own; `refmount stats MOUNTPOINT` says which programs got which):")
     for form in FORMS.values():
-        print(f"    {form.name:<9}{form.description}")
-    print("netCDF-C reads the decoded view exactly as 'file:///MNT#mode=nczarr,file' (4.9.0 reads it so in zarr mode too)")
+        say(f"    {form.name:<9}{form.description}")
+    say("netCDF-C reads the decoded view exactly as 'file:///MNT#mode=nczarr,file' (4.9.0 reads it so in zarr mode too)")
     for row in rows:
         codecs = "+".join(map(str, row["codecs"])) or "none"
         present = "chunks not listed (from the grid)" if row["chunks_present"] is None else \
             f"{row['chunks_present']} chunks present, {row['chunks_missing']} missing"
-        print(f"{row['array']}: {row['dtype']} shape {row['shape']} chunks {row['chunks']} codecs {codecs}; {present}")
+        say(f"{row['array']}: {row['dtype']} shape {row['shape']} chunks {row['chunks']} codecs {codecs}; {present}")
         for view in ("raw", "decoded"):
             for version, verdict in row[view].items():
-                print(f"    {view:<8}{version:<18}{verdict}")
+                say(f"    {view:<8}{version:<18}{verdict}")
         if row["decoded_changes"]:
-            print(f"    decoded view changes: {'; '.join(row['decoded_changes'])}")
+            say(f"    decoded view changes: {'; '.join(row['decoded_changes'])}")
         for form, served in row["decoded_forms"].items():
-            print(f"    decoded form {form:<9}{served}")
+            say(f"    decoded form {form:<9}{served}")
     return 0

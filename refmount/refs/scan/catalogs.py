@@ -403,13 +403,35 @@ def parse_xml(url: str, body: bytes):
     """An XML document with no DTD (no entities: no billion laughs, no external files), or CatalogError."""
     import xml.etree.ElementTree as ET
 
-    head = body[:4096].lower()
-    if b"<!doctype" in head or b"<!entity" in body.lower():
+    if _declares_a_dtd(body):  # (asked of the parser, not of the bytes: UTF-16 spells '<!DOCTYPE' otherwise)
         raise CatalogError(f"the catalog {quote(redact(url))} declares a DTD or entities, which are not read")
     try:
         return ET.fromstring(body)
     except ET.ParseError as e:
         raise CatalogError(f"the catalog {quote(redact(url))} is not XML: {e}") from None
+
+
+class _Dtd(Exception):
+    pass
+
+
+def _declares_a_dtd(body: bytes) -> bool:
+    """Whether the XML declares a DTD, the only place entities can come from: expat stops at the
+    declaration's start, before any entity is read or expanded, in whatever encoding the document is."""
+    from xml.parsers import expat
+
+    def refuse(*_):
+        raise _Dtd
+
+    parser = expat.ParserCreate()
+    parser.StartDoctypeDeclHandler = refuse
+    try:
+        parser.Parse(body, True)
+    except _Dtd:
+        return True
+    except expat.ExpatError:
+        pass  # (not XML: ElementTree says so next)
+    return False
 
 
 class _Thredds(_Walk):

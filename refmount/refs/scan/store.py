@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import logging
 import os
 import tempfile
 
 import orjson
+
+from refmount.cache import owned
+
+log = logging.getLogger("refmount")
+_refused: set[str] = set()  # directories already said to be someone else's
 
 FORMAT_VERSION = 4  # bump when what is kept changes meaning: older entries are then scanned again
 # (2: GRIB fields in a scanning order kerchunk does not undo, and DMR++ linked blocks, are now left out:
@@ -32,6 +38,12 @@ def default_scan_dir(cache_dir: str | None = None) -> str:
     return os.path.join(base, "refmount", "scans")
 
 
+def _refuse_once(directory: str, why: str) -> None:
+    if directory not in _refused:
+        _refused.add(directory)
+        log.warning("scan store %s %s; nothing is kept or read there (scanned again each time)", directory, why)
+
+
 def _name(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:40]
 
@@ -43,6 +55,11 @@ class ScanStore:
             try:
                 os.makedirs(directory, mode=0o700, exist_ok=True)
             except OSError:
+                self.directory = None
+                return
+            why = owned.problem(directory)  # (what is kept is taken for a file's references)
+            if why is not None:
+                _refuse_once(directory, why)
                 self.directory = None
 
     def _path(self, kind: str, key: str) -> str:
