@@ -366,3 +366,47 @@ def test_a_log_file_in_a_shared_directory_follows_no_planted_symlink(server, tmp
     done = mount_logging_to(mine / "link.log")
     assert done.returncode == 0, done.stderr
     assert "mounted" in (tmp_path / "real.log").read_text()
+
+
+
+def _problem_as_nobody(path: Path) -> str:
+    """What refmount.cache.owned says of `path` to a process of uid nobody."""
+    import subprocess
+    import sys
+
+    code = "import sys; from refmount.cache import owned; print(owned.problem(sys.argv[1]))"
+    done = subprocess.run(["su", "-s", "/bin/sh", "nobody", "-c", f'{sys.executable} -c "{code}" {path}'],
+                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_an_ordinary_users_cache_dir_under_a_group_shared_project_directory_is_theirs():
+    """A cluster user's cache sits under a project directory a group shares (mode 2775) or another account
+    owns: an ordinary user's daemon takes it (it can do no more than its user can), a root daemon does not,
+    and a directory above that anyone may write (no sticky bit) is refused for both."""
+    import shutil
+    import tempfile
+
+    from refmount.cache import owned
+
+    top = Path(tempfile.mkdtemp(prefix="refmount-owned-", dir="/tmp"))  # (pytest's tmp_path is root's 0700)
+    try:
+        _check_project_directory(owned, top)
+    finally:
+        shutil.rmtree(top)
+
+
+def _check_project_directory(owned, top: Path) -> None:
+    os.chmod(top, 0o755)
+    project = top / "project"
+    project.mkdir()
+    os.chmod(project, 0o2775)
+    for who in ("nobody", "root"):
+        (project / who).mkdir()
+        os.chmod(project / who, 0o700)
+    os.chown(project / "nobody", NOBODY, NOBODY)
+    assert _problem_as_nobody(project / "nobody") == "None"
+    assert "others may write" in owned.problem(str(project / "root"))
+    os.chmod(project, 0o777)
+    assert "others may write" in _problem_as_nobody(project / "nobody")
