@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +34,7 @@ NC_DEFAULT_FILL = {"i1": -127, "u1": 255, "i2": -32767, "u2": 65535, "i4": -2147
                    "i8": -9223372036854775806, "u8": 18446744073709551614,
                    "f4": 9.969209968386869e36, "f8": 9.969209968386869e36}
 CHAR_DTYPE_49 = "<U1"  # netCDF-C 4.9.x's own char dtype, one byte per character
+PHONY_DIMENSION = re.compile(r"phony_dim_\d+")  # kerchunk's (and netCDF-C's) name of an unnamed HDF5 axis
 SCALAR_DIMENSION = "_scalar_"  # the dimension of a scalar served as [1] (netCDF-C's XARRAYSCALAR)
 # A decoded chunk is held whole in memory: bigger ones (absurd chunk shapes) hide their array.
 MAX_CHUNK_BYTES = 1 << 30
@@ -220,19 +222,28 @@ def _fills_are_declared(arrays: list[ArrayInfo]) -> bool:
     a null fill_value unless the source declares ``_FillValue``. Then one numeric array with dimensions
     and a null fill shows that any other array's fill_value is a declared _FillValue, even one equal to
     netCDF's default or 0. Files from other HDF5 writers (and old netCDF-C) give HDF5's fill instead,
-    declared or not: there a fill of 0 or the default may be nothing but HDF5's."""
+    declared or not: there a fill of 0 or the default may be nothing but HDF5's. An array over
+    phony dimensions only is no netCDF-4 variable (netCDF-C names every dimension it writes): kerchunk
+    nulls the fill of data it inlines (compact datasets, filters it cannot reference) in any file."""
     for info in arrays:
         m = info.meta
         if info.hidden_reason or m is None or m.scalar or m.fill_value is not None:
             continue
-        if _is_time_like(info.zattrs) or isinstance(m.dtype, list):
-            continue  # (kerchunk nulls the fill of a time-like array in any file)
+        if _is_time_like(info.zattrs) or isinstance(m.dtype, list) or _phony_dimensions(info.zattrs):
+            continue  # (kerchunk nulls the fill of a time-like array, and of inlined data, in any file)
         try:
             if np.dtype(m.dtype).kind in "iuf":
                 return True
         except TypeError:
             continue
     return False
+
+
+def _phony_dimensions(zattrs: dict) -> bool:
+    """Are an array's dimensions all kerchunk's names for an HDF5 dataset without dimension scales?"""
+    dims = zattrs.get("_ARRAY_DIMENSIONS") if isinstance(zattrs, dict) else None
+    return bool(dims) and isinstance(dims, list) and all(isinstance(d, str) and PHONY_DIMENSION.fullmatch(d)
+                                                         for d in dims)
 
 
 def _is_time_like(zattrs: dict) -> bool:
