@@ -26,14 +26,15 @@ def plain(v):
     if isinstance(v, (bytes, str)):
         return v.decode() if isinstance(v, bytes) else v
     a = np.ma.asarray(v)
-    items = [None if m else x for x, m in zip(a.filled(0).ravel().tolist(), np.ma.getmaskarray(a).ravel().tolist())]
+    items = [None if m else x.decode("latin-1") if isinstance(x, bytes) else x for x, m in zip(a.filled(0).ravel().tolist(), np.ma.getmaskarray(a).ravel().tolist())]
     return items if a.ndim else items[0]
 
 client, target = sys.argv[1:3]
 out = {}
-if client == "netcdf4":
+if client.startswith("netcdf4"):
     import netCDF4
     with netCDF4.Dataset(target) as ds:
+        ds.set_auto_maskandscale(client == "netcdf4")
         out["@"] = {k: plain(v) for k, v in ds.__dict__.items()}
         for name, var in ds.variables.items():
             out[name] = {"values": plain(var[...]), "attrs": {k: plain(v) for k, v in var.__dict__.items()}}
@@ -106,3 +107,50 @@ def test_pure_hdf5_zeros_stay_data_beside_a_compact_dataset(tmp_path, mount, way
             for name in ("contiguous", "edge", "shuffle_gzip", "unsigned", "compact"):
                 assert got[name]["values"] == expected[name]["values"], (client, name)
                 assert "_FillValue" not in got[name]["attrs"], (client, name)
+
+
+def _classic(path) -> None:
+    import netCDF4
+
+    with netCDF4.Dataset(path, "w", format="NETCDF3_64BIT_OFFSET") as ds:
+        ds.createDimension("rec", None)
+        ds.createDimension("x", 4)
+        ds.title = "classic"
+        ds.att_d = np.array([1.5, -2.0])
+        ds.att_b = np.int8(-3)
+        v = ds.createVariable("v", "i2", ("rec", "x"), fill_value=-1)
+        v.missing_value = np.int16(-999)
+        v.valid_range = np.array([0, 100], "i2")
+        v.flag_values = np.array([1, 2], "i2")
+        v[:] = np.array([[1, -999, 3, -1], [5, 6, 7, 8]], "i2")
+        w = ds.createVariable("w", "f4", ("x",))
+        w.missing_value = np.float32(-1e30)
+        w.actual_range = np.array([1, 2], "f4")
+        w[:] = [1, -1e30, 2, 1.5]
+        y = ds.createVariable("y", "f8", ("x",))
+        y[:2] = [1, 2]  # (the rest netCDF's default fill)
+        ds.createDimension("n", 5)
+        c = ds.createVariable("c", "S1", ("x", "n"), fill_value=b"#")  # (characters keep kerchunk's fill)
+        c[0] = np.array(list(b"ab\0\0\0"), "u1").view("S1")
+
+
+def test_netcdf3_numeric_attributes_and_missing_value_as_the_file_holds_them(tmp_path, mount):
+    """kerchunk writes a netCDF-3 file's numeric attributes as text and makes missing_value the fill;
+    a direct mount reads as the file: numbers, missing_value kept, _FillValue the declared one."""
+    path = tmp_path / "classic.nc"
+    _classic(path)
+    m = mount(path)
+    got, expected = read("netcdf4", nczarr_url(m.path)), read("netcdf4", path)
+    assert got["@"]["att_d"] == expected["@"]["att_d"] == [1.5, -2.0]
+    assert got["@"]["att_b"] == -3
+    for name in ("v", "w", "y"):
+        assert got[name]["values"] == expected[name]["values"], name
+    assert got["v"]["attrs"]["_FillValue"] == -1
+    for key in ("missing_value", "valid_range", "flag_values"):
+        assert got["v"]["attrs"][key] == expected["v"]["attrs"][key], key
+    assert got["w"]["attrs"]["missing_value"] == pytest.approx(-1e30)
+    assert got["w"]["attrs"]["actual_range"] == [1.0, 2.0]
+    assert read("netcdf4-raw", nczarr_url(m.path))["c"]["values"] == read("netcdf4-raw", path)["c"]["values"]
+    zarr_got, on_file = read("zarr", m.path), read("xarray", path)
+    for name in ("v", "w", "y"):
+        assert zarr_got[name]["values"] == on_file[name]["values"], name
