@@ -154,3 +154,27 @@ def test_netcdf3_numeric_attributes_and_missing_value_as_the_file_holds_them(tmp
     zarr_got, on_file = read("zarr", m.path), read("xarray", path)
     for name in ("v", "w", "y"):
         assert zarr_got[name]["values"] == on_file[name]["values"], name
+
+
+def test_string_list_attributes_read_by_netcdf_c_410_and_left_out_for_490(tmp_path, mount):
+    """A list of strings (NC_STRING attributes, h5py's string arrays) reaches netCDF-C 4.10 typed as its own
+    NCZarr writer types it (without the type, 4.10.1 fails the open); 4.9.0, which fails the open on any,
+    still opens the mount without it."""
+    import netCDF4
+
+    from tests.support.clients import ncdump, tool_url
+
+    path = tmp_path / "strings.nc"
+    with netCDF4.Dataset(path, "w") as ds:
+        ds.createDimension("x", 2)
+        ds.setncattr_string("keywords", ["alpha", "βeta", ""])
+        v = ds.createVariable("v", "f4", ("x",))
+        v.setncattr_string("flag_meanings", ["low", "high"])
+        v[:] = [1, 2]
+    m = mount(path)
+    got, expected = read("netcdf4", nczarr_url(m.path)), read("netcdf4", path)
+    assert got["@"]["keywords"] == expected["@"]["keywords"] == ["alpha", "βeta", ""]
+    assert got["v"]["attrs"]["flag_meanings"] == ["low", "high"]
+    assert got["v"]["values"] == [1.0, 2.0]
+    dumped = ncdump(tool_url(m.path))
+    assert "keywords" not in dumped and "v = 1, 2 ;" in dumped
