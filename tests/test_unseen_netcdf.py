@@ -178,3 +178,18 @@ def test_string_list_attributes_read_by_netcdf_c_410_and_left_out_for_490(tmp_pa
     assert got["v"]["values"] == [1.0, 2.0]
     dumped = ncdump(tool_url(m.path))
     assert "keywords" not in dumped and "v = 1, 2 ;" in dumped
+
+
+def test_cdf5_file_is_refused_in_one_line_naming_it(tmp_path):
+    import netCDF4
+
+    from tests.conftest import run_refmount
+
+    path = tmp_path / "cdf5.nc"
+    with netCDF4.Dataset(path, "w", format="NETCDF3_64BIT_DATA") as ds:
+        ds.createDimension("x", 2)
+        ds.createVariable("v", "u8", ("x",))[:] = [0, 2**64 - 1]
+    (tmp_path / "mnt").mkdir()
+    proc = run_refmount("mount", path, tmp_path / "mnt")
+    assert proc.returncode != 0
+    assert "netCDF-3 64-bit-data (CDF5) file" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
