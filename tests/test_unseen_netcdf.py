@@ -193,3 +193,35 @@ def test_cdf5_file_is_refused_in_one_line_naming_it(tmp_path):
     proc = run_refmount("mount", path, tmp_path / "mnt")
     assert proc.returncode != 0
     assert "netCDF-3 64-bit-data (CDF5) file" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def _hdf5_fills(path) -> None:
+    """h5py datasets whose fill is HDF5's own (no _FillValue attribute), each with chunks never written,
+    beside one whose _FillValue declares it."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        f.create_dataset("big_endian", shape=(10,), dtype=">i4", chunks=(4,), fillvalue=-99)[:5] = [7, -99, 7, 7, 7]
+        f.create_dataset("nan", shape=(10,), dtype="f4", chunks=(4,), fillvalue=np.nan)[:4] = 1.5
+        f.create_dataset("sparse", shape=(40, 40), dtype="f8", chunks=(10, 10), fillvalue=-9.5)[10:20, 20:30] = 1.25
+        f.create_dataset("never_written", shape=(5,), dtype="f4")
+        declared = f.create_dataset("declared", shape=(10,), dtype="i2", chunks=(4,), fillvalue=-9999)
+        declared[:4] = [1, -9999, 3, 4]
+        declared.attrs["_FillValue"] = np.int16(-9999)
+
+
+def test_hdf5_fill_the_file_does_not_declare_reads_as_data(tmp_path, mount):
+    """netCDF-C and xarray show an h5py dataset's own fill (no _FillValue) as data, never-written chunks
+    included: so does a direct mount (was masked: kerchunk's fill_value is a Zarr reader's _FillValue).
+    A declared one is still masked."""
+    path = tmp_path / "fills.h5"
+    _hdf5_fills(path)
+    m = mount(path)
+    for client, target, on_file in (("netcdf4", nczarr_url(m.path), "netcdf4"), ("zarr", m.path, "xarray")):
+        got, expected = read(client, target), read(on_file, path)
+        for name in ("big_endian", "sparse", "never_written", "declared"):
+            assert got[name]["values"] == expected[name]["values"], (client, name)
+        if client == "netcdf4":  # (xarray masks NaN as such)
+            assert got["nan"]["values"] == expected["nan"]["values"]
+            assert "_FillValue" not in got["big_endian"]["attrs"] and got["declared"]["attrs"]["_FillValue"] == -9999
+    assert read("netcdf4", nczarr_url(m.path))["declared"]["values"][:4] == [1, None, 3, 4]

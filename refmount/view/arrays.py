@@ -22,7 +22,7 @@ from refmount.view.ncattrs import fill_number, left_out_for_49, served_attribute
 from refmount.refs import RefSet
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.codecs import RefusedCodec, check_codec, make_codec
-from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
+from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS, UNDECLARED_FILL_KEY
 
 log = logging.getLogger("refmount")
 
@@ -70,6 +70,9 @@ class ArrayInfo:
     zarr_fill: bool = False
     lazy: bool = False  # of a Parquet set, whose chunk keys are not known at mount (none can be renamed)
     string_pad: str | None = None  # HDF5 fixed-length strings: each value cut at its terminator (refs.hdf5)
+    # HDF5's own fill, not declared by the file (refs.hdf5): data, served with no fill_value (refmount.view.forms)
+    # and chunks never written as files of it (decoded.py)
+    undeclared_fill: bool = False
 
     def __post_init__(self) -> None:
         if self.meta is None and self.zarray:  # (given its .zarray alone)
@@ -328,6 +331,7 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     out["compressor"] = None
     out["filters"] = None
     pad = out.pop(STRING_PAD_KEY, None)
+    undeclared = out.pop(UNDECLARED_FILL_KEY, None) is True
     if dtype.kind == "S" and pad in STRING_PADS:
         info.string_pad = pad
         info.notes.append(f"strings cut at their terminator ({pad}), as HDF5 reads them")
@@ -391,7 +395,16 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     # characters get no _FillValue (NUL is theirs), nor do booleans (a fill of false would mask every false)
     typed = out_dtype if dtype.kind in "iufMm" else None
     fill = out.get("fill_value")
-    if typed is not None and fill_number(fill, typed) is not None and _fill_is_declared(info, refset, fills_declared, typed):
+    if typed is not None and undeclared and fill_number(fill, typed) is not None and not _is_default_fill(fill, typed):
+        # HDF5's own fill, which the file's readers show as data: no _FillValue, no fill_value (a 0 needs
+        # none: null reads as zeros), chunks never written as files of it
+        info.undeclared_fill = fill_number(fill, typed) != 0
+        info.notes.append(f"fill_value {_short(fill)} served as data (HDF5's own fill: the file declares no "
+                          "_FillValue)")
+        fill = None
+        if not info.undeclared_fill:
+            out["fill_value"] = None
+    elif typed is not None and fill_number(fill, typed) is not None and _fill_is_declared(info, refset, fills_declared, typed):
         pass  # served as _FillValue, whatever its value
     elif typed is not None and _is_default_fill(fill, typed):
         # (a scalar or a 1-byte array) netCDF's default fill needs no _FillValue: netCDF-C applies it

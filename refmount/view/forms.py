@@ -158,6 +158,8 @@ def served_array(info: ArrayInfo, form: Form, tree: "NCZarrTree | None" = None) 
     if info.zarr_fill and form.name == ZARR.name:  # (xarray on the store masks no v3 fill: nor here)
         z["fill_value"] = None
         a.pop("_FillValue", None)
+    if info.undeclared_fill:  # (a reader masks fill_value: this one is data; never-written chunks are files)
+        z["fill_value"] = None
     if form.nodata_fill and info.dtype is not None and info.dtype.kind in "iuf":
         z["fill_value"] = _nodata(a, info.dtype, np.dtype(z["dtype"]))
     if form.name == GDAL.name:
