@@ -7,6 +7,11 @@
   null_term and space_pad strings so (netCDF-C 4.10 keeps a space_pad value's spaces). A reference set says it with the extra ``.zarray`` key `STRING_PAD_KEY` (the Zarr v2
   spec has readers ignore keys they do not know: zarr-python and netCDF-C do), which the decoded view
   applies to each chunk (`cut_padding`). The raw view serves the bytes as stored.
+- **A fill value the file does not declare.** Every HDF5 dataset has a fill value (0 unless its writer set
+  one); netCDF-C and h5py-based readers mask it only when a `_FillValue` attribute declares it. kerchunk
+  writes the fill of a dataset that is no netCDF variable as `fill_value` either way, which Zarr readers
+  mask. refmount's scanner marks an undeclared one with the extra ``.zarray`` key `UNDECLARED_FILL_KEY`;
+  the decoded view then serves no fill_value, and chunks never written as files of that fill.
 - **Shuffle with leftover bytes.** HDF5's shuffle filter shuffles the whole elements of a buffer and
   leaves the bytes past the last whole one in place; numcodecs' refuses such a buffer. It occurs when
   fletcher32 runs before shuffle on 8-byte elements (the checksum's 4 bytes are no whole element):
@@ -21,6 +26,7 @@ from numcodecs.compat import ensure_contiguous_ndarray
 
 STRING_PAD_KEY = "hdf5_string_pad"
 STRING_PADS = ("null_term", "null_pad", "space_pad")  # Hyrax's names, as dmrpp:FixedLengthStringArray writes them
+UNDECLARED_FILL_KEY = "hdf5_fill_undeclared"  # true: fill_value is HDF5's own, no _FillValue in the file
 
 
 def cut_padding(data, length: int, pad: str) -> bytes:

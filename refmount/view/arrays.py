@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +22,7 @@ from refmount.view.ncattrs import fill_number, left_out_for_49, served_attribute
 from refmount.refs import RefSet
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.codecs import RefusedCodec, check_codec, make_codec
-from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
+from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS, UNDECLARED_FILL_KEY
 
 log = logging.getLogger("refmount")
 
@@ -33,6 +34,7 @@ NC_DEFAULT_FILL = {"i1": -127, "u1": 255, "i2": -32767, "u2": 65535, "i4": -2147
                    "i8": -9223372036854775806, "u8": 18446744073709551614,
                    "f4": 9.969209968386869e36, "f8": 9.969209968386869e36}
 CHAR_DTYPE_49 = "<U1"  # netCDF-C 4.9.x's own char dtype, one byte per character
+PHONY_DIMENSION = re.compile(r"phony_dim_\d+")  # kerchunk's (and netCDF-C's) name of an unnamed HDF5 axis
 SCALAR_DIMENSION = "_scalar_"  # the dimension of a scalar served as [1] (netCDF-C's XARRAYSCALAR)
 # A decoded chunk is held whole in memory: bigger ones (absurd chunk shapes) hide their array.
 MAX_CHUNK_BYTES = 1 << 30
@@ -68,6 +70,9 @@ class ArrayInfo:
     zarr_fill: bool = False
     lazy: bool = False  # of a Parquet set, whose chunk keys are not known at mount (none can be renamed)
     string_pad: str | None = None  # HDF5 fixed-length strings: each value cut at its terminator (refs.hdf5)
+    # HDF5's own fill, not declared by the file (refs.hdf5): data, served with no fill_value (refmount.view.forms)
+    # and chunks never written as files of it (decoded.py)
+    undeclared_fill: bool = False
 
     def __post_init__(self) -> None:
         if self.meta is None and self.zarray:  # (given its .zarray alone)
@@ -220,19 +225,28 @@ def _fills_are_declared(arrays: list[ArrayInfo]) -> bool:
     a null fill_value unless the source declares ``_FillValue``. Then one numeric array with dimensions
     and a null fill shows that any other array's fill_value is a declared _FillValue, even one equal to
     netCDF's default or 0. Files from other HDF5 writers (and old netCDF-C) give HDF5's fill instead,
-    declared or not: there a fill of 0 or the default may be nothing but HDF5's."""
+    declared or not: there a fill of 0 or the default may be nothing but HDF5's. An array over
+    phony dimensions only is no netCDF-4 variable (netCDF-C names every dimension it writes): kerchunk
+    nulls the fill of data it inlines (compact datasets, filters it cannot reference) in any file."""
     for info in arrays:
         m = info.meta
         if info.hidden_reason or m is None or m.scalar or m.fill_value is not None:
             continue
-        if _is_time_like(info.zattrs) or isinstance(m.dtype, list):
-            continue  # (kerchunk nulls the fill of a time-like array in any file)
+        if _is_time_like(info.zattrs) or isinstance(m.dtype, list) or _phony_dimensions(info.zattrs):
+            continue  # (kerchunk nulls the fill of a time-like array, and of inlined data, in any file)
         try:
             if np.dtype(m.dtype).kind in "iuf":
                 return True
         except TypeError:
             continue
     return False
+
+
+def _phony_dimensions(zattrs: dict) -> bool:
+    """Are an array's dimensions all kerchunk's names for an HDF5 dataset without dimension scales?"""
+    dims = zattrs.get("_ARRAY_DIMENSIONS") if isinstance(zattrs, dict) else None
+    return bool(dims) and isinstance(dims, list) and all(isinstance(d, str) and PHONY_DIMENSION.fullmatch(d)
+                                                         for d in dims)
 
 
 def _is_time_like(zattrs: dict) -> bool:
@@ -317,6 +331,7 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     out["compressor"] = None
     out["filters"] = None
     pad = out.pop(STRING_PAD_KEY, None)
+    undeclared = out.pop(UNDECLARED_FILL_KEY, None) is True
     if dtype.kind == "S" and pad in STRING_PADS:
         info.string_pad = pad
         info.notes.append(f"strings cut at their terminator ({pad}), as HDF5 reads them")
@@ -380,7 +395,16 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     # characters get no _FillValue (NUL is theirs), nor do booleans (a fill of false would mask every false)
     typed = out_dtype if dtype.kind in "iufMm" else None
     fill = out.get("fill_value")
-    if typed is not None and fill_number(fill, typed) is not None and _fill_is_declared(info, refset, fills_declared, typed):
+    if typed is not None and undeclared and fill_number(fill, typed) is not None and not _is_default_fill(fill, typed):
+        # HDF5's own fill, which the file's readers show as data: no _FillValue, no fill_value (a 0 needs
+        # none: null reads as zeros), chunks never written as files of it
+        info.undeclared_fill = fill_number(fill, typed) != 0
+        info.notes.append(f"fill_value {_short(fill)} served as data (HDF5's own fill: the file declares no "
+                          "_FillValue)")
+        fill = None
+        if not info.undeclared_fill:
+            out["fill_value"] = None
+    elif typed is not None and fill_number(fill, typed) is not None and _fill_is_declared(info, refset, fills_declared, typed):
         pass  # served as _FillValue, whatever its value
     elif typed is not None and _is_default_fill(fill, typed):
         # (a scalar or a 1-byte array) netCDF's default fill needs no _FillValue: netCDF-C applies it

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from refmount.view.arrays import CHAR_DTYPE_49, SCALAR_DIMENSION, ArrayInfo
-from refmount.view.ncattrs import HINT_49, HINT_410, HINT_KEYS, NCZARR_JSON, VARIABLE_TYPED, nczarr_types
+from refmount.view.ncattrs import (HINT_49, HINT_410, HINT_KEYS, NCZARR_JSON, VARIABLE_TYPED, is_string_list,
+                                   nczarr_types)
 
 CHARS = ("char", "string", "ubyte", "gdal", "nczarr", "nczarr_strings")
 # NCZarr's own keys (netCDF-C >= 4.9.3 reads them from .zattrs, 4.9.0 spelled them in capitals)
@@ -73,6 +74,9 @@ class Form:
     # scalar as [1] with none) in each array's, every attribute typed in `_nczarr_attr`. Read in nczarr mode
     # (`#mode=nczarr,file`); in zarr mode netCDF-C ignores it, as on its own stores.
     nczarr: bool = False
+    # of the attributes netCDF-C 4.9.0 fails the open on, lists of strings are kept (typed NC_STRING in
+    # `_nczarr_attr`, which netCDF-C >= 4.10 reads; 4.9.3's reading of them is not measured here)
+    string_lists: bool = False
     description: str = ""
 
     def with_chars(self, chars: str | None) -> "Form":
@@ -91,7 +95,7 @@ NC493 = Form("nc493", chars="nczarr", zarr_scalars=False, hints=(HINT_410,), all
                           "NCZarr string as NULL, which crashes NCO); #mode=zarr,file reads it as netCDF-C reads "
                           "its own stores (characters as one-character strings, scalars over _scalar_)")
 NC410 = Form("nc410", chars="nczarr_strings", zarr_scalars=False, hints=(HINT_410,), all_attributes=False,
-             unsigned_dtype=False, nczarr=True,
+             unsigned_dtype=False, nczarr=True, string_lists=True,
              description="netCDF-C >= 4.10 (netCDF4-python wheels): as nc493, with strings as strings ('|Sn')")
 ZARR = Form("zarr", chars="string", zarr_scalars=True, hints=(), all_attributes=True, unsigned_dtype=False,
             encoding_attribute=True,
@@ -131,6 +135,13 @@ def sees_zarr_json(form: Form) -> bool:
     return form.name != ZARR.name
 
 
+def kept_attributes(left_out: dict, form: Form) -> dict:
+    """Of the attributes left out for netCDF-C 4.9.0, those that `form`'s readers take."""
+    if form.all_attributes:
+        return left_out
+    return {k: v for k, v in left_out.items() if form.string_lists and is_string_list(v)}
+
+
 def served_array(info: ArrayInfo, form: Form, tree: "NCZarrTree | None" = None) -> tuple[dict, dict]:
     """(.zarray, .zattrs) of a planned, visible array in `form` (an NCZarr form's `_nczarr_array` comes
     from `tree`, made of every array's served metadata: `nczarr_tree`)."""
@@ -147,13 +158,14 @@ def served_array(info: ArrayInfo, form: Form, tree: "NCZarrTree | None" = None) 
     if info.zarr_fill and form.name == ZARR.name:  # (xarray on the store masks no v3 fill: nor here)
         z["fill_value"] = None
         a.pop("_FillValue", None)
+    if info.undeclared_fill:  # (a reader masks fill_value: this one is data; never-written chunks are files)
+        z["fill_value"] = None
     if form.nodata_fill and info.dtype is not None and info.dtype.kind in "iuf":
         z["fill_value"] = _nodata(a, info.dtype, np.dtype(z["dtype"]))
     if form.name == GDAL.name:
         _gdal_units(a)
     served_hints(a, form)
-    if form.all_attributes:
-        a.update(info.left_out)
+    a.update(kept_attributes(info.left_out, form))
     if form.nczarr:
         a[HINT_410] = {"types": nczarr_types(a, z["dtype"])}
         if tree is not None and info.path in tree.references:
@@ -167,8 +179,7 @@ def served_group_attributes(attrs: dict, left_out: dict, form: Form, path: str =
     """A group's .zattrs in `form` (an NCZarr form's `_nczarr_group` comes from `tree`)."""
     a = dict(attrs)
     served_hints(a, form)
-    if form.all_attributes:
-        a.update(left_out)
+    a.update(kept_attributes(left_out, form))
     if form.nczarr:
         a[HINT_410] = {"types": nczarr_types(a, None)}
         if tree is not None and path in tree.groups:

@@ -249,13 +249,21 @@ def served_attributes(zattrs: dict, dtype: np.dtype | None, fill) -> tuple[dict,
 
 NCZARR_TEXT = ">S1"  # NCZarr's name of netCDF's char type (a text attribute is a char attribute)
 NCZARR_JSON = "|J0"  # NCZarr's name of its own JSON-valued keys (_nczarr_array, _nczarr_group, ...)
+# netCDF-C >= 4.10's NCZarr writer's type of a string (NC_STRING) attribute: with it 4.10.1 reads a JSON
+# list of strings as strings in either mode; without it, it fails the open in nczarr mode (measured)
+NCZARR_STRINGS = "|S128"
+
+
+def is_string_list(value) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
 
 
 def nczarr_types(attrs: dict, dtype: str | None) -> dict:
     """Every attribute's netCDF type as NCZarr's own writer names it in `_nczarr_attr` (netCDF-C >= 4.9.3
     then guesses none): the >= 4.10 hint where `served_attributes` gave one, else the type that
     netCDF-C >= 4.10 guesses (served_attributes cast each value so that the guess is right), text as
-    char, `_FillValue` as the variable's type `dtype`. Bools, objects and nulls stay unhinted."""
+    char, `_FillValue` as the variable's type `dtype`, a list of strings as strings. Bools, objects and
+    nulls stay unhinted."""
     given = attrs.get(HINT_410)
     types = dict(given.get("types", {})) if isinstance(given, dict) else {}
     for name, value in attrs.items():
@@ -266,4 +274,6 @@ def nczarr_types(attrs: dict, dtype: str | None) -> dict:
                 types[name] = _type_name(np.dtype(dtype))
             elif (guess := _guess_410(items)).kind != "O":
                 types[name] = _type_name(guess)
+        elif is_string_list(value):
+            types[name] = NCZARR_STRINGS
     return types

@@ -478,6 +478,9 @@ async def scan_entry(entry: Entry, fetcher, read, pool, store, lookups, max_refs
         fmt = sniff(head)
         if fmt is None:
             raise ScanFailed("is not a netCDF, HDF5, HDF4, GRIB, TIFF or FITS file (told by its first bytes)")
+        if head[:4] == b"CDF\x05":  # (kerchunk's reader says only "Unexpected header")
+            raise ScanFailed("is a netCDF-3 64-bit-data (CDF5) file: kerchunk's netCDF-3 reader reads CDF1 and "
+                             "CDF2 only")
         try:
             scan = await pool.scan(fmt, entry.url, size)
         except ScanFailed as e:

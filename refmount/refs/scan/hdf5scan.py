@@ -40,9 +40,10 @@ class Translator(SingleHdf5ToZarr):
             keys = plain_dataset_keys(self, h5obj) if self.plain else None
             if keys is not None:
                 self.store_dict.update(keys)
-                return
-            super()._translator(name, h5obj)
-            _fixed_strings(self.store_dict, name, h5obj)
+            else:
+                super()._translator(name, h5obj)
+                _fixed_strings(self.store_dict, name, h5obj)
+            _undeclared_fill(self.store_dict, name, h5obj)
         except Exception as e:  # noqa: BLE001 - kerchunk's reasons are of every kind
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             self.refused.append(f"{name}: {reason}")
@@ -169,6 +170,33 @@ def _chunk_places(h5obj, dsid, layout: int) -> dict | None:
     return None if masked else places
 
 
+def _edit_zarray(store: dict, key: str, edit) -> None:
+    """Apply `edit` to the .zarray `key` of kerchunk's store (zarr 3's Buffer there, or bytes)."""
+    raw = store[key]
+    meta = orjson.loads(raw.to_bytes() if hasattr(raw, "to_bytes") else raw)
+    edit(meta)
+    data = orjson.dumps(meta)
+    store[key] = type(raw).from_bytes(data) if hasattr(type(raw), "from_bytes") else data
+
+
+def _undeclared_fill(store: dict, name: str, h5obj) -> None:
+    """A numeric dataset's fill_value that is HDF5's own, with no _FillValue attribute (refmount.refs.hdf5):
+    marked so, for the decoded view to serve it as data (as netCDF-C and h5py read the file)."""
+    from refmount.refs.hdf5 import UNDECLARED_FILL_KEY
+
+    key = f"{name.strip('/')}/.zarray"
+    if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind not in "iuf" or key not in store:
+        return
+    if "_FillValue" in h5obj.attrs:
+        return
+
+    def mark(meta: dict) -> None:
+        if meta.get("fill_value") is not None:
+            meta[UNDECLARED_FILL_KEY] = True
+
+    _edit_zarray(store, key, mark)
+
+
 def _fixed_strings(store: dict, name: str, h5obj) -> None:
     """A fixed-length string dataset's .zarray as HDF5 reads it. kerchunk gives every one the fill value
     b" " (zarr then reads a chunk never written as spaces; HDF5 and h5py read NULs, or the dataset's own
@@ -180,13 +208,13 @@ def _fixed_strings(store: dict, name: str, h5obj) -> None:
     key = f"{name.strip('/')}/.zarray"
     if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind != "S" or key not in store:
         return
-    raw = store[key]  # (zarr 3's Buffer in kerchunk's store)
-    meta = orjson.loads(raw.to_bytes() if hasattr(raw, "to_bytes") else raw)
     size = h5obj.dtype.itemsize
     fill = bytes(np.asarray(h5obj.fillvalue, dtype=h5obj.dtype).item()).ljust(size, b"\0")[:size]
-    meta["fill_value"] = base64.b64encode(fill).decode()
     pad = h5obj.id.get_type().get_strpad()  # (H5T_STR_NULLTERM 0, NULLPAD 1, SPACEPAD 2)
-    if size > 1 and 0 <= pad < len(STRING_PADS):
-        meta[STRING_PAD_KEY] = STRING_PADS[pad]
-    data = orjson.dumps(meta)
-    store[key] = type(raw).from_bytes(data) if hasattr(type(raw), "from_bytes") else data
+
+    def edit(meta: dict) -> None:
+        meta["fill_value"] = base64.b64encode(fill).decode()
+        if size > 1 and 0 <= pad < len(STRING_PADS):
+            meta[STRING_PAD_KEY] = STRING_PADS[pad]
+
+    _edit_zarray(store, key, edit)

@@ -182,7 +182,12 @@ def _scan_hdf5(conn, url: str, size: int, refused: list) -> dict:
 def _scan_netcdf3(url: str, pipe_url: str) -> dict:
     from kerchunk.netCDF3 import NetCDF3ToZarr
 
-    return NetCDF3ToZarr(pipe_url, inline_threshold=100).translate()
+    from refmount.refs.scan.netcdf3 import restore_attributes
+
+    translator = NetCDF3ToZarr(pipe_url, inline_threshold=100)
+    refs = translator.translate()
+    restore_attributes(translator, refs)  # (kerchunk writes numeric attributes as text)
+    return refs
 
 
 # (eccodes key, why): messages whose values eccodes gives in an order kerchunk's codec and coordinates do
