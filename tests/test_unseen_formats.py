@@ -1,7 +1,8 @@
 """TIFFs refmount had not seen (bench/NOTES.md, unseen2): each mounted directly (a glob of the files) and
 as a glob of a loopback nginx, read with zarr on the mount against tifffile on the file. A TIFF that
 tifffile wrote with its defaults (its `shaped_metadata`) was refused by kerchunk's tiff_to_zarr; GDAL's
-YCbCr JPEG tiles, whose JPEG tables the codec config holds in base64, read EIO."""
+YCbCr JPEG tiles, whose JPEG tables the codec config holds in base64, read EIO; GDAL's nodata of 0 was
+taken for tifffile's default fill and not served."""
 
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ def tiffs(tmp_path_factory):
         tifffile.imwrite(root / "src.tif", rgb, photometric="rgb", metadata=None)
         subprocess.run(["gdal_translate", "-q", "-co", "TILED=YES", "-co", "COMPRESS=JPEG", "-co", "PHOTOMETRIC=YCBCR",
                         root / "src.tif", root / "ycbcr_jpeg.tif"], check=True)
+        # GDAL's nodata 0 (tifffile's fill_value when no GDAL_NODATA tag is there too): pixels of 0 are nodata
+        tifffile.imwrite(root / "src.tif", np.where(x > 250, 0, u16).astype("u2"), metadata=None)
+        subprocess.run(["gdal_translate", "-q", "-a_nodata", "0", "-co", "TILED=YES", "-co", "COMPRESS=DEFLATE",
+                        root / "src.tif", root / "nodata0.tif"], check=True)
         os.remove(root / "src.tif")
     return root, {p.name: tifffile.imread(p) for p in sorted(root.glob("*.tif"))}
 
@@ -55,3 +60,8 @@ def test_tiffs_read_as_tifffile_reads_them_directly_and_over_http(mount, tiffs, 
     with Nginx(tmp_path / "nginx", f"root {tmp_path / 'www'}; location /data/ {{ autoindex on; }}") as nginx:
         m = mount(f"{nginx.url}/data/*.tif").start()
         _check(m.path, want)
+        if "nodata0.tif" in want:  # (the decoded view: GDAL's nodata is the _FillValue CF readers mask)
+            import zarr
+
+            a = zarr.open_array(str(m.path / "nodata0.tif"), mode="r")
+            assert a.attrs.get("_FillValue") == 0 and a.fill_value == 0
