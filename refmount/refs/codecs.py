@@ -77,6 +77,8 @@ def make_codec(config: dict):
     elif name == "HDF5Shuffle":
         params = {"elementsize": params.get("elementsize", 4)}
     cls = getattr(importlib.import_module(module), name)
+    if module == "imagecodecs.numcodecs":  # (its from_config decodes base64 values: a JPEG tile's tables)
+        return cls.from_config(params)
     return cls(**params)
 
 

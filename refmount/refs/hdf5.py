@@ -11,7 +11,9 @@
   one); netCDF-C and h5py-based readers mask it only when a `_FillValue` attribute declares it. kerchunk
   writes the fill of a dataset that is no netCDF variable as `fill_value` either way, which Zarr readers
   mask. refmount's scanner marks an undeclared one with the extra ``.zarray`` key `UNDECLARED_FILL_KEY`;
-  the decoded view then serves no fill_value, and chunks never written as files of that fill.
+  the decoded view then serves no fill_value, and chunks never written as files of that fill. The same
+  key false says a scanner knows the fill is declared, whatever its value (a TIFF's GDAL_NODATA of 0,
+  refs/scan/tiff.py), where the decoded view would take a 0 for HDF5's own fill.
 - **Shuffle with leftover bytes.** HDF5's shuffle filter shuffles the whole elements of a buffer and
   leaves the bytes past the last whole one in place; numcodecs' refuses such a buffer. It occurs when
   fletcher32 runs before shuffle on 8-byte elements (the checksum's 4 bytes are no whole element):
@@ -26,7 +28,8 @@ from numcodecs.compat import ensure_contiguous_ndarray
 
 STRING_PAD_KEY = "hdf5_string_pad"
 STRING_PADS = ("null_term", "null_pad", "space_pad")  # Hyrax's names, as dmrpp:FixedLengthStringArray writes them
-UNDECLARED_FILL_KEY = "hdf5_fill_undeclared"  # true: fill_value is HDF5's own, no _FillValue in the file
+UNDECLARED_FILL_KEY = "hdf5_fill_undeclared"  # true: fill_value is HDF5's own, no _FillValue in the file;
+# false: the file declares it
 
 
 def cut_padding(data, length: int, pad: str) -> bytes:

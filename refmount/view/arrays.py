@@ -331,7 +331,8 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     out["compressor"] = None
     out["filters"] = None
     pad = out.pop(STRING_PAD_KEY, None)
-    undeclared = out.pop(UNDECLARED_FILL_KEY, None) is True
+    marked = out.pop(UNDECLARED_FILL_KEY, None)
+    undeclared, declared = marked is True, marked is False
     if dtype.kind == "S" and pad in STRING_PADS:
         info.string_pad = pad
         info.notes.append(f"strings cut at their terminator ({pad}), as HDF5 reads them")
@@ -404,7 +405,8 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
         fill = None
         if not info.undeclared_fill:
             out["fill_value"] = None
-    elif typed is not None and fill_number(fill, typed) is not None and _fill_is_declared(info, refset, fills_declared, typed):
+    elif typed is not None and fill_number(fill, typed) is not None and (
+            declared or _fill_is_declared(info, refset, fills_declared, typed)):
         pass  # served as _FillValue, whatever its value
     elif typed is not None and _is_default_fill(fill, typed):
         # (a scalar or a 1-byte array) netCDF's default fill needs no _FillValue: netCDF-C applies it

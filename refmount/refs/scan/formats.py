@@ -28,7 +28,9 @@ VIRTUALISED = {
     "grib": ("every message of either edition, grouped by kerchunk's grib_tree, decoded as cfgrib decodes it",
              ("reduced grids, spherical harmonics, rows stored alternately reversed or column by column, "
               "ensemble members at one time, step and level, messages of several fields")),
-    "tiff": ("every image and overview level (tifffile's chunks)", "compressions with no codec"),
+    "tiff": ("the first image and its overview levels (tifffile's chunks)",
+             ("compressions with no codec, striped images whose last strip is short (tifffile: incomplete "
+              "chunks), images after the first (an internal mask)")),
     "hdf4": (("every SD-interface SDS (HDF-EOS2's fields are SDSs): contiguous or chunked, plain or deflated, "
               "with its attributes and dimension names; DFSD datasets"),
              ("SZIP, RLE, NBIT, skipping-Huffman and JPEG compression, linked or external storage, GR and DFR8 "

@@ -476,9 +476,9 @@ def _steps_in_hours(messages: list[dict]) -> None:
 
 
 def _scan_tiff(url: str, pipe_url: str) -> dict:
-    from kerchunk.tiff import tiff_to_zarr
+    from refmount.refs.scan.tiff import tiff_refs
 
-    return tiff_to_zarr(pipe_url)
+    return tiff_refs(pipe_url)
 
 
 class RefsWriter:
@@ -581,7 +581,7 @@ def _scan_fits(conn, url: str, size: int, refused: list) -> dict:
 
 
 _PARSER_MODULES = {"hdf5": "kerchunk.hdf", "netcdf3": "kerchunk.netCDF3", "grib": "kerchunk.grib2",
-                   "tiff": "kerchunk.tiff", "hdf4": "kerchunk.hdf4", "fits": "refmount.refs.scan.fits"}
+                   "tiff": "tifffile", "hdf4": "kerchunk.hdf4", "fits": "refmount.refs.scan.fits"}
 
 
 def scan_file(conn, fmt: str, url: str, size: int, job: dict | None = None) -> dict:
