@@ -1,0 +1,123 @@
+"""Hostile data files (not reference sets): a netCDF/HDF5/TIFF/... file mounted directly is someone
+else's, and its scan, perhaps by root's daemon, must never read a local file, wait on one, or allocate
+or loop without bound. Each file is served by a loopback Range server (and, where it matters, mounted by
+an ordinary local path) and mounted for real; the oracle is what the mount serves and says, and whether
+the scanner opened a FIFO the file names (a blocking open for writing returns only when it does)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+
+import h5py
+import numpy as np
+import pytest
+
+
+class _Fifo:
+    """A FIFO at `path`; `opened` is set if anyone opens it for reading (our writer's open returns)."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+        os.mkfifo(self.path)
+        self.opened = threading.Event()
+        self._thread = threading.Thread(target=self._write, daemon=True)
+        self._thread.start()
+
+    def _write(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY)  # (blocks until a reader comes)
+        self.opened.set()
+        try:
+            os.write(fd, b"FIFO-SECRET".ljust(64, b"!"))
+        except BrokenPipeError:
+            pass  # (the reader went away)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        if not self.opened.is_set():  # (let our own writer through, to end its thread)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
+            self._thread.join(5)
+            os.close(fd)
+        self._thread.join(5)
+
+
+def _listing(root) -> dict[str, bytes]:
+    """Every file of the mount and its bytes (or the error reading it)."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            try:
+                out[str(path.relative_to(root))] = path.read_bytes()
+            except OSError as e:
+                out[str(path.relative_to(root))] = repr(e).encode()
+    return out
+
+
+@pytest.mark.parametrize("where", ["remote", "local"])
+def test_hdf5_external_storage_and_virtual_datasets_are_left_out_never_read(mount, server, tmp_path, where):
+    """HDF5 external storage (EFL) names any path: `external=[('/etc/shadow', 0, N)]`. kerchunk reads a
+    compound or variable-length dataset whole while it scans, so HDF5 opened the named file in the scan
+    worker (root's, for a remote file too): a FIFO there hung the scan, a device file was opened. Other
+    EFL and virtual datasets were mounted as arrays of their fill value (zeros, -1): wrong values. Each
+    is now left out with one line before anything reads it; the rest of the file mounts."""
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"SECRETDATA-local-file-contents-1234567890\n")
+    secret.chmod(0o600)
+    private = tmp_path / "private.h5"
+    with h5py.File(private, "w") as f:
+        f["priv"] = np.arange(10, dtype="i4") * 7
+    fifo = _Fifo(tmp_path / "fifo")
+    try:
+        name = server.root / "hostile.h5"
+        with h5py.File(name, "w") as f:
+            f["ok"] = np.arange(4, dtype="f4")
+            f.create_dataset("efl", shape=(42,), dtype="u1", external=[(str(secret), 0, 42)])
+            f.create_dataset("efl_rel", shape=(42,), dtype="u1", external=[("../../../../../../../" + str(secret), 0, 42)])
+            f.create_dataset("efl_fifo", shape=(1,), dtype=[("a", "S42")], external=[(fifo.path, 0, 42)])
+            f.create_dataset("efl_vlen", shape=(2,), dtype=h5py.string_dtype(), external=[(str(secret), 0, 32)])
+            layout = h5py.VirtualLayout(shape=(10,), dtype="i4")
+            layout[:] = h5py.VirtualSource(str(private), "priv", shape=(10,))
+            f.create_virtual_dataset("vds", layout, fillvalue=-1)
+        m = mount(server.url_for("hostile.h5") if where == "remote" else name)
+        files = _listing(m.path)
+        assert files["ok/0"] == np.arange(4, dtype="f4").tobytes()
+        assert not fifo.opened.is_set(), "the scan opened a FIFO the remote file named"
+        assert sorted(p.name for p in m.path.iterdir() if not p.name.startswith(".")) == ["ok"], files.keys()
+        assert not any(b"SECRET" in data for data in files.values())
+        log = m.log()
+        for variable in ("efl", "efl_rel", "efl_fifo", "efl_vlen"):
+            assert f"variable {variable}: its values are in external files (HDF5 external storage: not " \
+                   "virtualised)" in log, log
+        assert "variable vds: a virtual dataset: its values are in other files (not virtualised)" in log, log
+        assert "Traceback" not in log, log
+    finally:
+        fifo.close()
+
+
+def test_hdf5_external_and_soft_links_reach_no_local_file(mount, server, tmp_path):
+    """An external link to a local HDF5 file (and one to /etc/passwd) and soft links, a loop among
+    them: the scan opens the remote file through the pipe alone, and follows no link out of it."""
+    private = tmp_path / "private.h5"
+    with h5py.File(private, "w") as f:
+        f["priv"] = np.arange(10, dtype="i4") * 7
+    fifo = _Fifo(tmp_path / "fifo.h5")
+    try:
+        with h5py.File(server.root / "links.h5", "w") as f:
+            f["ok"] = np.arange(4, dtype="f4")
+            f["ext"] = h5py.ExternalLink(str(private), "/priv")
+            f["ext_fifo"] = h5py.ExternalLink(fifo.path, "/x")
+            f["ext_passwd"] = h5py.ExternalLink("/etc/passwd", "/x")
+            f["soft"] = h5py.SoftLink("/ok")
+            f["loop_a"] = h5py.SoftLink("/loop_b")
+            f["loop_b"] = h5py.SoftLink("/loop_a")
+        m = mount(server.url_for("links.h5"))
+        files = _listing(m.path)
+        assert not fifo.opened.is_set()
+        assert files["ok/0"] == np.arange(4, dtype="f4").tobytes()
+        assert not any(key.startswith(("ext", "loop")) for key in files), files.keys()
+        assert not any(np.arange(10, dtype="i4").__mul__(7).tobytes() in data for data in files.values())
+        assert "Traceback" not in m.log()
+    finally:
+        fifo.close()
