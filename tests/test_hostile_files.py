@@ -7,12 +7,14 @@ the scanner opened a FIFO the file names (a blocking open for writing returns on
 from __future__ import annotations
 
 import os
+import struct
 import shutil
 import threading
 
 import h5py
 import numpy as np
 import pytest
+
 
 
 class _Fifo:
@@ -121,3 +123,34 @@ def test_hdf5_external_and_soft_links_reach_no_local_file(mount, server, tmp_pat
         assert "Traceback" not in m.log()
     finally:
         fifo.close()
+
+
+def _tiff(entries: list[tuple[int, int, int]], tail: bytes = b"", next_ifd_is_itself: bool = False) -> bytes:
+    """A classic little-endian TIFF of one IFD at offset 8: (tag, LONG value) entries, `tail` after it."""
+    ifd = struct.pack("<H", len(entries)) + b"".join(struct.pack("<HHII", tag, 4, 1, value)
+                                                     for tag, value in sorted(entries))
+    return b"II*\0" + struct.pack("<I", 8) + ifd + struct.pack("<I", 8 if next_ifd_is_itself else 0) + tail
+
+
+_GRAY = [(256, 16), (257, 16), (258, 8), (259, 1), (262, 1), (277, 1)]  # 16 x 16, 8 bits, no compression
+
+
+@pytest.mark.parametrize("layout", ["tiles", "strips"])
+def test_a_tiff_declaring_millions_of_tiles_in_a_few_bytes_is_refused_at_once(mount, server, layout):
+    """ImageWidth and ImageLength of 65,536 over 16 x 16 tiles (or one-row strips of a 2**24-row image)
+    with one offset, in a 434-byte file: kerchunk listed 16.7 million chunks, the scanner busy until
+    --load-timeout (300 s; again at each lookup of a lazily mounted file). Refused in one line at once:
+    each tile or strip needs an offset in the file."""
+    size = {256: 65536, 257: 65536} if layout == "tiles" else {257: 1 << 24}
+    tags = [(tag, size.get(tag, value)) for tag, value in _GRAY]
+    tags += [(322, 16), (323, 16), (324, 200), (325, 256)] if layout == "tiles" else [(278, 1), (273, 200), (279, 16)]
+    (server.root / "many.tif").write_bytes(_tiff(tags, bytes(300)))
+    (server.root / "loop.tif").write_bytes(_tiff(_GRAY + [(278, 16), (273, 200), (279, 256)], bytes(600), True))
+    with pytest.raises(RuntimeError) as refused:
+        mount(server.url_for("many.tif"), "--load-timeout", "20")
+    said = [line for line in str(refused.value).splitlines() if line.strip()]
+    assert said[-1].endswith(f"refmount: '{server.url_for('many.tif')}': TIFF file that cannot be scanned: its images "
+                             f"declare 16,777,216 tiles or strips, more than its {len(_tiff(tags, bytes(300))):,} "
+                             "bytes can hold offsets for"), said
+    m = mount(server.url_for("loop.tif"))  # (an IFD that names itself as the next: tifffile stops there)
+    assert (m / "0.0").read_bytes() == bytes(256)

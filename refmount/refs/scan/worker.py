@@ -478,7 +478,31 @@ def _steps_in_hours(messages: list[dict]) -> None:
 def _scan_tiff(url: str, pipe_url: str) -> dict:
     from kerchunk.tiff import tiff_to_zarr
 
+    _check_tiff_grid(pipe_url)
     return tiff_to_zarr(pipe_url)
+
+
+def _check_tiff_grid(pipe_url: str) -> None:
+    """Refuse a TIFF whose images declare more tiles or strips than the file could hold offsets for
+    (each needs an entry of 2 bytes or more in the file), before kerchunk lists them one by one:
+    ImageWidth and ImageLength of 65,536 over 16 x 16 tiles in a 434-byte file were 16.7 million chunks,
+    a scanner busy until --load-timeout (300 s), again at each lookup of a lazily mounted file."""
+    import math
+
+    import fsspec
+    import tifffile
+
+    from refmount.errors import RefsError
+
+    with fsspec.open(pipe_url) as opened, tifffile.TiffFile(opened, name=pipe_url.rsplit("/", 1)[-1]) as tif:
+        size, declared = _current["size"], 0
+        for level in tif.series[0].levels if tif.series else ():
+            key = level.keyframe
+            images = math.prod(level.shape) // max(math.prod(key.shape), 1)  # (ImageJ's frames: never made)
+            declared += images * math.prod(key.chunked)
+        if declared > max(size // 2, 4096):
+            raise RefsError(f"its images declare {declared:,} tiles or strips, more than its {size:,} bytes can "
+                             "hold offsets for")
 
 
 class RefsWriter:
