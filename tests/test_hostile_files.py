@@ -154,3 +154,28 @@ def test_a_tiff_declaring_millions_of_tiles_in_a_few_bytes_is_refused_at_once(mo
                              "bytes can hold offsets for"), said
     m = mount(server.url_for("loop.tif"))  # (an IFD that names itself as the next: tifffile stops there)
     assert (m / "0.0").read_bytes() == bytes(256)
+
+
+def _netcdf3(numrecs: int, record_begin: int) -> bytes:
+    """A CDF-1 header of one float record variable v(t), its records from `record_begin`."""
+    name = lambda text: struct.pack(">I", len(text)) + text.encode().ljust(4, b"\0")  # noqa: E731
+    return (b"CDF\x01" + struct.pack(">I", numrecs) + struct.pack(">II", 0x0A, 1) + name("t") + struct.pack(">I", 0)
+            + struct.pack(">II", 0, 0) + struct.pack(">II", 0x0B, 1) + name("v") + struct.pack(">II", 1, 0)
+            + struct.pack(">II", 0, 0) + struct.pack(">III", 5, 4, record_begin))
+
+
+def test_a_netcdf3_header_declaring_billions_of_records_is_refused_at_once(mount, server):
+    """numrecs 2**31-1 in a 264-byte file: kerchunk wrote a reference per record until the scanner hit
+    its memory cap (37 s under a 3 GiB cap, or --load-timeout). Refused at once, in one line; the same
+    file holding the records it declares mounts and reads."""
+    (server.root / "lies.nc").write_bytes(_netcdf3(2**31 - 1, 200).ljust(200, b"\0") + bytes(64))
+    with pytest.raises(RuntimeError) as refused:
+        mount(server.url_for("lies.nc"), "--load-timeout", "20")
+    assert str(refused.value).strip().endswith(
+        f"refmount: '{server.url_for('lies.nc')}': netCDF-3 file that cannot be scanned: it is truncated (its header "
+        "declares 2,147,483,647 records of 4 bytes from byte 200, past its 264 bytes)"), refused.value
+    values = np.arange(16, dtype=">f4")
+    (server.root / "honest.nc").write_bytes(_netcdf3(16, 200).ljust(200, b"\0") + values.tobytes())
+    m = mount(server.url_for("honest.nc"))
+    chunks = sorted((p for p in (m / "v").iterdir() if not p.name.startswith(".")), key=lambda p: int(p.name))
+    assert b"".join(p.read_bytes() for p in chunks) == values.astype("<f4").tobytes()

@@ -185,9 +185,24 @@ def _scan_netcdf3(url: str, pipe_url: str) -> dict:
     from refmount.refs.scan.netcdf3 import restore_attributes
 
     translator = NetCDF3ToZarr(pipe_url, inline_threshold=100)
+    _check_records(translator)
     refs = translator.translate()
     restore_attributes(translator, refs)  # (kerchunk writes numeric attributes as text)
     return refs
+
+
+def _check_records(translator) -> None:
+    """Refuse a netCDF-3 header whose records start past the file's end, before kerchunk writes a
+    reference for each: numrecs 2**31-1 in a 264-byte file kept the scanner busy until its memory cap
+    (37 s, or --load-timeout). The references of a file cut short within its records are checked once
+    scanned (archive.py `_check_complete`); this bounds only the work."""
+    from refmount.errors import RefsError
+
+    records, record_size = translator._recs, translator._recsize
+    begin = min((c[0] for c in translator.chunks.get("record_array", [])), default=0)
+    if records > 1 and begin + (records - 1) * max(record_size, 1) > _current["size"]:
+        raise RefsError(f"it is truncated (its header declares {records:,} records of {record_size:,} bytes from "
+                        f"byte {begin:,}, past its {_current['size']:,} bytes)")
 
 
 # (eccodes key, why): messages whose values eccodes gives in an order kerchunk's codec and coordinates do
