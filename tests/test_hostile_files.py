@@ -179,3 +179,21 @@ def test_a_netcdf3_header_declaring_billions_of_records_is_refused_at_once(mount
     m = mount(server.url_for("honest.nc"))
     chunks = sorted((p for p in (m / "v").iterdir() if not p.name.startswith(".")), key=lambda p: int(p.name))
     assert b"".join(p.read_bytes() for p in chunks) == values.astype("<f4").tobytes()
+
+
+def test_a_grib_file_of_thousands_of_bogus_messages_says_so_in_a_bounded_number_of_lines(mount, server):
+    """20,000 16-byte 'GRIB' headers before a real message, in a 335 kB file: one log line each (a
+    100 MB file would write 6 million). The first 1,000 are named, the rest counted in one line; the
+    real message still mounts."""
+    import datetime as dt
+
+    from tests.support.gribfiles import grib2
+
+    real = grib2(dt.datetime(2024, 1, 1), 3)[0]
+    bogus = b"GRIB\0\0\0\x02" + struct.pack(">Q", 16)
+    (server.root / "many.grib2").write_bytes(bogus * 20000 + real)
+    m = mount(server.url_for("many.grib2"))
+    assert (m / "t2m").is_dir()
+    said = [line for line in m.log().splitlines() if "left out" in line]
+    assert len(said) == 1001, len(said)
+    assert said[-1].endswith("variable 19,000 more of them, not named one by one (cannot be referenced; left out)"), said[-1]

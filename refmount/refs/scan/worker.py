@@ -649,7 +649,16 @@ def scan_file(conn, fmt: str, url: str, size: int, job: dict | None = None) -> d
             refs = _scan_fits(conn, url, size, refused)
         else:
             raise ValueError(f"unknown format {fmt!r}")
-    return {"refs": _repoint(to_v0(refs), pipe_url, url), "refused": refused}
+    return {"refs": _repoint(to_v0(refs), pipe_url, url), "refused": _counted(refused)}
+
+
+def _counted(refused: list[str]) -> list[str]:
+    """The first MAX_REFUSED_LINES reasons, then how many more: each is a log line, and a 335 kB GRIB
+    file of 16-byte bogus messages made 20,000 of them (a 100 MB one, 6 million)."""
+    from refmount.refs.limits import MAX_REFUSED_LINES
+
+    more = len(refused) - MAX_REFUSED_LINES
+    return refused if more <= 0 else [*refused[:MAX_REFUSED_LINES], f"{more:,} more of them, not named one by one"]
 
 
 _HDF5_OPEN = re.compile(r"Unable to (?:synchronously )?open file \((.*)\)$")
