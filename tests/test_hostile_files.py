@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import struct
-import shutil
 import threading
 
 import h5py
