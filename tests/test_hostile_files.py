@@ -196,3 +196,22 @@ def test_a_grib_file_of_thousands_of_bogus_messages_says_so_in_a_bounded_number_
     said = [line for line in m.log().splitlines() if "left out" in line]
     assert len(said) == 1001, len(said)
     assert said[-1].endswith("variable 19,000 more of them, not named one by one (cannot be referenced; left out)"), said[-1]
+
+
+def test_a_grib_message_declaring_a_terabyte_is_left_out_and_the_rest_of_the_file_mounts(mount, server):
+    """A first message whose length says 2**40 bytes in an 18 kB file: its read stopped at the file's
+    last end marker, and eccodes failed the whole file ('MemoryAllocationError'). That message is left
+    out in one line; the file's six real messages mount."""
+    import datetime as dt
+
+    from tests.support.gribfiles import grib2
+
+    real = grib2(dt.datetime(2024, 1, 1), 3)[0]
+    first = bytearray(real[:real.index(b"7777") + 4])
+    first[8:16] = struct.pack(">Q", 2**40)
+    (server.root / "liar.grib2").write_bytes(bytes(first) + real)
+    m = mount(server.url_for("liar.grib2"))
+    assert (m / "t2m").is_dir() and (m / "prmsl").is_dir()
+    said = [line for line in m.log().splitlines() if "left out" in line]
+    assert said == [f"refmount: WARNING: {server.url_for('liar.grib2')}: variable a GRIB message at byte 0 whose length "
+                    "(1099511627776) does not end at its end marker (cannot be referenced; left out)"], said

@@ -299,9 +299,11 @@ def _split_grib(f, skip=0, refused=None, levels=None):
         part_size = grib_length(head[ind:ind + 16])
         f.seek(start)
         message = f.read(part_size) if part_size else b""
-        if not message.endswith(b"7777"):
+        if len(message) != part_size or not message.endswith(b"7777"):
             # (a length that does not end at the end marker: a message cut short, or a GRIB1 message over
-            # 8 MiB, whose length ECMWF encodes otherwise; the search goes on after its "GRIB")
+            # 8 MiB, whose length ECMWF encodes otherwise; or one past the file's end, whose read stops at
+            # the file's last "7777": eccodes failed the whole file on its 1 TB length; the search goes on
+            # after its "GRIB")
             if refused is not None:
                 refused.append(f"a GRIB message at byte {start} whose length ({part_size}) does not end at its end marker")
             f.seek(start + 4)
