@@ -55,6 +55,7 @@ import numpy as np
 from refmount.errors import RefsError, quote
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
+from refmount.refs.limits import MAX_REFUSED_LINES
 from refmount.fetch.protocols import is_remote, local_path
 from refmount.refs.model import name_problem
 from refmount.refs.relative import base_of, is_relative, resolve
@@ -201,7 +202,6 @@ def dmrpp_to_refs(text: bytes, dmrpp_url: str, data_url: str | None = None, *,
 
 
 FEED_BYTES = 256 << 10  # what the streaming parser is fed at a time
-MAX_REFUSED_LINES = 1000  # variables refused one log line each; the rest are counted
 
 
 def convert_dmrpp(stream, dmrpp_url: str, data_url: str | None = None, *, emit, exists=None,

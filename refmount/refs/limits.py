@@ -19,6 +19,7 @@ from refmount.errors import RefsError, format_size
 BYTES_PER_KEY = 350
 WORST_BYTES_PER_REFS_BYTE = 3
 DEFAULT_LOAD_TIMEOUT = 300.0
+MAX_REFUSED_LINES = 1000  # variables a source leaves out, one log line each; the rest are counted
 _FALLBACK_AVAILABLE = 4 << 30  # when /proc/meminfo cannot tell (not Linux)
 
 

@@ -23,7 +23,7 @@ FORMAT_NAMES = {"hdf5": "netCDF-4/HDF5", "netcdf3": "netCDF-3", "grib": "GRIB", 
 # `refmount inspect` and docs/archives.md say the same
 VIRTUALISED = {
     "hdf5": ("every dataset kerchunk's SingleHdf5ToZarr references (HDF5 filters with a numcodecs codec)",
-             "datasets whose filters or layout kerchunk cannot reference"),
+             "datasets whose filters or layout kerchunk cannot reference, external storage, virtual datasets"),
     "netcdf3": ("every variable, record variables included", "nothing"),
     "grib": ("every message of either edition, grouped by kerchunk's grib_tree, decoded as cfgrib decodes it",
              ("reduced grids, spherical harmonics, rows stored alternately reversed or column by column, "

@@ -37,6 +37,7 @@ class Translator(SingleHdf5ToZarr):
 
     def _translator(self, name, h5obj):
         try:
+            _refuse_other_files(h5obj)
             keys = plain_dataset_keys(self, h5obj) if self.plain else None
             if keys is not None:
                 self.store_dict.update(keys)
@@ -50,6 +51,21 @@ class Translator(SingleHdf5ToZarr):
             prefix = name.strip("/") + "/"
             for key in [k for k in self.store_dict if k.startswith(prefix)]:
                 del self.store_dict[key]
+
+
+def _refuse_other_files(h5obj) -> None:
+    """A dataset whose values HDF5 reads from other files is refused before anything reads it: external
+    storage names any path on this machine, which HDF5 opens as it reads (kerchunk reads a compound or
+    variable-length dataset whole: a remote file's worker, maybe root's, opened /etc/shadow or a device);
+    a virtual dataset's sources are other files too. Neither has references into this file: kerchunk
+    wrote it as an array of its fill value."""
+    if not isinstance(h5obj, h5py.Dataset):
+        return
+    dcpl = h5obj.id.get_create_plist()
+    if dcpl.get_external_count():
+        raise ValueError("its values are in external files (HDF5 external storage: not virtualised)")
+    if dcpl.get_layout() == h5d.VIRTUAL:
+        raise ValueError("a virtual dataset: its values are in other files (not virtualised)")
 
 
 class _Attributes:

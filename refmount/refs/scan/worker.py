@@ -185,9 +185,24 @@ def _scan_netcdf3(url: str, pipe_url: str) -> dict:
     from refmount.refs.scan.netcdf3 import restore_attributes
 
     translator = NetCDF3ToZarr(pipe_url, inline_threshold=100)
+    _check_records(translator)
     refs = translator.translate()
     restore_attributes(translator, refs)  # (kerchunk writes numeric attributes as text)
     return refs
+
+
+def _check_records(translator) -> None:
+    """Refuse a netCDF-3 header whose records start past the file's end, before kerchunk writes a
+    reference for each: numrecs 2**31-1 in a 264-byte file kept the scanner busy until its memory cap
+    (37 s, or --load-timeout). The references of a file cut short within its records are checked once
+    scanned (archive.py `_check_complete`); this bounds only the work."""
+    from refmount.errors import RefsError
+
+    records, record_size = translator._recs, translator._recsize
+    begin = min((c[0] for c in translator.chunks.get("record_array", [])), default=0)
+    if records > 1 and begin + (records - 1) * max(record_size, 1) > _current["size"]:
+        raise RefsError(f"it is truncated (its header declares {records:,} records of {record_size:,} bytes from "
+                        f"byte {begin:,}, past its {_current['size']:,} bytes)")
 
 
 # (eccodes key, why): messages whose values eccodes gives in an order kerchunk's codec and coordinates do
@@ -284,9 +299,11 @@ def _split_grib(f, skip=0, refused=None, levels=None):
         part_size = grib_length(head[ind:ind + 16])
         f.seek(start)
         message = f.read(part_size) if part_size else b""
-        if not message.endswith(b"7777"):
+        if len(message) != part_size or not message.endswith(b"7777"):
             # (a length that does not end at the end marker: a message cut short, or a GRIB1 message over
-            # 8 MiB, whose length ECMWF encodes otherwise; the search goes on after its "GRIB")
+            # 8 MiB, whose length ECMWF encodes otherwise; or one past the file's end, whose read stops at
+            # the file's last "7777": eccodes failed the whole file on its 1 TB length; the search goes on
+            # after its "GRIB")
             if refused is not None:
                 refused.append(f"a GRIB message at byte {start} whose length ({part_size}) does not end at its end marker")
             f.seek(start + 4)
@@ -478,7 +495,7 @@ def _steps_in_hours(messages: list[dict]) -> None:
 def _scan_tiff(url: str, pipe_url: str) -> dict:
     from refmount.refs.scan.tiff import tiff_refs
 
-    return tiff_refs(pipe_url)
+    return tiff_refs(pipe_url, _current["size"])
 
 
 class RefsWriter:
@@ -610,7 +627,16 @@ def scan_file(conn, fmt: str, url: str, size: int, job: dict | None = None) -> d
             refs = _scan_fits(conn, url, size, refused)
         else:
             raise ValueError(f"unknown format {fmt!r}")
-    return {"refs": _repoint(to_v0(refs), pipe_url, url), "refused": refused}
+    return {"refs": _repoint(to_v0(refs), pipe_url, url), "refused": _counted(refused)}
+
+
+def _counted(refused: list[str]) -> list[str]:
+    """The first MAX_REFUSED_LINES reasons, then how many more: each is a log line, and a 335 kB GRIB
+    file of 16-byte bogus messages made 20,000 of them (a 100 MB one, 6 million)."""
+    from refmount.refs.limits import MAX_REFUSED_LINES
+
+    more = len(refused) - MAX_REFUSED_LINES
+    return refused if more <= 0 else [*refused[:MAX_REFUSED_LINES], f"{more:,} more of them, not named one by one"]
 
 
 _HDF5_OPEN = re.compile(r"Unable to (?:synchronously )?open file \((.*)\)$")
