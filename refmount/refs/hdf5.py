@@ -12,6 +12,10 @@
   writes the fill of a dataset that is no netCDF variable as `fill_value` either way, which Zarr readers
   mask. refmount's scanner marks an undeclared one with the extra ``.zarray`` key `UNDECLARED_FILL_KEY`;
   the decoded view then serves no fill_value, and chunks never written as files of that fill.
+  A `_FillValue` attribute that is not HDF5's fill (h5py writers set the attribute alone): netCDF-C reads
+  never-written chunks as HDF5's fill, and masks only the attribute's value. The scanner writes HDF5's
+  fill as the extra key `MISSING_CHUNK_FILL_KEY`; the decoded view serves never-written chunks as files
+  of it, the attribute stays `fill_value`.
 - **Shuffle with leftover bytes.** HDF5's shuffle filter shuffles the whole elements of a buffer and
   leaves the bytes past the last whole one in place; numcodecs' refuses such a buffer. It occurs when
   fletcher32 runs before shuffle on 8-byte elements (the checksum's 4 bytes are no whole element):
@@ -27,6 +31,7 @@ from numcodecs.compat import ensure_contiguous_ndarray
 STRING_PAD_KEY = "hdf5_string_pad"
 STRING_PADS = ("null_term", "null_pad", "space_pad")  # Hyrax's names, as dmrpp:FixedLengthStringArray writes them
 UNDECLARED_FILL_KEY = "hdf5_fill_undeclared"  # true: fill_value is HDF5's own, no _FillValue in the file
+MISSING_CHUNK_FILL_KEY = "hdf5_missing_chunk_fill"  # HDF5's fill, where a _FillValue attribute is another value
 
 
 def cut_padding(data, length: int, pad: str) -> bytes:

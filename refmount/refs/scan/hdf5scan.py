@@ -44,6 +44,7 @@ class Translator(SingleHdf5ToZarr):
                 super()._translator(name, h5obj)
                 _fixed_strings(self.store_dict, name, h5obj)
             _undeclared_fill(self.store_dict, name, h5obj)
+            _disagreeing_fill(self.store_dict, name, h5obj)
         except Exception as e:  # noqa: BLE001 - kerchunk's reasons are of every kind
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             self.refused.append(f"{name}: {reason}")
@@ -193,6 +194,27 @@ def _undeclared_fill(store: dict, name: str, h5obj) -> None:
     def mark(meta: dict) -> None:
         if meta.get("fill_value") is not None:
             meta[UNDECLARED_FILL_KEY] = True
+
+    _edit_zarray(store, key, mark)
+
+
+def _disagreeing_fill(store: dict, name: str, h5obj) -> None:
+    """A numeric dataset whose _FillValue attribute is not its HDF5 fill (refmount.refs.hdf5): HDF5's
+    fill, which netCDF-C and h5py read where no chunk was written, kept beside fill_value."""
+    from refmount.refs.hdf5 import MISSING_CHUNK_FILL_KEY
+
+    key = f"{name.strip('/')}/.zarray"
+    if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind not in "iuf" or key not in store:
+        return
+    declared = h5obj.attrs.get("_FillValue")
+    if declared is None or np.size(declared) != 1:
+        return
+    own = np.asarray(h5obj.fillvalue, h5obj.dtype)
+    if own.tobytes() == np.asarray(declared).astype(h5obj.dtype).tobytes():
+        return
+
+    def mark(meta: dict) -> None:
+        meta[MISSING_CHUNK_FILL_KEY] = encode_fill_value(own[()], h5obj.dtype)
 
     _edit_zarray(store, key, mark)
 

@@ -23,7 +23,7 @@ from refmount.cache import owned
 log = logging.getLogger("refmount")
 _refused: set[str] = set()  # directories already said to be someone else's
 
-FORMAT_VERSION = 5  # bump when what is kept changes meaning: older entries are then scanned again
+FORMAT_VERSION = 6  # bump when what is kept changes meaning: older entries are then scanned again
 # (2: GRIB fields in a scanning order kerchunk does not undo, and DMR++ linked blocks, are now left out:
 # version 1 entries kept them with wrong values; 3: a FITS header card spelling a CF name was kept as
 # that attribute (xarray applied it), a truncated FITS image and an HDF4 char SDS's "S1" dtype; 4: GRIB1

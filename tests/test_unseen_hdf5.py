@@ -1,0 +1,41 @@
+"""HDF5 storage and metadata archives hold that the earlier survey (tests/test_unseen_netcdf.py) did not
+reach, mounted directly, read by netCDF4-python and xarray each in a process of its own against the same
+client on the file. bench/NOTES.md (unseen3) has the whole survey these cases come from."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.support.clients import nczarr_url
+from tests.test_unseen_netcdf import read
+
+
+def _disagreeing_fill(path) -> None:
+    """h5py datasets whose _FillValue attribute is set beside HDF5's own fill, with chunks never written."""
+    import h5py
+
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("disagree", shape=(12,), dtype="i2", chunks=(4,), fillvalue=-1)
+        d[:4] = [1, -2, -1, 4]
+        d.attrs["_FillValue"] = np.int16(-2)
+        b = f.create_dataset("big_endian", shape=(12,), dtype=">f8", chunks=(4,), fillvalue=7.5)
+        b[4:8] = [1, -9, 7.5, 2]
+        b.attrs["_FillValue"] = np.float64(-9)
+        a = f.create_dataset("agree", shape=(12,), dtype="i2", chunks=(4,), fillvalue=-2)
+        a[:4] = [1, -2, -1, 4]
+        a.attrs["_FillValue"] = np.int16(-2)
+
+
+def test_fill_attribute_beside_another_hdf5_fill_reads_as_the_file(tmp_path, mount):
+    """netCDF-C reads a never-written chunk as HDF5's fill and masks only _FillValue's points; a direct
+    mount did mask the never-written chunks (kerchunk's fill_value is the attribute)."""
+    path = tmp_path / "fills.h5"
+    _disagreeing_fill(path)
+    m = mount(path)
+    for client, target, on_file in (("netcdf4", nczarr_url(m.path), "netcdf4"), ("zarr", m.path, "xarray")):
+        got, expected = read(client, target), read(on_file, path)
+        for name in ("disagree", "big_endian", "agree"):
+            assert got[name]["values"] == expected[name]["values"], (client, name)
+    got = read("netcdf4", nczarr_url(m.path))
+    assert got["disagree"]["values"] == [1, None, -1, 4] + [-1] * 8
+    assert got["disagree"]["attrs"]["_FillValue"] == -2 and got["agree"]["values"][4:] == [None] * 8
