@@ -39,3 +39,22 @@ def test_fill_attribute_beside_another_hdf5_fill_reads_as_the_file(tmp_path, mou
     got = read("netcdf4", nczarr_url(m.path))
     assert got["disagree"]["values"] == [1, None, -1, 4] + [-1] * 8
     assert got["disagree"]["attrs"]["_FillValue"] == -2 and got["agree"]["values"][4:] == [None] * 8
+
+
+def test_space_padded_strings_read_as_netcdf_c_reads_the_file(tmp_path, mount):
+    """netCDF-C reads an HDF5 space-padded value's bytes to its first NUL, spaces kept; a direct mount
+    served h5py's value (trailing spaces stripped)."""
+    import h5py
+
+    path = tmp_path / "spacepad.h5"
+    values = np.array([b"ab    ", b"abcdef", b"  x   ", b"y \0z  "], "S6")
+    with h5py.File(path, "w") as f:
+        tid = h5py.h5t.C_S1.copy()
+        tid.set_size(6)
+        tid.set_strpad(h5py.h5t.STR_SPACEPAD)
+        h5py.h5d.create(f.id, b"spacepad", tid, h5py.h5s.create_simple(values.shape)).write(
+            h5py.h5s.ALL, h5py.h5s.ALL, values, mtype=tid)
+    m = mount(path)
+    expected = read("netcdf4", path)["spacepad"]["values"]
+    assert expected == ["ab    ", "abcdef", "  x   ", "y "]
+    assert read("netcdf4", nczarr_url(m.path))["spacepad"]["values"] == expected

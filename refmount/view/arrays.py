@@ -22,7 +22,7 @@ from refmount.view.ncattrs import fill_number, left_out_for_49, served_attribute
 from refmount.refs import RefSet
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.codecs import RefusedCodec, check_codec, make_codec
-from refmount.refs.hdf5 import MISSING_CHUNK_FILL_KEY, STRING_PAD_KEY, STRING_PADS, UNDECLARED_FILL_KEY
+from refmount.refs.hdf5 import MISSING_CHUNK_FILL_KEY, SERVED_PADS, STRING_PAD_KEY, UNDECLARED_FILL_KEY
 
 log = logging.getLogger("refmount")
 
@@ -336,7 +336,7 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     pad = out.pop(STRING_PAD_KEY, None)
     undeclared = out.pop(UNDECLARED_FILL_KEY, None) is True
     missing_fill = out.pop(MISSING_CHUNK_FILL_KEY, None)
-    if dtype.kind == "S" and pad in STRING_PADS:
+    if dtype.kind == "S" and pad in SERVED_PADS:
         info.string_pad = pad
         info.notes.append(f"strings cut at their terminator ({pad}), as HDF5 reads them")
     out_dtype = dtype

@@ -225,7 +225,7 @@ def _fixed_strings(store: dict, name: str, h5obj) -> None:
     fill): here the dataset's. And its padding (refmount.refs.hdf5: the decoded view cuts each value at
     its terminator, as h5py and netCDF-C read it; kerchunk keeps the bytes after), not for one-byte
     strings (netCDF-4's char data), which cutting leaves as they are."""
-    from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
+    from refmount.refs.hdf5 import SPACE_PAD_KEPT, STRING_PAD_KEY, STRING_PADS
 
     key = f"{name.strip('/')}/.zarray"
     if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind != "S" or key not in store:
@@ -236,7 +236,7 @@ def _fixed_strings(store: dict, name: str, h5obj) -> None:
 
     def edit(meta: dict) -> None:
         meta["fill_value"] = base64.b64encode(fill).decode()
-        if size > 1 and 0 <= pad < len(STRING_PADS):
-            meta[STRING_PAD_KEY] = STRING_PADS[pad]
+        if size > 1 and 0 <= pad < len(STRING_PADS):  # (space_pad: netCDF-C's reading, refmount.refs.hdf5)
+            meta[STRING_PAD_KEY] = SPACE_PAD_KEPT if STRING_PADS[pad] == "space_pad" else STRING_PADS[pad]
 
     _edit_zarray(store, key, edit)
