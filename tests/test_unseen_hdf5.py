@@ -58,3 +58,22 @@ def test_space_padded_strings_read_as_netcdf_c_reads_the_file(tmp_path, mount):
     expected = read("netcdf4", path)["spacepad"]["values"]
     assert expected == ["ab    ", "abcdef", "  x   ", "y "]
     assert read("netcdf4", nczarr_url(m.path))["spacepad"]["values"] == expected
+
+
+def test_empty_dataspace_left_out_in_one_line_beside_a_64_bit_dimension(tmp_path, mount):
+    """An H5S_NULL dataset (h5py.Empty), which netCDF-C cannot open the file beside, is left out naming
+    why (was kerchunk's "object of type 'NoneType' has no len()"); a dimension of 2**33 reads right."""
+    import subprocess
+    import sys
+
+    import h5py
+
+    path = tmp_path / "empty.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("null", data=h5py.Empty("f4"))
+        f.create_dataset("huge", shape=(2**33,), dtype="u1", chunks=(2**20,))[5:10] = 9
+    m = mount(path)
+    code = "import sys, netCDF4; ds = netCDF4.Dataset(sys.argv[1]); print(list(ds.variables), ds['huge'][:12].tolist())"
+    proc = subprocess.run([sys.executable, "-c", code, nczarr_url(m.path)], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.split("\n")[0] == "['huge'] [0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 0, 0]", proc.stderr[-2000:]
+    assert "null: an empty dataspace (H5S_NULL)" in m.log()
