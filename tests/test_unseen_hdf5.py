@@ -4,6 +4,10 @@ client on the file. bench/NOTES.md (unseen3) has the whole survey these cases co
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 
 from tests.support.clients import nczarr_url
@@ -63,9 +67,6 @@ def test_space_padded_strings_read_as_netcdf_c_reads_the_file(tmp_path, mount):
 def test_empty_dataspace_left_out_in_one_line_beside_a_64_bit_dimension(tmp_path, mount):
     """An H5S_NULL dataset (h5py.Empty), which netCDF-C cannot open the file beside, is left out naming
     why (was kerchunk's "object of type 'NoneType' has no len()"); a dimension of 2**33 reads right."""
-    import subprocess
-    import sys
-
     import h5py
 
     path = tmp_path / "empty.h5"
@@ -77,3 +78,23 @@ def test_empty_dataspace_left_out_in_one_line_beside_a_64_bit_dimension(tmp_path
     proc = subprocess.run([sys.executable, "-c", code, nczarr_url(m.path)], capture_output=True, text=True, timeout=120)
     assert proc.stdout.split("\n")[0] == "['huge'] [0, 0, 0, 0, 0, 9, 9, 9, 9, 9, 0, 0]", proc.stderr[-2000:]
     assert "null: an empty dataspace (H5S_NULL)" in m.log()
+
+
+def test_bzip2_chunks_decoded_on_a_direct_mount(tmp_path, mount):
+    """HDF5's bzip2 filter (307: netCDF-C's nc_def_var_bzip2, hdf5plugin), alone and after shuffle:
+    kerchunk refuses it, the direct scan references it (a plain bz2 stream per chunk, numcodecs' BZ2)."""
+    import h5py
+    import hdf5plugin
+
+    path = tmp_path / "bzip2.h5"
+    data = (np.arange(120 * 70, dtype="f4").reshape(120, 70) % 97) * 1.5
+    with h5py.File(path, "w") as f:
+        f.create_dataset("bz", data=data, chunks=(50, 30), **hdf5plugin.BZip2(blocksize=5))
+        f.create_dataset("shuffle_bz", data=data.astype("i4"), chunks=(50, 30), shuffle=True, **hdf5plugin.BZip2())
+    m = mount(path)
+    code = ("import sys, json, netCDF4; ds = netCDF4.Dataset(sys.argv[1]); "
+            "print(json.dumps({n: ds[n][:].tolist() for n in ('bz', 'shuffle_bz')}))")
+    proc = subprocess.run([sys.executable, "-c", code, nczarr_url(m.path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    assert got["bz"] == data.tolist() and got["shuffle_bz"] == data.astype("i4").tolist()

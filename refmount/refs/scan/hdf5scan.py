@@ -23,8 +23,10 @@ import orjson
 from h5py import h5d, h5t, h5z
 from kerchunk.hdf import SingleHdf5ToZarr, _is_netcdf_datetime, _is_netcdf_variable, encode_fill_value
 
+_BZIP2 = 307  # HDF5's registered bzip2 filter (netCDF-C's nc_def_var_bzip2, hdf5plugin): a plain bz2 stream per chunk
 _PIPELINES = {(): (), (h5z.FILTER_DEFLATE,): ("zlib",), (h5z.FILTER_SHUFFLE,): ("shuffle",),
-              (h5z.FILTER_SHUFFLE, h5z.FILTER_DEFLATE): ("shuffle", "zlib")}  # (the order kerchunk writes them)
+              (h5z.FILTER_SHUFFLE, h5z.FILTER_DEFLATE): ("shuffle", "zlib"),  # (the order kerchunk writes them)
+              (_BZIP2,): ("bz2",), (h5z.FILTER_SHUFFLE, _BZIP2): ("shuffle", "bz2")}  # (kerchunk refuses bzip2)
 
 
 class Translator(SingleHdf5ToZarr):
@@ -132,7 +134,7 @@ def _zarr_dtype(dtype: np.dtype):
 
 
 def _filters(dcpl, dtype: np.dtype) -> list | None:
-    """kerchunk's filters of a pipeline of shuffle and deflate only (numcodecs), else None."""
+    """kerchunk's filters of a pipeline of shuffle and deflate or bzip2 only (numcodecs), else None."""
     import numcodecs
 
     found = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]
@@ -145,6 +147,8 @@ def _filters(dcpl, dtype: np.dtype) -> list | None:
             out.append(numcodecs.Shuffle(elementsize=dtype.itemsize))
         elif len(values) != 1:
             return None
+        elif name == "bz2":
+            out.append(numcodecs.BZ2(level=min(max(values[0], 1), 9)))  # (the level only matters to a writer)
         else:
             out.append(numcodecs.Zlib(level=values[0]))
     return out
