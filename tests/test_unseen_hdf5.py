@@ -46,8 +46,8 @@ def test_fill_attribute_beside_another_hdf5_fill_reads_as_the_file(tmp_path, mou
 
 
 def test_space_padded_strings_read_as_netcdf_c_reads_the_file(tmp_path, mount):
-    """netCDF-C reads an HDF5 space-padded value's bytes to its first NUL, spaces kept; a direct mount
-    served h5py's value (trailing spaces stripped)."""
+    """netCDF-C reads an HDF5 space-padded value's bytes to its first NUL, spaces kept, in datasets and
+    attributes; a direct mount served h5py's value (trailing spaces stripped)."""
     import h5py
 
     path = tmp_path / "spacepad.h5"
@@ -58,10 +58,16 @@ def test_space_padded_strings_read_as_netcdf_c_reads_the_file(tmp_path, mount):
         tid.set_strpad(h5py.h5t.STR_SPACEPAD)
         h5py.h5d.create(f.id, b"spacepad", tid, h5py.h5s.create_simple(values.shape)).write(
             h5py.h5s.ALL, h5py.h5s.ALL, values, mtype=tid)
+        for owner in (f, f["spacepad"]):  # (attributes too: h5py strips them, kerchunk reads h5py's)
+            h5py.h5a.create(owner.id, b"units", tid, h5py.h5s.create(h5py.h5s.SCALAR)).write(
+                np.array(b"m s-1 ", "S6"), mtype=tid)
     m = mount(path)
-    expected = read("netcdf4", path)["spacepad"]["values"]
-    assert expected == ["ab    ", "abcdef", "  x   ", "y "]
-    assert read("netcdf4", nczarr_url(m.path))["spacepad"]["values"] == expected
+    expected = read("netcdf4", path)
+    assert expected["spacepad"]["values"] == ["ab    ", "abcdef", "  x   ", "y "]
+    assert expected["@"]["units"] == expected["spacepad"]["attrs"]["units"] == "m s-1 "
+    got = read("netcdf4", nczarr_url(m.path))
+    assert got["spacepad"]["values"] == expected["spacepad"]["values"]
+    assert got["@"]["units"] == got["spacepad"]["attrs"]["units"] == "m s-1 "
 
 
 def test_empty_dataspace_left_out_in_one_line_beside_a_64_bit_dimension(tmp_path, mount):

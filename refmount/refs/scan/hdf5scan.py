@@ -37,6 +37,12 @@ class Translator(SingleHdf5ToZarr):
         self.refused = refused
         self.plain = plain  # (False: every dataset kerchunk's way, as the test's oracle)
 
+    def _transfer_attrs(self, h5obj, zobj):
+        super()._transfer_attrs(h5obj, zobj)
+        for key, value in space_padded_attributes(h5obj).items():
+            if key in zobj.attrs:
+                zobj.attrs[key] = value
+
     def _translator(self, name, h5obj):
         if isinstance(h5obj, h5py.Dataset) and h5obj.shape is None:  # (kerchunk fails on it with a TypeError)
             self.refused.append(f"{name}: an empty dataspace (H5S_NULL): no values (netCDF-C fails the open on it)")
@@ -95,7 +101,7 @@ def _plain_keys(translator: SingleHdf5ToZarr, h5obj) -> dict | None:
     if chunks is None:
         return None
 
-    read = _Attributes(dict(h5obj.attrs.items()), h5obj.name)
+    read = _Attributes({**h5obj.attrs, **space_padded_attributes(h5obj)}, h5obj.name)
     fill = None if _is_netcdf_datetime(read) or _is_netcdf_variable(read) else h5obj.fillvalue
     if h5py.h5ds.is_scale(dsid) and not chunks:
         return {}  # (kerchunk writes nothing for a dimension without values: netCDF's bare dimensions)
@@ -224,6 +230,30 @@ def _disagreeing_fill(store: dict, name: str, h5obj) -> None:
         meta[MISSING_CHUNK_FILL_KEY] = encode_fill_value(own[()], h5obj.dtype)
 
     _edit_zarray(store, key, mark)
+
+
+def space_padded_attributes(h5obj) -> dict:
+    """{name: value} of the object's space-padded fixed-length string attributes as netCDF-C reads them
+    (its bytes to the first NUL, spaces kept: refmount.refs.hdf5), where h5py strips the spaces."""
+    out = {}
+    oid = getattr(h5obj, "id", None)
+    if oid is None or not hasattr(h5obj, "attrs"):
+        return out
+    for name in h5obj.attrs:
+        try:
+            aid = h5py.h5a.open(oid, name.encode())
+            tid = aid.get_type()
+            if (tid.get_class() != h5t.STRING or tid.is_variable_str() or tid.get_strpad() != h5t.STR_SPACEPAD
+                    or aid.shape is None or len(aid.shape) > 1):
+                continue
+            raw = np.empty(aid.shape, dtype=f"S{tid.get_size()}")
+            aid.read(raw, mtype=tid)  # (the stored bytes: no conversion)
+        except Exception:  # noqa: BLE001 - kerchunk's value then stands
+            continue
+        codec = "utf-8" if tid.get_cset() == h5t.CSET_UTF8 else "latin-1"
+        values = [bytes(v).split(b"\0", 1)[0].decode(codec, "replace") for v in raw.ravel().tolist()]
+        out[name] = values[0] if raw.ndim == 0 else values
+    return out
 
 
 def _fixed_strings(store: dict, name: str, h5obj) -> None:
