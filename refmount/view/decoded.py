@@ -415,10 +415,10 @@ class DecodedView:
                 return []
             fill_keys.update({prefix + name: info for name in missing})
             return missing
-        base = info.out_zarray.get("fill_value")
-        differ = [z for z in zarrays if _fill_bytes(z.get("fill_value"), z["dtype"]) != _fill_bytes(base, info.out_zarray["dtype"])]
         if info.missing_chunk_fill is not None:  # (every form: its chunks never written are not fill_value)
             return self._fill_with_hdf5_fill(info, fill_keys, lines)
+        base = info.out_zarray.get("fill_value")
+        differ = [z for z in zarrays if _fill_bytes(z.get("fill_value"), z["dtype"]) != _fill_bytes(base, info.out_zarray["dtype"])]
         if not differ:
             return []
         missing = self._missing_chunk_names(info)

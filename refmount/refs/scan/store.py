@@ -29,7 +29,9 @@ FORMAT_VERSION = 6  # bump when what is kept changes meaning: older entries are 
 # that attribute (xarray applied it), a truncated FITS image and an HDF4 char SDS's "S1" dtype; 4: GRIB1
 # messages split by their own length, ensemble members and multi-field messages left out, grib_tree's zero
 # chunks and NaN fill: version 2 and 3 entries lost or misplaced fields; 5: netCDF-3 numeric attributes
-# kept as text and missing_value as the fill, HDF5 fills not marked undeclared: version 4 entries masked them)
+# kept as text and missing_value as the fill, HDF5 fills not marked undeclared: version 4 entries masked them;
+# 6: HDF5 fills beside another _FillValue, space-padded strings kept, bzip2 datasets: version 5 entries
+# masked, stripped or left them out)
 
 
 def default_scan_dir(cache_dir: str | None = None) -> str:
