@@ -22,7 +22,7 @@ from refmount.view.ncattrs import fill_number, left_out_for_49, served_attribute
 from refmount.refs import RefSet
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.codecs import RefusedCodec, check_codec, make_codec
-from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS, UNDECLARED_FILL_KEY
+from refmount.refs.hdf5 import MISSING_CHUNK_FILL_KEY, SERVED_PADS, STRING_PAD_KEY, UNDECLARED_FILL_KEY
 
 log = logging.getLogger("refmount")
 
@@ -73,6 +73,9 @@ class ArrayInfo:
     # HDF5's own fill, not declared by the file (refs.hdf5): data, served with no fill_value (refmount.view.forms)
     # and chunks never written as files of it (decoded.py)
     undeclared_fill: bool = False
+    # HDF5's fill where a _FillValue attribute is another value (refs.hdf5): one value as served, the bytes
+    # chunks never written are made of (decoded.py); None: they read as fill_value
+    missing_chunk_fill: bytes | None = None
 
     def __post_init__(self) -> None:
         if self.meta is None and self.zarray:  # (given its .zarray alone)
@@ -333,7 +336,8 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     pad = out.pop(STRING_PAD_KEY, None)
     marked = out.pop(UNDECLARED_FILL_KEY, None)
     undeclared, declared = marked is True, marked is False
-    if dtype.kind == "S" and pad in STRING_PADS:
+    missing_fill = out.pop(MISSING_CHUNK_FILL_KEY, None)
+    if dtype.kind == "S" and pad in SERVED_PADS:
         info.string_pad = pad
         info.notes.append(f"strings cut at their terminator ({pad}), as HDF5 reads them")
     out_dtype = dtype
@@ -420,6 +424,10 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
         # fill_value) would mask it. Without a fill, netCDF-C reads missing chunks as 0, as HDF5 does.
         fill = out["fill_value"] = None
         info.notes.append("fill_value 0 not served (0 is data in files written without fill values)")
+    if typed is not None and fill is not None and fill_number(missing_fill, typed) is not None:
+        info.missing_chunk_fill = np.array(fill_number(missing_fill, typed)).astype(typed).tobytes()
+        info.notes.append(f"chunks never written read as HDF5's fill {_short(missing_fill)}, not _FillValue "
+                          f"{_short(fill)}")
     info.left_out = {k: v for k, v in info.zattrs.items() if k != "_ARRAY_DIMENSIONS" and left_out_for_49(v)}
     info.zattrs, attr_notes = served_attributes(info.zattrs, typed, fill)
     info.notes.extend(attr_notes)

@@ -71,7 +71,8 @@ def _fill_bytes(fill, dtype: str) -> bytes | None:
 
 def _fill_range(info: ArrayInfo, offset: int, size: int) -> bytes:
     """Bytes [offset, offset+size) of a chunk of `info` holding only its (base) fill value."""
-    one = _fill_bytes(info.out_zarray.get("fill_value"), info.out_zarray["dtype"]) or bytes(info.out_dtype.itemsize)
+    one = (info.missing_chunk_fill or _fill_bytes(info.out_zarray.get("fill_value"), info.out_zarray["dtype"])
+           or bytes(info.out_dtype.itemsize))
     end = min(offset + size, info.out_chunk_bytes)
     if end <= offset:
         return b""
@@ -414,6 +415,8 @@ class DecodedView:
                 return []
             fill_keys.update({prefix + name: info for name in missing})
             return missing
+        if info.missing_chunk_fill is not None:  # (every form: its chunks never written are not fill_value)
+            return self._fill_with_hdf5_fill(info, fill_keys, lines)
         base = info.out_zarray.get("fill_value")
         differ = [z for z in zarrays if _fill_bytes(z.get("fill_value"), z["dtype"]) != _fill_bytes(base, info.out_zarray["dtype"])]
         if not differ:
@@ -427,6 +430,19 @@ class DecodedView:
             (lines or ArrayLines()).say(logging.INFO, "fills", "decoded view: array %s: fill_value %r kept in every "
                                         "form (its missing chunks cannot be served as files)", info.name, base)
             return []
+        for name in missing:
+            fill_keys[prefix + name] = info
+        return missing
+
+    def _fill_with_hdf5_fill(self, info: ArrayInfo, fill_keys: dict, lines: ArrayLines | None) -> list[str]:
+        """Chunks never written of an array whose _FillValue is not HDF5's fill, served as files of HDF5's
+        (ArrayInfo.missing_chunk_fill); where that cannot be, they read as fill_value, masked (logged)."""
+        missing = self._missing_chunk_names(info)
+        if missing is None or getattr(self.refset, "may_lack", False) or len(fill_keys) + len(missing) > MAX_FILL_CHUNKS:
+            (lines or ArrayLines()).say(logging.INFO, "fills", "decoded view: array %s: chunks never written read "
+                                        "as its _FillValue, not HDF5's fill (they cannot be served as files)", info.name)
+            return []
+        prefix = f"{info.path}/" if info.path else ""
         for name in missing:
             fill_keys[prefix + name] = info
         return missing

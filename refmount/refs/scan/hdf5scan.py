@@ -23,8 +23,10 @@ import orjson
 from h5py import h5d, h5t, h5z
 from kerchunk.hdf import SingleHdf5ToZarr, _is_netcdf_datetime, _is_netcdf_variable, encode_fill_value
 
+_BZIP2 = 307  # HDF5's registered bzip2 filter (netCDF-C's nc_def_var_bzip2, hdf5plugin): a plain bz2 stream per chunk
 _PIPELINES = {(): (), (h5z.FILTER_DEFLATE,): ("zlib",), (h5z.FILTER_SHUFFLE,): ("shuffle",),
-              (h5z.FILTER_SHUFFLE, h5z.FILTER_DEFLATE): ("shuffle", "zlib")}  # (the order kerchunk writes them)
+              (h5z.FILTER_SHUFFLE, h5z.FILTER_DEFLATE): ("shuffle", "zlib"),  # (the order kerchunk writes them)
+              (_BZIP2,): ("bz2",), (h5z.FILTER_SHUFFLE, _BZIP2): ("shuffle", "bz2")}  # (kerchunk refuses bzip2)
 
 
 class Translator(SingleHdf5ToZarr):
@@ -35,7 +37,16 @@ class Translator(SingleHdf5ToZarr):
         self.refused = refused
         self.plain = plain  # (False: every dataset kerchunk's way, as the test's oracle)
 
+    def _transfer_attrs(self, h5obj, zobj):
+        super()._transfer_attrs(h5obj, zobj)
+        for key, value in space_padded_attributes(h5obj).items():
+            if key in zobj.attrs:
+                zobj.attrs[key] = value
+
     def _translator(self, name, h5obj):
+        if isinstance(h5obj, h5py.Dataset) and h5obj.shape is None:  # (kerchunk fails on it with a TypeError)
+            self.refused.append(f"{name}: an empty dataspace (H5S_NULL): no values (netCDF-C fails the open on it)")
+            return
         try:
             _refuse_other_files(h5obj)
             keys = plain_dataset_keys(self, h5obj) if self.plain else None
@@ -45,6 +56,7 @@ class Translator(SingleHdf5ToZarr):
                 super()._translator(name, h5obj)
                 _fixed_strings(self.store_dict, name, h5obj)
             _undeclared_fill(self.store_dict, name, h5obj)
+            _disagreeing_fill(self.store_dict, name, h5obj)
         except Exception as e:  # noqa: BLE001 - kerchunk's reasons are of every kind
             reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             self.refused.append(f"{name}: {reason}")
@@ -105,7 +117,7 @@ def _plain_keys(translator: SingleHdf5ToZarr, h5obj) -> dict | None:
     if chunks is None:
         return None
 
-    read = _Attributes(dict(h5obj.attrs.items()), h5obj.name)
+    read = _Attributes({**h5obj.attrs, **space_padded_attributes(h5obj)}, h5obj.name)
     fill = None if _is_netcdf_datetime(read) or _is_netcdf_variable(read) else h5obj.fillvalue
     if h5py.h5ds.is_scale(dsid) and not chunks:
         return {}  # (kerchunk writes nothing for a dimension without values: netCDF's bare dimensions)
@@ -144,7 +156,7 @@ def _zarr_dtype(dtype: np.dtype):
 
 
 def _filters(dcpl, dtype: np.dtype) -> list | None:
-    """kerchunk's filters of a pipeline of shuffle and deflate only (numcodecs), else None."""
+    """kerchunk's filters of a pipeline of shuffle and deflate or bzip2 only (numcodecs), else None."""
     import numcodecs
 
     found = [dcpl.get_filter(i) for i in range(dcpl.get_nfilters())]
@@ -157,6 +169,8 @@ def _filters(dcpl, dtype: np.dtype) -> list | None:
             out.append(numcodecs.Shuffle(elementsize=dtype.itemsize))
         elif len(values) != 1:
             return None
+        elif name == "bz2":
+            out.append(numcodecs.BZ2(level=min(max(values[0], 1), 9)))  # (the level only matters to a writer)
         else:
             out.append(numcodecs.Zlib(level=values[0]))
     return out
@@ -213,13 +227,58 @@ def _undeclared_fill(store: dict, name: str, h5obj) -> None:
     _edit_zarray(store, key, mark)
 
 
+def _disagreeing_fill(store: dict, name: str, h5obj) -> None:
+    """A numeric dataset whose _FillValue attribute is not its HDF5 fill (refmount.refs.hdf5): HDF5's
+    fill, which netCDF-C and h5py read where no chunk was written, kept beside fill_value."""
+    from refmount.refs.hdf5 import MISSING_CHUNK_FILL_KEY
+
+    key = f"{name.strip('/')}/.zarray"
+    if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind not in "iuf" or key not in store:
+        return
+    declared = h5obj.attrs.get("_FillValue")
+    if declared is None or np.size(declared) != 1:
+        return
+    own = np.asarray(h5obj.fillvalue, h5obj.dtype)
+    if own.tobytes() == np.asarray(declared).astype(h5obj.dtype).tobytes():
+        return
+
+    def mark(meta: dict) -> None:
+        meta[MISSING_CHUNK_FILL_KEY] = encode_fill_value(own[()], h5obj.dtype)
+
+    _edit_zarray(store, key, mark)
+
+
+def space_padded_attributes(h5obj) -> dict:
+    """{name: value} of the object's space-padded fixed-length string attributes as netCDF-C reads them
+    (its bytes to the first NUL, spaces kept: refmount.refs.hdf5), where h5py strips the spaces."""
+    out = {}
+    oid = getattr(h5obj, "id", None)
+    if oid is None or not hasattr(h5obj, "attrs"):
+        return out
+    for name in h5obj.attrs:
+        try:
+            aid = h5py.h5a.open(oid, name.encode())
+            tid = aid.get_type()
+            if (tid.get_class() != h5t.STRING or tid.is_variable_str() or tid.get_strpad() != h5t.STR_SPACEPAD
+                    or aid.shape is None or len(aid.shape) > 1):
+                continue
+            raw = np.empty(aid.shape, dtype=f"S{tid.get_size()}")
+            aid.read(raw, mtype=tid)  # (the stored bytes: no conversion)
+        except Exception:  # noqa: BLE001 - kerchunk's value then stands
+            continue
+        codec = "utf-8" if tid.get_cset() == h5t.CSET_UTF8 else "latin-1"
+        values = [bytes(v).split(b"\0", 1)[0].decode(codec, "replace") for v in raw.ravel().tolist()]
+        out[name] = values[0] if raw.ndim == 0 else values
+    return out
+
+
 def _fixed_strings(store: dict, name: str, h5obj) -> None:
     """A fixed-length string dataset's .zarray as HDF5 reads it. kerchunk gives every one the fill value
     b" " (zarr then reads a chunk never written as spaces; HDF5 and h5py read NULs, or the dataset's own
     fill): here the dataset's. And its padding (refmount.refs.hdf5: the decoded view cuts each value at
     its terminator, as h5py and netCDF-C read it; kerchunk keeps the bytes after), not for one-byte
     strings (netCDF-4's char data), which cutting leaves as they are."""
-    from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS
+    from refmount.refs.hdf5 import SPACE_PAD_KEPT, STRING_PAD_KEY, STRING_PADS
 
     key = f"{name.strip('/')}/.zarray"
     if not isinstance(h5obj, h5py.Dataset) or h5obj.dtype.kind != "S" or key not in store:
@@ -230,7 +289,7 @@ def _fixed_strings(store: dict, name: str, h5obj) -> None:
 
     def edit(meta: dict) -> None:
         meta["fill_value"] = base64.b64encode(fill).decode()
-        if size > 1 and 0 <= pad < len(STRING_PADS):
-            meta[STRING_PAD_KEY] = STRING_PADS[pad]
+        if size > 1 and 0 <= pad < len(STRING_PADS):  # (space_pad: netCDF-C's reading, refmount.refs.hdf5)
+            meta[STRING_PAD_KEY] = SPACE_PAD_KEPT if STRING_PADS[pad] == "space_pad" else STRING_PADS[pad]
 
     _edit_zarray(store, key, edit)
