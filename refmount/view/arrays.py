@@ -23,6 +23,7 @@ from refmount.refs import RefSet
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.codecs import RefusedCodec, check_codec, make_codec
 from refmount.refs.hdf5 import STRING_PAD_KEY, STRING_PADS, UNDECLARED_FILL_KEY
+from refmount.refs.scan.tiff import SHORT_LAST_CHUNK_KEY
 
 log = logging.getLogger("refmount")
 
@@ -73,6 +74,9 @@ class ArrayInfo:
     # HDF5's own fill, not declared by the file (refs.hdf5): data, served with no fill_value (refmount.view.forms)
     # and chunks never written as files of it (decoded.py)
     undeclared_fill: bool = False
+    # the grid axis whose last chunk the file stores short (a TIFF's last strip: refs/scan/tiff.py): that
+    # chunk is decoded short and padded with the fill (decoded.py); None: every chunk whole
+    short_axis: int | None = None
 
     def __post_init__(self) -> None:
         if self.meta is None and self.zarray:  # (given its .zarray alone)
@@ -94,7 +98,7 @@ class ArrayInfo:
     @property
     def transforms_chunks(self) -> bool:
         return (bool(self.codecs) or self.swap or self.fortran or self.crop is not None or self.recode_from is not None
-                or self.string_pad is not None)
+                or self.string_pad is not None or self.short_axis is not None)
 
     @property
     def out_chunk_bytes(self) -> int:
@@ -332,6 +336,14 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     out["filters"] = None
     pad = out.pop(STRING_PAD_KEY, None)
     marked = out.pop(UNDECLARED_FILL_KEY, None)
+    short = out.pop(SHORT_LAST_CHUNK_KEY, None)
+    if short is not None:
+        # (padding a short chunk at its end is right only if the chunk's rows are its outermost axis)
+        if type(short) is not int or not 0 <= short < len(chunks) or any(c != 1 for c in chunks[:short]):
+            info.hidden_reason = f"{SHORT_LAST_CHUNK_KEY} {short!r} is not an axis of its chunks {chunks} led by 1s"
+            return
+        info.short_axis = short
+        info.notes.append(f"last chunk along axis {short} stored short (a TIFF's last strip): padded with the fill")
     undeclared, declared = marked is True, marked is False
     if dtype.kind == "S" and pad in STRING_PADS:
         info.string_pad = pad

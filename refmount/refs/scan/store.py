@@ -23,13 +23,14 @@ from refmount.cache import owned
 log = logging.getLogger("refmount")
 _refused: set[str] = set()  # directories already said to be someone else's
 
-FORMAT_VERSION = 6  # bump when what is kept changes meaning: older entries are then scanned again
+FORMAT_VERSION = 7  # bump when what is kept changes meaning: older entries are then scanned again
 # (2: GRIB fields in a scanning order kerchunk does not undo, and DMR++ linked blocks, are now left out:
 # version 1 entries kept them with wrong values; 3: a FITS header card spelling a CF name was kept as
 # that attribute (xarray applied it), a truncated FITS image and an HDF4 char SDS's "S1" dtype; 4: GRIB1
 # messages split by their own length, ensemble members and multi-field messages left out, grib_tree's zero
 # chunks and NaN fill: version 2 and 3 entries lost or misplaced fields; 5: netCDF-3 numeric attributes
-# kept as text and missing_value as the fill, HDF5 fills not marked undeclared: version 4 entries masked them)
+# kept as text and missing_value as the fill, HDF5 fills not marked undeclared: version 4 entries masked them;
+# 7: a TIFF's short last strip marked (refs/scan/tiff.py), its mask and other images said left out)
 
 
 def default_scan_dir(cache_dir: str | None = None) -> str:
