@@ -91,9 +91,10 @@ def _deflated_once(codecs: list, n: int, data, expected: int) -> bool:
 def _padded(data, short: int, expected: int):
     """A short last chunk's stored bytes (`short` of them exactly: any other size stays short, and is
     an error) made whole, for the filters and the size check; the padding is rewritten as fill after."""
-    if _nbytes(data) != short:
+    stored = ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1)  # (an image codec gives rows x columns)
+    if stored.nbytes != short:
         return data
-    return bytes(ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1)) + bytes(expected - short)
+    return bytes(stored) + bytes(expected - short)
 
 
 def _is_zlib(data) -> bool:
