@@ -2,7 +2,8 @@
 as a glob of a loopback nginx, read with zarr on the mount against tifffile on the file. A TIFF that
 tifffile wrote with its defaults (its `shaped_metadata`) was refused by kerchunk's tiff_to_zarr; GDAL's
 YCbCr JPEG tiles, whose JPEG tables the codec config holds in base64, read EIO; GDAL's nodata of 0 was
-taken for tifffile's default fill and not served."""
+taken for tifffile's default fill and not served. A striped TIFF whose height RowsPerStrip does not divide
+(GDAL's default striped output) was refused ("incomplete chunks"); its internal mask went unsaid."""
 
 from __future__ import annotations
 
@@ -65,3 +66,65 @@ def test_tiffs_read_as_tifffile_reads_them_directly_and_over_http(mount, tiffs, 
 
             a = zarr.open_array(str(m.path / "nodata0.tif"), mode="r")
             assert a.attrs.get("_FillValue") == 0 and a.fill_value == 0
+
+
+@pytest.fixture(scope="module")
+def striped(tmp_path_factory):
+    """Striped TIFFs of 101 rows in strips of 8 (the last one 5 rows: shorter bytes, a shorter stream)."""
+    root = tmp_path_factory.mktemp("striped")
+    rng = np.random.default_rng(7)
+    u16 = rng.integers(0, 60000, (101, 37), dtype="u2")
+    f32 = rng.standard_normal((101, 37)).astype("f4")
+    rgb = rng.integers(0, 255, (101, 37, 3), dtype="u1")
+    tifffile.imwrite(root / "none_u2.tif", u16, rowsperstrip=8)
+    tifffile.imwrite(root / "deflate_pred2_u2.tif", u16, rowsperstrip=8, compression="zlib", predictor=2)
+    tifffile.imwrite(root / "lzw_pred3_f4.tif", f32, rowsperstrip=8, compression="lzw", predictor=3)
+    tifffile.imwrite(root / "contig_rgb.tif", rgb, rowsperstrip=8, compression="zlib", photometric="rgb")
+    tifffile.imwrite(root / "planar_rgb.tif", np.moveaxis(rgb, -1, 0), rowsperstrip=8, photometric="rgb",
+                     planarconfig="separate")
+    if shutil.which("gdal_translate"):  # GDAL's default striped GTiff (its own RowsPerStrip: 55 of 101 rows)
+        tifffile.imwrite(root / "src.tif", f32, metadata=None)
+        subprocess.run(["gdal_translate", "-q", "-co", "COMPRESS=DEFLATE", "-co", "PREDICTOR=3", "-a_nodata", "-9999",
+                        root / "src.tif", root / "gdal_f4.tif"], check=True)
+        tifffile.imwrite(root / "src.tif", rgb, photometric="rgb", metadata=None)
+        subprocess.run(["gdal_translate", "-q", "-co", "COMPRESS=LZW", "-co", "PREDICTOR=2", "-co", "INTERLEAVE=BAND",
+                        "-co", "BLOCKYSIZE=8", root / "src.tif", root / "gdal_band_rgb.tif"], check=True)
+        tifffile.imwrite(root / "src.tif", u16, metadata=None)
+        subprocess.run(["gdal_translate", "-q", "-co", "BLOCKYSIZE=8", "-mask", "1", "--config",
+                        "GDAL_TIFF_INTERNAL_MASK", "YES", root / "src.tif", root / "gdal_mask_u2.tif"], check=True)
+        os.remove(root / "src.tif")
+    want = {p.name: tifffile.imread(p) for p in sorted(root.glob("*.tif"))}
+    # cut inside strip 11 of 13 (uncompressed: strip 11 short, 12 gone): short chunks that are not the last
+    data = (root / "none_u2.tif").read_bytes()
+    offsets = tifffile.TiffFile(root / "none_u2.tif").pages[0].dataoffsets
+    (root / "cut_u2.tif").write_bytes(data[:offsets[11] + 100])
+    return root, want
+
+
+def test_striped_tiffs_with_a_short_last_strip_read_in_the_decoded_view(mount, striped, tmp_path):
+    import zarr
+
+    from tests.support.nginx import Nginx
+
+    root, want = striped
+    m = mount(f"{root}/*.tif").start()
+    _check(m.path, want)
+    assert np.array_equal(zarr.open_array(str(m.path / "cut_u2.tif"), mode="r")[:88], want["none_u2.tif"][:88])
+    for key in ("11.0", "12.0"):  # (a short chunk that is not the last one's rows, and the last cut short: EIO)
+        with pytest.raises(OSError) as e:
+            (m.path / "cut_u2.tif" / key).read_bytes()
+        assert e.value.errno == 5, key
+    if "gdal_mask_u2.tif" in want:  # (and the rows past the shape in the short strip: GDAL's nodata)
+        last = np.frombuffer((m.path / "gdal_f4.tif" / "1.0").read_bytes(), "<f4").reshape(55, 37)
+        assert np.array_equal(last[:46], want["gdal_f4.tif"][55:]) and (last[46:] == -9999).all()
+        assert "gdal_mask_u2.tif: variable series 1: an internal mask (NewSubfileType 4) of 101x37 bool" in m.log()
+    # the raw view serves the stored bytes: a reader fails at the short strip (never a wrong value)
+    m = mount(f"{root}/*.tif", "--view", "raw").start()
+    assert len((m.path / "none_u2.tif" / "12.0").read_bytes()) == 5 * 37 * 2
+    with pytest.raises(ValueError):
+        zarr.open_array(str(m.path / "deflate_pred2_u2.tif"), mode="r")[...]
+    (tmp_path / "www").mkdir()
+    os.symlink(root, tmp_path / "www" / "data")
+    with Nginx(tmp_path / "nginx", f"root {tmp_path / 'www'}; location /data/ {{ autoindex on; }}") as nginx:
+        m = mount(f"{nginx.url}/data/*.tif").start()
+        _check(m.path, want)

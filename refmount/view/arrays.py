@@ -23,6 +23,7 @@ from refmount.refs import RefSet
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.codecs import RefusedCodec, check_codec, make_codec
 from refmount.refs.hdf5 import MISSING_CHUNK_FILL_KEY, SERVED_PADS, STRING_PAD_KEY, UNDECLARED_FILL_KEY
+from refmount.refs.scan.tiff import SHORT_LAST_CHUNK_KEY
 
 log = logging.getLogger("refmount")
 
@@ -76,6 +77,9 @@ class ArrayInfo:
     # HDF5's fill where a _FillValue attribute is another value (refs.hdf5): one value as served, the bytes
     # chunks never written are made of (decoded.py); None: they read as fill_value
     missing_chunk_fill: bytes | None = None
+    # the grid axis whose last chunk the file stores short (a TIFF's last strip: refs/scan/tiff.py): that
+    # chunk is decoded short and padded with the fill (decoded.py); None: every chunk whole
+    short_axis: int | None = None
 
     def __post_init__(self) -> None:
         if self.meta is None and self.zarray:  # (given its .zarray alone)
@@ -97,7 +101,7 @@ class ArrayInfo:
     @property
     def transforms_chunks(self) -> bool:
         return (bool(self.codecs) or self.swap or self.fortran or self.crop is not None or self.recode_from is not None
-                or self.string_pad is not None)
+                or self.string_pad is not None or self.short_axis is not None)
 
     @property
     def out_chunk_bytes(self) -> int:
@@ -335,6 +339,14 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     out["filters"] = None
     pad = out.pop(STRING_PAD_KEY, None)
     marked = out.pop(UNDECLARED_FILL_KEY, None)
+    short = out.pop(SHORT_LAST_CHUNK_KEY, None)
+    if short is not None:
+        # (padding a short chunk at its end is right only if the chunk's rows are its outermost axis)
+        if type(short) is not int or not 0 <= short < len(chunks) or any(c != 1 for c in chunks[:short]):
+            info.hidden_reason = f"{SHORT_LAST_CHUNK_KEY} {short!r} is not an axis of its chunks {chunks} led by 1s"
+            return
+        info.short_axis = short
+        info.notes.append(f"last chunk along axis {short} stored short (a TIFF's last strip): padded with the fill")
     undeclared, declared = marked is True, marked is False
     missing_fill = out.pop(MISSING_CHUNK_FILL_KEY, None)
     if dtype.kind == "S" and pad in SERVED_PADS:

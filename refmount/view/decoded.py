@@ -7,7 +7,8 @@ Built on `RawView`. For every array (see refmount.view.arrays for the plan):
   many small reads FUSE makes of one chunk decode it once; their size is prod(chunks) x itemsize,
   known without fetching;
 - arrays that cannot be represented are hidden, with one log line each; a chunk that fails to
-  decode, or decodes to the wrong length, is an EIO naming the key, never short or padded data.
+  decode, or decodes to the wrong length, is an EIO naming the key, never short or padded data
+  (but for a TIFF's last strip, whose rows past the shape the file does not store: padded with the fill).
 Missing chunks stay absent, so clients fill them with fill_value.
 
 A sharded Zarr v3 array (refmount.view.zarr3, refmount.view.shards) is served as its inner chunks: reading one
@@ -86,6 +87,15 @@ def _deflated_once(codecs: list, n: int, data, expected: int) -> bool:
     inflates no more, by the same test of the size; a second inflate would fail on the raw bytes."""
     return (n > 0 and getattr(codecs[n], "codec_id", None) == "zlib" and getattr(codecs[n - 1], "codec_id", None) == "zlib"
             and _nbytes(data) == expected and not _is_zlib(data))
+
+
+def _padded(data, short: int, expected: int):
+    """A short last chunk's stored bytes (`short` of them exactly: any other size stays short, and is
+    an error) made whole, for the filters and the size check; the padding is rewritten as fill after."""
+    stored = ensure_contiguous_ndarray(data).view(np.uint8).reshape(-1)  # (an image codec gives rows x columns)
+    if stored.nbytes != short:
+        return data
+    return bytes(stored) + bytes(expected - short)
 
 
 def _is_zlib(data) -> bool:
@@ -687,8 +697,11 @@ class DecodedView:
         out = pool.take(info.out_chunk_bytes) if pool is not None and info.out_chunk_bytes >= pool.min_pooled else None
         plain = not (info.swap or info.fortran or info.crop is not None or info.recode_from is not None
                      or info.string_pad is not None)
+        short = None if decoded else self._short_bytes(key, info, expected)
         try:
             codecs = [] if decoded else self._codecs_of(info)[::-1]
+            if short is not None and not info.meta.compressor:
+                data = _padded(data, short, expected)
             for n, codec in enumerate(codecs):
                 # the last stage of a plain chunk may write straight into the pool's slot
                 if n == len(codecs) - 1 and plain and out is not None and decode_into(codec, data, out):
@@ -700,6 +713,8 @@ class DecodedView:
                 # output is the chunk itself, so a lone compressor stops one byte past it
                 last = n == len(codecs) - 1 and info.recode_from is None
                 data = decode_bounded(codec, data, expected if last else 8 * expected)
+                if n == 0 and short is not None and info.meta.compressor:  # (the strip's own bytes)
+                    data = _padded(data, short, expected)
             if info.recode_from is not None:
                 data = fixed_strings(data, info.recode_from, info.dtype.itemsize)
             if info.string_pad is not None:
@@ -708,7 +723,13 @@ class DecodedView:
         except Exception as e:
             raise DecodeError(f"chunk {key!r} could not be decoded: {type(e).__name__}: {e}") from None
         if buffer.nbytes != expected:
-            raise DecodeError(f"chunk {key!r} decoded to {buffer.nbytes} bytes, expected {expected}")
+            raise DecodeError(f"chunk {key!r} decoded to {buffer.nbytes} bytes, expected {expected}"
+                              + (f" (or {short} padded: its last rows past the shape)" if short is not None else ""))
+        if short is not None and (fill := stored_fill(info.meta.fill_value, info.dtype)) is not None:
+            # rows past the shape, padded before the filters: the array's fill, whatever they made of them
+            buffer = buffer.copy()
+            buffer[short:] = np.full((expected - short) // info.dtype.itemsize, fill, info.dtype).view(np.uint8)
+            data = buffer
         if not (info.swap or info.fortran or info.crop is not None):
             if out is None:
                 return data if isinstance(data, bytes) else memoryview(buffer)
@@ -728,6 +749,19 @@ class DecodedView:
         # swapped, reordered to C order and cropped in one copy, straight into the slot
         np.copyto(np.frombuffer(out, dtype=served).reshape(array.shape), array, casting="unsafe")
         return out.toreadonly()
+
+    def _short_bytes(self, key: str, info: ArrayInfo, expected: int) -> int | None:
+        """The bytes a short last chunk along `info.short_axis` decodes to (its rows inside the shape,
+        the leading axes of its chunks all 1: refs/scan/tiff.py), for that chunk only; else None."""
+        axis = info.short_axis
+        if axis is None:
+            return None
+        index = info.chunk_index(key[len(info.path) + 1 if info.path else 0:])
+        size, chunk = info.meta.shape[axis], info.chunk_shape[axis]
+        rows = size - index[axis] * chunk if index is not None else chunk
+        if not 0 < rows < chunk:
+            return None
+        return expected // chunk * rows
 
     def sources(self, i: int) -> list[str]:
         """Where key `i`'s bytes come from: a chunk's, its reference's url (or for an inline one, the

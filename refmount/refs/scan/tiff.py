@@ -7,27 +7,49 @@ with its defaults) fails both, so kerchunk refused every such file (`TypeError: 
 required, not 'tuple'`). Here a property that is neither a mapping nor XML text is left out.
 
 tifffile's fill_value is the GDAL_NODATA tag, else 0: a nodata is marked declared (refs/hdf5.py's
-`UNDECLARED_FILL_KEY` false), so that a nodata of 0 is served as `_FillValue` like any other."""
+`UNDECLARED_FILL_KEY` false), so that a nodata of 0 is served as `_FillValue` like any other.
+
+A striped image whose height is not a multiple of RowsPerStrip (GDAL's default striped GTiff, most
+libtiff writers) has a short last strip: fewer rows than a chunk, so fewer bytes (compressed: it
+decodes short). tifffile refuses to write such references ("incomplete chunks"); here they are
+written, and each level's `.zarray` says which axis's last chunk is short (`SHORT_LAST_CHUNK_KEY`): the
+decoded view pads that chunk to a whole one with the fill (view/decoded.py). The raw view serves the
+strip as stored: every element inside the shape is where a whole chunk holds it, only rows past the
+shape are missing, so a reader either fails on it (zarr-python, GDAL: a chunk of the wrong size) or pads
+it; none reads a wrong value.
+
+Only the first series is served (kerchunk's rule): an internal mask (NewSubfileType 4) and any other
+image are left out, each said in one line at mount (`refused`)."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import io
 import json
 
+# extra `.zarray` key: the grid axis whose last chunk holds fewer rows than the chunk (an int; absent:
+# every chunk whole). Only the TIFF scan sets it, only the decoded view reads it.
+SHORT_LAST_CHUNK_KEY = "short_last_chunk_axis"
 
-def tiff_refs(pipe_url: str, size: int) -> dict:
-    """The references of the TIFF at `pipe_url`, whose file holds `size` bytes."""
+
+def tiff_refs(pipe_url: str, size: int, refused: list | None = None) -> dict:
+    """The references of the TIFF at `pipe_url`, whose file holds `size` bytes (what is left out said in
+    `refused`)."""
     import fsspec
     import tifffile
 
     url, name = pipe_url.rsplit("/", 1)
     with fsspec.open(pipe_url) as f, tifffile.TiffFile(f, name=name) as tif:
         _check_grid(tif, size)
-        with tif.series[0].aszarr() as store:
+        series = tif.series[0]
+        with series.aszarr() as store, _whole_strips_said(series.levels) as short_axes:
             out = io.StringIO()
             store.write_fsspec(out, url=url)
         refs = json.loads(out.getvalue())
+        _mark_short(refs, short_axes)
+        if refused is not None:
+            refused.extend(_described(n, s) for n, s in enumerate(tif.series) if n)
         if "GDAL_NODATA" in tif.series[0].keyframe.tags:  # (then tifffile's fill_value; else 0, no nodata)
             _mark_declared(refs)
         attrs = json.loads(refs[".zattrs"])
@@ -60,6 +82,45 @@ def _check_grid(tif, size: int) -> None:
     if declared > max(size // 2, 4096):
         raise RefsError(f"its images declare {declared:,} tiles or strips, more than its {size:,} bytes can "
                         "hold offsets for")
+
+
+@contextlib.contextmanager
+def _whole_strips_said(levels):
+    """tifffile (2026.3) refuses references to a striped image whose height RowsPerStrip does not divide,
+    by that one test of `keyframe.imagelength`: for the writing only, each such level's keyframe gives
+    a height rounded up to whole strips (the array's shape and chunks are the store's, made before).
+    Yields {level: its grid axis of rows} for the levels so marked."""
+    changed, axes = [], {}
+    for n, level in enumerate(levels):
+        page = level.keyframe
+        if page.is_tiled or not page.rowsperstrip or page.imagelength % page.rowsperstrip == 0:
+            continue
+        if page.imagedepth > 1 or "Y" not in page.axes:
+            raise ValueError(f"a striped image of shape {page.shape} with a short last strip is not served")
+        axis = len(level.shape) - len(page.axes) + page.axes.index("Y")
+        axes[n] = axis
+        changed.append((page, page.imagelength))
+        page.imagelength += page.rowsperstrip - page.imagelength % page.rowsperstrip
+    try:
+        yield axes
+    finally:
+        for page, height in changed:
+            page.imagelength = height
+
+
+def _mark_short(refs: dict, axes: dict) -> None:
+    for level, axis in axes.items():
+        key = f"{level}/.zarray" if f"{level}/.zarray" in refs else ".zarray"
+        meta = json.loads(refs[key])
+        meta[SHORT_LAST_CHUNK_KEY] = axis
+        refs[key] = json.dumps(meta)
+
+
+def _described(n: int, series) -> str:
+    """A series left out, as `refused` says it (archive.log_refused: "variable ... (...; left out)")."""
+    what = "an internal mask (NewSubfileType 4)" if series.keyframe.subfiletype & 4 else "an image"
+    return (f"series {n}: {what} of {'x'.join(map(str, series.shape))} {series.dtype}, "
+            "not the TIFF's first image (only that one and its overviews are served)")
 
 
 def _mark_declared(refs: dict) -> None:

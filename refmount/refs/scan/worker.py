@@ -492,10 +492,10 @@ def _steps_in_hours(messages: list[dict]) -> None:
             refs["step/0"] = "base64:" + base64.b64encode(np.float64(span[1]).tobytes()).decode()
 
 
-def _scan_tiff(url: str, pipe_url: str) -> dict:
+def _scan_tiff(url: str, pipe_url: str, refused: list) -> dict:
     from refmount.refs.scan.tiff import tiff_refs
 
-    return tiff_refs(pipe_url, _current["size"])
+    return tiff_refs(pipe_url, _current["size"], refused)
 
 
 class RefsWriter:
@@ -620,7 +620,7 @@ def scan_file(conn, fmt: str, url: str, size: int, job: dict | None = None) -> d
         elif fmt == "grib":
             refs = _scan_grib(url, pipe_url, refused)
         elif fmt == "tiff":
-            refs = _scan_tiff(url, pipe_url)
+            refs = _scan_tiff(url, pipe_url, refused)
         elif fmt == "hdf4":
             refs = _scan_hdf4(url, pipe_url, refused)
         elif fmt == "fits":
