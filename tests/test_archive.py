@@ -169,6 +169,10 @@ def test_cog_levels_read_like_gdal(mount, scans, tmp_path):
     for level in range(2):
         with rasterio.open(cog, **({"overview_level": level - 1} if level else {})) as ds:
             assert np.array_equal(group[str(level)][...], ds.read(1)), level
+    import xarray as xr
+
+    with xr.open_zarr(m.path) as ds:  # (each level its own dims, tifffile's: Y, X, then Y1, X1: no clash)
+        assert ds["0"].dims == ("Y", "X") and ds["1"].dims == ("Y1", "X1") and np.array_equal(ds["0"].values, data)
 
 
 # -- globs, directories, lists --------------------------------------------------------------------------

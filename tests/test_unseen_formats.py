@@ -46,7 +46,7 @@ def _check(mnt, want: dict) -> None:
     import zarr
 
     for name, values in want.items():
-        got = zarr.open_array(str(mnt / name), mode="r")[...]
+        got = zarr.open_array(str(mnt / name / "0"), mode="r")[...]  # (the image: variable 0)
         assert got.dtype.newbyteorder("=") == values.dtype.newbyteorder("=") and np.array_equal(got, values), name
 
 
@@ -64,7 +64,7 @@ def test_tiffs_read_as_tifffile_reads_them_directly_and_over_http(mount, tiffs, 
         if "nodata0.tif" in want:  # (the decoded view: GDAL's nodata is the _FillValue CF readers mask)
             import zarr
 
-            a = zarr.open_array(str(m.path / "nodata0.tif"), mode="r")
+            a = zarr.open_array(str(m.path / "nodata0.tif" / "0"), mode="r")
             assert a.attrs.get("_FillValue") == 0 and a.fill_value == 0
 
 
@@ -109,22 +109,45 @@ def test_striped_tiffs_with_a_short_last_strip_read_in_the_decoded_view(mount, s
     root, want = striped
     m = mount(f"{root}/*.tif").start()
     _check(m.path, want)
-    assert np.array_equal(zarr.open_array(str(m.path / "cut_u2.tif"), mode="r")[:88], want["none_u2.tif"][:88])
+    assert np.array_equal(zarr.open_array(str(m.path / "cut_u2.tif" / "0"), mode="r")[:88], want["none_u2.tif"][:88])
     for key in ("11.0", "12.0"):  # (a short chunk that is not the last one's rows, and the last cut short: EIO)
         with pytest.raises(OSError) as e:
-            (m.path / "cut_u2.tif" / key).read_bytes()
+            (m.path / "cut_u2.tif" / "0" / key).read_bytes()
         assert e.value.errno == 5, key
     if "gdal_mask_u2.tif" in want:  # (and the rows past the shape in the short strip: GDAL's nodata)
-        last = np.frombuffer((m.path / "gdal_f4.tif" / "1.0").read_bytes(), "<f4").reshape(55, 37)
+        last = np.frombuffer((m.path / "gdal_f4.tif" / "0" / "1.0").read_bytes(), "<f4").reshape(55, 37)
         assert np.array_equal(last[:46], want["gdal_f4.tif"][55:]) and (last[46:] == -9999).all()
         assert "gdal_mask_u2.tif: variable series 1: an internal mask (NewSubfileType 4) of 101x37 bool" in m.log()
     # the raw view serves the stored bytes: a reader fails at the short strip (never a wrong value)
     m = mount(f"{root}/*.tif", "--view", "raw").start()
-    assert len((m.path / "none_u2.tif" / "12.0").read_bytes()) == 5 * 37 * 2
+    assert len((m.path / "none_u2.tif" / "0" / "12.0").read_bytes()) == 5 * 37 * 2
     with pytest.raises(ValueError):
-        zarr.open_array(str(m.path / "deflate_pred2_u2.tif"), mode="r")[...]
+        zarr.open_array(str(m.path / "deflate_pred2_u2.tif" / "0"), mode="r")[...]
     (tmp_path / "www").mkdir()
     os.symlink(root, tmp_path / "www" / "data")
     with Nginx(tmp_path / "nginx", f"root {tmp_path / 'www'}; location /data/ {{ autoindex on; }}") as nginx:
         m = mount(f"{nginx.url}/data/*.tif").start()
         _check(m.path, want)
+
+
+def test_a_one_image_tiff_mounts_as_a_group_xarray_and_ncdump_open(mount, tmp_path):
+    """tifffile's references of a one-level TIFF are a bare array at the root: xarray refused it
+    (GroupNotFoundError), ncdump showed an empty dataset. Now a group holding the image as variable `0`
+    (a COG's first level's name) with tifffile's dims, read equal to tifffile by both."""
+    import xarray as xr
+
+    from tests.support.clients import compare_dumped, ncdump, nczarr_url, parse_ncdump
+
+    gray = np.arange(3072, dtype="u2").reshape(64, 48)
+    rgb = np.stack([gray % 251, gray % 13, gray % 7], -1).astype("u1")
+    tifffile.imwrite(tmp_path / "a.tif", gray, tile=(16, 16))
+    tifffile.imwrite(tmp_path / "rgb.tif", rgb, tile=(16, 16), photometric="rgb")
+    for name, dims in (("a.tif", ("Y", "X")), ("rgb.tif", ("Y", "X", "S"))):
+        want = tifffile.imread(tmp_path / name)
+        m = mount(tmp_path / name).start()
+        with xr.open_zarr(m.path) as ds:
+            assert list(ds.data_vars) == ["0"] and ds["0"].dims == dims, ds
+            assert ds["0"].dtype == want.dtype and np.array_equal(ds["0"].values, want), name
+        dumped = parse_ncdump(ncdump(nczarr_url(m.path), variables=["0"]))
+        assert len(dumped) == 1, list(dumped)
+        compare_dumped(next(iter(dumped.values())), want, [], f"ncdump {name}")

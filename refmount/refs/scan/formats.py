@@ -28,7 +28,7 @@ VIRTUALISED = {
     "grib": ("every message of either edition, grouped by kerchunk's grib_tree, decoded as cfgrib decodes it",
              ("reduced grids, spherical harmonics, rows stored alternately reversed or column by column, "
               "ensemble members at one time, step and level, messages of several fields")),
-    "tiff": ("the first image and its overview levels (tifffile's chunks)",
+    "tiff": ("the first image (variable 0) and its overview levels (1, 2, ...), tifffile's chunks",
              ("compressions with no codec, striped images whose last strip is short (tifffile: incomplete "
               "chunks), images after the first (an internal mask)")),
     "hdf4": (("every SD-interface SDS (HDF-EOS2's fields are SDSs): contiguous or chunked, plain or deflated, "

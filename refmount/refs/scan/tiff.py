@@ -19,7 +19,16 @@ shape are missing, so a reader either fails on it (zarr-python, GDAL: a chunk of
 it; none reads a wrong value.
 
 Only the first series is served (kerchunk's rule): an internal mask (NewSubfileType 4) and any other
-image are left out, each said in one line at mount (`refused`)."""
+image are left out, each said in one line at mount (`refused`).
+
+Every TIFF is served as a group (`_as_group`): tifffile makes a one-level TIFF a bare array at the root,
+which xarray (GroupNotFoundError) and netCDF-C (an empty dataset) do not open; only GDAL's `ZARR:` did.
+The first image is variable `0` of the root group, with tifffile's dims (`Y`, `X`, `S` for samples), as
+it is already in a TIFF with overviews, whose levels are `0`, `1`, ... with dims `Y1`, `X1`, ... (no
+clash of sizes) and whose OME `multiscales` attribute names those paths. Peers name a band otherwise
+(GDAL's netCDF driver `Band1`, one band; rioxarray `band_data`, every band): `0` is kept so that the
+full-resolution image has one name in every TIFF, with or without overviews (an archive mixing COGs and
+plain GeoTIFFs), and the multiscales paths stay right."""
 
 from __future__ import annotations
 
@@ -46,7 +55,7 @@ def tiff_refs(pipe_url: str, size: int, refused: list | None = None) -> dict:
         with series.aszarr() as store, _whole_strips_said(series.levels) as short_axes:
             out = io.StringIO()
             store.write_fsspec(out, url=url)
-        refs = json.loads(out.getvalue())
+        refs = _as_group(json.loads(out.getvalue()))
         _mark_short(refs, short_axes)
         if refused is not None:
             refused.extend(_described(n, s) for n, s in enumerate(tif.series) if n)
@@ -108,9 +117,19 @@ def _whole_strips_said(levels):
             page.imagelength = height
 
 
+def _as_group(refs: dict) -> dict:
+    """tifffile's references of a one-level TIFF (a root array) as a root group holding that array as
+    `0`, the name a TIFF with overviews gives its first level; a multi-level TIFF's, as they are."""
+    if ".zarray" not in refs:
+        return refs
+    grouped = {".zgroup": json.dumps({"zarr_format": 2}), ".zattrs": "{}"}
+    grouped.update((f"0/{key}", value) for key, value in refs.items())
+    return grouped
+
+
 def _mark_short(refs: dict, axes: dict) -> None:
     for level, axis in axes.items():
-        key = f"{level}/.zarray" if f"{level}/.zarray" in refs else ".zarray"
+        key = f"{level}/.zarray"
         meta = json.loads(refs[key])
         meta[SHORT_LAST_CHUNK_KEY] = axis
         refs[key] = json.dumps(meta)
