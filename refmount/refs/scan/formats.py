@@ -28,9 +28,10 @@ VIRTUALISED = {
     "grib": ("every message of either edition, grouped by kerchunk's grib_tree, decoded as cfgrib decodes it",
              ("reduced grids, spherical harmonics, rows stored alternately reversed or column by column, "
               "ensemble members at one time, step and level, messages of several fields")),
-    "tiff": ("the first image (variable 0) and its overview levels (1, 2, ...), tifffile's chunks",
-             ("compressions with no codec, striped images whose last strip is short (tifffile: incomplete "
-              "chunks), images after the first (an internal mask)")),
+    "tiff": (("the first image (variable 0) and its overview levels (1, 2, ...), tifffile's chunks; a short last "
+              "strip padded in the decoded view"),
+             ("compressions with no codec, volumetric images (ImageDepth) with a short last strip, images after "
+              "the first (an internal mask)")),
     "hdf4": (("every SD-interface SDS (HDF-EOS2's fields are SDSs): contiguous or chunked, plain or deflated, "
               "with its attributes and dimension names; DFSD datasets"),
              ("SZIP, RLE, NBIT, skipping-Huffman and JPEG compression, linked or external storage, GR and DFR8 "
