@@ -151,3 +151,22 @@ def test_a_one_image_tiff_mounts_as_a_group_xarray_and_ncdump_open(mount, tmp_pa
         dumped = parse_ncdump(ncdump(nczarr_url(m.path), variables=["0"]))
         assert len(dumped) == 1, list(dumped)
         compare_dumped(next(iter(dumped.values())), want, [], f"ncdump {name}")
+
+
+@pytest.mark.skipif(not shutil.which("gdalinfo"), reason="needs Debian's gdal-bin")
+def test_gdal_on_a_tiff_mount_masks_what_gdal_on_the_file_masks(mount, tmp_path):
+    """GDAL's form gives a variable without _FillValue netCDF's default fill as nodata, as GDAL's netCDF
+    driver does for the source. A TIFF's source is read by GDAL's GTiff driver, which has no such default:
+    a TIFF without nodata said NoData 65535 on the mount, so a full-range uint16 image lost its 65535s."""
+    values = np.arange(64 * 48, dtype="u2").reshape(64, 48)
+    values[0, :5] = 65535
+    tifffile.imwrite(tmp_path / "full.tif", values, tile=(16, 16))
+    m = mount(tmp_path / "full.tif").start()
+
+    def described(target: str) -> tuple:
+        out = subprocess.run(["gdalinfo", "-stats", "-nomd", target], capture_output=True, text=True, timeout=60).stdout
+        return [line.strip() for line in out.splitlines() if "NoData" in line or "Minimum=" in line]
+
+    on_file = described(str(tmp_path / "full.tif"))
+    assert on_file and "Maximum=65535.000" in on_file[0] and not any("NoData" in line for line in on_file)
+    assert described(f"ZARR:{m.path}:/0") == on_file

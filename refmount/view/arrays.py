@@ -23,7 +23,7 @@ from refmount.refs import RefSet
 from refmount.refs.arraymeta import ArrayMeta, ArrayMetaError
 from refmount.refs.codecs import RefusedCodec, check_codec, make_codec
 from refmount.refs.hdf5 import MISSING_CHUNK_FILL_KEY, SERVED_PADS, STRING_PAD_KEY, UNDECLARED_FILL_KEY
-from refmount.refs.scan.tiff import SHORT_LAST_CHUNK_KEY
+from refmount.refs.scan.tiff import NO_NODATA_KEY, SHORT_LAST_CHUNK_KEY
 
 log = logging.getLogger("refmount")
 
@@ -80,6 +80,7 @@ class ArrayInfo:
     # the grid axis whose last chunk the file stores short (a TIFF's last strip: refs/scan/tiff.py): that
     # chunk is decoded short and padded with the fill (decoded.py); None: every chunk whole
     short_axis: int | None = None
+    no_nodata: bool = False  # a TIFF without nodata: GDAL's form gives no nodata either (refs/scan/tiff.py)
 
     def __post_init__(self) -> None:
         if self.meta is None and self.zarray:  # (given its .zarray alone)
@@ -340,6 +341,7 @@ def _plan(info: ArrayInfo, refset=None, fills_declared: bool = False) -> None:
     pad = out.pop(STRING_PAD_KEY, None)
     marked = out.pop(UNDECLARED_FILL_KEY, None)
     short = out.pop(SHORT_LAST_CHUNK_KEY, None)
+    info.no_nodata = out.pop(NO_NODATA_KEY, None) is True
     if short is not None:
         # (padding a short chunk at its end is right only if the chunk's rows are its outermost axis)
         if type(short) is not int or not 0 <= short < len(chunks) or any(c != 1 for c in chunks[:short]):

@@ -160,7 +160,7 @@ def served_array(info: ArrayInfo, form: Form, tree: "NCZarrTree | None" = None) 
         a.pop("_FillValue", None)
     if info.undeclared_fill:  # (a reader masks fill_value: this one is data; never-written chunks are files)
         z["fill_value"] = None
-    if form.nodata_fill and info.dtype is not None and info.dtype.kind in "iuf":
+    if form.nodata_fill and info.dtype is not None and info.dtype.kind in "iuf" and not info.no_nodata:
         z["fill_value"] = _nodata(a, info.dtype, np.dtype(z["dtype"]))
     if form.name == GDAL.name:
         _gdal_units(a)

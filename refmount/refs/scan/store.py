@@ -23,7 +23,7 @@ from refmount.cache import owned
 log = logging.getLogger("refmount")
 _refused: set[str] = set()  # directories already said to be someone else's
 
-FORMAT_VERSION = 10  # bump when what is kept changes meaning: older entries are then scanned again
+FORMAT_VERSION = 11  # bump when what is kept changes meaning: older entries are then scanned again
 # (2: GRIB fields in a scanning order kerchunk does not undo, and DMR++ linked blocks, are now left out:
 # version 1 entries kept them with wrong values; 3: a FITS header card spelling a CF name was kept as
 # that attribute (xarray applied it), a truncated FITS image and an HDF4 char SDS's "S1" dtype; 4: GRIB1
@@ -34,7 +34,8 @@ FORMAT_VERSION = 10  # bump when what is kept changes meaning: older entries are
 # storage or virtual are now left out: version 5 and 6 entries kept them as fill; 8: HDF5 fills beside another
 # _FillValue, space-padded strings kept, bzip2 datasets: older entries masked, stripped or left them out;
 # 9: a TIFF's short last strip marked (refs/scan/tiff.py), its mask and other images said left out;
-# 10: a one-level TIFF is a group holding its image as `0` (refs/scan/tiff.py): version 9 kept a root array)
+# 10: a one-level TIFF is a group holding its image as `0` (refs/scan/tiff.py): version 9 kept a root array;
+# 11: a TIFF without nodata says so: GDAL's form gave netCDF's default fill as its nodata)
 
 
 def default_scan_dir(cache_dir: str | None = None) -> str:

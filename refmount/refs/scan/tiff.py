@@ -40,6 +40,10 @@ import json
 # extra `.zarray` key: the grid axis whose last chunk holds fewer rows than the chunk (an int; absent:
 # every chunk whole). Only the TIFF scan sets it, only the decoded view reads it.
 SHORT_LAST_CHUNK_KEY = "short_last_chunk_axis"
+# extra `.zarray` key: true when the TIFF has no nodata (no GDAL_NODATA tag). GDAL on the file then masks
+# nothing, so its form on the mount must not give netCDF's default fill as nodata, as it does for a
+# netCDF variable without _FillValue (view/forms.py). Only the TIFF scan sets it.
+NO_NODATA_KEY = "no_nodata"
 
 
 def tiff_refs(pipe_url: str, size: int, refused: list | None = None) -> dict:
@@ -59,8 +63,7 @@ def tiff_refs(pipe_url: str, size: int, refused: list | None = None) -> dict:
         _mark_short(refs, short_axes)
         if refused is not None:
             refused.extend(_described(n, s) for n, s in enumerate(tif.series) if n)
-        if "GDAL_NODATA" in tif.series[0].keyframe.tags:  # (then tifffile's fill_value; else 0, no nodata)
-            _mark_declared(refs)
+        _mark_fill(refs, "GDAL_NODATA" in tif.series[0].keyframe.tags)  # (tifffile's fill_value; else 0)
         attrs = json.loads(refs[".zattrs"])
         for key in dir(tif):
             if key.endswith("metadata"):
@@ -142,15 +145,15 @@ def _described(n: int, series) -> str:
             "not the TIFF's first image (only that one and its overviews are served)")
 
 
-def _mark_declared(refs: dict) -> None:
+def _mark_fill(refs: dict, nodata: bool) -> None:
     """GDAL's nodata is the fill of every level: declared, even a 0 (which the decoded view otherwise
-    takes for a fill no one declared, and leaves unmasked)."""
+    takes for a fill no one declared, and leaves unmasked). Without one, every level says it has none."""
     from refmount.refs.hdf5 import UNDECLARED_FILL_KEY
 
     for key, value in refs.items():
         if key.endswith(".zarray"):
             meta = json.loads(value)
-            meta[UNDECLARED_FILL_KEY] = False
+            meta[UNDECLARED_FILL_KEY if nodata else NO_NODATA_KEY] = not nodata
             refs[key] = json.dumps(meta)
 
 
