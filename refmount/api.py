@@ -22,8 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from refmount.cli import REMOTE_OPTIONS_ENV
 from refmount.errors import RefmountError
+
+REMOTE_OPTIONS_ENV = "REFMOUNT_REMOTE_OPTIONS"  # --remote-options' default (kept out of `ps`), which mount() sets
 
 _ON_BY_DEFAULT = {"prefetch", "tune_kernel"}  # booleans spelled --no-NAME on the command line
 _NOT_HERE = {"foreground", "dry_run", "config"}

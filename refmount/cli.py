@@ -13,7 +13,6 @@ from refmount import __version__
 from refmount.errors import RefmountError
 
 EXIT_USAGE = 2
-REMOTE_OPTIONS_ENV = "REFMOUNT_REMOTE_OPTIONS"  # --remote-options' default (kept out of `ps`)
 _SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -245,6 +244,8 @@ def add_mount_options(p: argparse.ArgumentParser) -> None:
                         "(one mount per DIR; default: memory only)")
     g.add_argument("--disk-cache-size", type=parse_size, default="10G", metavar="SIZE",
                    help="bound for --cache-dir, least recently used blocks evicted first (default: 10G)")
+    from refmount.api import REMOTE_OPTIONS_ENV
+
     g = p.add_argument_group("network")
     # (also from the environment, where every user's `ps` cannot read it, as a command line's words
     # can be for the daemon's whole life: refmount.mount() passes its remote_options so)
